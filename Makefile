@@ -1,0 +1,53 @@
+# The front door. Each target does its own set-up on a fresh Debian-like machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+STACK := deploy/local/stack.sh
+
+.PHONY: venv test test-unit lint format demo bench schemas up down clean
+
+$(STAMP): pyproject.toml
+	@t0=$$(date +%s); \
+	$(PYTHON) -m venv $(VENV) && \
+	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip && \
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,lint]' && \
+	touch $@ && echo "[venv] ready in $$(( $$(date +%s) - t0 )) s"
+
+venv: $(STAMP)
+
+## Full suite against real Kafka and PostgreSQL (started here unless SAGA_TEST_* point elsewhere).
+test: venv
+	$(BIN)/pytest
+
+test-unit: venv
+	$(BIN)/pytest tests/unit
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy processor sagas schemas
+
+format: venv
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+## Brings the stack up, runs the processor with the example sagas, stops what it started.
+demo: venv
+	$(BIN)/python -m processor.demo
+
+bench: venv
+	$(BIN)/python -m benchmarks
+
+schemas: venv
+	$(BIN)/python -m schemas.export schemas/json
+
+up:
+	$(STACK) up
+	@$(STACK) env
+
+down:
+	$(STACK) down --all
+
+clean: down
+	rm -rf $(VENV) .local

@@ -1,0 +1,36 @@
+# Shared settings for the local stack scripts (sourced, not run).
+# Everything the stack writes at run time lives under $SAGA_LOCAL_DIR (in the checkout, ignored by
+# git); downloaded jars live under $SAGA_CACHE_DIR so a fresh clone reuses them.
+set -euo pipefail
+
+REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+DEPLOY_DIR="$REPO_DIR/deploy/local"
+SAGA_LOCAL_DIR="${SAGA_LOCAL_DIR:-$REPO_DIR/.local}"
+SAGA_CACHE_DIR="${SAGA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/saga-processor}"
+
+KAFKA_VERSION="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$DEPLOY_DIR/pom.xml")"
+KAFKA_PORT="${SAGA_KAFKA_PORT:-19092}"
+KAFKA_CONTROLLER_PORT="${SAGA_KAFKA_CONTROLLER_PORT:-19093}"
+KAFKA_LIBS="$SAGA_CACHE_DIR/kafka-$KAFKA_VERSION/libs"
+KAFKA_DIR="$SAGA_LOCAL_DIR/kafka"
+
+PG_PORT="${SAGA_PG_PORT:-55432}"
+PG_CLUSTER="${SAGA_PG_CLUSTER:-saga}"
+PG_USER="saga"
+PG_PASSWORD="saga"
+PG_DB="saga"
+
+log() { printf '[stack] %s\n' "$*" >&2; }
+die() { printf '[stack] error: %s\n' "$*" >&2; exit 1; }
+
+# wait_for DESCRIPTION SECONDS COMMAND...: polls COMMAND until it succeeds or the deadline passes.
+wait_for() {
+  local what="$1" seconds="$2"; shift 2
+  local deadline=$((SECONDS + seconds))
+  until "$@" >/dev/null 2>&1; do
+    if (( SECONDS >= deadline )); then return 1; fi
+    sleep 0.3
+  done
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The local stack: PostgreSQL and Kafka on loopback, no Docker needed.
+#   stack.sh up          start what is not running; remember what this call started
+#   stack.sh down        stop only what `up` started (a service that ran before is left alone)
+#   stack.sh down --all  stop both, whoever started them
+#   stack.sh env         print the environment variables that point tests and the demo at the stack
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+marker() { echo "$SAGA_LOCAL_DIR/started-$1"; }
+
+up() {
+  local t0=$SECONDS
+  mkdir -p "$SAGA_LOCAL_DIR"
+  if ! "$DEPLOY_DIR/postgres.sh" status >/dev/null 2>&1; then
+    "$DEPLOY_DIR/postgres.sh" up && touch "$(marker postgres)"
+  else
+    "$DEPLOY_DIR/postgres.sh" up
+  fi
+  if ! "$DEPLOY_DIR/kafka.sh" status >/dev/null 2>&1; then
+    "$DEPLOY_DIR/kafka.sh" up && touch "$(marker kafka)"
+  else
+    "$DEPLOY_DIR/kafka.sh" up
+  fi
+  log "stack ready in $((SECONDS - t0)) s"
+}
+
+down() {
+  local all="${1:-}"
+  for svc in kafka postgres; do
+    if [[ "$all" == --all || -f "$(marker "$svc")" ]]; then
+      "$DEPLOY_DIR/$svc.sh" down
+    fi
+    rm -f "$(marker "$svc")"
+  done
+}
+
+env_vars() {
+  echo "SAGA_TEST_KAFKA_BOOTSTRAP=127.0.0.1:$KAFKA_PORT"
+  echo "SAGA_TEST_DATABASE_URL=postgresql://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB"
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down "${2:-}" ;;
+  env) env_vars ;;
+  *) echo "usage: $0 up|down [--all]|env" >&2; exit 2 ;;
+esac

@@ -1,0 +1,72 @@
+"""Session-wide fixtures: real services, and per-test topics and database schemas."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from tests.support.services import Services, provide_services
+
+
+@pytest.fixture(scope="session")
+def services() -> Iterator[Services]:
+    with provide_services() as found:
+        yield found
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(services: Services) -> str:
+    return services.kafka_bootstrap
+
+
+@pytest.fixture(scope="session")
+def database_url(services: Services) -> str:
+    return services.database_url
+
+
+def _slug(request: pytest.FixtureRequest) -> str:
+    name = re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:30].strip("_")
+    return f"{name}_{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def make_topic(
+    kafka_bootstrap: str, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., str]]:
+    """Creates topics that only this test sees; deletes them afterwards."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    created: list[str] = []
+
+    def make(suffix: str = "t", partitions: int = 1) -> str:
+        name = f"{_slug(request)}.{suffix}"
+        futures = admin.create_topics([NewTopic(name, partitions, 1)], operation_timeout=30)
+        for future in futures.values():
+            future.result()
+        created.append(name)
+        return name
+
+    yield make
+    if created:
+        for future in admin.delete_topics(created, operation_timeout=30).values():
+            try:
+                future.result()
+            except Exception:
+                pass  # the broker may have been restarted by the test; leftovers are harmless
+
+
+@pytest.fixture
+def pg_schema(database_url: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A database schema that only this test sees; dropped afterwards."""
+    name = f"t_{_slug(request)}"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+    yield name
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(name)))
