@@ -1,0 +1,48 @@
+"""Run Python sagas over Kafka events with exactly-once effects in PostgreSQL.
+
+This package's top level is the authoring API: saga classes, handler decorators, the handles
+injected into handlers, and message declarations. It imports no Kafka or PostgreSQL client, so
+saga and schema modules stay cheap to import and test. The in-memory test fixture lives in
+:mod:`processor.testing`.
+"""
+
+from processor.definition import (
+    SagaState,
+    definition_of,
+    saga,
+    saga_deadline_handler,
+    saga_event_handler,
+)
+from processor.errors import (
+    ConfigurationError,
+    HandlerError,
+    IllegalTransition,
+    SagaDefinitionError,
+    SagaError,
+    UnknownMessageType,
+)
+from processor.handles import SagaCommands, SagaDeadlines, SagaLifecycle, Setting
+from processor.messages import Message, MessageMetadata, message_type
+from processor.messages import registry as message_registry
+
+__all__ = [
+    "ConfigurationError",
+    "HandlerError",
+    "IllegalTransition",
+    "Message",
+    "MessageMetadata",
+    "SagaCommands",
+    "SagaDeadlines",
+    "SagaDefinitionError",
+    "SagaError",
+    "SagaLifecycle",
+    "SagaState",
+    "Setting",
+    "UnknownMessageType",
+    "definition_of",
+    "message_registry",
+    "message_type",
+    "saga",
+    "saga_deadline_handler",
+    "saga_event_handler",
+]

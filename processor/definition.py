@@ -1,0 +1,340 @@
+"""Saga declaration: the state base class and the decorators, validated at import time.
+
+The method decorators only mark functions. The class decorator inspects the whole class once and
+raises a single :class:`SagaDefinitionError` listing every problem, so an author fixes all of
+them in one pass instead of one per restart.
+"""
+
+from __future__ import annotations
+
+import builtins
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from processor.errors import SagaDefinitionError
+from processor.messages import Message
+from processor.params import Param, classify_params
+
+__all__ = [
+    "HandlerDef",
+    "Param",
+    "SagaDefinition",
+    "SagaState",
+    "definition_of",
+    "saga",
+    "saga_deadline_handler",
+    "saga_event_handler",
+]
+
+_MARK = "__saga_handler_marks__"
+_DEFINITION = "__saga_definition__"
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+class SagaState(BaseModel):
+    """Base class of saga classes; the model's fields are the saga's durable state.
+
+    Assignment is validated so a handler cannot store a value the state cannot load back, and
+    unknown fields are rejected so a typo does not silently become lost state.
+    """
+
+    model_config = ConfigDict(validate_assignment=True, extra="forbid")
+
+
+@dataclass(frozen=True)
+class _Mark:
+    kind: Literal["event", "deadline"]
+    key: object  # event class (or None to infer) / deadline name, validated by @saga
+    association_property: object
+    start: bool
+    end: bool
+
+
+@dataclass(frozen=True)
+class HandlerDef:
+    """A validated handler.
+
+    Attributes:
+        name: Function name.
+        kind: ``"event"`` or ``"deadline"``.
+        key: The event class, or the deadline name.
+        func: The undecorated function; call it as ``func(state, **kwargs)``.
+        params: Resolved parameters, excluding ``self``.
+        association_property: Event field holding the saga id (event handlers only).
+        start: Whether the handler may create a new saga instance.
+        end: Whether the saga ends after the handler runs.
+    """
+
+    name: str
+    kind: Literal["event", "deadline"]
+    key: type[Message] | str
+    func: Callable[..., Any]
+    params: tuple[Param, ...]
+    association_property: str | None
+    start: bool
+    end: bool
+
+
+@dataclass(frozen=True)
+class SagaDefinition:
+    """Everything the runtime needs to know about one saga class.
+
+    Attributes:
+        saga_type: The saga's type name, stored with every instance.
+        state_cls: The saga class.
+        event_handlers: Handler per event class.
+        deadline_handlers: Handler per deadline name.
+    """
+
+    saga_type: str
+    state_cls: type[SagaState]
+    event_handlers: Mapping[type[Message], HandlerDef]
+    deadline_handlers: Mapping[str, HandlerDef]
+
+    def handles(self, event_cls: type[Message]) -> bool:
+        """Return whether the saga has a handler for ``event_cls``."""
+        return event_cls in self.event_handlers
+
+    def association_value(self, event: Message) -> str | None:
+        """Return the saga id carried by ``event``.
+
+        Returns:
+            ``str()`` of the handler's association property, or None when the saga does not
+            handle the event or the value is missing, None or empty.
+        """
+        handler = self.event_handlers.get(type(event))
+        if handler is None or handler.association_property is None:
+            return None
+        value = getattr(event, handler.association_property, None)
+        if value is None:
+            return None
+        text = str(value)
+        return text or None
+
+    @property
+    def handlers(self) -> tuple[HandlerDef, ...]:
+        """Every handler, event handlers first."""
+        return (*self.event_handlers.values(), *self.deadline_handlers.values())
+
+
+def _add_mark(func: _F, mark: _Mark) -> _F:
+    if not inspect.isfunction(func):
+        raise SagaDefinitionError(
+            [f"saga handler decorators apply to plain methods, not {type(func).__name__}"]
+        )
+    marks: tuple[_Mark, ...] = getattr(func, _MARK, ())
+    setattr(func, _MARK, (*marks, mark))
+    return func
+
+
+def saga_event_handler(
+    event_type: type[Message] | None = None,
+    *,
+    association_property: str,
+    start: bool = False,
+    end: bool = False,
+) -> Callable[[_F], _F]:
+    """Mark a saga method as the handler of one event type.
+
+    Args:
+        event_type: The event class; inferred from the one Message-annotated parameter when
+            omitted.
+        association_property: Field of the event whose value is the saga id.
+        start: The event may start a new saga instance.
+        end: The saga ends after this handler runs.
+
+    Returns:
+        The decorator; it returns the function unchanged apart from the mark.
+    """
+    mark = _Mark("event", event_type, association_property, start, end)
+    return lambda func: _add_mark(func, mark)
+
+
+def saga_deadline_handler(name: str, *, end: bool = False) -> Callable[[_F], _F]:
+    """Mark a saga method as the handler of a named deadline.
+
+    The handler may take the deadline's payload (by its declared type), ``SagaCommands``,
+    ``SagaDeadlines``, ``SagaLifecycle``, settings and dependencies, but not message metadata.
+
+    Args:
+        name: The deadline name passed to ``SagaDeadlines.schedule``.
+        end: The saga ends after this handler runs.
+
+    Returns:
+        The decorator; it returns the function unchanged apart from the mark.
+    """
+    mark = _Mark("deadline", name, None, False, end)
+    return lambda func: _add_mark(func, mark)
+
+
+_S = TypeVar("_S", bound=type[SagaState])
+
+
+def saga(*, type: str | None = None, saga_type: str | None = None) -> Callable[[_S], _S]:
+    """Class decorator declaring a saga.
+
+    Args:
+        type: The saga's type name, stored with each instance and sent in command headers.
+        saga_type: Alias of ``type`` for callers that avoid shadowing the builtin.
+
+    Returns:
+        The decorator. It validates the class and raises :class:`SagaDefinitionError` listing
+        every problem, or attaches a :class:`SagaDefinition` read by :func:`definition_of`.
+    """
+
+    def decorate(cls: _S) -> _S:
+        definition = _build(cls, type, saga_type)
+        setattr(cls, _DEFINITION, definition)
+        return cls
+
+    return decorate
+
+
+def definition_of(cls: type[SagaState]) -> SagaDefinition:
+    """Return the definition attached by :func:`saga`.
+
+    Raises:
+        SagaDefinitionError: ``cls`` is not decorated with ``@saga``.
+    """
+    # Read the class's own namespace: a subclass of a saga is not itself a saga.
+    definition = vars(cls).get(_DEFINITION) if isinstance(cls, type) else None
+    if not isinstance(definition, SagaDefinition):
+        raise SagaDefinitionError([f"{cls!r} is not a saga; decorate it with @saga(type=...)"])
+    return definition
+
+
+def _build(cls: object, type_arg: str | None, alias: str | None) -> SagaDefinition:
+    problems: list[str] = []
+    name = getattr(cls, "__qualname__", repr(cls))
+    if type_arg is not None and alias is not None and type_arg != alias:
+        problems.append("pass the saga type once: either type= or saga_type=")
+    saga_type = type_arg if type_arg is not None else alias
+    if not isinstance(saga_type, str) or not saga_type.strip():
+        problems.append("give the saga a non-empty type name: @saga(type='my-saga')")
+        saga_type = ""
+    # ``saga`` shadows the builtin ``type`` in its signature, hence ``builtins.type``.
+    if not (isinstance(cls, builtins.type) and issubclass(cls, SagaState)):
+        problems.append(f"{name} must subclass processor.SagaState (its fields are the state)")
+        raise SagaDefinitionError(problems, subject=f"saga {name}")
+
+    for field_name, info in cls.model_fields.items():
+        if info.is_required():
+            problems.append(
+                f"field {field_name!r} needs a default: a new instance is created when the "
+                "start event arrives"
+            )
+
+    event_handlers: dict[type[Message], HandlerDef] = {}
+    deadline_handlers: dict[str, HandlerDef] = {}
+    localns = {cls.__name__: cls}
+    # Counted over the marks, not the valid handlers, so a broken start handler is reported
+    # once for what is wrong with it rather than again as "no start handler".
+    declares_start = False
+    for func in _marked_functions(cls):
+        marks: tuple[_Mark, ...] = getattr(func, _MARK)
+        declares_start = declares_start or any(m.start for m in marks)
+        if len(marks) > 1:
+            problems.append(
+                f"handler {func.__qualname__} carries {len(marks)} handler decorators; use one"
+            )
+            continue
+        handler = _handler(func, marks[0], localns, problems)
+        if handler is None:
+            continue
+        if isinstance(handler.key, str):
+            other = deadline_handlers.get(handler.key)
+            if other is not None:
+                problems.append(
+                    f"deadline {handler.key!r} has two handlers ({other.name}, {handler.name}); "
+                    "keep exactly one"
+                )
+            deadline_handlers.setdefault(handler.key, handler)
+        else:
+            prev = event_handlers.get(handler.key)
+            if prev is not None:
+                problems.append(
+                    f"event {handler.key.__qualname__} has two handlers ({prev.name}, "
+                    f"{handler.name}); keep exactly one"
+                )
+            event_handlers.setdefault(handler.key, handler)
+
+    if not declares_start:
+        problems.append(
+            "no start handler: mark at least one event handler with "
+            "@saga_event_handler(..., start=True)"
+        )
+    if problems:
+        raise SagaDefinitionError(problems, subject=f"saga {name}")
+    return SagaDefinition(
+        saga_type=saga_type,
+        state_cls=cls,
+        event_handlers=MappingProxyType(event_handlers),
+        deadline_handlers=MappingProxyType(deadline_handlers),
+    )
+
+
+def _marked_functions(cls: type) -> list[Callable[..., Any]]:
+    # Walk the MRO base-first so an override in a subclass replaces the inherited handler.
+    found: dict[str, Callable[..., Any]] = {}
+    for klass in reversed(cls.__mro__):
+        for attr_name, attr in vars(klass).items():
+            if callable(attr) and getattr(attr, _MARK, None):
+                found[attr_name] = attr
+            else:
+                found.pop(attr_name, None)
+    return list(found.values())
+
+
+def _handler(
+    func: Callable[..., Any], mark: _Mark, localns: dict[str, Any], problems: list[str]
+) -> HandlerDef | None:
+    where = f"handler {func.__qualname__}"
+    if inspect.iscoroutinefunction(func) or inspect.isgeneratorfunction(func):
+        problems.append(f"{where}: handlers are plain synchronous functions that do no I/O")
+    event_type: type[Message] | None = None
+    prop: object = None
+    if mark.kind == "event":
+        key = mark.key
+        if key is not None:
+            if isinstance(key, type) and issubclass(key, Message):
+                event_type = key
+            else:
+                problems.append(f"{where}: the event type {key!r} must be a Message subclass")
+        prop = mark.association_property
+        if not isinstance(prop, str) or not prop:
+            problems.append(f"{where}: association_property must name a field of the event")
+    elif not isinstance(mark.key, str) or not mark.key.strip():
+        problems.append(f"{where}: the deadline name must be a non-empty string")
+
+    params, event_type = classify_params(
+        func, kind=mark.kind, event_type=event_type, localns=localns, problems=problems
+    )
+    if (
+        mark.kind == "event"
+        and event_type is not None
+        and isinstance(prop, str)
+        and prop
+        and prop not in event_type.model_fields
+    ):
+        fields = ", ".join(event_type.model_fields) or "none"
+        problems.append(
+            f"{where}: association_property {prop!r} is not a field of "
+            f"{event_type.__qualname__} (fields: {fields})"
+        )
+    # A handler with problems is still returned when its key is known, so that duplicates are
+    # reported too; the caller raises because ``problems`` is not empty.
+    if mark.kind == "event":
+        if event_type is None:
+            return None
+        return HandlerDef(
+            func.__name__, "event", event_type, func, params, str(prop), mark.start, mark.end
+        )
+    if not isinstance(mark.key, str):
+        return None
+    return HandlerDef(func.__name__, "deadline", mark.key, func, params, None, False, mark.end)

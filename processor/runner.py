@@ -1,0 +1,329 @@
+"""The pure core of the runtime: (state, input, now) -> outcome.
+
+A :class:`BoundSaga` is a saga definition with every setting and dependency resolved at startup,
+so a missing value stops the process before it consumes anything. Running a handler does no I/O:
+it returns the new state and the recorded intents, and the engine persists them in one
+transaction. The same code runs under the in-memory fixture in :mod:`processor.testing`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from processor.binding import ResolvedParam, resolve_handler
+from processor.definition import HandlerDef, SagaDefinition, SagaState, definition_of
+from processor.errors import ConfigurationError, HandlerError, SagaError, SagaNotStarted
+from processor.handles import (
+    CommandIntent,
+    DeadlineOp,
+    SagaCommands,
+    SagaDeadlines,
+    SagaLifecycle,
+    ScheduleDeadline,
+)
+from processor.messages import Message, MessageMetadata, MessageRegistry, registry
+from processor.params import NO_DEFAULT
+
+__all__ = [
+    "BoundSaga",
+    "DeadlineInput",
+    "EventInput",
+    "Outcome",
+    "bind",
+    "bind_all",
+    "command_message_id",
+    "state_to_json",
+]
+
+# Fixed namespace so command ids are identical on every replica and every replay.
+_COMMAND_ID_NAMESPACE = uuid.UUID("5b0f6c2e-8d1a-4f57-9a43-2c7e1d9b6a10")
+
+
+def command_message_id(saga_type: str, saga_id: str, seq: int) -> str:
+    """Return the stable message id of a saga's ``seq``-th command.
+
+    Re-running the same input produces the same ids, so downstream consumers can deduplicate
+    commands the relay publishes twice.
+    """
+    # A separator that cannot appear in ordinary ids keeps ("a-b", "c") and ("a", "b-c") apart.
+    return str(uuid.uuid5(_COMMAND_ID_NAMESPACE, f"{saga_type}\x1f{saga_id}\x1f{seq}"))
+
+
+@dataclass(frozen=True)
+class EventInput:
+    """An event delivered to a saga.
+
+    Attributes:
+        message: The decoded event.
+        metadata: Where it came from.
+    """
+
+    message: Message
+    metadata: MessageMetadata
+
+
+@dataclass(frozen=True)
+class DeadlineInput:
+    """A deadline that fired.
+
+    Attributes:
+        name: Deadline name.
+        deadline_id: Store id of the deadline row.
+        payload: JSON form of the payload given at scheduling, or None.
+        due_at: When it was due.
+    """
+
+    name: str
+    deadline_id: str
+    payload: Any
+    due_at: datetime
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a handler invocation decided.
+
+    Attributes:
+        state: The new state (a copy; the input state is never mutated).
+        commands: Commands to send, in order.
+        deadlines: Deadline schedules and cancellations, in order.
+        ended: Whether the saga ended; the store then cancels all its deadlines.
+        handler_name: Name of the handler that ran.
+    """
+
+    state: SagaState
+    commands: list[CommandIntent]
+    deadlines: list[DeadlineOp]
+    ended: bool
+    handler_name: str
+
+
+def state_to_json(state: SagaState) -> dict[str, Any]:
+    """Return the JSON-compatible form of a saga's state."""
+    return state.model_dump(mode="json")
+
+
+class BoundSaga:
+    """A saga definition with settings and dependencies resolved; runs handlers.
+
+    Attributes:
+        definition: The saga's definition.
+        saga_type: The saga's type name.
+    """
+
+    def __init__(
+        self,
+        definition: SagaDefinition,
+        resolved: Mapping[str, tuple[ResolvedParam, ...]],
+        registry: MessageRegistry,
+    ) -> None:
+        """Use :func:`bind` instead; it validates configuration first."""
+        self.definition = definition
+        self.saga_type = definition.saga_type
+        self._resolved = dict(resolved)
+        self._registry = registry
+
+    def state_from_json(self, data: Mapping[str, Any]) -> SagaState:
+        """Load a stored state."""
+        return self.definition.state_cls.model_validate(data)
+
+    def state_to_json(self, state: SagaState) -> dict[str, Any]:
+        """Return the JSON-compatible form of ``state``."""
+        return state_to_json(state)
+
+    def handle_event(
+        self, state: SagaState | None, saga_id: str, inp: EventInput, now: datetime
+    ) -> Outcome:
+        """Run the event's handler on a copy of ``state``.
+
+        Args:
+            state: Current state, or None when no instance exists yet.
+            saga_id: The saga instance id (the event's association value).
+            inp: The event and its metadata.
+            now: Clock reading; deadlines scheduled ``after=`` count from it.
+
+        Raises:
+            SagaError: The saga has no handler for the event.
+            SagaNotStarted: ``state`` is None and the handler is not a start handler.
+            HandlerError: The handler raised.
+        """
+        handler = self.definition.event_handlers.get(type(inp.message))
+        if handler is None:
+            raise SagaError(
+                f"saga {self.saga_type!r} has no handler for {type(inp.message).__qualname__}"
+            )
+        if state is None and not handler.start:
+            raise SagaNotStarted(
+                f"saga {self.saga_type!r} id {saga_id!r} does not exist and "
+                f"{type(inp.message).__qualname__} does not start it"
+            )
+        return self._run(handler, state, saga_id, now, event=inp)
+
+    def handle_deadline(
+        self, state: SagaState, saga_id: str, inp: DeadlineInput, now: datetime
+    ) -> Outcome:
+        """Run the handler of a fired deadline on a copy of ``state``.
+
+        Raises:
+            SagaError: The saga has no handler for the deadline name.
+            HandlerError: The handler raised, or the payload does not fit the declared type.
+        """
+        handler = self.definition.deadline_handlers.get(inp.name)
+        if handler is None:
+            raise SagaError(f"saga {self.saga_type!r} has no handler for deadline {inp.name!r}")
+        return self._run(handler, state, saga_id, now, deadline=inp)
+
+    def _run(
+        self,
+        handler: HandlerDef,
+        state: SagaState | None,
+        saga_id: str,
+        now: datetime,
+        *,
+        event: EventInput | None = None,
+        deadline: DeadlineInput | None = None,
+    ) -> Outcome:
+        state_cls = self.definition.state_cls
+        if state is not None and not isinstance(state, state_cls):
+            raise SagaError(f"state of saga {self.saga_type!r} must be a {state_cls.__qualname__}")
+        # Handlers mutate ``self``; working on a deep copy means a handler that raises halfway
+        # leaves the caller's state exactly as it was, ready for a retry.
+        working = state_cls() if state is None else state.model_copy(deep=True)
+        commands = SagaCommands(saga_id, registry=self._registry)
+        deadlines = SagaDeadlines(now)
+        lifecycle = SagaLifecycle()
+        runtime: dict[str, Callable[[ResolvedParam], Any]] = {
+            "event": lambda _: event.message if event else None,
+            "metadata": lambda _: event.metadata if event else None,
+            "commands": lambda _: commands,
+            "deadlines": lambda _: deadlines,
+            "lifecycle": lambda _: lifecycle,
+            "payload": lambda p: _payload(p, deadline),
+        }
+        try:
+            kwargs = {
+                p.param.name: (p.value if p.constant else runtime[p.param.kind](p))
+                for p in self._resolved[handler.name]
+            }
+            handler.func(working, **kwargs)
+            self._check_deadline_names(deadlines.operations)
+        except Exception as e:
+            raise HandlerError(self.saga_type, saga_id, handler.name, e) from e
+        return Outcome(
+            state=working,
+            commands=commands.intents,
+            deadlines=deadlines.operations,
+            ended=handler.end or lifecycle.ended,
+            handler_name=handler.name,
+        )
+
+    def _check_deadline_names(self, ops: list[DeadlineOp]) -> None:
+        # Fail when the deadline is scheduled, not when it fires half an hour later with nobody
+        # to handle it.
+        for op in ops:
+            if (
+                isinstance(op, ScheduleDeadline)
+                and op.name not in self.definition.deadline_handlers
+            ):
+                raise SagaError(
+                    f"deadline {op.name!r} was scheduled but saga {self.saga_type!r} has no "
+                    f"@saga_deadline_handler({op.name!r})"
+                )
+
+
+def _payload(p: ResolvedParam, deadline: DeadlineInput | None) -> Any:
+    raw = deadline.payload if deadline is not None else None
+    if raw is None:
+        if not p.param.optional:
+            raise SagaError(
+                f"deadline has no payload but parameter {p.param.name!r} requires one; give it "
+                "a default or schedule the deadline with payload="
+            )
+        return None if p.param.default is NO_DEFAULT else p.param.default
+    assert p.adapter is not None
+    try:
+        return p.adapter.validate_python(raw)
+    except ValidationError as e:
+        raise SagaError(
+            f"deadline payload does not fit {p.param.name!r}: {e.error_count()} error(s)"
+        ) from e
+
+
+def bind(
+    definition: SagaDefinition | type[SagaState],
+    *,
+    settings: Mapping[str, Any] | None = None,
+    dependencies: Mapping[type, object] | None = None,
+    registry: MessageRegistry = registry,
+) -> BoundSaga:
+    """Resolve every setting and dependency the saga's handlers ask for.
+
+    Args:
+        definition: A saga definition, or a class decorated with ``@saga``.
+        settings: Values by key; dotted keys are also looked up through nested mappings.
+        dependencies: Objects by type, injected into parameters annotated with that type.
+        registry: Registry the saga's events and commands are declared in.
+
+    Raises:
+        ConfigurationError: Lists every missing or invalid setting and dependency.
+    """
+    if not isinstance(definition, SagaDefinition):
+        definition = definition_of(definition)
+    problems: list[str] = []
+    resolved: dict[str, tuple[ResolvedParam, ...]] = {}
+    for handler in definition.handlers:
+        resolved[handler.name] = resolve_handler(
+            handler, settings or {}, dependencies or {}, problems
+        )
+    for event_cls in definition.event_handlers:
+        if event_cls not in registry:
+            problems.append(
+                f"event {event_cls.__qualname__} is not registered, so it can never be decoded; "
+                "decorate it with @message_type(...)"
+            )
+    if problems:
+        raise ConfigurationError(problems, subject=f"saga {definition.saga_type!r}")
+    return BoundSaga(definition, resolved, registry)
+
+
+def bind_all(
+    definitions: Iterable[SagaDefinition | type[SagaState]],
+    *,
+    settings: Mapping[str, Any] | None = None,
+    dependencies: Mapping[type, object] | None = None,
+    registry: MessageRegistry = registry,
+) -> dict[str, BoundSaga]:
+    """Bind several sagas, reporting every problem of every saga in one error.
+
+    Returns:
+        Bound sagas by saga type.
+
+    Raises:
+        ConfigurationError: Any saga failed to bind, or two sagas share a type name.
+    """
+    problems: list[str] = []
+    bound: dict[str, BoundSaga] = {}
+    for item in definitions:
+        definition = item if isinstance(item, SagaDefinition) else definition_of(item)
+        if definition.saga_type in bound:
+            other = bound[definition.saga_type].definition.state_cls.__qualname__
+            problems.append(
+                f"sagas {other} and {definition.state_cls.__qualname__} share the type "
+                f"{definition.saga_type!r}; give each a unique type"
+            )
+            continue
+        try:
+            bound[definition.saga_type] = bind(
+                definition, settings=settings, dependencies=dependencies, registry=registry
+            )
+        except ConfigurationError as e:
+            problems.extend(f"saga {definition.saga_type!r}: {p}" for p in e.problems)
+    if problems:
+        raise ConfigurationError(problems)
+    return bound

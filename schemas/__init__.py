@@ -1,0 +1,9 @@
+"""Example event and command schemas.
+
+Importing this package registers every message type in ``processor.messages.registry``.
+``python -m schemas.export`` writes their JSON Schemas for services in other languages.
+"""
+
+from schemas import transfers, wallets
+
+__all__ = ["transfers", "wallets"]

@@ -1,0 +1,113 @@
+"""Messages of the account-to-account transfer saga (``sagas.transfer``).
+
+Events are published by the account service to ``transfer-events``; commands go to
+``account-commands``. Every message carries ``transfer_id``, the saga's correlation id, so the
+account service can echo it back and deduplicate on it.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Annotated
+
+from pydantic import Field
+
+from processor.messages import Message, message_type
+
+__all__ = [
+    "ACCOUNT_COMMANDS_TOPIC",
+    "TRANSFER_EVENTS_TOPIC",
+    "Amount",
+    "CreditAccount",
+    "CreditConfirmed",
+    "CreditFailed",
+    "DebitAccount",
+    "DebitConfirmed",
+    "DebitFailed",
+    "ReverseDebit",
+    "TransferRequested",
+]
+
+TRANSFER_EVENTS_TOPIC = "transfer-events"
+ACCOUNT_COMMANDS_TOPIC = "account-commands"
+
+Amount = Annotated[Decimal, Field(gt=0, decimal_places=2)]
+"""A positive amount in the account's currency, to the cent."""
+
+
+@message_type("transfers.TransferRequested", topic=TRANSFER_EVENTS_TOPIC)
+class TransferRequested(Message):
+    """A customer asked to move ``amount`` between two accounts; starts the saga."""
+
+    transfer_id: str
+    source_account_id: str
+    target_account_id: str
+    amount: Amount
+
+
+@message_type("transfers.DebitConfirmed", topic=TRANSFER_EVENTS_TOPIC)
+class DebitConfirmed(Message):
+    """The source account was debited."""
+
+    transfer_id: str
+    account_id: str
+    amount: Amount
+
+
+@message_type("transfers.DebitFailed", topic=TRANSFER_EVENTS_TOPIC)
+class DebitFailed(Message):
+    """The source account could not be debited (e.g. insufficient funds); nothing moved."""
+
+    transfer_id: str
+    account_id: str
+    reason: str
+
+
+@message_type("transfers.CreditConfirmed", topic=TRANSFER_EVENTS_TOPIC)
+class CreditConfirmed(Message):
+    """The target account was credited."""
+
+    transfer_id: str
+    account_id: str
+    amount: Amount
+
+
+@message_type("transfers.CreditFailed", topic=TRANSFER_EVENTS_TOPIC)
+class CreditFailed(Message):
+    """The target account could not be credited (e.g. closed); the debit must be reversed."""
+
+    transfer_id: str
+    account_id: str
+    reason: str
+
+
+@message_type("transfers.DebitAccount", topic=ACCOUNT_COMMANDS_TOPIC)
+class DebitAccount(Message):
+    """Take ``amount`` from ``account_id``; answered by DebitConfirmed or DebitFailed."""
+
+    transfer_id: str
+    account_id: str
+    amount: Amount
+
+
+@message_type("transfers.CreditAccount", topic=ACCOUNT_COMMANDS_TOPIC)
+class CreditAccount(Message):
+    """Give ``amount`` to ``account_id``; answered by CreditConfirmed or CreditFailed."""
+
+    transfer_id: str
+    account_id: str
+    amount: Amount
+
+
+@message_type("transfers.ReverseDebit", topic=ACCOUNT_COMMANDS_TOPIC)
+class ReverseDebit(Message):
+    """Return a debited ``amount`` to ``account_id``.
+
+    Sent on timeout too, when the saga cannot know whether the debit happened. So the account
+    service applies it at most once per ``transfer_id``, only if the debit was applied, and
+    refuses a DebitAccount for that transfer arriving after it; money is conserved either way.
+    """
+
+    transfer_id: str
+    account_id: str
+    amount: Amount
