@@ -1,0 +1,7 @@
+"""`python -m processor` is the `saga-processor` console script."""
+
+import sys
+
+from processor.cli import main
+
+sys.exit(main())

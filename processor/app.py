@@ -1,0 +1,200 @@
+"""Assembles a processor from settings: consumer loop, relay, notify listener, deadline poller."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from processor.definition import definition_of
+from processor.engine.plan import Planner, WriteSet
+from processor.kafka.client import SagaConsumer, make_producer
+from processor.messages import MessageRegistry
+from processor.messages import registry as default_registry
+from processor.postgres.connect import connect, ensure_schema
+from processor.postgres.schema import Tables
+from processor.postgres.store import BatchStore, Conn
+from processor.relay import NotifyListener, Relay
+from processor.runner import BoundSaga, bind_all
+from processor.settings import ProcessorSettings
+from processor.worker import Worker
+
+log = logging.getLogger(__name__)
+
+
+def load_saga_classes(specs: Iterable[str]) -> list[type[Any]]:
+    """`module:Class`, or a module exposing `SAGAS` (or `EXAMPLE_SAGAS`)."""
+    found: list[type[Any]] = []
+    for spec in specs:
+        module_name, _, attr = spec.partition(":")
+        module = importlib.import_module(module_name)
+        if attr:
+            found.append(getattr(module, attr))
+        else:
+            found.extend(getattr(module, "SAGAS", None) or getattr(module, "EXAMPLE_SAGAS", ()))
+    return found
+
+
+def tables_for(settings: ProcessorSettings) -> Tables:
+    return Tables(
+        schema=settings.database.schema_name,
+        deadline=settings.deadline.table,
+        deadline_lock=settings.deadline.lock_table,
+    )
+
+
+class Processor:
+    """One replica: run it in as many processes as you like; they share the consumer group."""
+
+    def __init__(
+        self,
+        settings: ProcessorSettings,
+        saga_classes: Iterable[type[Any]] | None = None,
+        *,
+        dependencies: Mapping[type, object] | None = None,
+        registry: MessageRegistry = default_registry,
+    ) -> None:
+        self.settings = settings
+        classes = list(saga_classes) if saga_classes is not None else load_saga_classes(settings.sagas)
+        definitions = [definition_of(c) for c in classes]
+        self.sagas: dict[str, BoundSaga] = bind_all(
+            definitions, settings=settings.settings, dependencies=dependencies or {}
+        )
+        self.registry = registry
+        self.tables = tables_for(settings)
+        self.instance_id = settings.instance_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.planner = Planner(
+            self.sagas,
+            registry=registry,
+            dead_letter_topic=settings.topic_prefix + settings.consumer.dead_letter_topic,
+            handler_attempts=settings.consumer.handler_attempts,
+            topic_prefix=settings.topic_prefix,
+        )
+        self.stop_event = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.worker: Worker | None = None
+        self.relay: Relay | None = None
+        self.poller: Any = None
+
+    # -- wiring ----------------------------------------------------------------------------
+
+    def connect(self) -> Conn:
+        return connect(self.settings.database.url.get_secret_value(), application_name=f"saga:{self.instance_id}")
+
+    def input_topics(self) -> list[str]:
+        prefix = self.settings.topic_prefix
+        if self.settings.consumer.topics:
+            return [prefix + t for t in self.settings.consumer.topics]
+        topics = {self.registry.of(cls).topic for cls in self.planner.event_types}
+        missing = [cls.__name__ for cls in self.planner.event_types if self.registry.of(cls).topic is None]
+        if missing:
+            raise ValueError(f"no input topic known for {missing}: set SAGA_CONSUMER__TOPICS")
+        return sorted(prefix + t for t in topics if t)
+
+    def output_topics(self) -> list[str]:
+        """Every topic this processor may write: commands of its sagas and dead letters."""
+        prefix = self.settings.topic_prefix
+        topics = {prefix + self.settings.consumer.dead_letter_topic}
+        topics.update(prefix + t.topic for t in self.registry.all() if t.topic)
+        return sorted(topics)
+
+    def start(self) -> None:
+        """Migrates (when enabled), then starts the background threads and the consumer."""
+        if self.settings.deadline.schema_.auto:
+            ensure_schema(self.settings.database.url.get_secret_value(), self.tables)
+        kafka = self.settings.kafka.client_config()
+        self.worker = Worker(
+            store_factory=lambda: BatchStore(self.connect(), self.tables, self.settings.consumer.group_id),
+            planner=self.planner,
+            registry=self.registry,
+            owner=self.instance_id,
+            max_record_bytes=self.settings.consumer.max_record_bytes,
+            batch_size=self.settings.consumer.batch_size,
+            batch_timeout=self.settings.consumer.batch_timeout.total_seconds(),
+        )
+        if self.settings.relay.enabled:
+            self.relay = Relay(
+                connect=self.connect,
+                tables=self.tables,
+                producer_factory=lambda: make_producer(kafka),
+                batch_size=self.settings.relay.batch_size,
+                poll_interval=self.settings.relay.poll_interval.total_seconds(),
+            )
+            listener = NotifyListener(self.connect, self.relay.channel, self.relay.wake)
+            self._spawn("relay", self.relay.run)
+            self._spawn("relay-listener", listener.run)
+        if self.settings.deadline.enabled:
+            from processor.poller import DeadlinePoller
+
+            self.poller = DeadlinePoller(
+                connect=self.connect,
+                tables=self.tables,
+                producer_factory=lambda: make_producer(kafka),
+                holder=self.instance_id,
+                settings=self.settings.deadline,
+            )
+            self._spawn("deadline-poller", self.poller.run)
+        self.worker.on_commit = self._committed
+        cs = self.settings.consumer
+        self.worker.consumer = SagaConsumer(
+            kafka,
+            group_id=cs.group_id,
+            topics=self.input_topics(),
+            on_assign=self.worker.on_assign,
+            on_revoke=self.worker.on_revoke,
+            session_timeout_ms=int(cs.session_timeout.total_seconds() * 1000),
+            max_poll_interval_ms=int(cs.max_poll_interval.total_seconds() * 1000),
+        )
+        log.info("processor %s started: sagas %s", self.instance_id, sorted(self.sagas))
+
+    def _committed(self, ws: WriteSet) -> None:
+        # In-process wake-ups right after a commit; other replicas hear NOTIFY.
+        if ws.outbox and self.relay is not None:
+            self.relay.wake.set()
+        if ws.deadline_inserts and self.poller is not None:
+            self.poller.wake.set()
+
+    def _spawn(self, name: str, target: Callable[[threading.Event], None]) -> None:
+        thread = threading.Thread(target=target, args=(self.stop_event,), name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    # -- running ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Consumes until `stop()`; the batch in hand is committed or abandoned, never split."""
+        if self.worker is None:
+            self.start()
+        assert self.worker is not None
+        try:
+            while not self.stop_event.is_set():
+                self.worker.poll_once()
+        finally:
+            self._shutdown()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def _shutdown(self) -> None:
+        self.stop_event.set()
+        timeout = self.settings.shutdown_timeout.total_seconds()
+        worker = self.worker
+        if worker is not None and worker.consumer is not None:
+            # close() can hang on an unstable broker or mid-rebalance: give it a deadline.
+            closer = threading.Thread(target=worker.consumer.close, name="consumer-close", daemon=True)
+            closer.start()
+            closer.join(timeout / 2)
+            if closer.is_alive():
+                log.warning("consumer close did not finish in %.0f s; leaving it", timeout / 2)
+        for thread in self._threads:
+            thread.join(timeout / 2)
+        if worker is not None:
+            worker.store.conn.close()
+        if self.relay is not None:
+            self.relay.close()
+        log.info("processor %s stopped", self.instance_id)

@@ -1,0 +1,105 @@
+"""Command line: `saga-processor [run]`, and operator commands. Configured by SAGA_* variables."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from types import FrameType
+
+from processor.errors import SagaError
+from processor.settings import ProcessorSettings, load_settings
+
+log = logging.getLogger("processor")
+
+# Each operator command module registers itself here: name -> (help, add_arguments, run).
+Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace, ProcessorSettings], int]]
+COMMANDS: dict[str, Command] = {}
+
+
+def command(name: str, help: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
+    """Registers `fn(args, settings) -> exit code`; its `add_arguments` attribute adds options."""
+
+    def register(fn: Callable[..., int]) -> Callable[..., int]:
+        COMMANDS[name] = (help, getattr(fn, "add_arguments", lambda p: None), fn)
+        return fn
+
+    return register
+
+
+@command("run", "consume, run sagas, relay the outbox and fire deadlines (the default)")
+def run(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    from processor.app import Processor
+
+    proc = Processor(settings)
+    proc.start()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %d: finishing the batch in hand, then stopping", signum)
+        proc.stop()
+        # A second signal, or a shutdown that overruns its budget, ends the process at once;
+        # nothing is lost: uncommitted work is redone by whoever owns the partitions next.
+        timer = threading.Timer(settings.shutdown_timeout.total_seconds(), _force_exit)
+        timer.daemon = True
+        timer.start()
+        signal.signal(signal.SIGTERM, lambda *_: _force_exit())
+        signal.signal(signal.SIGINT, lambda *_: _force_exit())
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    proc.run()
+    return 0
+
+
+def _force_exit() -> None:
+    log.warning("shutdown overran its budget; exiting now")
+    logging.shutdown()
+    import os
+
+    os._exit(3)
+
+
+@command("migrate", "create or upgrade the database schema, then exit")
+def migrate(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    from processor.app import tables_for
+    from processor.postgres.connect import ensure_schema
+
+    version = ensure_schema(settings.database.url.get_secret_value(), tables_for(settings))
+    print(f"schema {settings.database.schema_name} at version {version}")
+    return 0
+
+
+def _load_command_modules() -> None:
+    # Operator commands live beside the code they drive; importing them registers them.
+    import importlib
+    import pkgutil
+
+    import processor.ops
+
+    for module in pkgutil.iter_modules(processor.ops.__path__):
+        importlib.import_module(f"processor.ops.{module.name}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    _load_command_modules()
+    parser = argparse.ArgumentParser(prog="saga-processor", description=__doc__)
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command")
+    for name, (help_text, add_arguments, _fn) in COMMANDS.items():
+        add_arguments(sub.add_parser(name, help=help_text))
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(threadName)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        settings = load_settings()
+        _help, _add, fn = COMMANDS[args.command or "run"]
+        return fn(args, settings)
+    except SagaError as e:
+        print(f"saga-processor: {e}", file=sys.stderr)
+        return 2

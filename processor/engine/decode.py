@@ -1,0 +1,149 @@
+"""Turns a raw record into an event, a fired deadline, or a rejection with its reason.
+
+Each bad record is judged once, here, so a record that can never be decoded is dead-lettered
+instead of being re-read forever.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import ValidationError
+
+from processor.engine.records import Record
+from processor.errors import UnknownMessageType
+from processor.messages import (
+    HEADER_CAUSATION_ID,
+    HEADER_CORRELATION_ID,
+    HEADER_MESSAGE_ID,
+    HEADER_MESSAGE_TYPE,
+    HEADER_OCCURRED_AT,
+    HEADER_SCHEMA_VERSION,
+    Message,
+    MessageMetadata,
+    MessageRegistry,
+)
+
+DEADLINE_FIRED = "saga.deadline-fired"
+HEADER_DEADLINE_ID = "deadline-id"
+HEADER_DEADLINE_NAME = "deadline-name"
+HEADER_FENCING_TOKEN = "fencing-token"
+
+
+class Reason(StrEnum):
+    """Why a record went to the dead-letter topic."""
+
+    OVERSIZED = "oversized"
+    UNPARSEABLE = "unparseable"
+    UNKNOWN_TYPE = "unknown-type"
+    SCHEMA_VIOLATION = "schema-violation"
+    MISSING_ASSOCIATION = "missing-association"
+    MISSING_MESSAGE_ID = "missing-message-id"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    record: Record
+    message: Message
+    metadata: MessageMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class FiredDeadline:
+    record: Record
+    saga_type: str
+    saga_id: str
+    deadline_id: str
+    name: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    record: Record
+    reason: Reason
+    detail: str
+
+
+Decoded = Event | FiredDeadline | Rejected
+
+
+def decode(record: Record, registry: MessageRegistry, max_bytes: int) -> Decoded:
+    """Classifies one record; never raises for bad input."""
+    size = len(record.value or b"") + len(record.key or b"")
+    if size > max_bytes:
+        return Rejected(record, Reason.OVERSIZED, f"{size} bytes exceeds the limit of {max_bytes}")
+    type_name = record.header(HEADER_MESSAGE_TYPE)
+    if type_name == DEADLINE_FIRED:
+        return _fired(record)
+    if not record.value:
+        return Rejected(record, Reason.UNPARSEABLE, "the record has no value")
+    if type_name is None:
+        return Rejected(record, Reason.UNKNOWN_TYPE, f"no {HEADER_MESSAGE_TYPE} header")
+    version = _int(record.header(HEADER_SCHEMA_VERSION))
+    try:
+        cls = registry.by_name(type_name, version).cls
+    except UnknownMessageType:
+        where = f" version {version}" if version is not None else ""
+        return Rejected(record, Reason.UNKNOWN_TYPE, f"{type_name!r}{where} is not registered")
+    message_id = record.header(HEADER_MESSAGE_ID)
+    if not message_id:
+        return Rejected(record, Reason.MISSING_MESSAGE_ID, f"no {HEADER_MESSAGE_ID} header")
+    try:
+        message = cls.model_validate_json(record.value)
+    except ValidationError as e:
+        return _invalid(record, e)
+    metadata = MessageMetadata(
+        message_id=message_id,
+        message_type=type_name,
+        correlation_id=record.header(HEADER_CORRELATION_ID),
+        causation_id=record.header(HEADER_CAUSATION_ID),
+        occurred_at=_datetime(record.header(HEADER_OCCURRED_AT)),
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        key=record.key.decode("utf-8", errors="replace") if record.key is not None else None,
+        headers=record.headers_text(),
+    )
+    return Event(record, message, metadata)
+
+
+def _invalid(record: Record, error: ValidationError) -> Rejected:
+    # Locations and messages only: pydantic's input echo may carry personal data or secrets.
+    details = error.errors(include_input=False, include_url=False, include_context=False)
+    if any(d["type"] == "json_invalid" for d in details):
+        return Rejected(record, Reason.UNPARSEABLE, "the value is not valid JSON")
+    text = "; ".join(f"{'.'.join(map(str, d['loc'])) or '<root>'}: {d['msg']}" for d in details)
+    return Rejected(record, Reason.SCHEMA_VIOLATION, text[:2000])
+
+
+def _fired(record: Record) -> Decoded:
+    try:
+        body = json.loads(record.value or b"")
+        return FiredDeadline(
+            record=record,
+            saga_type=str(body["saga_type"]),
+            saga_id=str(body["saga_id"]),
+            deadline_id=str(body["deadline_id"]),
+            name=str(body["name"]),
+            token=int(body["token"]),
+        )
+    except (ValueError, KeyError, TypeError):
+        return Rejected(record, Reason.SCHEMA_VIOLATION, "malformed deadline-fired record")
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text else None
+    except ValueError:
+        return None
+
+
+def _datetime(text: str | None) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text) if text else None
+    except ValueError:
+        return None

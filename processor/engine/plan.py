@@ -1,0 +1,501 @@
+"""Plans one batch: runs handlers in log order over loaded saga rows and collects every write.
+
+Pure: the caller loads what `wants()` names, calls `plan()`, and writes the returned `WriteSet`
+in one transaction. Handlers only record intents, so a batch that fails to commit is simply
+planned again from freshly loaded rows.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from processor.engine.decode import Decoded, Event, FiredDeadline, Reason, Rejected
+from processor.engine.records import OutboxRow, Record
+from processor.errors import HandlerError
+from processor.handles import CancelDeadline, CommandIntent, DeadlineOp, ScheduleDeadline
+from processor.messages import (
+    HEADER_CAUSATION_ID,
+    HEADER_CORRELATION_ID,
+    HEADER_DEADLINE_UNIX_MS,
+    HEADER_MESSAGE_ID,
+    HEADER_MESSAGE_TYPE,
+    HEADER_OCCURRED_AT,
+    HEADER_SAGA_ID,
+    HEADER_SAGA_TYPE,
+    HEADER_SCHEMA_VERSION,
+    Message,
+    MessageRegistry,
+)
+from processor.runner import BoundSaga, DeadlineInput, EventInput, command_message_id
+
+ACTIVE = "active"
+ENDED = "ended"
+PARKED = "parked"
+
+SagaKey = tuple[str, str]
+
+
+@dataclass(slots=True)
+class SagaRow:
+    saga_type: str
+    saga_id: str
+    state: dict[str, Any] | None
+    status: str
+    version: int
+    parked_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlineRef:
+    saga_type: str
+    saga_id: str
+    name: str
+    due_at: datetime
+    payload: Any
+    dispatch_token: int | None
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """Rows the planner needs, read in the batch's transaction."""
+
+    sagas: Mapping[SagaKey, SagaRow]
+    applied: AbstractSet[tuple[str, str, str]]
+    deadlines: Mapping[str, DeadlineRef]
+    lease_token: int | None
+    now: datetime  # the database's clock, so deadlines and the poller agree on time
+
+
+@dataclass(frozen=True)
+class Wants:
+    saga_keys: set[SagaKey]
+    message_keys: set[tuple[str, str, str]]
+    deadline_ids: set[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One unit of work for one saga: an event routed to it, or a deadline that fired."""
+
+    decoded: Event | FiredDeadline
+    bound: BoundSaga
+    saga_id: str
+
+    @property
+    def message_id(self) -> str:
+        if isinstance(self.decoded, FiredDeadline):
+            return f"deadline:{self.decoded.deadline_id}"
+        return self.decoded.metadata.message_id
+
+
+@dataclass(slots=True)
+class SagaWrite:
+    saga_type: str
+    saga_id: str
+    state: dict[str, Any] | None
+    status: str
+    version: int
+    expected_version: int | None  # None: the row is new
+    parked_reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRow:
+    saga_type: str
+    saga_id: str
+    message_id: str
+    message_type: str
+    kind: str
+    outcome: str
+    version: int | None
+    topic: str
+    partition: int
+    offset: int
+    detail: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlineInsert:
+    id: str
+    saga_type: str
+    saga_id: str
+    name: str
+    due_at: datetime
+    payload: Any
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    record: Record
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class ParkedMessage:
+    saga_type: str
+    saga_id: str
+    record: Record
+    reason: str
+
+
+@dataclass
+class WriteSet:
+    sagas: list[SagaWrite] = field(default_factory=list)
+    history: list[HistoryRow] = field(default_factory=list)
+    outbox: list[OutboxRow] = field(default_factory=list)
+    deadline_clears: list[SagaKey] = field(default_factory=list)
+    deadline_deletes: list[tuple[str, str, str]] = field(default_factory=list)
+    deadline_inserts: list[DeadlineInsert] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    parked: list[ParkedMessage] = field(default_factory=list)
+    counts: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(slots=True)
+class _Working:
+    """A saga's in-memory state while the batch runs over it."""
+
+    bound: BoundSaga
+    saga_id: str
+    row: SagaRow | None
+    state: Any  # SagaState | None
+    status: str | None
+    version: int
+    parked_reason: str | None = None
+    dirty: bool = False
+    # Net deadline changes: name -> new row, or None for "delete only".
+    deadline_ops: dict[str, DeadlineInsert | None] = field(default_factory=dict)
+    cleared: bool = False
+
+
+class Planner:
+    """Routes decoded records to sagas and plans the batch's writes."""
+
+    def __init__(
+        self,
+        sagas: Mapping[str, BoundSaga],
+        *,
+        registry: MessageRegistry,
+        dead_letter_topic: str,
+        handler_attempts: int = 3,
+        topic_prefix: str = "",
+    ) -> None:
+        self._sagas = dict(sagas)
+        self._registry = registry
+        self._dead_letter_topic = dead_letter_topic
+        self._attempts = handler_attempts
+        self._prefix = topic_prefix
+        self._routes: dict[type[Message], list[BoundSaga]] = {}
+        for bound in self._sagas.values():
+            for event_cls in bound.definition.event_handlers:
+                self._routes.setdefault(event_cls, []).append(bound)
+
+    @property
+    def event_types(self) -> set[type[Message]]:
+        return set(self._routes)
+
+    def route(self, decoded: Iterable[Decoded]) -> tuple[list[Item | Rejected], Wants]:
+        """Expands each record into per-saga items, in order, and names the rows to load."""
+        out: list[Item | Rejected] = []
+        wants = Wants(set(), set(), set())
+        for d in decoded:
+            if isinstance(d, Rejected):
+                out.append(d)
+            elif isinstance(d, FiredDeadline):
+                bound = self._sagas.get(d.saga_type)
+                if bound is None:
+                    out.append(Rejected(d.record, Reason.UNKNOWN_TYPE, f"no saga type {d.saga_type!r}"))
+                    continue
+                out.append(Item(d, bound, d.saga_id))
+                wants.saga_keys.add((d.saga_type, d.saga_id))
+                wants.deadline_ids.add(d.deadline_id)
+            else:
+                routes = self._routes.get(type(d.message), [])
+                items = []
+                for bound in routes:
+                    saga_id = bound.definition.association_value(d.message)
+                    if saga_id is None:
+                        prop = bound.definition.event_handlers[type(d.message)].association_property
+                        items = [Rejected(d.record, Reason.MISSING_ASSOCIATION, f"{prop} is empty")]
+                        break
+                    items.append(Item(d, bound, saga_id))
+                for item in items:
+                    if isinstance(item, Item):
+                        key = (item.bound.saga_type, item.saga_id)
+                        wants.saga_keys.add(key)
+                        wants.message_keys.add((*key, item.message_id))
+                out.extend(items)
+        return out, wants
+
+    def plan(
+        self,
+        items: Sequence[Item | Rejected],
+        loaded: Loaded,
+        now: datetime,
+        *,
+        unrouted: int = 0,
+    ) -> WriteSet:
+        ws = WriteSet()
+        ws.counts["unrouted"] += unrouted
+        working: dict[SagaKey, _Working] = {}
+        seen: set[tuple[str, str, str]] = set(loaded.applied)
+        for item in items:
+            if isinstance(item, Rejected):
+                self._dead_letter(ws, item.record, item.reason, item.detail)
+                continue
+            key = (item.bound.saga_type, item.saga_id)
+            w = working.get(key)
+            if w is None:
+                w = working[key] = self._load(item.bound, item.saga_id, loaded.sagas.get(key))
+            if isinstance(item.decoded, FiredDeadline):
+                self._fire(ws, w, item, item.decoded, loaded, now)
+            else:
+                mkey = (*key, item.message_id)
+                if mkey in seen:
+                    self._history(ws, w, item, "duplicate")
+                    continue
+                self._event(ws, w, item, item.decoded, now, seen, mkey)
+        for w in working.values():
+            self._flush(ws, w)
+        return ws
+
+    # -- per item --------------------------------------------------------------------------
+
+    def _load(self, bound: BoundSaga, saga_id: str, row: SagaRow | None) -> _Working:
+        if row is None:
+            return _Working(bound, saga_id, None, None, None, 0)
+        state = bound.state_from_json(row.state) if row.state is not None else None
+        return _Working(bound, saga_id, row, state, row.status, row.version, row.parked_reason)
+
+    def _event(
+        self,
+        ws: WriteSet,
+        w: _Working,
+        item: Item,
+        event: Event,
+        now: datetime,
+        seen: set[tuple[str, str, str]],
+        mkey: tuple[str, str, str],
+    ) -> None:
+        handler = w.bound.definition.event_handlers[type(event.message)]
+        if w.status == PARKED:
+            self._park(ws, w, item, "behind a parked saga", "parked-behind")
+        elif w.status == ENDED:
+            self._history(ws, w, item, "ignored-ended")
+        elif w.status is None and not handler.start:
+            self._history(ws, w, item, "no-saga")
+        else:
+            inp = EventInput(event.message, event.metadata)
+            self._run(ws, w, item, lambda: w.bound.handle_event(w.state, w.saga_id, inp, now), now)
+            if w.status != PARKED:
+                seen.add(mkey)
+
+    def _fire(
+        self,
+        ws: WriteSet,
+        w: _Working,
+        item: Item,
+        fired: FiredDeadline,
+        loaded: Loaded,
+        now: datetime,
+    ) -> None:
+        ref = loaded.deadlines.get(fired.deadline_id)
+        if w.status == PARKED:
+            self._park(ws, w, item, "behind a parked saga", "parked-behind")
+            return
+        stale = (
+            ref is None
+            or w.status != ACTIVE
+            or w.cleared
+            or fired.name in w.deadline_ops  # cancelled or rescheduled earlier in this batch
+            or ref.dispatch_token != fired.token
+            or loaded.lease_token != fired.token  # fired by a poller that has since lost the lease
+        )
+        if stale or ref is None:
+            self._history(ws, w, item, "deadline-stale")
+            return
+        # The deadline is consumed by its own handler's transaction.
+        w.deadline_ops[fired.name] = None
+        w.dirty = True
+        if fired.name not in w.bound.definition.deadline_handlers:
+            self._history(ws, w, item, "deadline-no-handler")
+            return
+        inp = DeadlineInput(fired.name, fired.deadline_id, ref.payload, ref.due_at)
+        self._run(ws, w, item, lambda: w.bound.handle_deadline(w.state, w.saga_id, inp, now), now)
+
+    def _run(self, ws: WriteSet, w: _Working, item: Item, call: Any, now: datetime) -> None:
+        error: HandlerError | None = None
+        for _ in range(self._attempts):
+            try:
+                outcome = call()
+                break
+            except HandlerError as e:
+                error = e
+        else:
+            assert error is not None
+            cause = error.cause if getattr(error, "cause", None) is not None else error
+            reason = f"{error.handler_name}: {type(cause).__name__}: {cause}"[:1000]
+            w.parked_reason = reason
+            self._park(ws, w, item, reason, "parked")
+            ws.counts["handler-failed"] += 1
+            return
+        w.state = outcome.state
+        w.version += 1
+        w.dirty = True
+        w.status = ENDED if outcome.ended else ACTIVE
+        correlation = self._correlation(item)
+        for i, intent in enumerate(outcome.commands):
+            ws.outbox.append(self._command(w, intent, i, item.message_id, correlation, now))
+        if outcome.ended:
+            w.cleared = True
+            w.deadline_ops.clear()
+        else:
+            for op in outcome.deadlines:
+                self._deadline(w, op, item)
+        self._history(ws, w, item, "applied", version=w.version, detail=outcome.handler_name)
+        ws.counts["ended" if outcome.ended else "applied"] += 1
+
+    def _deadline(self, w: _Working, op: DeadlineOp, item: Item) -> None:
+        if isinstance(op, CancelDeadline):
+            w.deadline_ops[op.name] = None
+            return
+        assert isinstance(op, ScheduleDeadline)
+        record = item.decoded.record
+        w.deadline_ops[op.name] = DeadlineInsert(
+            id=str(uuid.uuid4()),
+            saga_type=w.bound.saga_type,
+            saga_id=w.saga_id,
+            name=op.name,
+            due_at=op.due_at,
+            payload=op.payload,
+            # Fired records go back to the partition this saga's input arrives on.
+            topic=record.topic,
+            partition=record.partition,
+        )
+
+    def _park(self, ws: WriteSet, w: _Working, item: Item, reason: str, outcome: str) -> None:
+        w.status = PARKED
+        w.version += 1
+        w.dirty = True
+        ws.parked.append(ParkedMessage(w.bound.saga_type, w.saga_id, item.decoded.record, reason))
+        self._history(ws, w, item, outcome, version=w.version, detail=reason)
+
+    # -- output rows -----------------------------------------------------------------------
+
+    def _history(
+        self,
+        ws: WriteSet,
+        w: _Working,
+        item: Item,
+        outcome: str,
+        *,
+        version: int | None = None,
+        detail: str | None = None,
+    ) -> None:
+        record = item.decoded.record
+        if isinstance(item.decoded, FiredDeadline):
+            kind, message_type = "deadline", f"deadline:{item.decoded.name}"
+        else:
+            kind, message_type = "event", item.decoded.metadata.message_type
+        ws.history.append(
+            HistoryRow(
+                w.bound.saga_type,
+                w.saga_id,
+                item.message_id,
+                message_type,
+                kind,
+                outcome,
+                version,
+                record.topic,
+                record.partition,
+                record.offset,
+                detail,
+            )
+        )
+        if outcome != "applied":
+            ws.counts[outcome] += 1
+
+    def _correlation(self, item: Item) -> str:
+        if isinstance(item.decoded, Event) and item.decoded.metadata.correlation_id:
+            return item.decoded.metadata.correlation_id
+        return item.saga_id
+
+    def _command(
+        self,
+        w: _Working,
+        intent: CommandIntent,
+        index: int,
+        causation: str,
+        correlation: str,
+        now: datetime,
+    ) -> OutboxRow:
+        mtype = self._registry.of(type(intent.message))
+        # Version and position make the id stable if this input is ever planned again.
+        seq = (w.version << 16) | index
+        headers = {
+            **intent.headers,
+            HEADER_MESSAGE_ID: command_message_id(w.bound.saga_type, w.saga_id, seq),
+            HEADER_MESSAGE_TYPE: mtype.name,
+            HEADER_SCHEMA_VERSION: str(mtype.version),
+            HEADER_CORRELATION_ID: correlation,
+            HEADER_CAUSATION_ID: causation,
+            HEADER_OCCURRED_AT: now.isoformat(),
+            HEADER_SAGA_TYPE: w.bound.saga_type,
+            HEADER_SAGA_ID: w.saga_id,
+        }
+        if intent.deadline_unix_ms is not None:
+            headers[HEADER_DEADLINE_UNIX_MS] = str(intent.deadline_unix_ms)
+        return OutboxRow(
+            saga_type=w.bound.saga_type,
+            saga_id=w.saga_id,
+            topic=self._prefix + intent.topic,
+            key=intent.key.encode(),
+            headers=headers,
+            value=intent.message.model_dump_json().encode(),
+        )
+
+    def _dead_letter(self, ws: WriteSet, record: Record, reason: str, detail: str) -> None:
+        ws.dead_letters.append(DeadLetter(record, reason, detail))
+        headers = {
+            **record.headers_text(),
+            "dead-letter-reason": reason,
+            "dead-letter-detail": detail,
+            "source-topic": record.topic,
+            "source-partition": str(record.partition),
+            "source-offset": str(record.offset),
+        }
+        ws.outbox.append(
+            OutboxRow(None, None, self._dead_letter_topic, record.key, headers, record.value or b"")
+        )
+        ws.counts["dead-lettered"] += 1
+
+    def _flush(self, ws: WriteSet, w: _Working) -> None:
+        if not w.dirty:
+            return
+        ws.sagas.append(
+            SagaWrite(
+                saga_type=w.bound.saga_type,
+                saga_id=w.saga_id,
+                state=w.bound.state_to_json(w.state) if w.state is not None else None,
+                status=w.status or PARKED,
+                version=w.version,
+                expected_version=w.row.version if w.row is not None else None,
+                parked_reason=w.parked_reason if w.status == PARKED else None,
+            )
+        )
+        key = (w.bound.saga_type, w.saga_id)
+        if w.cleared:
+            ws.deadline_clears.append(key)
+        for name, insert in w.deadline_ops.items():
+            ws.deadline_deletes.append((*key, name))
+            if insert is not None:
+                ws.deadline_inserts.append(insert)

@@ -1,0 +1,43 @@
+"""Adapter-neutral shapes of what flows in from Kafka and out to the outbox."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One consumed Kafka record, copied out of the client's message object."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    timestamp_ms: int | None = None
+
+    def header(self, name: str) -> str | None:
+        """The last value of header `name` as text (Kafka allows repeats; the last one wins)."""
+        found: str | None = None
+        for key, value in self.headers:
+            if key == name:
+                found = value.decode("utf-8", errors="replace")
+        return found
+
+    def headers_text(self) -> dict[str, str]:
+        return {k: v.decode("utf-8", errors="replace") for k, v in self.headers}
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """A record to publish: a saga's command, a dead letter, or a deadline-fired record."""
+
+    saga_type: str | None
+    saga_id: str | None
+    topic: str
+    key: bytes | None
+    headers: Mapping[str, str]
+    value: bytes
+    partition: int | None = None

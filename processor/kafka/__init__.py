@@ -1,0 +1,1 @@
+"""Kafka adapter: the only part of the processor that imports confluent_kafka."""

@@ -1,0 +1,130 @@
+"""Consumer and producer wrappers with the processor's settings and rebalance handling."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from processor.engine.records import Record
+
+log = logging.getLogger(__name__)
+
+TP = tuple[str, int]
+
+
+def to_record(msg: Any) -> Record:
+    ts_type, ts = msg.timestamp()
+    return Record(
+        topic=msg.topic(),
+        partition=msg.partition(),
+        offset=msg.offset(),
+        key=msg.key(),
+        value=msg.value(),
+        headers=tuple((k, v if v is not None else b"") for k, v in (msg.headers() or ())),
+        timestamp_ms=ts if ts_type != 0 else None,
+    )
+
+
+def make_producer(config: Mapping[str, str], **overrides: Any) -> Producer:
+    """An idempotent producer: per-partition order kept across retries, no duplicates from them."""
+    conf: dict[str, Any] = {
+        **config,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 5,
+        "message.timeout.ms": 30000,
+        # A hole in the sequence would reorder a saga's commands; fail fatally instead, and the
+        # relay recreates the producer and resends from the outbox.
+        "enable.gapless.guarantee": True,
+    }
+    conf.update(overrides)
+    return Producer(conf)
+
+
+class SagaConsumer:
+    """A group member whose partition positions come from Postgres, not from Kafka."""
+
+    def __init__(
+        self,
+        config: Mapping[str, str],
+        *,
+        group_id: str,
+        topics: Sequence[str],
+        on_assign: Callable[[list[TP]], Mapping[TP, int | None]],
+        on_revoke: Callable[[list[TP]], None],
+        session_timeout_ms: int = 45000,
+        max_poll_interval_ms: int = 300000,
+    ) -> None:
+        conf: dict[str, Any] = {
+            **config,
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "partition.assignment.strategy": "cooperative-sticky",
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": session_timeout_ms,
+            "max.poll.interval.ms": max_poll_interval_ms,
+            "heartbeat.interval.ms": min(3000, session_timeout_ms // 3),
+        }
+        self._on_assign = on_assign
+        self._on_revoke = on_revoke
+        self._consumer = Consumer(conf)
+        self._consumer.subscribe(
+            list(topics), on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._revoked
+        )
+
+    # Cooperative rebalancing hands over only the changed partitions; these callbacks must use
+    # the incremental calls, or partitions are left unconsumed.
+    def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        tps = [(p.topic, p.partition) for p in partitions]
+        offsets = self._on_assign(tps) if tps else {}
+        consumer.incremental_assign(
+            [
+                TopicPartition(t, p, offsets.get((t, p)) if offsets.get((t, p)) is not None else OFFSET_BEGINNING)
+                for t, p in tps
+            ]
+        )
+
+    def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        tps = [(p.topic, p.partition) for p in partitions]
+        if tps:
+            self._on_revoke(tps)
+        consumer.incremental_unassign(partitions)
+
+    def consume(self, max_records: int, timeout: float) -> list[Record]:
+        out: list[Record] = []
+        for msg in self._consumer.consume(num_messages=max_records, timeout=timeout):
+            err = msg.error()
+            if err is None:
+                out.append(to_record(msg))
+            elif err.code() != KafkaError._PARTITION_EOF:
+                if err.fatal():
+                    raise KafkaException(err)
+                log.warning("consumer error: %s", err)
+        return out
+
+    def seek(self, tp: TP, offset: int | None) -> None:
+        try:
+            self._consumer.seek(TopicPartition(tp[0], tp[1], offset if offset is not None else OFFSET_BEGINNING))
+        except KafkaException as e:
+            # Not yet fetching (just assigned): the assignment's start offset already applies.
+            log.debug("seek %s to %s deferred: %s", tp, offset, e)
+
+    def pause(self, tps: Sequence[TP]) -> None:
+        self._consumer.pause([TopicPartition(t, p) for t, p in tps])
+
+    def commit_advisory(self, offsets: Mapping[TP, int]) -> None:
+        """Mirrors stored positions to Kafka so lag tools work; Postgres stays the authority."""
+        if offsets:
+            try:
+                self._consumer.commit(
+                    offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=True
+                )
+            except KafkaException as e:
+                log.debug("advisory commit skipped: %s", e)
+
+    def close(self) -> None:
+        self._consumer.close()

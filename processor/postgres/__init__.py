@@ -1,0 +1,1 @@
+"""PostgreSQL adapter: the only part of the processor that imports psycopg."""

@@ -1,0 +1,178 @@
+"""Versioned schema for every table the processor owns, created on startup when enabled.
+
+All tables live in one schema (configurable); the deadline and lease tables have configurable
+names too. Migrations are applied in order under an advisory lock, so replicas starting together
+do not race each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+
+@dataclass(frozen=True)
+class Tables:
+    """Qualified names of the processor's tables, fixed at startup."""
+
+    schema: str
+    deadline: str = "saga_deadline"
+    deadline_lock: str = "saga_deadline_lock"
+
+    def q(self, name: str) -> str:
+        """Schema-qualified, quoted name; names are validated identifiers (see settings)."""
+        return f'"{self.schema}"."{name}"'
+
+    def render(self, template: str) -> str:
+        """Fills `{instance}`-style placeholders in SQL with qualified table names."""
+        return template.format(
+            instance=self.q("saga_instance"),
+            history=self.q("saga_history"),
+            outbox=self.q("outbox"),
+            deadline=self.q(self.deadline),
+            deadline_lock=self.q(self.deadline_lock),
+            offsets=self.q("consumer_offset"),
+            dead_letter=self.q("dead_letter"),
+            parked=self.q("parked_message"),
+            version=self.q("schema_version"),
+            schema=self.schema,
+        )
+
+
+# Each entry is one migration; never edit a released one, append a new one.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE {instance} (
+        saga_type   text        NOT NULL,
+        saga_id     text        NOT NULL,
+        state       jsonb,
+        status      text        NOT NULL,
+        version     bigint      NOT NULL,
+        created_at  timestamptz NOT NULL DEFAULT now(),
+        updated_at  timestamptz NOT NULL DEFAULT now(),
+        ended_at    timestamptz,
+        parked_reason text,
+        PRIMARY KEY (saga_type, saga_id)
+    );
+    CREATE INDEX ON {instance} (status, updated_at);
+
+    -- Audit trail. The partial unique index is the duplicate detector: one applied row per
+    -- (saga, message id); duplicates and skipped records are recorded beside it.
+    CREATE TABLE {history} (
+        id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        saga_type    text        NOT NULL,
+        saga_id      text        NOT NULL,
+        message_id   text        NOT NULL,
+        message_type text        NOT NULL,
+        kind         text        NOT NULL,
+        outcome      text        NOT NULL,
+        version      bigint,
+        topic        text,
+        partition    int,
+        "offset"     bigint,
+        detail       text,
+        at           timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE UNIQUE INDEX ON {history} (saga_type, saga_id, message_id) WHERE outcome = 'applied';
+    CREATE INDEX ON {history} (saga_type, saga_id, id);
+    CREATE INDEX ON {history} (at);
+
+    -- Insert/delete churn: vacuum early so the queue's indexes stay small.
+    CREATE TABLE {outbox} (
+        id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        saga_type  text,
+        saga_id    text,
+        topic      text        NOT NULL,
+        partition  int,
+        key        bytea,
+        headers    jsonb       NOT NULL,
+        value      bytea       NOT NULL,
+        created_at timestamptz NOT NULL DEFAULT now()
+    ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
+
+    CREATE TABLE {deadline} (
+        id             uuid        PRIMARY KEY,
+        saga_type      text        NOT NULL,
+        saga_id        text        NOT NULL,
+        name           text        NOT NULL,
+        due_at         timestamptz NOT NULL,
+        payload        jsonb,
+        topic          text        NOT NULL,
+        partition      int         NOT NULL,
+        dispatched_at  timestamptz,
+        dispatch_token bigint,
+        created_at     timestamptz NOT NULL DEFAULT now(),
+        UNIQUE (saga_type, saga_id, name)
+    ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
+    CREATE INDEX ON {deadline} (due_at);
+
+    CREATE TABLE {deadline_lock} (
+        name       text        PRIMARY KEY,
+        holder     text        NOT NULL,
+        token      bigint      NOT NULL,
+        expires_at timestamptz NOT NULL
+    );
+
+    CREATE TABLE {offsets} (
+        group_id    text   NOT NULL,
+        topic       text   NOT NULL,
+        partition   int    NOT NULL,
+        next_offset bigint,
+        owner_epoch bigint NOT NULL,
+        owner       text,
+        updated_at  timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (group_id, topic, partition)
+    );
+
+    CREATE TABLE {dead_letter} (
+        id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        topic      text        NOT NULL,
+        partition  int         NOT NULL,
+        "offset"   bigint      NOT NULL,
+        key        bytea,
+        value      bytea,
+        headers    jsonb       NOT NULL,
+        reason     text        NOT NULL,
+        detail     text,
+        created_at timestamptz NOT NULL DEFAULT now()
+    );
+
+    -- Messages held behind a parked saga, replayed in id order by an operator's retry.
+    CREATE TABLE {parked} (
+        id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        saga_type  text        NOT NULL,
+        saga_id    text        NOT NULL,
+        topic      text        NOT NULL,
+        partition  int         NOT NULL,
+        "offset"   bigint      NOT NULL,
+        key        bytea,
+        value      bytea       NOT NULL,
+        headers    jsonb       NOT NULL,
+        reason     text        NOT NULL,
+        created_at timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE INDEX ON {parked} (saga_type, saga_id, id);
+    """,
+)
+
+
+def migrate(conn: psycopg.Connection[object], tables: Tables) -> int:
+    """Creates the schema and applies pending migrations; returns the version reached."""
+    with conn.transaction():
+        # One starter at a time; the others find the work done.
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"saga-migrate:{tables.schema}",))
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(tables.schema)))
+        conn.execute(
+            tables.render(
+                "CREATE TABLE IF NOT EXISTS {version} "
+                "(version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+        )
+        row = conn.execute(tables.render("SELECT coalesce(max(version), 0) FROM {version}")).fetchone()
+        current = int(row[0]) if row else 0  # type: ignore[index]
+        for number, ddl in enumerate(MIGRATIONS[current:], start=current + 1):
+            conn.execute(tables.render(ddl))
+            conn.execute(tables.render("INSERT INTO {version} (version) VALUES (%s)"), (number,))
+        return len(MIGRATIONS)

@@ -1,0 +1,385 @@
+"""Reads and writes one batch in one transaction: sagas, history, outbox, deadlines, offsets.
+
+Every multi-row write is one set-based statement over arrays (`unnest`), so a batch costs a
+fixed number of round trips however many records it holds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.rows import TupleRow
+
+from processor.engine.plan import DeadlineRef, Loaded, SagaRow, Wants, WriteSet
+from processor.errors import SagaError
+from processor.postgres.schema import Tables
+
+Conn = psycopg.Connection[TupleRow]
+LEASE_NAME = "deadline-poller"
+
+
+class FencedOut(SagaError):
+    """This replica no longer owns some partitions: its batch must not commit."""
+
+    def __init__(self, partitions: Iterable[tuple[str, int]]) -> None:
+        self.partitions = sorted(partitions)
+        super().__init__(f"partitions owned by another replica now: {self.partitions}")
+
+
+class ConcurrentUpdate(SagaError):
+    """A saga row changed under the batch (an operator's retry, or a zombie's late write)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommit:
+    topic: str
+    partition: int
+    next_offset: int
+    expected: int | None
+    epoch: int
+
+
+def _rows(n: int) -> str:
+    return ", ".join(["%s"] * n)
+
+
+class BatchStore:
+    """SQL for the consumer's side of the engine, on one connection the caller owns."""
+
+    def __init__(self, conn: Conn, tables: Tables, group_id: str) -> None:
+        self.conn = conn
+        self.group_id = group_id
+        r = tables.render
+        self.channel = f"saga_outbox_{tables.schema}"
+        self.deadline_channel = f"saga_deadline_{tables.schema}"
+        self._claim = r(
+            """
+            INSERT INTO {offsets} AS o (group_id, topic, partition, next_offset, owner_epoch, owner)
+            SELECT %s, t, p, NULL, 1, %s FROM unnest(%s::text[], %s::int[]) AS u(t, p)
+            ON CONFLICT (group_id, topic, partition) DO UPDATE
+               SET owner_epoch = o.owner_epoch + 1, owner = excluded.owner, updated_at = now()
+            RETURNING topic, partition, owner_epoch, next_offset
+            """
+        )
+        self._read_offsets = r(
+            """
+            SELECT topic, partition, owner_epoch, next_offset FROM {offsets}
+             WHERE group_id = %s AND (topic, partition) IN
+                   (SELECT * FROM unnest(%s::text[], %s::int[]))
+            """
+        )
+        self._load_sagas = r(
+            """
+            SELECT saga_type, saga_id, state, status, version, parked_reason FROM {instance}
+             WHERE (saga_type, saga_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))
+            """
+        )
+        self._load_applied = r(
+            """
+            SELECT saga_type, saga_id, message_id FROM {history}
+             WHERE outcome = 'applied' AND (saga_type, saga_id, message_id) IN
+                   (SELECT * FROM unnest(%s::text[], %s::text[], %s::text[]))
+            """
+        )
+        self._load_deadlines = r(
+            """
+            SELECT id::text, saga_type, saga_id, name, due_at, payload, dispatch_token
+              FROM {deadline} WHERE id = ANY(%s::uuid[])
+            """
+        )
+        self._load_lease = r("SELECT token FROM {deadline_lock} WHERE name = %s")
+        self._insert_sagas = r(
+            """
+            INSERT INTO {instance} (saga_type, saga_id, state, status, version, parked_reason,
+                                    ended_at)
+            SELECT t, i, s, st, v, pr, CASE WHEN st = 'ended' THEN now() END
+              FROM unnest(%s::text[], %s::text[], %s::jsonb[], %s::text[], %s::bigint[],
+                          %s::text[]) AS u(t, i, s, st, v, pr)
+            """
+        )
+        self._update_sagas = r(
+            """
+            UPDATE {instance} AS x
+               SET state = u.s, status = u.st, version = u.v, parked_reason = u.pr,
+                   updated_at = now(),
+                   ended_at = CASE WHEN u.st = 'ended' THEN coalesce(x.ended_at, now()) END
+              FROM unnest(%s::text[], %s::text[], %s::jsonb[], %s::text[], %s::bigint[],
+                          %s::text[], %s::bigint[]) AS u(t, i, s, st, v, pr, expected)
+             WHERE x.saga_type = u.t AND x.saga_id = u.i AND x.version = u.expected
+            """
+        )
+        self._insert_history = r(
+            """
+            INSERT INTO {history} (saga_type, saga_id, message_id, message_type, kind, outcome,
+                                   version, topic, partition, "offset", detail)
+            SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
+                                 %s::text[], %s::bigint[], %s::text[], %s::int[], %s::bigint[],
+                                 %s::text[])
+            """
+        )
+        self._insert_outbox = r(
+            """
+            INSERT INTO {outbox} (saga_type, saga_id, topic, partition, key, headers, value)
+            SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[], %s::bytea[],
+                                 %s::jsonb[], %s::bytea[])
+            """
+        )
+        self._clear_deadlines = r(
+            """
+            DELETE FROM {deadline} AS d USING unnest(%s::text[], %s::text[]) AS u(t, i)
+             WHERE d.saga_type = u.t AND d.saga_id = u.i
+            """
+        )
+        self._delete_deadlines = r(
+            """
+            DELETE FROM {deadline} AS d USING unnest(%s::text[], %s::text[], %s::text[]) AS u(t, i, n)
+             WHERE d.saga_type = u.t AND d.saga_id = u.i AND d.name = u.n
+            """
+        )
+        self._insert_deadlines = r(
+            """
+            INSERT INTO {deadline} (id, saga_type, saga_id, name, due_at, payload, topic, partition)
+            SELECT * FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[],
+                                 %s::timestamptz[], %s::jsonb[], %s::text[], %s::int[])
+            """
+        )
+        self._insert_dead_letters = r(
+            """
+            INSERT INTO {dead_letter} (topic, partition, "offset", key, value, headers, reason,
+                                       detail)
+            SELECT * FROM unnest(%s::text[], %s::int[], %s::bigint[], %s::bytea[], %s::bytea[],
+                                 %s::jsonb[], %s::text[], %s::text[])
+            """
+        )
+        self._insert_parked = r(
+            """
+            INSERT INTO {parked} (saga_type, saga_id, topic, partition, "offset", key, value,
+                                  headers, reason)
+            SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[], %s::bigint[],
+                                 %s::bytea[], %s::bytea[], %s::jsonb[], %s::text[])
+            """
+        )
+        self._commit_offsets = r(
+            """
+            UPDATE {offsets} AS o SET next_offset = u.n, updated_at = now()
+              FROM unnest(%s::text[], %s::int[], %s::bigint[], %s::bigint[], %s::bigint[])
+                   AS u(t, p, n, expected, epoch)
+             WHERE o.group_id = %s AND o.topic = u.t AND o.partition = u.p
+               AND o.owner_epoch = u.epoch AND o.next_offset IS NOT DISTINCT FROM u.expected
+            RETURNING o.topic, o.partition
+            """
+        )
+
+    # -- partitions --------------------------------------------------------------------------
+
+    def claim(self, partitions: Sequence[tuple[str, int]], owner: str) -> dict[tuple[str, int], tuple[int, int | None]]:
+        """Takes ownership: bumps each partition's epoch, so older owners' commits fail."""
+        with self.conn.transaction():
+            rows = self.conn.execute(
+                self._claim,
+                (self.group_id, owner, [t for t, _ in partitions], [p for _, p in partitions]),
+            ).fetchall()
+        return {(t, p): (epoch, nxt) for t, p, epoch, nxt in rows}
+
+    def read_offsets(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int | None]]:
+        with self.conn.transaction():
+            rows = self.conn.execute(
+                self._read_offsets,
+                (self.group_id, [t for t, _ in partitions], [p for _, p in partitions]),
+            ).fetchall()
+        return {(t, p): (epoch, nxt) for t, p, epoch, nxt in rows}
+
+    # -- one batch -------------------------------------------------------------------------
+
+    def load(self, wants: Wants) -> Loaded:
+        """Reads every row the planner needs in one pipelined round trip."""
+        keys = sorted(wants.saga_keys)
+        mkeys = sorted(wants.message_keys)
+        ids = sorted(wants.deadline_ids)
+        with self.conn.pipeline():
+            c0 = self.conn.execute("SELECT now()")
+            c1 = self.conn.execute(self._load_sagas, ([k[0] for k in keys], [k[1] for k in keys]))
+            c2 = (
+                self.conn.execute(
+                    self._load_applied,
+                    ([k[0] for k in mkeys], [k[1] for k in mkeys], [k[2] for k in mkeys]),
+                )
+                if mkeys
+                else None
+            )
+            c3 = self.conn.execute(self._load_deadlines, (ids,)) if ids else None
+            c4 = self.conn.execute(self._load_lease, (LEASE_NAME,)) if ids else None
+        sagas = {
+            (t, i): SagaRow(t, i, state, status, version, reason)
+            for t, i, state, status, version, reason in c1.fetchall()
+        }
+        applied = {(t, i, m) for t, i, m in c2.fetchall()} if c2 else set()
+        deadlines = (
+            {
+                did: DeadlineRef(t, i, n, due, payload, token)
+                for did, t, i, n, due, payload, token in c3.fetchall()
+            }
+            if c3
+            else {}
+        )
+        lease = c4.fetchone() if c4 else None
+        now_row = c0.fetchone()
+        assert now_row is not None
+        return Loaded(sagas, applied, deadlines, int(lease[0]) if lease else None, now_row[0])
+
+    def write(self, ws: WriteSet, offsets: Sequence[OffsetCommit]) -> None:
+        """Writes the batch; raises FencedOut or ConcurrentUpdate (the caller rolls back)."""
+        conn = self.conn
+        new = [s for s in ws.sagas if s.expected_version is None]
+        old = [s for s in ws.sagas if s.expected_version is not None]
+        with conn.pipeline():
+            if new:
+                conn.execute(
+                    self._insert_sagas,
+                    (
+                        [s.saga_type for s in new],
+                        [s.saga_id for s in new],
+                        [_json(s.state) for s in new],
+                        [s.status for s in new],
+                        [s.version for s in new],
+                        [s.parked_reason for s in new],
+                    ),
+                )
+            updated = None
+            if old:
+                updated = conn.execute(
+                    self._update_sagas,
+                    (
+                        [s.saga_type for s in old],
+                        [s.saga_id for s in old],
+                        [_json(s.state) for s in old],
+                        [s.status for s in old],
+                        [s.version for s in old],
+                        [s.parked_reason for s in old],
+                        [s.expected_version for s in old],
+                    ),
+                )
+            if ws.history:
+                h = ws.history
+                conn.execute(
+                    self._insert_history,
+                    (
+                        [x.saga_type for x in h],
+                        [x.saga_id for x in h],
+                        [x.message_id for x in h],
+                        [x.message_type for x in h],
+                        [x.kind for x in h],
+                        [x.outcome for x in h],
+                        [x.version for x in h],
+                        [x.topic for x in h],
+                        [x.partition for x in h],
+                        [x.offset for x in h],
+                        [x.detail for x in h],
+                    ),
+                )
+            if ws.outbox:
+                self.insert_outbox(ws.outbox)
+            if ws.deadline_clears:
+                conn.execute(
+                    self._clear_deadlines,
+                    ([k[0] for k in ws.deadline_clears], [k[1] for k in ws.deadline_clears]),
+                )
+            if ws.deadline_deletes:
+                d = ws.deadline_deletes
+                conn.execute(self._delete_deadlines, ([x[0] for x in d], [x[1] for x in d], [x[2] for x in d]))
+            if ws.deadline_inserts:
+                d2 = ws.deadline_inserts
+                conn.execute(
+                    self._insert_deadlines,
+                    (
+                        [x.id for x in d2],
+                        [x.saga_type for x in d2],
+                        [x.saga_id for x in d2],
+                        [x.name for x in d2],
+                        [x.due_at for x in d2],
+                        [_json(x.payload) if x.payload is not None else None for x in d2],
+                        [x.topic for x in d2],
+                        [x.partition for x in d2],
+                    ),
+                )
+            if ws.dead_letters:
+                dl = ws.dead_letters
+                conn.execute(
+                    self._insert_dead_letters,
+                    (
+                        [x.record.topic for x in dl],
+                        [x.record.partition for x in dl],
+                        [x.record.offset for x in dl],
+                        [x.record.key for x in dl],
+                        [x.record.value for x in dl],
+                        [json.dumps(x.record.headers_text()) for x in dl],
+                        [x.reason for x in dl],
+                        [x.detail for x in dl],
+                    ),
+                )
+            if ws.parked:
+                self.insert_parked(ws.parked)
+            committed = None
+            if offsets:
+                committed = conn.execute(
+                    self._commit_offsets,
+                    (
+                        [o.topic for o in offsets],
+                        [o.partition for o in offsets],
+                        [o.next_offset for o in offsets],
+                        [o.expected for o in offsets],
+                        [o.epoch for o in offsets],
+                        self.group_id,
+                    ),
+                )
+            if ws.outbox:
+                # At most one notification per batch; Postgres folds repeats within a transaction.
+                conn.execute("SELECT pg_notify(%s, '')", (self.channel,))
+            if ws.deadline_inserts:
+                # Wakes the deadline poller (in any replica) in case this one is due sooner.
+                conn.execute("SELECT pg_notify(%s, '')", (self.deadline_channel,))
+        if updated is not None and updated.rowcount != len(old):
+            raise ConcurrentUpdate(f"{len(old) - updated.rowcount} saga rows changed under the batch")
+        if committed is not None:
+            done = {(t, p) for t, p in committed.fetchall()}
+            lost = {(o.topic, o.partition) for o in offsets} - done
+            if lost:
+                raise FencedOut(lost)
+
+    def insert_outbox(self, rows: Sequence[Any]) -> None:
+        self.conn.execute(
+            self._insert_outbox,
+            (
+                [r.saga_type for r in rows],
+                [r.saga_id for r in rows],
+                [r.topic for r in rows],
+                [r.partition for r in rows],
+                [r.key for r in rows],
+                [json.dumps(dict(r.headers)) for r in rows],
+                [r.value for r in rows],
+            ),
+        )
+
+    def insert_parked(self, rows: Sequence[Any]) -> None:
+        self.conn.execute(
+            self._insert_parked,
+            (
+                [x.saga_type for x in rows],
+                [x.saga_id for x in rows],
+                [x.record.topic for x in rows],
+                [x.record.partition for x in rows],
+                [x.record.offset for x in rows],
+                [x.record.key for x in rows],
+                [x.record.value or b"" for x in rows],
+                [json.dumps(x.record.headers_text()) for x in rows],
+                [x.reason for x in rows],
+            ),
+        )
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"))

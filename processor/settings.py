@@ -1,0 +1,157 @@
+"""Processor configuration, read once at the entrypoint from `SAGA_*` environment variables.
+
+Nested settings use a double underscore: `SAGA_DEADLINE__POLLING__INTERVAL=5s`. The deadline
+settings mirror the names users know from the deadline specification (`enabled`,
+`polling.interval`, `polling.batch-size`, `lease-ttl`, `schema.auto`).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from processor.errors import ConfigurationError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def parse_duration(value: Any) -> Any:
+    """Accepts `30s`, `2m`, `250ms`, `1.5h`, a bare number of seconds, or a timedelta."""
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if match is None:
+            raise ValueError(f"not a duration: {value!r} (use e.g. 30s, 2m, 250ms)")
+        return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    if isinstance(value, int | float):
+        return timedelta(seconds=value)
+    return value
+
+
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+
+
+def _identifier(value: str) -> str:
+    if not _IDENTIFIER.match(value):
+        raise ValueError(f"{value!r} is not a plain lower-case SQL identifier")
+    return value
+
+
+class KafkaSettings(BaseModel):
+    bootstrap_servers: str = "127.0.0.1:9092"
+    # Passed to librdkafka untouched (e.g. security.protocol, sasl.mechanism); never logged.
+    config: dict[str, str] = Field(default_factory=dict)
+    sasl_password: SecretStr | None = None
+
+    def client_config(self) -> dict[str, str]:
+        """A fresh dict each call: clients must never share or mutate the caller's config."""
+        conf = {"bootstrap.servers": self.bootstrap_servers, **self.config}
+        if self.sasl_password is not None:
+            conf["sasl.password"] = self.sasl_password.get_secret_value()
+        return conf
+
+
+class DatabaseSettings(BaseModel):
+    url: SecretStr = SecretStr("postgresql://saga:saga@127.0.0.1:55432/saga")
+    schema_name: str = "saga"
+    pool_size: int = 4
+
+    _check_schema = field_validator("schema_name")(classmethod(lambda cls, v: _identifier(v)))
+
+
+class ConsumerSettings(BaseModel):
+    group_id: str = "saga-processor"
+    topics: list[str] = Field(default_factory=list)
+    batch_size: int = Field(default=500, ge=1)
+    # How long one consume() call may wait to fill a batch; bounds latency at low load.
+    batch_timeout: Duration = timedelta(milliseconds=100)
+    max_record_bytes: int = Field(default=1_048_576, ge=1)
+    handler_attempts: int = Field(default=3, ge=1)
+    dead_letter_topic: str = "saga-dead-letters"
+    session_timeout: Duration = timedelta(seconds=45)
+    max_poll_interval: Duration = timedelta(minutes=5)
+
+
+class RelaySettings(BaseModel):
+    enabled: bool = True
+    batch_size: int = Field(default=1000, ge=1)
+    # The relay is woken in-process after each commit and by NOTIFY from other processes;
+    # this is only the fallback.
+    poll_interval: Duration = timedelta(seconds=1)
+
+
+class DeadlinePollingSettings(BaseModel):
+    interval: Duration = timedelta(seconds=30)
+    batch_size: int = Field(default=100, ge=1)
+
+
+class DeadlineSchemaSettings(BaseModel):
+    auto: bool = True
+
+
+class DeadlineSettings(BaseModel):
+    enabled: bool = True
+    polling: DeadlinePollingSettings = Field(default_factory=DeadlinePollingSettings)
+    lease_ttl: Duration = timedelta(minutes=2)
+    schema_: DeadlineSchemaSettings = Field(default_factory=DeadlineSchemaSettings, alias="schema")
+    table: str = "saga_deadline"
+    lock_table: str = "saga_deadline_lock"
+    # A dispatched deadline whose handler has not run by then is dispatched again.
+    redispatch_after: Duration = timedelta(seconds=30)
+
+    model_config = {"populate_by_name": True}
+
+    _check_tables = field_validator("table", "lock_table")(
+        classmethod(lambda cls, v: _identifier(v))
+    )
+
+    @model_validator(mode="after")
+    def _lease_outlives_interval(self) -> DeadlineSettings:
+        if self.lease_ttl <= self.polling.interval:
+            raise ValueError(
+                f"deadline.lease-ttl ({self.lease_ttl}) must exceed deadline.polling.interval "
+                f"({self.polling.interval}): the leader renews its lease once per sweep"
+            )
+        return self
+
+
+class ProcessorSettings(BaseSettings):
+    """Everything the processor needs, from `SAGA_*` variables (nested with `__`)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SAGA_", env_nested_delimiter="__", extra="ignore", populate_by_name=True
+    )
+
+    # Saga classes to run, as `module:Class` or a module exposing `EXAMPLE_SAGAS`/`SAGAS`.
+    sagas: list[str] = Field(default_factory=lambda: ["sagas"])
+    # Values for handler parameters declared as `Annotated[T, Setting("key")]`.
+    settings: dict[str, Any] = Field(default_factory=dict)
+    instance_id: str | None = None
+    # Prepended to every topic the processor reads or writes (e.g. "staging.").
+    topic_prefix: str = ""
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    consumer: ConsumerSettings = Field(default_factory=ConsumerSettings)
+    relay: RelaySettings = Field(default_factory=RelaySettings)
+    deadline: DeadlineSettings = Field(default_factory=DeadlineSettings)
+    shutdown_timeout: Duration = timedelta(seconds=20)
+
+
+def load_settings(**overrides: Any) -> ProcessorSettings:
+    """Reads the environment once; a bad value is a ConfigurationError naming the variable."""
+    from pydantic import ValidationError
+
+    try:
+        return ProcessorSettings(**overrides)
+    except ValidationError as e:
+        # Only locations and messages: pydantic's input echo may carry secrets.
+        problems = [
+            f"SAGA_{'__'.join(str(p).upper() for p in err['loc'])}: {err['msg']}"
+            for err in e.errors()
+        ]
+        raise ConfigurationError(problems) from None

@@ -1,0 +1,169 @@
+"""Runs processors and talks Kafka the way other services would, for integration tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import psycopg
+from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from processor.app import Processor
+from processor.messages import (
+    HEADER_CORRELATION_ID,
+    HEADER_MESSAGE_ID,
+    HEADER_MESSAGE_TYPE,
+    HEADER_OCCURRED_AT,
+    HEADER_SCHEMA_VERSION,
+    Message,
+    registry,
+)
+from processor.settings import ProcessorSettings
+
+T = TypeVar("T")
+
+
+def settings_for(kafka: str, database_url: str, schema: str, prefix: str, **extra: Any) -> ProcessorSettings:
+    """Processor settings that touch only this test's topics and schema."""
+    base: dict[str, Any] = {
+        "kafka": {"bootstrap_servers": kafka},
+        "database": {"url": database_url, "schema_name": schema},
+        "consumer": {"group_id": f"{prefix}group", "batch_timeout": "50ms", "session_timeout": "6s"},
+        "relay": {"poll_interval": "200ms"},
+        "deadline": {"polling": {"interval": "1s"}, "lease_ttl": "4s", "redispatch_after": "3s"},
+        "topic_prefix": prefix,
+        "shutdown_timeout": "10s",
+    }
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            base[key] = {**base[key], **value}
+        else:
+            base[key] = value
+    return ProcessorSettings(**base)
+
+
+def create_topics(kafka: str, names: Sequence[str], partitions: int = 1) -> None:
+    admin = AdminClient({"bootstrap.servers": kafka})
+    futures = admin.create_topics([NewTopic(n, partitions, 1) for n in names], operation_timeout=30)
+    for future in futures.values():
+        try:
+            future.result()
+        except Exception as e:  # an existing topic is fine
+            if "TOPIC_ALREADY_EXISTS" not in str(e):
+                raise
+
+
+@contextmanager
+def running(settings: ProcessorSettings, sagas: Sequence[type[Any]] | None = None, **kw: Any) -> Iterator[Processor]:
+    """A processor consuming in a background thread; stopped (gracefully) on exit."""
+    proc = Processor(settings, sagas, **kw)
+    proc.start()
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            proc.run()
+        except BaseException as e:  # surfaced to the test below
+            errors.append(e)
+
+    thread = threading.Thread(target=target, name="processor", daemon=True)
+    thread.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+        thread.join(30)
+    assert not thread.is_alive(), "processor did not stop within 30 s"
+    assert not errors, errors
+
+
+def headers_for(message: Message, message_id: str | None = None, **extra: str) -> list[tuple[str, bytes]]:
+    mtype = registry.of(type(message))
+    base = {
+        HEADER_MESSAGE_ID: message_id or str(uuid.uuid4()),
+        HEADER_MESSAGE_TYPE: mtype.name,
+        HEADER_SCHEMA_VERSION: str(mtype.version),
+        HEADER_OCCURRED_AT: datetime.now(UTC).isoformat(),
+        **extra,
+    }
+    return [(k, v.encode()) for k, v in base.items()]
+
+
+class Publisher:
+    """An idempotent producer that publishes events as an upstream service would."""
+
+    def __init__(self, kafka: str) -> None:
+        self.producer = Producer({"bootstrap.servers": kafka, "enable.idempotence": True, "linger.ms": 2})
+        self.errors: list[KafkaError] = []
+
+    def event(self, topic: str, key: str, message: Message, message_id: str | None = None, **headers: str) -> None:
+        self.raw(topic, key.encode(), message.model_dump_json().encode(), headers_for(message, message_id, **headers))
+
+    def raw(self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> None:
+        self.producer.produce(topic, key=key, value=value, headers=headers, on_delivery=self._delivered)
+
+    def _delivered(self, err: KafkaError | None, _msg: object) -> None:
+        if err is not None:
+            self.errors.append(err)
+
+    def flush(self) -> None:
+        assert self.producer.flush(30) == 0
+        assert not self.errors, self.errors
+
+
+class Reader:
+    """Reads a topic from the beginning, collecting every record seen."""
+
+    def __init__(self, kafka: str, topics: Sequence[str]) -> None:
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": kafka,
+                "group.id": f"reader-{uuid.uuid4().hex}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
+        self.consumer.subscribe(list(topics))
+        self.records: list[Any] = []
+
+    def poll(self, timeout: float = 0.2) -> None:
+        for msg in self.consumer.consume(num_messages=1000, timeout=timeout):
+            if msg.error() is None:
+                self.records.append(msg)
+
+    def headers(self, msg: Any) -> dict[str, str]:
+        return {k: v.decode() for k, v in (msg.headers() or [])}
+
+    def wait_for(self, predicate: Callable[[list[Any]], bool], timeout: float = 60.0, what: str = "records") -> list[Any]:
+        deadline = time.monotonic() + timeout
+        while not predicate(self.records):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}; have {len(self.records)} records")
+            self.poll()
+        return self.records
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def wait_until(check: Callable[[], T], timeout: float = 60.0, what: str = "condition") -> T:
+    """Polls `check` until it returns a truthy value, or fails with `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {value!r})")
+        time.sleep(0.05)
+
+
+def query(database_url: str, schema: str, sql_text: str, *args: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(database_url, options=f"-c search_path={schema}") as conn:
+        return conn.execute(sql_text, args).fetchall()  # type: ignore[arg-type]
