@@ -22,10 +22,12 @@ _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
 def parse_duration(value: Any) -> Any:
-    """Accepts `30s`, `2m`, `250ms`, `1.5h`, a bare number of seconds, or a timedelta."""
+    """Accepts `30s`, `2m`, `250ms`, `1.5h`, ISO 8601 (`PT30S`), seconds, or a timedelta."""
     if isinstance(value, str):
         match = _DURATION.match(value)
         if match is None:
+            if value.strip().upper().startswith("P"):
+                return value  # ISO 8601 (e.g. PT30S): pydantic parses it
             raise ValueError(f"not a duration: {value!r} (use e.g. 30s, 2m, 250ms)")
         return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
     if isinstance(value, int | float):
