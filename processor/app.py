@@ -36,7 +36,10 @@ def load_saga_classes(specs: Iterable[str]) -> list[type[Any]]:
         if attr:
             found.append(getattr(module, attr))
         else:
-            found.extend(getattr(module, "SAGAS", None) or getattr(module, "EXAMPLE_SAGAS", ()))
+            listed: Iterable[type[Any]] = (
+                getattr(module, "SAGAS", None) or getattr(module, "EXAMPLE_SAGAS", None) or ()
+            )
+            found.extend(listed)
     return found
 
 
@@ -60,14 +63,18 @@ class Processor:
         registry: MessageRegistry = default_registry,
     ) -> None:
         self.settings = settings
-        classes = list(saga_classes) if saga_classes is not None else load_saga_classes(settings.sagas)
+        classes = (
+            list(saga_classes) if saga_classes is not None else load_saga_classes(settings.sagas)
+        )
         definitions = [definition_of(c) for c in classes]
         self.sagas: dict[str, BoundSaga] = bind_all(
             definitions, settings=settings.settings, dependencies=dependencies or {}
         )
         self.registry = registry
         self.tables = tables_for(settings)
-        self.instance_id = settings.instance_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.instance_id = (
+            settings.instance_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        )
         self.planner = Planner(
             self.sagas,
             registry=registry,
@@ -84,14 +91,19 @@ class Processor:
     # -- wiring ----------------------------------------------------------------------------
 
     def connect(self) -> Conn:
-        return connect(self.settings.database.url.get_secret_value(), application_name=f"saga:{self.instance_id}")
+        return connect(
+            self.settings.database.url.get_secret_value(),
+            application_name=f"saga:{self.instance_id}",
+        )
 
     def input_topics(self) -> list[str]:
         prefix = self.settings.topic_prefix
         if self.settings.consumer.topics:
             return [prefix + t for t in self.settings.consumer.topics]
         topics = {self.registry.of(cls).topic for cls in self.planner.event_types}
-        missing = [cls.__name__ for cls in self.planner.event_types if self.registry.of(cls).topic is None]
+        missing = [
+            cls.__name__ for cls in self.planner.event_types if self.registry.of(cls).topic is None
+        ]
         if missing:
             raise ValueError(f"no input topic known for {missing}: set SAGA_CONSUMER__TOPICS")
         return sorted(prefix + t for t in topics if t)
@@ -109,7 +121,9 @@ class Processor:
             ensure_schema(self.settings.database.url.get_secret_value(), self.tables)
         kafka = self.settings.kafka.client_config()
         self.worker = Worker(
-            store_factory=lambda: BatchStore(self.connect(), self.tables, self.settings.consumer.group_id),
+            store_factory=lambda: BatchStore(
+                self.connect(), self.tables, self.settings.consumer.group_id
+            ),
             planner=self.planner,
             registry=self.registry,
             owner=self.instance_id,
@@ -186,7 +200,9 @@ class Processor:
         worker = self.worker
         if worker is not None and worker.consumer is not None:
             # close() can hang on an unstable broker or mid-rebalance: give it a deadline.
-            closer = threading.Thread(target=worker.consumer.close, name="consumer-close", daemon=True)
+            closer = threading.Thread(
+                target=worker.consumer.close, name="consumer-close", daemon=True
+            )
             closer.start()
             closer.join(timeout / 2)
             if closer.is_alive():

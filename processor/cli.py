@@ -16,7 +16,11 @@ from processor.settings import ProcessorSettings, load_settings
 log = logging.getLogger("processor")
 
 # Each operator command module registers itself here: name -> (help, add_arguments, run).
-Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace, ProcessorSettings], int]]
+Command = tuple[
+    str,
+    Callable[[argparse.ArgumentParser], None],
+    Callable[[argparse.Namespace, ProcessorSettings], int],
+]
 COMMANDS: dict[str, Command] = {}
 
 

@@ -170,7 +170,7 @@ class DeadlinePoller:
                     "due_at": due.due_at.isoformat(),
                 }
             ).encode()
-            headers = [
+            headers: list[tuple[str, str | bytes | None]] = [
                 (HEADER_MESSAGE_TYPE, DEADLINE_FIRED.encode()),
                 (HEADER_MESSAGE_ID, f"deadline:{due.id}:{token}".encode()),
                 (HEADER_SAGA_TYPE, due.saga_type.encode()),
@@ -187,7 +187,7 @@ class DeadlinePoller:
                         value=value,
                         partition=due.partition,
                         headers=headers,
-                        on_delivery=lambda err, msg, due=due: delivered(err, msg, due),
+                        on_delivery=_on_delivery(delivered, due),
                     )
                     break
                 except BufferError:
@@ -243,3 +243,10 @@ class DeadlinePoller:
                 return
             remaining -= chunk
         self.wake.clear()
+
+
+def _on_delivery(
+    callback: Callable[[KafkaError | None, object, Due], None], due: Due
+) -> Callable[[KafkaError | None, object], None]:
+    # Binds the deadline now; a lambda in the loop would see only the last one.
+    return lambda err, msg: callback(err, msg, due)

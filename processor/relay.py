@@ -95,8 +95,18 @@ class Relay:
 
         try:
             for _id, topic, partition, key, headers, value in rows:
-                hdrs = [(k, v.encode()) for k, v in (headers if isinstance(headers, dict) else json.loads(headers)).items()]
-                kwargs: dict[str, Any] = {"key": key, "value": value, "headers": hdrs, "on_delivery": delivered}
+                hdrs = [
+                    (k, v.encode())
+                    for k, v in (
+                        headers if isinstance(headers, dict) else json.loads(headers)
+                    ).items()
+                ]
+                kwargs: dict[str, Any] = {
+                    "key": key,
+                    "value": value,
+                    "headers": hdrs,
+                    "on_delivery": delivered,
+                }
                 if partition is not None:
                     kwargs["partition"] = partition
                 self._produce(topic, kwargs)
@@ -163,7 +173,9 @@ class NotifyListener:
             try:
                 with self._connect() as conn:
                     conn.autocommit = True
-                    conn.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self.channel)))
+                    conn.execute(
+                        psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self.channel))
+                    )
                     while not stop.is_set():
                         for _ in conn.notifies(timeout=0.5, stop_after=1):
                             self.wake.set()

@@ -104,7 +104,9 @@ class Worker:
         decoded = [decode(r, self.registry, self.max_record_bytes) for r in mine]
         items, wants = self.planner.route(decoded)
         unrouted = sum(
-            1 for d in decoded if isinstance(d, Event) and type(d.message) not in self.planner.event_types
+            1
+            for d in decoded
+            if isinstance(d, Event) and type(d.message) not in self.planner.event_types
         )
         last: dict[TP, int] = {}
         for r in mine:

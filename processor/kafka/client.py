@@ -6,7 +6,14 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 
 from processor.engine.records import Record
 
@@ -81,12 +88,8 @@ class SagaConsumer:
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(p.topic, p.partition) for p in partitions]
         offsets = self._on_assign(tps) if tps else {}
-        consumer.incremental_assign(
-            [
-                TopicPartition(t, p, offsets.get((t, p)) if offsets.get((t, p)) is not None else OFFSET_BEGINNING)
-                for t, p in tps
-            ]
-        )
+        starts = [TopicPartition(t, p, _start(offsets.get((t, p)))) for t, p in tps]
+        consumer.incremental_assign(starts)
 
     def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(p.topic, p.partition) for p in partitions]
@@ -108,7 +111,7 @@ class SagaConsumer:
 
     def seek(self, tp: TP, offset: int | None) -> None:
         try:
-            self._consumer.seek(TopicPartition(tp[0], tp[1], offset if offset is not None else OFFSET_BEGINNING))
+            self._consumer.seek(TopicPartition(tp[0], tp[1], _start(offset)))
         except KafkaException as e:
             # Not yet fetching (just assigned): the assignment's start offset already applies.
             log.debug("seek %s to %s deferred: %s", tp, offset, e)
@@ -121,10 +124,16 @@ class SagaConsumer:
         if offsets:
             try:
                 self._consumer.commit(
-                    offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=True
+                    offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                    asynchronous=True,
                 )
             except KafkaException as e:
                 log.debug("advisory commit skipped: %s", e)
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def _start(offset: int | None) -> int:
+    # No stored position yet: a new partition is read from its beginning, so nothing is lost.
+    return OFFSET_BEGINNING if offset is None else offset

@@ -8,7 +8,9 @@ from psycopg.rows import TupleRow
 from processor.postgres.schema import Tables, migrate
 
 
-def connect(url: str, *, application_name: str = "saga-processor", autocommit: bool = False) -> psycopg.Connection[TupleRow]:
+def connect(
+    url: str, *, application_name: str = "saga-processor", autocommit: bool = False
+) -> psycopg.Connection[TupleRow]:
     """A connection with the processor's defaults (UTC session, bounded statement wait)."""
     return psycopg.connect(
         url,

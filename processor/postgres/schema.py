@@ -162,15 +162,21 @@ def migrate(conn: psycopg.Connection[object], tables: Tables) -> int:
     """Creates the schema and applies pending migrations; returns the version reached."""
     with conn.transaction():
         # One starter at a time; the others find the work done.
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"saga-migrate:{tables.schema}",))
-        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(tables.schema)))
+        conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtext(%s))", (f"saga-migrate:{tables.schema}",)
+        )
+        conn.execute(
+            sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(tables.schema))
+        )
         conn.execute(
             tables.render(
                 "CREATE TABLE IF NOT EXISTS {version} "
                 "(version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
             )
         )
-        row = conn.execute(tables.render("SELECT coalesce(max(version), 0) FROM {version}")).fetchone()
+        row = conn.execute(
+            tables.render("SELECT coalesce(max(version), 0) FROM {version}")
+        ).fetchone()
         current = int(row[0]) if row else 0  # type: ignore[index]
         for number, ddl in enumerate(MIGRATIONS[current:], start=current + 1):
             conn.execute(tables.render(ddl))

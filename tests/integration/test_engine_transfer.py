@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from decimal import Decimal
 
 import pytest
 
-from processor.app import Processor
 from sagas.transfer import TransferSaga
 from schemas.transfers import (
     ACCOUNT_COMMANDS_TOPIC,
@@ -17,7 +15,15 @@ from schemas.transfers import (
     DebitConfirmed,
     TransferRequested,
 )
-from tests.support.harness import Publisher, Reader, create_topics, query, running, settings_for, wait_until
+from tests.support.harness import (
+    Publisher,
+    Reader,
+    create_topics,
+    query,
+    running,
+    settings_for,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -28,13 +34,23 @@ def prefix() -> str:
 
 
 @pytest.fixture
-def env(kafka_bootstrap: str, database_url: str, pg_schema: str, prefix: str) -> Iterator[dict[str, str]]:
-    create_topics(kafka_bootstrap, [prefix + TRANSFER_EVENTS_TOPIC, prefix + ACCOUNT_COMMANDS_TOPIC, prefix + "saga-dead-letters"], partitions=3)
-    yield {"kafka": kafka_bootstrap, "db": database_url, "schema": pg_schema, "prefix": prefix}
+def env(kafka_bootstrap: str, database_url: str, pg_schema: str, prefix: str) -> dict[str, str]:
+    create_topics(
+        kafka_bootstrap,
+        [
+            prefix + TRANSFER_EVENTS_TOPIC,
+            prefix + ACCOUNT_COMMANDS_TOPIC,
+            prefix + "saga-dead-letters",
+        ],
+        partitions=3,
+    )
+    return {"kafka": kafka_bootstrap, "db": database_url, "schema": pg_schema, "prefix": prefix}
 
 
 def _requested(tid: str) -> TransferRequested:
-    return TransferRequested(transfer_id=tid, source_account_id="A", target_account_id="B", amount=Decimal("10.00"))
+    return TransferRequested(
+        transfer_id=tid, source_account_id="A", target_account_id="B", amount=Decimal("10.00")
+    )
 
 
 def test_transfer_runs_to_the_end_and_commands_leave_in_order(env: dict[str, str]) -> None:
@@ -48,12 +64,23 @@ def test_transfer_runs_to_the_end_and_commands_leave_in_order(env: dict[str, str
             pub.event(events, tid, _requested(tid))
             pub.flush()
             commands.wait_for(lambda rs: len(rs) >= 1, what="DebitAccount")
-            pub.event(events, tid, DebitConfirmed(transfer_id=tid, account_id="A", amount=Decimal("10.00")))
-            pub.event(events, tid, CreditConfirmed(transfer_id=tid, account_id="B", amount=Decimal("10.00")))
+            pub.event(
+                events,
+                tid,
+                DebitConfirmed(transfer_id=tid, account_id="A", amount=Decimal("10.00")),
+            )
+            pub.event(
+                events,
+                tid,
+                CreditConfirmed(transfer_id=tid, account_id="B", amount=Decimal("10.00")),
+            )
             pub.flush()
             commands.wait_for(lambda rs: len(rs) >= 2, what="CreditAccount")
             wait_until(
-                lambda: query(env["db"], env["schema"], "SELECT status FROM saga_instance") == [("ended",)],
+                lambda: (
+                    query(env["db"], env["schema"], "SELECT status FROM saga_instance")
+                    == [("ended",)]
+                ),
                 what="saga ended",
             )
         types = [commands.headers(m)["message-type"] for m in commands.records]
@@ -61,7 +88,9 @@ def test_transfer_runs_to_the_end_and_commands_leave_in_order(env: dict[str, str
         assert all(commands.headers(m)["saga-id"] == tid for m in commands.records)
         assert query(env["db"], env["schema"], "SELECT count(*) FROM outbox") == [(0,)]
         assert query(env["db"], env["schema"], "SELECT count(*) FROM saga_deadline") == [(0,)]
-        outcomes = query(env["db"], env["schema"], "SELECT outcome, version FROM saga_history ORDER BY id")
+        outcomes = query(
+            env["db"], env["schema"], "SELECT outcome, version FROM saga_history ORDER BY id"
+        )
         assert outcomes == [("applied", 1), ("applied", 2), ("applied", 3)]
     finally:
         commands.close()

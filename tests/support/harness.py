@@ -16,7 +16,6 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from processor.app import Processor
 from processor.messages import (
-    HEADER_CORRELATION_ID,
     HEADER_MESSAGE_ID,
     HEADER_MESSAGE_TYPE,
     HEADER_OCCURRED_AT,
@@ -29,12 +28,18 @@ from processor.settings import ProcessorSettings
 T = TypeVar("T")
 
 
-def settings_for(kafka: str, database_url: str, schema: str, prefix: str, **extra: Any) -> ProcessorSettings:
+def settings_for(
+    kafka: str, database_url: str, schema: str, prefix: str, **extra: Any
+) -> ProcessorSettings:
     """Processor settings that touch only this test's topics and schema."""
     base: dict[str, Any] = {
         "kafka": {"bootstrap_servers": kafka},
         "database": {"url": database_url, "schema_name": schema},
-        "consumer": {"group_id": f"{prefix}group", "batch_timeout": "50ms", "session_timeout": "6s"},
+        "consumer": {
+            "group_id": f"{prefix}group",
+            "batch_timeout": "50ms",
+            "session_timeout": "6s",
+        },
         "relay": {"poll_interval": "200ms"},
         "deadline": {"polling": {"interval": "1s"}, "lease_ttl": "4s", "redispatch_after": "3s"},
         "topic_prefix": prefix,
@@ -60,7 +65,9 @@ def create_topics(kafka: str, names: Sequence[str], partitions: int = 1) -> None
 
 
 @contextmanager
-def running(settings: ProcessorSettings, sagas: Sequence[type[Any]] | None = None, **kw: Any) -> Iterator[Processor]:
+def running(
+    settings: ProcessorSettings, sagas: Sequence[type[Any]] | None = None, **kw: Any
+) -> Iterator[Processor]:
     """A processor consuming in a background thread; stopped (gracefully) on exit."""
     proc = Processor(settings, sagas, **kw)
     proc.start()
@@ -83,7 +90,9 @@ def running(settings: ProcessorSettings, sagas: Sequence[type[Any]] | None = Non
     assert not errors, errors
 
 
-def headers_for(message: Message, message_id: str | None = None, **extra: str) -> list[tuple[str, bytes]]:
+def headers_for(
+    message: Message, message_id: str | None = None, **extra: str
+) -> list[tuple[str, bytes]]:
     mtype = registry.of(type(message))
     base = {
         HEADER_MESSAGE_ID: message_id or str(uuid.uuid4()),
@@ -99,14 +108,27 @@ class Publisher:
     """An idempotent producer that publishes events as an upstream service would."""
 
     def __init__(self, kafka: str) -> None:
-        self.producer = Producer({"bootstrap.servers": kafka, "enable.idempotence": True, "linger.ms": 2})
+        self.producer = Producer(
+            {"bootstrap.servers": kafka, "enable.idempotence": True, "linger.ms": 2}
+        )
         self.errors: list[KafkaError] = []
 
-    def event(self, topic: str, key: str, message: Message, message_id: str | None = None, **headers: str) -> None:
-        self.raw(topic, key.encode(), message.model_dump_json().encode(), headers_for(message, message_id, **headers))
+    def event(
+        self, topic: str, key: str, message: Message, message_id: str | None = None, **headers: str
+    ) -> None:
+        self.raw(
+            topic,
+            key.encode(),
+            message.model_dump_json().encode(),
+            headers_for(message, message_id, **headers),
+        )
 
-    def raw(self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> None:
-        self.producer.produce(topic, key=key, value=value, headers=headers, on_delivery=self._delivered)
+    def raw(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
+    ) -> None:
+        self.producer.produce(
+            topic, key=key, value=value, headers=headers, on_delivery=self._delivered
+        )
 
     def _delivered(self, err: KafkaError | None, _msg: object) -> None:
         if err is not None:
@@ -140,11 +162,15 @@ class Reader:
     def headers(self, msg: Any) -> dict[str, str]:
         return {k: v.decode() for k, v in (msg.headers() or [])}
 
-    def wait_for(self, predicate: Callable[[list[Any]], bool], timeout: float = 60.0, what: str = "records") -> list[Any]:
+    def wait_for(
+        self, predicate: Callable[[list[Any]], bool], timeout: float = 60.0, what: str = "records"
+    ) -> list[Any]:
         deadline = time.monotonic() + timeout
         while not predicate(self.records):
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}; have {len(self.records)} records")
+                raise AssertionError(
+                    f"timed out waiting for {what}; have {len(self.records)} records"
+                )
             self.poll()
         return self.records
 
@@ -160,7 +186,9 @@ def wait_until(check: Callable[[], T], timeout: float = 60.0, what: str = "condi
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {value!r})")
+            raise AssertionError(
+                f"timed out after {timeout:.0f} s waiting for {what} (last: {value!r})"
+            )
         time.sleep(0.05)
 
 

@@ -1,8 +1,8 @@
 """A processor process as users run it, plus optional fault injection for crash tests.
 
-    SAGA_FAULT_POINT=before-commit|after-commit|after-produce
-    SAGA_FAULT_AT=N          act on the Nth time the point is reached (default 1)
-    SAGA_FAULT_ACTION=kill|stop   SIGKILL or SIGSTOP this process there (default kill)
+SAGA_FAULT_POINT=before-commit|after-commit|after-produce
+SAGA_FAULT_AT=N          act on the Nth time the point is reached (default 1)
+SAGA_FAULT_ACTION=kill|stop   SIGKILL or SIGSTOP this process there (default kill)
 """
 
 from __future__ import annotations
@@ -39,7 +39,11 @@ def main() -> int:
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     proc = Processor(load_settings())
     proc.start()
-    hook = _hook(point, int(os.environ.get("SAGA_FAULT_AT", "1")), os.environ.get("SAGA_FAULT_ACTION", "kill"))
+    hook = _hook(
+        point,
+        int(os.environ.get("SAGA_FAULT_AT", "1")),
+        os.environ.get("SAGA_FAULT_ACTION", "kill"),
+    )
     assert proc.worker is not None
     proc.worker.fault_hook = hook  # type: ignore[assignment]
     if proc.relay is not None:

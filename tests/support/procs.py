@@ -10,7 +10,6 @@ import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from processor.settings import ProcessorSettings
 
@@ -29,9 +28,14 @@ def settings_env(settings: ProcessorSettings) -> dict[str, str]:
     return env
 
 
-
 class ProcessorProcess:
-    def __init__(self, settings: ProcessorSettings, log_path: Path, fault: Mapping[str, str] | None = None, sagas: str | None = None) -> None:
+    def __init__(
+        self,
+        settings: ProcessorSettings,
+        log_path: Path,
+        fault: Mapping[str, str] | None = None,
+        sagas: str | None = None,
+    ) -> None:
         env = {**os.environ, **settings_env(settings), **(fault or {})}
         if sagas:
             env["SAGA_SAGAS"] = json.dumps([sagas])
@@ -86,5 +90,3 @@ def processes(*procs: ProcessorProcess) -> Iterator[tuple[ProcessorProcess, ...]
     finally:
         for p in procs:
             p.stop()
-
-

@@ -81,14 +81,17 @@ def provide_services() -> Iterator[Services]:
                 kafka = local[ENV_KAFKA]
                 restart = _restart_local_kafka
             database = database or local[ENV_DATABASE]
-        elif kafka == _local_stack_env()[ENV_KAFKA] and _local_kafka_running():
+        elif os.environ.get("SAGA_TEST_ALLOW_BROKER_RESTART") == "1" and _local_kafka_running():
+            # A broker someone else started may be shared: restart it only when asked to.
             restart = _restart_local_kafka
         wait_for_kafka(kafka)
         yield Services(kafka_bootstrap=kafka, database_url=database, restart_kafka=restart)
 
 
 def _local_kafka_running() -> bool:
-    return subprocess.run([str(KAFKA_SH), "status"], capture_output=True).returncode == 0
+    return (
+        subprocess.run([str(KAFKA_SH), "status"], check=False, capture_output=True).returncode == 0
+    )
 
 
 def wait_for_kafka(bootstrap: str, timeout: float = 60.0) -> None:
