@@ -4,6 +4,6 @@ Importing this package registers every message type in ``processor.messages.regi
 ``python -m schemas.export`` writes their JSON Schemas for services in other languages.
 """
 
-from schemas import transfers, wallets
+from schemas import orders, transfers, wallets
 
-__all__ = ["transfers", "wallets"]
+__all__ = ["orders", "transfers", "wallets"]

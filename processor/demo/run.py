@@ -1,0 +1,307 @@
+"""Orchestrates the demo: services, topics, processor replicas, accounts service, traffic, display.
+
+Everything it starts it stops, in reverse order, whatever happens: replicas first (SIGTERM, then
+SIGKILL past a deadline), then the accounts service, then its topics and schemas, then the local
+stack if this run brought it up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import IO
+
+import psycopg
+
+# NewTopic is re-exported by the admin module without being listed in its stubs' exports.
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from psycopg import sql
+
+from processor.demo.accounts import AccountsService, Selection
+from processor.demo.progress import Monitor, line, summary
+from processor.demo.traffic import TRANSFER_SAGA, WALLET_SAGA, Scenario, publish, scenario
+from processor.postgres.connect import ensure_schema
+from processor.postgres.schema import Tables
+from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC
+from schemas.wallets import WALLET_COMMANDS_TOPIC, WALLET_EVENTS_TOPIC
+
+REPO = Path(__file__).resolve().parents[2]
+STACK = REPO / "deploy" / "local" / "stack.sh"
+ENV_KAFKA, ENV_DATABASE = "SAGA_TEST_KAFKA_BOOTSTRAP", "SAGA_TEST_DATABASE_URL"
+DEAD_LETTERS = "saga-dead-letters"
+PAYMENT_TIMEOUT_S = 5
+PARTITIONS = 4
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _services(cleanup: ExitStack, keep_stack: bool) -> tuple[str, str]:
+    kafka, database = os.environ.get(ENV_KAFKA), os.environ.get(ENV_DATABASE)
+    if kafka and database:
+        say(f"using running services: Kafka {kafka}, PostgreSQL from {ENV_DATABASE}")
+        return kafka, database
+    say("starting the local stack (deploy/local/stack.sh up)...")
+    subprocess.run([str(STACK), "up"], check=True)
+    if not keep_stack:
+        # `down` stops only what `up` started; services that already ran keep running.
+        cleanup.callback(subprocess.run, [str(STACK), "down"], check=False)
+    out = subprocess.run([str(STACK), "env"], check=True, capture_output=True, text=True).stdout
+    found = dict(x.split("=", 1) for x in out.split())
+    return kafka or found[ENV_KAFKA], database or found[ENV_DATABASE]
+
+
+def _topics(cleanup: ExitStack, kafka: str, prefix: str, keep: bool) -> None:
+    admin = AdminClient({"bootstrap.servers": kafka})
+    names = [
+        prefix + t
+        for t in (
+            TRANSFER_EVENTS_TOPIC,
+            ACCOUNT_COMMANDS_TOPIC,
+            WALLET_EVENTS_TOPIC,
+            WALLET_COMMANDS_TOPIC,
+            DEAD_LETTERS,
+        )
+    ]
+    for future in admin.create_topics(
+        [NewTopic(n, PARTITIONS, 1) for n in names], operation_timeout=30
+    ).values():
+        future.result()
+    if not keep:
+        cleanup.callback(_delete_topics, admin, names)
+
+
+def _delete_topics(admin: AdminClient, names: list[str]) -> None:
+    for future in admin.delete_topics(names, operation_timeout=30).values():
+        try:
+            future.result()
+        except Exception as e:  # leftovers under a unique prefix harm nobody
+            say(f"note: could not delete a demo topic: {e}")
+
+
+def _drop_schemas(database: str, names: Sequence[str]) -> None:
+    with psycopg.connect(database, autocommit=True) as conn:
+        for name in names:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+def _replica_env(kafka: str, database: str, schema: str, prefix: str, n: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
+    env.update(
+        {
+            "PYTHONPATH": str(REPO),
+            "SAGA_INSTANCE_ID": f"demo-replica-{n}",
+            "SAGA_KAFKA__BOOTSTRAP_SERVERS": kafka,
+            "SAGA_DATABASE__URL": database,
+            "SAGA_DATABASE__SCHEMA_NAME": schema,
+            "SAGA_TOPIC_PREFIX": prefix,
+            "SAGA_CONSUMER__GROUP_ID": f"{prefix}processor",
+            "SAGA_CONSUMER__BATCH_TIMEOUT": "50ms",
+            # Short, so a replica that dies is noticed quickly; the demo is short too.
+            "SAGA_CONSUMER__SESSION_TIMEOUT": "6s",
+            "SAGA_RELAY__POLL_INTERVAL": "200ms",
+            "SAGA_DEADLINE__POLLING__INTERVAL": "1s",
+            "SAGA_DEADLINE__LEASE_TTL": "4s",
+            "SAGA_DEADLINE__REDISPATCH_AFTER": "3s",
+            "SAGA_SHUTDOWN_TIMEOUT": "10s",
+            "SAGA_SETTINGS": json.dumps({"transfer.payment-timeout": PAYMENT_TIMEOUT_S}),
+        }
+    )
+    return env
+
+
+class Replica:
+    """One `python -m processor` process, its output in a log file."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log: IO[bytes] = log_path.open("ab")
+        self._terminated = False
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "processor", "run"],
+            cwd=REPO,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            # Ctrl-C reaches only the demo, which then stops the replicas gracefully, once.
+            start_new_session=True,
+        )
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def terminate(self) -> None:
+        # Once only: a second SIGTERM makes the processor skip its graceful shutdown.
+        if self.alive() and not self._terminated:
+            self._terminated = True
+            self.popen.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM, then SIGKILL if it has not exited within ``timeout`` seconds."""
+        self.terminate()
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(10)
+        self._log.close()
+
+
+def _stop_all(replicas: Sequence[Replica]) -> None:
+    # SIGTERM all first so they shut down in parallel, then wait for each.
+    for r in replicas:
+        r.terminate()
+    for r in replicas:
+        r.stop()
+
+
+def _start_accounts(
+    cleanup: ExitStack, kafka: str, database: str, schema: str, *, prefix: str, plan: Scenario
+) -> AccountsService:
+    service = AccountsService(
+        kafka={"bootstrap.servers": kafka},
+        database_url=database,
+        schema=schema,
+        topic_prefix=prefix,
+        lose=Selection(plan.lost),
+    )
+    service.open_accounts(plan.balances, plan.closed)
+    thread = threading.Thread(target=service.run, name="accounts", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        service.stop_event.set()
+        thread.join(10)
+        service.close()
+
+    cleanup.callback(stop)
+    return service
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    stamp = time.strftime("%Y%m%d%H%M%S") + uuid.uuid4().hex[:4]
+    prefix, schema, accounts_schema = f"demo-{stamp}.", f"demo_{stamp}", f"demo_{stamp}_accounts"
+    plan = scenario(stamp, *((12, 6) if args.quick else (40, 20)))
+    expected = {
+        TRANSFER_SAGA: plan.expected(TRANSFER_SAGA),
+        WALLET_SAGA: plan.expected(WALLET_SAGA),
+    }
+    logs = Path(os.environ.get("SAGA_LOCAL_DIR", REPO / ".local")) / "demo" / stamp
+    logs.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as cleanup:
+        kafka, database = _services(cleanup, args.keep_stack)
+        say(f"run {stamp}: topics {prefix}*, schemas {schema} and {accounts_schema}, logs {logs}")
+        _topics(cleanup, kafka, prefix, args.keep_data)
+        if not args.keep_data:
+            cleanup.callback(_drop_schemas, database, [schema, accounts_schema])
+        # Migrate once up front so the display can read the tables before the replicas are up.
+        ensure_schema(database, Tables(schema=schema))
+        replicas: list[Replica] = []
+        for n in range(1, args.replicas + 1):
+            env = _replica_env(kafka, database, schema, prefix, n)
+            replicas.append(Replica(env, logs / f"replica-{n}.log"))
+        cleanup.callback(_stop_all, replicas)
+        service = _start_accounts(
+            cleanup, kafka, database, accounts_schema, prefix=prefix, plan=plan
+        )
+        before = service.total()
+        monitor = Monitor(
+            database,
+            schema,
+            {"bootstrap.servers": kafka},
+            [prefix + ACCOUNT_COMMANDS_TOPIC, prefix + WALLET_COMMANDS_TOPIC],
+        )
+        cleanup.callback(monitor.close)
+        publish({"bootstrap.servers": kafka}, prefix, plan.requests)
+        say(
+            f"{args.replicas} processor replicas, {len(plan.requests)} requests published "
+            f"({len(plan.lost)} with lost debit replies; payment timeout {PAYMENT_TIMEOUT_S} s)"
+        )
+        show = _printer()
+        finished = False
+        while time.monotonic() - started < args.timeout:
+            snap = monitor.snapshot()
+            show(line(snap, time.monotonic() - started, expected))
+            terminal = all(snap.count(t, "ended", "parked") >= n for t, n in expected.items())
+            # Money is only all in accounts once every command sent has been applied.
+            drained = snap.outbox == 0 and service.counters.commands >= snap.commands_sent
+            if terminal and drained:
+                finished = True
+                break
+            if not all(r.alive() for r in replicas):
+                show("")
+                say(f"a processor replica exited early; see {logs}")
+                return 1
+            time.sleep(1.0)  # the display's refresh rate, not a synchronisation
+        show("")
+        elapsed = time.monotonic() - started
+        if not finished:
+            say(f"FAILED: not every saga ended within {args.timeout:.0f} s; logs in {logs}")
+            return 1
+        after = service.total()
+        lines, surprises = summary(plan.requests, monitor.outcomes(), monitor.fired())
+        parked = sum(snap.count(t, "parked") for t in expected)
+        say(f"== summary after {elapsed:.1f} s ==")
+        for text in lines:
+            say(text)
+        say(f"  commands sent {snap.commands_sent}, dead letters {snap.dead_letters}")
+        say(f"  parked sagas {parked}")
+        # Partitions move between replicas as they join; this is who held what at the end.
+        shares = ", ".join(f"{o} {n} ({r} records)" for o, n, r in monitor.split())
+        say(f"  partitions per replica at the end: {shares}")
+        if surprises:
+            say("  ended otherwise than planned (a slow machine can make a payment time out):")
+            for text in surprises:
+                say(text)
+        conserved = before == after
+        verdict = "money conserved" if conserved else "MONEY NOT CONSERVED"
+        say(f"  {verdict}: sum of balances before {before}, after {after}")
+        ok = conserved and parked == 0 and snap.dead_letters == 0 and snap.deadlines_fired > 0
+        return 0 if ok else 1
+    return 1  # pragma: no cover - the with block always returns
+
+
+def _printer() -> Callable[[str], None]:
+    """Rewrites one line on a terminal; prints one line per refresh otherwise (logs, tests)."""
+    if not sys.stdout.isatty():
+        return lambda text: say(text) if text else None
+    width = {"last": 0}
+
+    def show(text: str) -> None:
+        if not text:  # end the live line, keeping its last state on screen
+            sys.stdout.write("\n" if width["last"] else "")
+        else:
+            sys.stdout.write("\r" + text + " " * max(0, width["last"] - len(text)))
+        sys.stdout.flush()
+        width["last"] = len(text)
+
+    return show
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m processor.demo",
+        description="Runs the example sagas against a simulated accounts service with faults.",
+    )
+    p.add_argument("--quick", action="store_true", help="18 sagas instead of 60")
+    p.add_argument("--keep-stack", action="store_true", help="leave the local stack running")
+    p.add_argument("--keep-data", action="store_true", help="keep the run's topics and schemas")
+    p.add_argument("--replicas", type=int, default=2, help="processor processes (default 2)")
+    p.add_argument("--timeout", type=float, default=120.0, help="hard cap in seconds")
+    try:
+        return run(p.parse_args(argv))
+    except KeyboardInterrupt:
+        say("interrupted; everything started was stopped")
+        return 130

@@ -1,0 +1,54 @@
+"""Sagas as explicit state machines, and a generic orchestrator of ordered steps.
+
+Pure: like the rest of the authoring API, nothing here imports a Kafka or PostgreSQL client.
+"""
+
+from processor.machine.analysis import MachineSpec, lint, mermaid
+from processor.machine.orchestrator import (
+    SAGA_DEADLINE,
+    STEP_TIMER,
+    OrchestratedSaga,
+    Progress,
+    ReplyHandler,
+    ReplyKind,
+    on_reply,
+)
+from processor.machine.retry import NO_RETRY, RetryPolicy, jitter_fraction
+from processor.machine.saga import MachineRecord, MachineSaga
+from processor.machine.states import (
+    ORCHESTRATED_TRANSITIONS,
+    TERMINAL_STATES,
+    MachineState,
+    Transition,
+    Transitions,
+    machine_state_of,
+)
+from processor.machine.steps import Escalation, Orchestration, Step, StepTimer
+
+__all__ = [
+    "NO_RETRY",
+    "ORCHESTRATED_TRANSITIONS",
+    "SAGA_DEADLINE",
+    "STEP_TIMER",
+    "TERMINAL_STATES",
+    "Escalation",
+    "MachineRecord",
+    "MachineSaga",
+    "MachineSpec",
+    "MachineState",
+    "OrchestratedSaga",
+    "Orchestration",
+    "Progress",
+    "ReplyHandler",
+    "ReplyKind",
+    "RetryPolicy",
+    "Step",
+    "StepTimer",
+    "Transition",
+    "Transitions",
+    "jitter_fraction",
+    "lint",
+    "machine_state_of",
+    "mermaid",
+    "on_reply",
+]

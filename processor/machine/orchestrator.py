@@ -1,0 +1,474 @@
+"""A generic orchestrating saga: ordered steps, timeouts, retries, compensation, escalation.
+
+Built only on the authoring API. The base class carries two deadline handlers (the step timer
+and the saga deadline); a concrete saga adds an event handler per reply, usually with
+:func:`on_reply`, and calls :meth:`OrchestratedSaga.begin` from its start handler. Every
+decision is a pure function of the stored progress and the input, so replays are stable.
+
+One step timer is enough because steps run one at a time: it is the reply timeout, the retry
+backoff, or the window in which a late success is still awaited, and rescheduling it replaces
+the previous one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from processor.definition import saga_deadline_handler, saga_event_handler
+from processor.handles import SagaCommands, SagaDeadlines, SagaLifecycle
+from processor.machine.analysis import MachineSpec
+from processor.machine.saga import MachineSaga, _saga_name
+from processor.machine.states import ORCHESTRATED_TRANSITIONS, MachineState, Transitions
+from processor.machine.steps import Escalation, Orchestration, Step, StepTimer
+from processor.messages import Message
+
+__all__ = [
+    "SAGA_DEADLINE",
+    "STEP_TIMER",
+    "OrchestratedSaga",
+    "Progress",
+    "ReplyHandler",
+    "ReplyKind",
+    "on_reply",
+]
+
+STEP_TIMER = "machine.step"
+SAGA_DEADLINE = "machine.deadline"
+
+ReplyKind = Literal["succeeded", "failed", "rejected", "undone", "undo-failed"]
+ReplyHandler = Callable[..., None]
+"""Type of the handlers :func:`on_reply` returns; annotate them ``ClassVar[ReplyHandler]``."""
+_S = MachineState
+
+
+class Progress(BaseModel):
+    """The orchestrator's durable bookkeeping.
+
+    Attributes:
+        key: Stable id of the instance (its saga id); seeds the retry jitter.
+        step: The forward step in flight, or None.
+        attempt: Attempt number of the step or undo in flight (1-based).
+        deadline_at: The whole-saga deadline, if any.
+        timeouts: Step timeouts overriding the declared ones (from settings at start).
+        completed: Forward steps that succeeded, in order.
+        undo_queue: Undos still to run; the head is in flight.
+        undone: Undos that succeeded, in order.
+        in_doubt: Steps whose outcome is unknown and whose late success must be undone.
+        late: Late replies observed, as ``"step:ignored"`` or ``"step:undo"``.
+        reason: Why compensation started, or why the saga stopped.
+    """
+
+    model_config = ConfigDict(validate_assignment=True, extra="forbid")
+
+    key: str = ""
+    step: str | None = None
+    attempt: int = 0
+    deadline_at: datetime | None = None
+    timeouts: dict[str, timedelta] = Field(default_factory=dict)
+    completed: list[str] = Field(default_factory=list)
+    undo_queue: list[str] = Field(default_factory=list)
+    undone: list[str] = Field(default_factory=list)
+    in_doubt: list[str] = Field(default_factory=list)
+    late: list[str] = Field(default_factory=list)
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class _Io:
+    commands: SagaCommands
+    deadlines: SagaDeadlines
+    lifecycle: SagaLifecycle
+
+    @property
+    def now(self) -> datetime:
+        return self.deadlines.now
+
+
+class OrchestratedSaga(MachineSaga):
+    """Base class of sagas declared as ordered steps.
+
+    Subclasses set ``orchestration`` and decorate themselves with ``@saga``.
+    """
+
+    orchestration: ClassVar[Orchestration]
+    machine_transitions: ClassVar[Transitions] = ORCHESTRATED_TRANSITIONS
+
+    progress: Progress = Field(default_factory=Progress)
+
+    # -- called by the concrete saga's handlers -------------------------------------------
+
+    def begin(
+        self,
+        key: str,
+        commands: SagaCommands,
+        deadlines: SagaDeadlines,
+        lifecycle: SagaLifecycle,
+        *,
+        sla: timedelta | None = None,
+        timeouts: Mapping[str, timedelta] | None = None,
+    ) -> None:
+        """Start the first step and arm the saga deadline.
+
+        Args:
+            key: The saga id; retry jitter is derived from it.
+            commands: The handler's commands handle.
+            deadlines: The handler's deadlines handle.
+            lifecycle: The handler's lifecycle handle.
+            sla: Whole-saga budget overriding ``orchestration.sla`` (e.g. from a setting).
+            timeouts: Step timeouts by step name overriding the declared ones.
+        """
+        io = _Io(commands, deadlines, lifecycle)
+        p = self.progress
+        p.key = key
+        unknown = sorted(set(timeouts or {}) - {s.name for s in self.orchestration.steps})
+        if unknown:
+            raise ValueError(f"timeouts for unknown steps {unknown}")
+        p.timeouts = dict(timeouts or {})
+        budget = sla if sla is not None else self.orchestration.sla
+        if budget is not None:
+            p.deadline_at = io.now + budget
+            deadlines.schedule(SAGA_DEADLINE, at=p.deadline_at)
+        self._start(0, io)
+
+    def reply(
+        self,
+        step: str,
+        kind: ReplyKind,
+        commands: SagaCommands,
+        deadlines: SagaDeadlines,
+        lifecycle: SagaLifecycle,
+        *,
+        reason: str | None = None,
+    ) -> None:
+        """Apply a participant's reply about ``step``.
+
+        Args:
+            step: Step name.
+            kind: ``"succeeded"``; ``"failed"`` (may be retried); ``"rejected"`` (a business
+                refusal, never retried); ``"undone"`` or ``"undo-failed"`` for the undo.
+            commands: The handler's commands handle.
+            deadlines: The handler's deadlines handle.
+            lifecycle: The handler's lifecycle handle.
+            reason: The participant's reason, for the record.
+        """
+        io = _Io(commands, deadlines, lifecycle)
+        if kind == "succeeded":
+            self._succeeded(self.orchestration.step(step), io)
+        elif kind in ("failed", "rejected"):
+            current = self._current_forward(step)
+            if current is None:
+                self.progress.late = [*self.progress.late, f"{step}:{kind}-ignored"]
+                return
+            why = f"step {step} {kind}" + (f": {reason}" if reason else "")
+            self._retry_or_compensate(current, io, why, retryable=kind == "failed")
+        elif kind == "undone":
+            if self.progress.undo_queue[:1] == [step] and self.machine_state == _S.COMPENSATING:
+                io.deadlines.cancel(STEP_TIMER)
+                self.progress.undo_queue = self.progress.undo_queue[1:]
+                self.progress.undone = [*self.progress.undone, step]
+                self._next_undo(io)
+        elif self.progress.undo_queue[:1] == [step] and self.machine_state == _S.COMPENSATING:
+            self._retry_undo(self.orchestration.step(step), io, f"undo of {step} failed: {reason}")
+
+    # -- deadlines ---------------------------------------------------------------------------
+
+    @saga_deadline_handler(STEP_TIMER)
+    def on_step_timer(
+        self,
+        timer: StepTimer,
+        commands: SagaCommands,
+        deadlines: SagaDeadlines,
+        lifecycle: SagaLifecycle,
+    ) -> None:
+        """A step's reply timeout, retry backoff or late-success window ran out."""
+        io = _Io(commands, deadlines, lifecycle)
+        p = self.progress
+        step = self.orchestration.step(timer.step)
+        if timer.phase == "forward":
+            if self._current_forward(timer.step) is None or timer.attempt != p.attempt:
+                return
+            if timer.purpose == "retry":
+                self._send_forward(step, p.attempt + 1, io)
+            elif step.waits_for_person and step.on_timeout == "escalate":
+                # Keep waiting for the person; the saga deadline still bounds the wait.
+                self._escalate(io, "approval-timeout", step, f"no decision on {step.name}")
+            else:
+                self._retry_or_compensate(step, io, f"step {step.name} timed out", in_doubt=True)
+        elif timer.purpose == "late":
+            # Nobody reported a late success in time: treat the in-doubt steps as not landed.
+            p.in_doubt = []
+            self._next_undo(io)
+        elif p.undo_queue[:1] == [timer.step] and timer.attempt == p.attempt:
+            if timer.purpose == "retry":
+                self._send_undo(step, p.attempt + 1, io)
+            else:
+                self._retry_undo(step, io, f"undo of {step.name} timed out")
+
+    @saga_deadline_handler(SAGA_DEADLINE)
+    def on_saga_deadline(
+        self, commands: SagaCommands, deadlines: SagaDeadlines, lifecycle: SagaLifecycle
+    ) -> None:
+        """The whole-saga budget is spent: record TIMED_OUT, then compensate or escalate."""
+        io = _Io(commands, deadlines, lifecycle)
+        if self.machine_state not in (_S.RUNNING, _S.WAITING):
+            return  # compensation runs on its own budget
+        p = self.progress
+        if p.step is not None:
+            self._mark_in_doubt(self.orchestration.step(p.step))
+        self.transition_to(_S.TIMED_OUT, io.now, "saga deadline passed")
+        io.deadlines.cancel(STEP_TIMER)
+        if self.orchestration.on_saga_timeout == "escalate":
+            self._escalate(io, "saga-timeout", None, "saga deadline passed")
+            io.lifecycle.end()
+        else:
+            self._compensate(io, "saga deadline passed")
+
+    # -- forward -------------------------------------------------------------------------
+
+    def _current_forward(self, name: str) -> Step | None:
+        if self.machine_state in (_S.RUNNING, _S.WAITING) and self.progress.step == name:
+            return self.orchestration.step(name)
+        return None
+
+    def _timeout(self, step: Step) -> timedelta:
+        return self.progress.timeouts.get(step.name, step.timeout)
+
+    def _start(self, index: int, io: _Io) -> None:
+        p = self.progress
+        step = self.orchestration.steps[index]
+        if p.deadline_at is not None and p.deadline_at - io.now < step.min_budget:
+            # Starting work that cannot finish in time only produces a late success to undo.
+            left = max(p.deadline_at - io.now, timedelta(0))
+            p.step = None
+            self._compensate(io, f"step {step.name} not started: {left} left < {step.min_budget}")
+            return
+        target = _S.WAITING if step.waits_for_person else _S.RUNNING
+        self.transition_to(target, io.now, f"step {step.name} started")
+        self._send_forward(step, 1, io)
+
+    def _send_forward(self, step: Step, attempt: int, io: _Io) -> None:
+        p = self.progress
+        p.step = step.name
+        p.attempt = attempt
+        due = io.now + self._timeout(step)
+        budget = p.deadline_at
+        if step.waits_for_person and step.on_timeout == "escalate":
+            # The person may still decide after the escalation, until the saga deadline.
+            deadline = budget or due
+        else:
+            deadline = due if budget is None else min(due, budget)
+        io.commands.send(step.action(self), deadline=deadline)
+        timer = StepTimer(step=step.name, phase="forward", purpose="timeout", attempt=attempt)
+        io.deadlines.schedule(STEP_TIMER, at=due, payload=timer)
+
+    def _succeeded(self, step: Step, io: _Io) -> None:
+        p = self.progress
+        if self._current_forward(step.name) is None:
+            self._late_success(step, io)
+            return
+        io.deadlines.cancel(STEP_TIMER)
+        p.completed = [*p.completed, step.name]
+        p.step = None
+        index = self.orchestration.index(step.name) + 1
+        if index < len(self.orchestration.steps):
+            self._start(index, io)
+            return
+        self.transition_to(_S.COMPLETED, io.now, "every step succeeded")
+        io.lifecycle.end()
+
+    def _retry_or_compensate(
+        self, step: Step, io: _Io, why: str, *, retryable: bool = True, in_doubt: bool = False
+    ) -> None:
+        p = self.progress
+        at = None
+        if retryable and step.retries:
+            at = step.retry.next_attempt_at(
+                p.attempt,
+                io.now,
+                f"{p.key}:{step.name}",
+                budget_end=p.deadline_at,
+                min_budget=step.min_budget,
+            )
+        if at is not None:
+            timer = StepTimer(step=step.name, phase="forward", purpose="retry", attempt=p.attempt)
+            io.deadlines.schedule(STEP_TIMER, at=at, payload=timer)
+            return
+        if in_doubt:
+            self._mark_in_doubt(step)
+        p.step = None
+        self._compensate(io, why)
+
+    def _mark_in_doubt(self, step: Step) -> None:
+        if step.late_success == "undo" and step.name not in self.progress.in_doubt:
+            self.progress.in_doubt = [*self.progress.in_doubt, step.name]
+
+    def _late_success(self, step: Step, io: _Io) -> None:
+        p = self.progress
+        if step.name in p.completed:
+            return  # a duplicate of a success already applied
+        if step.name not in p.in_doubt:
+            p.late = [*p.late, f"{step.name}:ignored"]
+            return
+        # The effect landed after all: undo it before the earlier steps it came after.
+        p.in_doubt = [n for n in p.in_doubt if n != step.name]
+        p.late = [*p.late, f"{step.name}:undo"]
+        p.completed = [*p.completed, step.name]
+        if p.undo_queue and self.machine_state == _S.COMPENSATING:
+            p.undo_queue = [p.undo_queue[0], step.name, *p.undo_queue[1:]]
+        else:
+            p.undo_queue = [step.name]
+            self._send_undo(step, 1, io)
+
+    # -- compensation --------------------------------------------------------------------
+
+    def _compensate(self, io: _Io, why: str) -> None:
+        p = self.progress
+        p.reason = why
+        io.deadlines.cancel(STEP_TIMER)
+        steps = self.orchestration
+        p.undo_queue = [n for n in reversed(p.completed) if steps.step(n).compensation]
+        if not p.undo_queue and not p.in_doubt:
+            self.transition_to(_S.FAILED, io.now, why)
+            io.lifecycle.end()
+            return
+        self.transition_to(_S.COMPENSATING, io.now, why)
+        self._next_undo(io)
+
+    def _next_undo(self, io: _Io) -> None:
+        p = self.progress
+        if p.undo_queue:
+            self._send_undo(self.orchestration.step(p.undo_queue[0]), 1, io)
+        elif p.in_doubt:
+            steps = [self.orchestration.step(n) for n in p.in_doubt]
+            window = max(s.late_window for s in steps)
+            timer = StepTimer(step=steps[0].name, phase="undo", purpose="late", attempt=0)
+            io.deadlines.schedule(STEP_TIMER, at=io.now + window, payload=timer)
+        else:
+            self.transition_to(_S.FAILED, io.now, "compensation finished")
+            io.lifecycle.end()
+
+    def _send_undo(self, step: Step, attempt: int, io: _Io) -> None:
+        assert step.compensation is not None
+        self.progress.attempt = attempt
+        due = io.now + (step.undo_timeout or step.timeout)
+        io.commands.send(step.compensation(self), deadline=due)
+        timer = StepTimer(step=step.name, phase="undo", purpose="timeout", attempt=attempt)
+        io.deadlines.schedule(STEP_TIMER, at=due, payload=timer)
+
+    def _retry_undo(self, step: Step, io: _Io, why: str) -> None:
+        p = self.progress
+        # Undos are not capped by the saga deadline: it may be long gone, and money or stock
+        # is stuck until they finish. Their own policy bounds them instead.
+        at = step.undo_retry.next_attempt_at(p.attempt, io.now, f"{p.key}:{step.name}:undo")
+        if at is not None:
+            timer = StepTimer(step=step.name, phase="undo", purpose="retry", attempt=p.attempt)
+            io.deadlines.schedule(STEP_TIMER, at=at, payload=timer)
+            return
+        p.reason = why
+        self.transition_to(_S.COMPENSATION_FAILED, io.now, why)
+        self._escalate(io, "compensation-failed", step, why)
+        io.lifecycle.end()
+
+    def _escalate(self, io: _Io, reason: str, step: Step | None, detail: str) -> None:
+        escalation = Escalation(
+            reason=reason,
+            step=step.name if step else None,
+            machine_state=str(self.machine_state),
+            detail=detail,
+        )
+        io.commands.send(self.orchestration.escalation(self, escalation))
+
+    # -- analysis ------------------------------------------------------------------------
+
+    @classmethod
+    def machine_spec(cls) -> MachineSpec:
+        """Describe the machine the orchestration actually uses."""
+        o = cls.orchestration
+        used = {_S.NEW, _S.COMPENSATING, _S.COMPLETED, _S.FAILED, _S.COMPENSATION_FAILED}
+        if any(not s.waits_for_person for s in o.steps):
+            used.add(_S.RUNNING)
+        if o.has_waiting:
+            used.add(_S.WAITING)
+        if o.sla is not None:
+            used.add(_S.TIMED_OUT)
+        edges = {
+            src: [t for t in cls.machine_transitions.targets(src) if t in used] for src in used
+        }
+        saga_timer = {SAGA_DEADLINE} if o.sla is not None else set()
+        timers = {
+            _S.RUNNING: frozenset({STEP_TIMER, *saga_timer}),
+            _S.WAITING: frozenset({STEP_TIMER, *saga_timer}),
+            _S.COMPENSATING: frozenset({STEP_TIMER}),
+        }
+        ending = {_S.COMPLETED, _S.FAILED, _S.COMPENSATION_FAILED}
+        if o.on_saga_timeout == "escalate":
+            ending.add(_S.TIMED_OUT)
+        notes = {
+            _S.RUNNING: "steps " + ", ".join(s.name for s in o.steps if not s.waits_for_person),
+            _S.WAITING: "waits for " + ", ".join(s.name for s in o.steps if s.waits_for_person),
+            _S.COMPENSATING: "undo " + ", ".join(s.name for s in o.steps if s.compensation),
+        }
+        return MachineSpec(
+            name=_saga_name(cls),
+            transitions=Transitions.of(edges, initial=cls.machine_transitions.initial),
+            timers={s: t for s, t in timers.items() if s in used},
+            ending=frozenset(ending),
+            notes={s: n for s, n in notes.items() if s in used and not n.endswith(" ")},
+        )
+
+
+def on_reply(
+    event_type: type[Message],
+    *,
+    step: str,
+    kind: ReplyKind = "succeeded",
+    association_property: str,
+    reason_field: str | None = "reason",
+) -> ReplyHandler:
+    """Declare, in a saga class body, the handler of a participant's reply.
+
+    Example:
+        ``on_reserved: ClassVar[ReplyHandler] = on_reply(StockReserved, step="reserve",
+        association_property="order_id")``
+
+    Args:
+        event_type: The reply event class.
+        step: Step the reply is about.
+        kind: What the reply means (see :meth:`OrchestratedSaga.reply`).
+        association_property: Field of the event holding the saga id.
+        reason_field: Field of the event holding a failure reason, if any.
+
+    Returns:
+        A handler function, marked like one written with ``@saga_event_handler``.
+    """
+
+    def handler(
+        self: OrchestratedSaga,
+        event: Any,
+        commands: SagaCommands,
+        deadlines: SagaDeadlines,
+        lifecycle: SagaLifecycle,
+    ) -> None:
+        reason = getattr(event, reason_field, None) if reason_field else None
+        self.reply(step, kind, commands, deadlines, lifecycle, reason=reason)
+
+    # The handler name keys the runtime's parameter table, so it must be unique per saga; the
+    # event type is (one handler per event type).
+    handler.__name__ = f"on_{event_type.__name__}"
+    handler.__qualname__ = handler.__name__
+    handler.__annotations__ = {
+        "event": event_type,
+        "commands": SagaCommands,
+        "deadlines": SagaDeadlines,
+        "lifecycle": SagaLifecycle,
+        "return": None,
+    }
+    marked: Callable[..., None] = saga_event_handler(
+        event_type, association_property=association_property
+    )(handler)
+    return marked

@@ -1,0 +1,42 @@
+"""`make demo` as a user runs it, in its quick form, against the already running services."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.services import ENV_DATABASE, ENV_KAFKA, Services
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_quick_demo_fires_a_timeout_and_conserves_money(services: Services) -> None:
+    # With both variables set the demo starts nothing and stops nothing but its own processes.
+    env = {
+        **os.environ,
+        ENV_KAFKA: services.kafka_bootstrap,
+        ENV_DATABASE: services.database_url,
+        "PYTHONPATH": str(REPO),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "processor.demo", "--quick", "--timeout", "75"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=85,
+        check=False,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    fired = next(x for x in out.splitlines() if "timeouts fired:" in x)
+    assert int(fired.split("timeouts fired:")[1].split()[0]) >= 1, out
+    assert "timed out" in out, out
+    assert "money conserved: sum of balances before" in out, out
+    assert "2 processor replicas" in out, out

@@ -1,0 +1,280 @@
+"""The order saga through every orchestrator path, in memory with virtual time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+
+from processor.machine import SAGA_DEADLINE, STEP_TIMER, MachineState
+from processor.messages import Message
+from processor.testing import SagaFixture
+from sagas.order import OrderSaga
+from schemas.orders import (
+    CapturePayment,
+    EscalateToPerson,
+    FraudReviewApproved,
+    FraudReviewRejected,
+    OrderPlaced,
+    OrderShipped,
+    PaymentCaptured,
+    PaymentRefunded,
+    RefundFailed,
+    RefundPayment,
+    ReleaseStock,
+    RequestFraudReview,
+    ReserveStock,
+    ShipOrder,
+    StockReleased,
+    StockReservationFailed,
+    StockReserved,
+    StockUnavailable,
+)
+
+OID = "o-1"
+FACTS = {"order_id": OID, "customer_id": "c-1", "sku": "sku-1", "quantity": 2}
+AMOUNT = Decimal("19.99")
+S = MachineState
+
+
+def _placed() -> OrderPlaced:
+    return OrderPlaced(**FACTS, amount=AMOUNT)
+
+
+def _cmd(cls: Callable[..., Message]) -> Message:
+    return cls(**FACTS, amount=AMOUNT)
+
+
+def _state(fixture: SagaFixture) -> OrderSaga:
+    state = fixture.state
+    assert isinstance(state, OrderSaga)
+    return state
+
+
+def _paid(fixture: SagaFixture) -> None:
+    fixture.when(_placed())
+    fixture.when(StockReserved(order_id=OID))
+    fixture.when(PaymentCaptured(order_id=OID))
+
+
+def _trail(fixture: SagaFixture) -> list[tuple[str, str]]:
+    return [(t.source.value, t.target.value) for t in _state(fixture).machine.transitions]
+
+
+def test_happy_path_runs_every_step_in_order_and_completes() -> None:
+    f = SagaFixture(OrderSaga)
+    f.when(_placed()).expect_commands(_cmd(ReserveStock))
+    assert _state(f).machine_state == S.RUNNING
+    f.when(StockReserved(order_id=OID)).expect_commands(_cmd(CapturePayment))
+    f.when(PaymentCaptured(order_id=OID)).expect_commands(_cmd(RequestFraudReview))
+    assert _state(f).machine_state == S.WAITING
+    f.when(FraudReviewApproved(order_id=OID)).expect_commands(_cmd(ShipOrder))
+    assert _state(f).machine_state == S.RUNNING
+    f.when(OrderShipped(order_id=OID)).expect_no_commands().expect_ended().expect_no_deadlines()
+    assert _state(f).machine_state == S.COMPLETED
+    assert _state(f).progress.completed == ["reserve", "pay", "fraud-review", "ship"]
+    assert _trail(f) == [
+        ("NEW", "RUNNING"),
+        ("RUNNING", "WAITING"),
+        ("WAITING", "RUNNING"),
+        ("RUNNING", "COMPLETED"),
+    ]
+
+
+def test_commands_carry_the_remaining_budget() -> None:
+    f = SagaFixture(OrderSaga)
+    start = f.now
+    r = f.when(_placed())
+    # Reserve: its own 30 s timeout is sooner than the two-day saga deadline.
+    assert r.command_intents[0].deadline_unix_ms == int(
+        (start + timedelta(seconds=30)).timestamp() * 1000
+    )
+    r.expect_deadline_scheduled(SAGA_DEADLINE, at=start + timedelta(days=2))
+    r.expect_deadline_scheduled(STEP_TIMER, after=timedelta(seconds=30))
+
+
+def test_step_retry_then_success() -> None:
+    f = SagaFixture(OrderSaga)
+    f.when(_placed())
+    r = f.when(StockReservationFailed(order_id=OID, reason="busy")).expect_no_commands()
+    retry_at = r.pending[STEP_TIMER]
+    # Jittered within [ (1 - jitter) * base, base ] of the first backoff (2 s).
+    assert timedelta(seconds=1) <= retry_at - f.now <= timedelta(seconds=2)
+    f.when_time_elapses(timedelta(seconds=2)).expect_commands(_cmd(ReserveStock))
+    assert _state(f).progress.attempt == 2
+    f.when(StockReserved(order_id=OID)).expect_commands(_cmd(CapturePayment))
+    assert _state(f).machine_state == S.RUNNING
+
+
+def test_retries_exhausted_compensates_in_reverse_order() -> None:
+    f = SagaFixture(OrderSaga)
+    _paid(f)
+    f.when(FraudReviewApproved(order_id=OID))
+    # Ship retries 5 times, each timing out after an hour, then gives up.
+    r = f.when_time_elapses(timedelta(hours=6))
+    assert r.commands.count(_cmd(ShipOrder)) == 4
+    assert r.commands[-1] == _cmd(RefundPayment)
+    assert _state(f).machine_state == S.COMPENSATING
+    f.when(PaymentRefunded(order_id=OID)).expect_commands(_cmd(ReleaseStock))
+    f.when(StockReleased(order_id=OID)).expect_ended().expect_no_deadlines()
+    assert _state(f).machine_state == S.FAILED
+    assert _state(f).progress.undone == ["pay", "reserve"]
+    assert _state(f).progress.reason == "step ship timed out"
+
+
+def test_business_refusal_is_not_retried() -> None:
+    f = SagaFixture(OrderSaga)
+    f.when(_placed())
+    f.when(StockUnavailable(order_id=OID, reason="sold out")).expect_no_commands().expect_ended()
+    assert _state(f).machine_state == S.FAILED
+    assert _trail(f) == [("NEW", "RUNNING"), ("RUNNING", "FAILED")]
+
+
+def test_compensation_retries_exhausted_escalate_with_compensation_failed() -> None:
+    f = SagaFixture(OrderSaga)
+    _paid(f)
+    f.when(FraudReviewRejected(order_id=OID, reason="stolen card")).expect_commands(
+        _cmd(RefundPayment)
+    )
+    sent = 1
+    for _ in range(4):
+        f.when(RefundFailed(order_id=OID, reason="provider down")).expect_no_commands()
+        # The undo's own backoff, not capped by the saga budget.
+        sent += f.when_time_elapses(timedelta(minutes=5)).commands.count(_cmd(RefundPayment))
+    assert sent == 5
+    r = f.when(RefundFailed(order_id=OID, reason="provider down"))
+    assert r.commands == [
+        EscalateToPerson(
+            order_id=OID,
+            reason="compensation-failed",
+            step="pay",
+            machine_state="COMPENSATION_FAILED",
+            detail="undo of pay failed: provider down",
+        )
+    ]
+    r.expect_ended().expect_no_deadlines()
+    assert _state(f).machine_state == S.COMPENSATION_FAILED
+    # The stock release never ran: the person takes over from the failed refund.
+    assert _state(f).progress.undo_queue == ["pay", "reserve"]
+
+
+def test_whole_saga_deadline_records_timed_out_then_compensates() -> None:
+    f = SagaFixture(OrderSaga, settings={"order.review-timeout": timedelta(days=5)})
+    _paid(f)
+    r = f.when_time_elapses(timedelta(days=2))
+    assert r.fired == [SAGA_DEADLINE]
+    r.expect_commands(_cmd(RefundPayment))
+    assert _trail(f)[-2:] == [("WAITING", "TIMED_OUT"), ("TIMED_OUT", "COMPENSATING")]
+    f.when(PaymentRefunded(order_id=OID))
+    f.when(StockReleased(order_id=OID)).expect_ended()
+    assert _state(f).machine_state == S.FAILED
+
+
+def test_budget_too_small_step_is_not_started_and_saga_compensates() -> None:
+    f = SagaFixture(OrderSaga, settings={"order.sla": timedelta(seconds=40)})
+    f.when(_placed())
+    f.when_time_elapses(timedelta(seconds=5))
+    # 35 s left, but pay needs at least a minute: never sent, the reservation is released.
+    f.when(StockReserved(order_id=OID)).expect_commands(_cmd(ReleaseStock))
+    assert _state(f).machine_state == S.COMPENSATING
+    assert "pay not started" in (_state(f).progress.reason or "")
+    f.when(StockReleased(order_id=OID)).expect_ended()
+    assert _state(f).machine_state == S.FAILED
+
+
+def test_first_step_without_budget_fails_without_compensation() -> None:
+    f = SagaFixture(OrderSaga, settings={"order.sla": timedelta(seconds=5)})
+    f.when(_placed()).expect_no_commands().expect_ended()
+    assert _trail(f) == [("NEW", "FAILED")]
+
+
+def _timed_out_payment(f: SagaFixture) -> None:
+    f.when(_placed())
+    f.when(StockReserved(order_id=OID))
+    f.when_time_elapses(timedelta(minutes=15)).expect_commands(_cmd(ReleaseStock))
+    assert _state(f).progress.in_doubt == ["pay"]
+
+
+def test_late_payment_capture_during_compensation_is_refunded() -> None:
+    f = SagaFixture(OrderSaga)
+    _timed_out_payment(f)
+    # The capture landed after all while the stock release is in flight: refund it next.
+    f.when(PaymentCaptured(order_id=OID)).expect_no_commands()
+    f.when(StockReleased(order_id=OID)).expect_commands(_cmd(RefundPayment))
+    f.when(PaymentRefunded(order_id=OID)).expect_ended()
+    assert _state(f).machine_state == S.FAILED
+    assert _state(f).progress.late == ["pay:undo"]
+    assert _state(f).progress.undone == ["reserve", "pay"]
+
+
+def test_late_capture_after_other_undos_waits_in_compensating_then_refunds() -> None:
+    f = SagaFixture(OrderSaga)
+    _timed_out_payment(f)
+    f.when(StockReleased(order_id=OID)).expect_no_commands().expect_active()
+    assert _state(f).machine_state == S.COMPENSATING
+    f.when_time_elapses(timedelta(minutes=30))
+    f.when(PaymentCaptured(order_id=OID)).expect_commands(_cmd(RefundPayment))
+    f.when(PaymentRefunded(order_id=OID)).expect_ended()
+    assert _state(f).machine_state == S.FAILED
+
+
+def test_no_late_capture_within_the_window_fails_cleanly() -> None:
+    f = SagaFixture(OrderSaga)
+    _timed_out_payment(f)
+    f.when(StockReleased(order_id=OID))
+    f.when_time_elapses(timedelta(hours=1)).expect_no_commands().expect_ended()
+    assert _state(f).machine_state == S.FAILED
+    # Afterwards a capture is ignored by the engine: the saga has ended.
+    assert f.when(PaymentCaptured(order_id=OID)).ignored
+
+
+def test_late_success_of_an_ignore_step_is_a_recorded_no_op() -> None:
+    f = SagaFixture(OrderSaga)
+    _paid(f)
+    f.when(FraudReviewRejected(order_id=OID, reason="suspicious"))
+    # The reservation's duplicate success, and a review approval after the rejection.
+    f.when(StockReserved(order_id=OID)).expect_no_commands()
+    f.when(FraudReviewApproved(order_id=OID)).expect_no_commands()
+    assert _state(f).progress.late == ["fraud-review:ignored"]
+    assert _state(f).machine_state == S.COMPENSATING
+
+
+def test_fraud_review_timeout_escalates_and_keeps_waiting() -> None:
+    f = SagaFixture(OrderSaga)
+    _paid(f)
+    r = f.when_time_elapses(timedelta(days=1))
+    r.expect_commands(
+        EscalateToPerson(
+            order_id=OID,
+            reason="approval-timeout",
+            step="fraud-review",
+            machine_state="WAITING",
+            detail="no decision on fraud-review",
+        )
+    )
+    r.expect_no_deadline(STEP_TIMER).expect_active()
+    assert _state(f).machine_state == S.WAITING
+    # The person decides later; the saga carries on.
+    f.when(FraudReviewApproved(order_id=OID)).expect_commands(_cmd(ShipOrder))
+
+
+def test_review_request_carries_the_saga_deadline_not_the_escalation_timer() -> None:
+    f = SagaFixture(OrderSaga)
+    f.when(_placed())
+    f.when(StockReserved(order_id=OID))
+    r = f.when(PaymentCaptured(order_id=OID))
+    saga_deadline = _state(f).progress.deadline_at
+    assert saga_deadline is not None
+    assert r.command_intents[0].deadline_unix_ms == int(saga_deadline.timestamp() * 1000)
+
+
+@pytest.mark.parametrize("key", ["order.payment-timeout", "order.review-timeout"])
+def test_timers_come_from_settings(key: str) -> None:
+    f = SagaFixture(OrderSaga, settings={key: timedelta(seconds=3)})
+    f.when(_placed())
+    f.when(StockReserved(order_id=OID))
+    if key == "order.review-timeout":
+        f.when(PaymentCaptured(order_id=OID))
+    assert f.pending_deadlines[STEP_TIMER] == f.now + timedelta(seconds=3)

@@ -1,0 +1,455 @@
+"""The pure batch planner over in-memory rows: duplicates, skips, parking and stale deadlines."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from pydantic import Field
+
+from processor import (
+    Message,
+    SagaCommands,
+    SagaDeadlines,
+    SagaState,
+    message_type,
+    saga,
+    saga_deadline_handler,
+    saga_event_handler,
+)
+from processor.engine.decode import DEADLINE_FIRED, Reason, Rejected, decode
+from processor.engine.plan import (
+    ACTIVE,
+    ENDED,
+    PARKED,
+    DeadlineRef,
+    Item,
+    Loaded,
+    Planner,
+    SagaRow,
+    WriteSet,
+)
+from processor.engine.records import Record
+from processor.messages import MessageRegistry
+from processor.runner import bind_all
+
+REG = MessageRegistry()
+NOW = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
+SAGA = "unit-order"
+DEAD = "dl"
+
+
+@message_type("unit.plan.Opened", registry=REG)
+class Opened(Message):
+    order_id: str
+
+
+@message_type("unit.plan.Noted", registry=REG)
+class Noted(Message):
+    order_id: str
+    note: str = ""
+
+
+@message_type("unit.plan.Closed", registry=REG)
+class Closed(Message):
+    order_id: str
+
+
+@message_type("unit.plan.Ship", registry=REG, topic="ship")
+class Ship(Message):
+    order_id: str
+    note: str
+
+
+class Gate:
+    """Makes handlers fail while `failures` is above zero, counting every call."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.failures = failures
+        self.calls = 0
+
+    def check(self) -> None:
+        self.calls += 1
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("gate closed")
+
+
+@saga(type=SAGA)
+class OrderSaga(SagaState):
+    order_id: str = ""
+    notes: list[str] = Field(default_factory=list)
+
+    @saga_event_handler(Opened, association_property="order_id", start=True)
+    def opened(self, event: Opened, deadlines: SagaDeadlines, gate: Gate) -> None:
+        gate.check()
+        self.order_id = event.order_id
+        deadlines.schedule("remind", timedelta(minutes=5))
+
+    @saga_event_handler(Noted, association_property="order_id")
+    def noted(
+        self, event: Noted, commands: SagaCommands, deadlines: SagaDeadlines, gate: Gate
+    ) -> None:
+        gate.check()
+        self.notes.append(event.note)
+        if event.note == "cancel":
+            deadlines.cancel("remind")
+        elif event.note == "reschedule":
+            deadlines.schedule("remind", timedelta(minutes=10))
+        commands.send(Ship(order_id=self.order_id, note=event.note))
+
+    @saga_event_handler(Closed, association_property="order_id", end=True)
+    def closed(self, event: Closed) -> None:
+        """Ends the saga."""
+
+    @saga_deadline_handler("remind")
+    def remind(self, commands: SagaCommands) -> None:
+        commands.send(Ship(order_id=self.order_id, note="reminder"))
+
+
+def _planner(gate: Gate | None = None, attempts: int = 3) -> Planner:
+    sagas = bind_all([OrderSaga], dependencies={Gate: gate or Gate()}, registry=REG)
+    return Planner(sagas, registry=REG, dead_letter_topic=DEAD, handler_attempts=attempts)
+
+
+class Log:
+    """Hands out consecutive offsets on one partition, as a topic would."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+
+    def event(self, message: Message, message_id: str | None = None) -> Record:
+        self.offset += 1
+        name = REG.of(type(message)).name
+        headers = (
+            ("message-id", (message_id or f"m-{self.offset}").encode()),
+            ("message-type", name.encode()),
+            ("schema-version", b"1"),
+        )
+        key = getattr(message, "order_id", "").encode()
+        value = message.model_dump_json().encode()
+        return Record("in", 0, self.offset, key, value, headers)
+
+    def fired(
+        self, deadline_id: str, token: int, saga_id: str = "o1", name: str = "remind"
+    ) -> Record:
+        self.offset += 1
+        body = {
+            "saga_type": SAGA,
+            "saga_id": saga_id,
+            "deadline_id": deadline_id,
+            "name": name,
+            "token": token,
+        }
+        headers = (("message-type", DEADLINE_FIRED.encode()),)
+        return Record("in", 0, self.offset, saga_id.encode(), json.dumps(body).encode(), headers)
+
+
+def _loaded(
+    *rows: SagaRow,
+    applied: set[tuple[str, str, str]] | None = None,
+    deadlines: dict[str, DeadlineRef] | None = None,
+    lease: int | None = None,
+) -> Loaded:
+    return Loaded(
+        sagas={(r.saga_type, r.saga_id): r for r in rows},
+        applied=applied or set(),
+        deadlines=deadlines or {},
+        lease_token=lease,
+        now=NOW,
+    )
+
+
+def _active(saga_id: str = "o1", version: int = 1, notes: list[str] | None = None) -> SagaRow:
+    state = {"order_id": saga_id, "notes": notes or []}
+    return SagaRow(SAGA, saga_id, state, ACTIVE, version)
+
+
+def _plan(planner: Planner, records: list[Record], loaded: Loaded) -> WriteSet:
+    items, _wants = planner.route(decode(r, REG, 1 << 20) for r in records)
+    return planner.plan(items, loaded, NOW)
+
+
+def _outcomes(ws: WriteSet) -> list[tuple[str, str, int | None]]:
+    return [(h.saga_id, h.outcome, h.version) for h in ws.history]
+
+
+def test_route_names_the_rows_to_load() -> None:
+    log = Log()
+    records = [log.event(Opened(order_id="o1")), log.event(Noted(order_id="o2"), "n-1")]
+    records.append(log.fired("d-1", 4, saga_id="o3"))
+    items, wants = _planner().route(decode(r, REG, 1 << 20) for r in records)
+    assert [i.saga_id for i in items if isinstance(i, Item)] == ["o1", "o2", "o3"]
+    assert wants.saga_keys == {(SAGA, "o1"), (SAGA, "o2"), (SAGA, "o3")}
+    assert wants.message_keys == {(SAGA, "o1", "m-1"), (SAGA, "o2", "n-1")}
+    assert wants.deadline_ids == {"d-1"}
+
+
+def test_a_batch_starts_and_advances_a_saga_with_contiguous_versions() -> None:
+    log = Log()
+    records = [log.event(Opened(order_id="o1")), log.event(Noted(order_id="o1", note="a"))]
+    ws = _plan(_planner(), records, _loaded())
+    assert _outcomes(ws) == [("o1", "applied", 1), ("o1", "applied", 2)]
+    [write] = ws.sagas
+    assert (write.status, write.version, write.expected_version) == (ACTIVE, 2, None)
+    assert write.state == {"order_id": "o1", "notes": ["a"]}
+    assert [json.loads(o.value)["note"] for o in ws.outbox] == ["a"]
+    assert [(d.name, d.due_at) for d in ws.deadline_inserts] == [
+        ("remind", NOW + timedelta(minutes=5))
+    ]
+
+
+def test_a_duplicate_in_the_same_batch_is_recorded_not_applied() -> None:
+    log = Log()
+    records = [
+        log.event(Opened(order_id="o1")),
+        log.event(Noted(order_id="o1", note="a"), "same"),
+        log.event(Noted(order_id="o1", note="a"), "same"),
+    ]
+    ws = _plan(_planner(), records, _loaded())
+    assert _outcomes(ws) == [("o1", "applied", 1), ("o1", "applied", 2), ("o1", "duplicate", None)]
+    assert len(ws.outbox) == 1
+    assert ws.sagas[0].version == 2
+    assert ws.counts["duplicate"] == 1
+
+
+def test_a_duplicate_of_an_applied_history_row_changes_nothing() -> None:
+    log = Log()
+    records = [log.event(Noted(order_id="o1", note="a"), "seen-before")]
+    ws = _plan(_planner(), records, _loaded(_active(), applied={(SAGA, "o1", "seen-before")}))
+    assert _outcomes(ws) == [("o1", "duplicate", None)]
+    assert ws.sagas == []
+    assert ws.outbox == []
+
+
+def test_the_same_message_id_for_another_saga_is_not_a_duplicate() -> None:
+    log = Log()
+    records = [log.event(Noted(order_id="o2", note="a"), "shared-id")]
+    loaded = _loaded(_active("o2"), applied={(SAGA, "o1", "shared-id")})
+    assert _outcomes(_plan(_planner(), records, loaded)) == [("o2", "applied", 2)]
+
+
+def test_a_non_start_event_for_a_missing_saga_is_recorded_as_no_saga() -> None:
+    log = Log()
+    ws = _plan(_planner(), [log.event(Noted(order_id="ghost"))], _loaded())
+    assert _outcomes(ws) == [("ghost", "no-saga", None)]
+    assert ws.sagas == []
+    assert ws.outbox == []
+
+
+def test_events_after_the_end_are_ignored_in_the_same_batch_and_later() -> None:
+    log = Log()
+    records = [log.event(Closed(order_id="o1")), log.event(Noted(order_id="o1"))]
+    ws = _plan(_planner(), records, _loaded(_active()))
+    assert _outcomes(ws) == [("o1", "applied", 2), ("o1", "ignored-ended", None)]
+    assert (ws.sagas[0].status, ws.deadline_clears) == (ENDED, [(SAGA, "o1")])
+    assert ws.outbox == []
+
+    ended = SagaRow(SAGA, "o1", {"order_id": "o1", "notes": []}, ENDED, 2)
+    ws2 = _plan(_planner(), [log.event(Noted(order_id="o1"))], _loaded(ended))
+    assert _outcomes(ws2) == [("o1", "ignored-ended", None)]
+    assert ws2.sagas == []
+
+
+def test_a_missing_association_value_is_dead_lettered_with_its_source() -> None:
+    log = Log()
+    record = log.event(Noted(order_id="", note="x"))
+    items, wants = _planner().route([decode(record, REG, 1 << 20)])
+    assert [(type(i), getattr(i, "reason", None)) for i in items] == [
+        (Rejected, Reason.MISSING_ASSOCIATION)
+    ]
+    assert wants.saga_keys == set()
+    ws = _planner().plan(items, _loaded(), NOW)
+    [dead] = ws.dead_letters
+    assert (dead.reason, dead.record) == ("missing-association", record)
+    [row] = ws.outbox
+    assert row.topic == DEAD
+    assert row.value == record.value
+    assert row.headers["dead-letter-reason"] == "missing-association"
+    assert (row.headers["source-topic"], row.headers["source-offset"]) == ("in", str(record.offset))
+    assert row.headers["message-id"] == "m-1"  # the original headers travel along
+
+
+def test_a_failing_handler_is_retried_then_parks_its_saga_and_holds_later_messages() -> None:
+    gate = Gate(failures=100)
+    log = Log()
+    records = [
+        log.event(Noted(order_id="o1", note="a")),
+        log.event(Opened(order_id="o2")),
+        log.event(Noted(order_id="o1", note="b")),
+        log.fired("d-1", 5),
+    ]
+    ref = DeadlineRef(SAGA, "o1", "remind", NOW, None, 5)
+    loaded = _loaded(_active(), deadlines={"d-1": ref}, lease=5)
+    ws = _plan(_planner(gate, attempts=3), records, loaded)
+    # Three attempts at o1's handler and three at o2's start; none for the held messages.
+    assert gate.calls == 6
+    assert _outcomes(ws) == [
+        ("o1", "parked", 2),
+        ("o2", "parked", 1),
+        ("o1", "parked-behind", 3),
+        ("o1", "parked-behind", 4),
+    ]
+    assert [(p.saga_id, p.record.offset) for p in ws.parked] == [
+        ("o1", 1),
+        ("o2", 2),
+        ("o1", 3),
+        ("o1", 4),
+    ]
+    assert "gate closed" in ws.parked[0].reason
+    assert ws.parked[2].reason == "behind a parked saga"
+    by_id = {s.saga_id: s for s in ws.sagas}
+    assert (by_id["o1"].status, by_id["o1"].version, by_id["o1"].expected_version) == (PARKED, 4, 1)
+    assert by_id["o1"].state == {"order_id": "o1", "notes": []}  # untouched by the failure
+    assert by_id["o1"].parked_reason is not None
+    assert "RuntimeError: gate closed" in by_id["o1"].parked_reason
+    # A saga whose start failed is stored without state, so a retry can start it later.
+    assert (by_id["o2"].state, by_id["o2"].status, by_id["o2"].expected_version) == (
+        None,
+        PARKED,
+        None,
+    )
+    assert ws.outbox == []
+    assert ws.deadline_deletes == []  # the fired deadline waits with the saga
+    assert ws.counts["handler-failed"] == 2
+
+
+def test_a_handler_that_recovers_within_its_attempts_applies_once() -> None:
+    gate = Gate(failures=2)
+    ws = _plan(_planner(gate, attempts=3), [Log().event(Noted(order_id="o1"))], _loaded(_active()))
+    assert gate.calls == 3
+    assert _outcomes(ws) == [("o1", "applied", 2)]
+    assert len(ws.outbox) == 1
+
+
+def test_other_sagas_flow_while_one_is_parked() -> None:
+    log = Log()
+    parked = SagaRow(SAGA, "o1", {"order_id": "o1", "notes": []}, PARKED, 3, "boom")
+    records = [log.event(Noted(order_id="o1", note="held")), log.event(Noted(order_id="o2"))]
+    ws = _plan(_planner(), records, _loaded(parked, _active("o2")))
+    assert _outcomes(ws) == [("o1", "parked-behind", 4), ("o2", "applied", 2)]
+    by_id = {s.saga_id: s for s in ws.sagas}
+    assert (by_id["o1"].status, by_id["o1"].parked_reason) == (PARKED, "boom")
+    assert [p.record.offset for p in ws.parked] == [1]
+
+
+def test_a_duplicate_of_an_applied_message_is_not_held_behind_a_parked_saga() -> None:
+    parked = SagaRow(SAGA, "o1", {"order_id": "o1", "notes": []}, PARKED, 3, "boom")
+    record = Log().event(Noted(order_id="o1"), "old")
+    ws = _plan(_planner(), [record], _loaded(parked, applied={(SAGA, "o1", "old")}))
+    assert _outcomes(ws) == [("o1", "duplicate", None)]
+    assert ws.parked == []
+
+
+def test_a_row_planned_as_not_started_keeps_its_version() -> None:
+    # An operator's retry of a saga whose start failed: the row exists without state.
+    row = SagaRow(SAGA, "o1", None, None, 3)
+    log = Log()
+    records = [log.event(Opened(order_id="o1")), log.event(Noted(order_id="o1", note="a"))]
+    ws = _plan(_planner(), records, _loaded(row))
+    assert _outcomes(ws) == [("o1", "applied", 4), ("o1", "applied", 5)]
+    [write] = ws.sagas
+    assert (write.status, write.version, write.expected_version) == (ACTIVE, 5, 3)
+
+
+def test_a_row_planned_as_not_started_ignores_non_start_events() -> None:
+    ws = _plan(
+        _planner(), [Log().event(Noted(order_id="o1"))], _loaded(SagaRow(SAGA, "o1", None, None, 3))
+    )
+    assert _outcomes(ws) == [("o1", "no-saga", None)]
+    assert ws.sagas == []
+
+
+# -- fired deadlines ---------------------------------------------------------------------------
+
+TOKEN = 7
+
+
+def _ref(token: int | None = TOKEN) -> DeadlineRef:
+    return DeadlineRef(SAGA, "o1", "remind", NOW - timedelta(seconds=1), None, token)
+
+
+def test_a_fresh_fired_deadline_runs_its_handler_and_is_consumed() -> None:
+    log = Log()
+    loaded = _loaded(_active(), deadlines={"d-1": _ref()}, lease=TOKEN)
+    ws = _plan(_planner(), [log.fired("d-1", TOKEN)], loaded)
+    assert [(h.message_id, h.outcome, h.kind) for h in ws.history] == [
+        ("deadline:d-1", "applied", "deadline")
+    ]
+    assert ws.deadline_deletes == [(SAGA, "o1", "remind")]
+    assert ws.deadline_inserts == []
+    assert [json.loads(o.value)["note"] for o in ws.outbox] == ["reminder"]
+
+
+def test_a_deadline_fired_twice_in_one_batch_runs_once() -> None:
+    log = Log()
+    loaded = _loaded(_active(), deadlines={"d-1": _ref()}, lease=TOKEN)
+    ws = _plan(_planner(), [log.fired("d-1", TOKEN), log.fired("d-1", TOKEN)], loaded)
+    assert [h.outcome for h in ws.history] == ["applied", "deadline-stale"]
+    assert len(ws.outbox) == 1
+
+
+@pytest.mark.parametrize(
+    ("case", "expected_deletes"),
+    [
+        ("cancelled-earlier-in-batch", [(SAGA, "o1", "remind")]),
+        ("rescheduled-earlier-in-batch", [(SAGA, "o1", "remind")]),
+        ("row-gone", []),
+        ("wrong-token", []),
+        ("lease-moved-on", []),
+        ("no-lease", []),
+        ("saga-ended", []),
+        ("ended-earlier-in-batch", []),
+    ],
+)
+def test_a_stale_fired_deadline_is_a_recorded_no_op(
+    case: str, expected_deletes: list[tuple[str, str, str]]
+) -> None:
+    log = Log()
+    row = _active()
+    deadlines: dict[str, DeadlineRef] = {"d-1": _ref()}
+    lease: int | None = TOKEN
+    records: list[Record] = []
+    if case == "cancelled-earlier-in-batch":
+        records.append(log.event(Noted(order_id="o1", note="cancel")))
+    elif case == "rescheduled-earlier-in-batch":
+        records.append(log.event(Noted(order_id="o1", note="reschedule")))
+    elif case == "row-gone":
+        deadlines = {}
+    elif case == "wrong-token":
+        deadlines = {"d-1": _ref(token=TOKEN - 1)}
+    elif case == "lease-moved-on":
+        lease = TOKEN + 1
+    elif case == "no-lease":
+        lease = None
+    elif case == "saga-ended":
+        row = SagaRow(SAGA, "o1", row.state, ENDED, 5)
+    elif case == "ended-earlier-in-batch":
+        records.append(log.event(Closed(order_id="o1")))
+    records.append(log.fired("d-1", TOKEN))
+    ws = _plan(_planner(), records, _loaded(row, deadlines=deadlines, lease=lease))
+    assert ws.history[-1].outcome == "deadline-stale"
+    assert ws.history[-1].version is None
+    assert not any(json.loads(o.value)["note"] == "reminder" for o in ws.outbox)
+    assert ws.deadline_deletes == expected_deletes
+    if case == "rescheduled-earlier-in-batch":
+        # The new schedule survives the stale fire of the old one.
+        assert [(d.name, d.due_at) for d in ws.deadline_inserts] == [
+            ("remind", NOW + timedelta(minutes=10))
+        ]
+
+
+def test_a_fired_deadline_for_an_unknown_saga_type_is_dead_lettered() -> None:
+    log = Log()
+    record = log.fired("d-1", TOKEN)
+    body: dict[str, Any] = json.loads(record.value or b"")
+    body["saga_type"] = "nobody"
+    other = Record(
+        record.topic, 0, record.offset, record.key, json.dumps(body).encode(), record.headers
+    )
+    items, _ = _planner().route([decode(other, REG, 1 << 20)])
+    ws = _planner().plan(items, _loaded(), NOW)
+    assert [d.reason for d in ws.dead_letters] == ["unknown-type"]
+    assert ws.history == []
