@@ -1,0 +1,104 @@
+"""Deadline settings: the specification's names and defaults, from SAGA_DEADLINE__* variables."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import pytest
+
+from processor.errors import ConfigurationError
+from processor.settings import load_settings
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Whatever the developer's shell exports must not leak into the defaults under test.
+    for name in list(os.environ):
+        if name.startswith("SAGA_") and not name.startswith("SAGA_TEST_"):
+            monkeypatch.delenv(name)
+
+
+def test_defaults_match_the_specification() -> None:
+    deadline = load_settings().deadline
+    assert deadline.enabled is True
+    assert deadline.polling.interval == timedelta(seconds=30)
+    assert deadline.polling.batch_size == 100
+    assert deadline.lease_ttl == timedelta(minutes=2)
+    assert deadline.schema_.auto is True
+    assert (deadline.table, deadline.lock_table) == ("saga_deadline", "saga_deadline_lock")
+
+
+def test_every_deadline_setting_is_read_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SAGA_DEADLINE__ENABLED", "false")
+    monkeypatch.setenv("SAGA_DEADLINE__POLLING__INTERVAL", "5s")
+    monkeypatch.setenv("SAGA_DEADLINE__POLLING__BATCH_SIZE", "7")
+    monkeypatch.setenv("SAGA_DEADLINE__LEASE_TTL", "2m")
+    monkeypatch.setenv("SAGA_DEADLINE__SCHEMA__AUTO", "false")
+    monkeypatch.setenv("SAGA_DEADLINE__TABLE", "my_deadline")
+    monkeypatch.setenv("SAGA_DEADLINE__LOCK_TABLE", "my_deadline_lock")
+    deadline = load_settings().deadline
+    assert deadline.enabled is False
+    assert deadline.polling.interval == timedelta(seconds=5)
+    assert deadline.polling.batch_size == 7
+    assert deadline.lease_ttl == timedelta(minutes=2)
+    assert deadline.schema_.auto is False
+    assert (deadline.table, deadline.lock_table) == ("my_deadline", "my_deadline_lock")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("30s", timedelta(seconds=30)),
+        ("2m", timedelta(minutes=2)),
+        ("250ms", timedelta(milliseconds=250)),
+        ("1.5h", timedelta(minutes=90)),
+        ("45", timedelta(seconds=45)),
+        ("PT40S", timedelta(seconds=40)),
+    ],
+)
+def test_durations_accept_units(
+    monkeypatch: pytest.MonkeyPatch, text: str, expected: timedelta
+) -> None:
+    monkeypatch.setenv("SAGA_DEADLINE__POLLING__INTERVAL", text)
+    monkeypatch.setenv("SAGA_DEADLINE__LEASE_TTL", "1d")
+    assert load_settings().deadline.polling.interval == expected
+
+
+@pytest.mark.parametrize(("interval", "ttl"), [("30s", "30s"), ("2m", "90s"), ("1m", "59s")])
+def test_lease_ttl_must_exceed_the_polling_interval(
+    monkeypatch: pytest.MonkeyPatch, interval: str, ttl: str
+) -> None:
+    monkeypatch.setenv("SAGA_DEADLINE__POLLING__INTERVAL", interval)
+    monkeypatch.setenv("SAGA_DEADLINE__LEASE_TTL", ttl)
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings()
+    message = str(raised.value)
+    assert "SAGA_DEADLINE" in message
+    assert "lease-ttl" in message
+    assert "polling.interval" in message
+
+
+def test_a_lease_just_longer_than_the_interval_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SAGA_DEADLINE__POLLING__INTERVAL", "30s")
+    monkeypatch.setenv("SAGA_DEADLINE__LEASE_TTL", "31s")
+    assert load_settings().deadline.lease_ttl == timedelta(seconds=31)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("SAGA_DEADLINE__POLLING__INTERVAL", "soon"),
+        ("SAGA_DEADLINE__POLLING__BATCH_SIZE", "0"),
+        ("SAGA_DEADLINE__TABLE", "Robert'); DROP TABLE x;--"),
+    ],
+)
+def test_bad_values_name_the_variable(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings()
+    assert name in str(raised.value)
