@@ -9,6 +9,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from datetime import timedelta
 from typing import Any
 
 from processor.definition import definition_of
@@ -90,10 +91,11 @@ class Processor:
 
     # -- wiring ----------------------------------------------------------------------------
 
-    def connect(self) -> Conn:
+    def connect(self, idle_in_transaction_timeout: timedelta | None = None) -> Conn:
         return connect(
             self.settings.database.url.get_secret_value(),
             application_name=f"saga:{self.instance_id}",
+            idle_in_transaction_timeout=idle_in_transaction_timeout,
         )
 
     def input_topics(self) -> list[str]:
@@ -121,8 +123,12 @@ class Processor:
             ensure_schema(self.settings.database.url.get_secret_value(), self.tables)
         kafka = self.settings.kafka.client_config()
         self.worker = Worker(
+            # Once the session times out the group gives this replica's partitions to another,
+            # which must then be able to claim them even if this process is frozen mid-batch.
             store_factory=lambda: BatchStore(
-                self.connect(), self.tables, self.settings.consumer.group_id
+                self.connect(self.settings.consumer.session_timeout),
+                self.tables,
+                self.settings.consumer.group_id,
             ),
             planner=self.planner,
             registry=self.registry,
@@ -132,12 +138,16 @@ class Processor:
             batch_timeout=self.settings.consumer.batch_timeout.total_seconds(),
         )
         if self.settings.relay.enabled:
+            rs = self.settings.relay
             self.relay = Relay(
-                connect=self.connect,
+                # A frozen relay must not keep the relay lock (and so every replica's outbox)
+                # for as long as it stays frozen; a live round idles at most one flush.
+                connect=lambda: self.connect(2 * rs.flush_timeout),
                 tables=self.tables,
                 producer_factory=lambda: make_producer(kafka),
-                batch_size=self.settings.relay.batch_size,
-                poll_interval=self.settings.relay.poll_interval.total_seconds(),
+                batch_size=rs.batch_size,
+                poll_interval=rs.poll_interval.total_seconds(),
+                flush_timeout=rs.flush_timeout.total_seconds(),
             )
             listener = NotifyListener(self.connect, self.relay.channel, self.relay.wake)
             self._spawn("relay", self.relay.run)

@@ -85,6 +85,9 @@ class RelaySettings(BaseModel):
     # The relay is woken in-process after each commit and by NOTIFY from other processes;
     # this is only the fallback.
     poll_interval: Duration = timedelta(seconds=1)
+    # How long one round waits for the broker's acknowledgements before giving up (the rows
+    # stay in the outbox). A round idle in its transaction for twice this is presumed frozen.
+    flush_timeout: Duration = timedelta(seconds=60)
 
 
 class DeadlinePollingSettings(BaseModel):

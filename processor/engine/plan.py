@@ -19,6 +19,7 @@ from processor.engine.decode import Decoded, Event, FiredDeadline, Reason, Rejec
 from processor.engine.records import OutboxRow, Record
 from processor.errors import HandlerError
 from processor.handles import CancelDeadline, CommandIntent, DeadlineOp, ScheduleDeadline
+from processor.machine.states import machine_state_of
 from processor.messages import (
     HEADER_CAUSATION_ID,
     HEADER_CORRELATION_ID,
@@ -46,7 +47,9 @@ class SagaRow:
     saga_type: str
     saga_id: str
     state: dict[str, Any] | None
-    status: str
+    # None plans against the row as if the saga had not started: an operator's retry of a saga
+    # whose start handler failed keeps the row (and its version) but has no state to run on.
+    status: str | None
     version: int
     parked_reason: str | None = None
 
@@ -103,6 +106,8 @@ class SagaWrite:
     version: int
     expected_version: int | None  # None: the row is new
     parked_reason: str | None
+    # Copied to the queryable `machine_state` column; None for sagas that are not machines.
+    machine_state: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +225,7 @@ class Planner:
                 wants.deadline_ids.add(d.deadline_id)
             else:
                 routes = self._routes.get(type(d.message), [])
-                items = []
+                items: list[Item | Rejected] = []
                 for bound in routes:
                     saga_id = bound.definition.association_value(d.message)
                     if saga_id is None:
@@ -490,6 +495,7 @@ class Planner:
                 version=w.version,
                 expected_version=w.row.version if w.row is not None else None,
                 parked_reason=w.parked_reason if w.status == PARKED else None,
+                machine_state=machine_state_of(w.state),
             )
         )
         key = (w.bound.saga_type, w.saga_id)

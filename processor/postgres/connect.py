@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import psycopg
 from psycopg.rows import TupleRow
 
@@ -9,14 +11,32 @@ from processor.postgres.schema import Tables, migrate
 
 
 def connect(
-    url: str, *, application_name: str = "saga-processor", autocommit: bool = False
+    url: str,
+    *,
+    application_name: str = "saga-processor",
+    autocommit: bool = False,
+    idle_in_transaction_timeout: timedelta | None = None,
 ) -> psycopg.Connection[TupleRow]:
-    """A connection with the processor's defaults (UTC session, bounded statement wait)."""
+    """A connection with the processor's defaults (UTC session, bounded statement wait).
+
+    Args:
+        url: The database URL.
+        application_name: Shown in `pg_stat_activity`.
+        autocommit: Whether each statement commits on its own.
+        idle_in_transaction_timeout: When set, the server ends this session if it leaves a
+            transaction open and idle that long. A frozen process (paused, swapped out,
+            partitioned) would otherwise keep the row and advisory locks that another replica
+            needs to take over its work, for as long as it stays frozen.
+    """
+    options = "-c timezone=UTC -c lock_timeout=30s"
+    if idle_in_transaction_timeout is not None:
+        ms = max(1, int(idle_in_transaction_timeout.total_seconds() * 1000))
+        options += f" -c idle_in_transaction_session_timeout={ms}"
     return psycopg.connect(
         url,
         autocommit=autocommit,
         application_name=application_name,
-        options="-c timezone=UTC -c lock_timeout=30s",
+        options=options,
         connect_timeout=10,
     )
 

@@ -155,6 +155,13 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX ON {parked} (saga_type, saga_id, id);
     """,
+    # 2: the state machine state of sagas that are machines, and since when, for operators.
+    """
+    ALTER TABLE {instance} ADD COLUMN machine_state text,
+                           ADD COLUMN machine_state_since timestamptz;
+    CREATE INDEX ON {instance} (machine_state, machine_state_since)
+     WHERE machine_state IS NOT NULL;
+    """,
 )
 
 

@@ -1,7 +1,9 @@
 """Reads and writes one batch in one transaction: sagas, history, outbox, deadlines, offsets.
 
 Every multi-row write is one set-based statement over arrays (`unnest`), so a batch costs a
-fixed number of round trips however many records it holds.
+fixed number of round trips however many records it holds. Arrays are sent in binary (`%b`): in
+text form psycopg quotes and escapes every element with regular expressions, which cost more
+than the statements themselves on JSON-heavy rows.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class BatchStore:
         self._claim = r(
             """
             INSERT INTO {offsets} AS o (group_id, topic, partition, next_offset, owner_epoch, owner)
-            SELECT %s, t, p, NULL, 1, %s FROM unnest(%s::text[], %s::int[]) AS u(t, p)
+            SELECT %s, t, p, NULL, 1, %s FROM unnest(%b::text[], %b::int[]) AS u(t, p)
             ON CONFLICT (group_id, topic, partition) DO UPDATE
                SET owner_epoch = o.owner_epoch + 1, owner = excluded.owner, updated_at = now()
             RETURNING topic, partition, owner_epoch, next_offset
@@ -69,36 +71,37 @@ class BatchStore:
             """
             SELECT topic, partition, owner_epoch, next_offset FROM {offsets}
              WHERE group_id = %s AND (topic, partition) IN
-                   (SELECT * FROM unnest(%s::text[], %s::int[]))
+                   (SELECT * FROM unnest(%b::text[], %b::int[]))
             """
         )
         self._load_sagas = r(
             """
             SELECT saga_type, saga_id, state, status, version, parked_reason FROM {instance}
-             WHERE (saga_type, saga_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))
+             WHERE (saga_type, saga_id) IN (SELECT * FROM unnest(%b::text[], %b::text[]))
             """
         )
         self._load_applied = r(
             """
             SELECT saga_type, saga_id, message_id FROM {history}
              WHERE outcome = 'applied' AND (saga_type, saga_id, message_id) IN
-                   (SELECT * FROM unnest(%s::text[], %s::text[], %s::text[]))
+                   (SELECT * FROM unnest(%b::text[], %b::text[], %b::text[]))
             """
         )
         self._load_deadlines = r(
             """
             SELECT id::text, saga_type, saga_id, name, due_at, payload, dispatch_token
-              FROM {deadline} WHERE id = ANY(%s::uuid[])
+              FROM {deadline} WHERE id = ANY(%b::uuid[])
             """
         )
         self._load_lease = r("SELECT token FROM {deadline_lock} WHERE name = %s")
         self._insert_sagas = r(
             """
             INSERT INTO {instance} (saga_type, saga_id, state, status, version, parked_reason,
-                                    ended_at)
-            SELECT t, i, s, st, v, pr, CASE WHEN st = 'ended' THEN now() END
-              FROM unnest(%s::text[], %s::text[], %s::jsonb[], %s::text[], %s::bigint[],
-                          %s::text[]) AS u(t, i, s, st, v, pr)
+                                    ended_at, machine_state, machine_state_since)
+            SELECT t, i, s, st, v, pr, CASE WHEN st = 'ended' THEN now() END, ms,
+                   CASE WHEN ms IS NOT NULL THEN now() END
+              FROM unnest(%b::text[], %b::text[], %b::jsonb[], %b::text[], %b::bigint[],
+                          %b::text[], %b::text[]) AS u(t, i, s, st, v, pr, ms)
             """
         )
         self._update_sagas = r(
@@ -106,9 +109,13 @@ class BatchStore:
             UPDATE {instance} AS x
                SET state = u.s, status = u.st, version = u.v, parked_reason = u.pr,
                    updated_at = now(),
-                   ended_at = CASE WHEN u.st = 'ended' THEN coalesce(x.ended_at, now()) END
-              FROM unnest(%s::text[], %s::text[], %s::jsonb[], %s::text[], %s::bigint[],
-                          %s::text[], %s::bigint[]) AS u(t, i, s, st, v, pr, expected)
+                   ended_at = CASE WHEN u.st = 'ended' THEN coalesce(x.ended_at, now()) END,
+                   machine_state = u.ms,
+                   machine_state_since = CASE WHEN u.ms IS DISTINCT FROM x.machine_state
+                                              THEN now() ELSE x.machine_state_since END
+              FROM unnest(%b::text[], %b::text[], %b::jsonb[], %b::text[], %b::bigint[],
+                          %b::text[], %b::bigint[], %b::text[])
+                   AS u(t, i, s, st, v, pr, expected, ms)
              WHERE x.saga_type = u.t AND x.saga_id = u.i AND x.version = u.expected
             """
         )
@@ -116,57 +123,57 @@ class BatchStore:
             """
             INSERT INTO {history} (saga_type, saga_id, message_id, message_type, kind, outcome,
                                    version, topic, partition, "offset", detail)
-            SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
-                                 %s::text[], %s::bigint[], %s::text[], %s::int[], %s::bigint[],
-                                 %s::text[])
+            SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::text[],
+                                 %b::text[], %b::bigint[], %b::text[], %b::int[], %b::bigint[],
+                                 %b::text[])
             """
         )
         self._insert_outbox = r(
             """
             INSERT INTO {outbox} (saga_type, saga_id, topic, partition, key, headers, value)
-            SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[], %s::bytea[],
-                                 %s::jsonb[], %s::bytea[])
+            SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::int[], %b::bytea[],
+                                 %b::jsonb[], %b::bytea[])
             """
         )
         self._clear_deadlines = r(
             """
-            DELETE FROM {deadline} AS d USING unnest(%s::text[], %s::text[]) AS u(t, i)
+            DELETE FROM {deadline} AS d USING unnest(%b::text[], %b::text[]) AS u(t, i)
              WHERE d.saga_type = u.t AND d.saga_id = u.i
             """
         )
         self._delete_deadlines = r(
             """
-            DELETE FROM {deadline} AS d USING unnest(%s::text[], %s::text[], %s::text[]) AS u(t, i, n)
+            DELETE FROM {deadline} AS d USING unnest(%b::text[], %b::text[], %b::text[]) AS u(t, i, n)
              WHERE d.saga_type = u.t AND d.saga_id = u.i AND d.name = u.n
             """
         )
         self._insert_deadlines = r(
             """
             INSERT INTO {deadline} (id, saga_type, saga_id, name, due_at, payload, topic, partition)
-            SELECT * FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[],
-                                 %s::timestamptz[], %s::jsonb[], %s::text[], %s::int[])
+            SELECT * FROM unnest(%b::uuid[], %b::text[], %b::text[], %b::text[],
+                                 %b::timestamptz[], %b::jsonb[], %b::text[], %b::int[])
             """
         )
         self._insert_dead_letters = r(
             """
             INSERT INTO {dead_letter} (topic, partition, "offset", key, value, headers, reason,
                                        detail)
-            SELECT * FROM unnest(%s::text[], %s::int[], %s::bigint[], %s::bytea[], %s::bytea[],
-                                 %s::jsonb[], %s::text[], %s::text[])
+            SELECT * FROM unnest(%b::text[], %b::int[], %b::bigint[], %b::bytea[], %b::bytea[],
+                                 %b::jsonb[], %b::text[], %b::text[])
             """
         )
         self._insert_parked = r(
             """
             INSERT INTO {parked} (saga_type, saga_id, topic, partition, "offset", key, value,
                                   headers, reason)
-            SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[], %s::bigint[],
-                                 %s::bytea[], %s::bytea[], %s::jsonb[], %s::text[])
+            SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::int[], %b::bigint[],
+                                 %b::bytea[], %b::bytea[], %b::jsonb[], %b::text[])
             """
         )
         self._commit_offsets = r(
             """
             UPDATE {offsets} AS o SET next_offset = u.n, updated_at = now()
-              FROM unnest(%s::text[], %s::int[], %s::bigint[], %s::bigint[], %s::bigint[])
+              FROM unnest(%b::text[], %b::int[], %b::bigint[], %b::bigint[], %b::bigint[])
                    AS u(t, p, n, expected, epoch)
              WHERE o.group_id = %s AND o.topic = u.t AND o.partition = u.p
                AND o.owner_epoch = u.epoch AND o.next_offset IS NOT DISTINCT FROM u.expected
@@ -247,6 +254,7 @@ class BatchStore:
                         [s.status for s in new],
                         [s.version for s in new],
                         [s.parked_reason for s in new],
+                        [s.machine_state for s in new],
                     ),
                 )
             updated = None
@@ -261,6 +269,7 @@ class BatchStore:
                         [s.version for s in old],
                         [s.parked_reason for s in old],
                         [s.expected_version for s in old],
+                        [s.machine_state for s in old],
                     ),
                 )
             if ws.history:
@@ -323,25 +332,29 @@ class BatchStore:
                 )
             if ws.parked:
                 self.insert_parked(ws.parked)
-            committed = None
-            if offsets:
-                committed = conn.execute(
-                    self._commit_offsets,
-                    (
-                        [o.topic for o in offsets],
-                        [o.partition for o in offsets],
-                        [o.next_offset for o in offsets],
-                        [o.expected for o in offsets],
-                        [o.epoch for o in offsets],
-                        self.group_id,
-                    ),
-                )
             if ws.outbox:
                 # At most one notification per batch; Postgres folds repeats within a transaction.
                 conn.execute("SELECT pg_notify(%s, '')", (self.channel,))
             if ws.deadline_inserts:
                 # Wakes the deadline poller (in any replica) in case this one is due sooner.
                 conn.execute("SELECT pg_notify(%s, '')", (self.deadline_channel,))
+        # Deliberately after the pipeline: psycopg ends a pipeline with a flush request, which
+        # disarms the server's idle-in-transaction timer until the next ordinary statement. The
+        # last statement before COMMIT must re-arm it, or a replica frozen here would hold these
+        # row locks (and block the partitions' next owner) until it wakes up.
+        committed = None
+        if offsets:
+            committed = conn.execute(
+                self._commit_offsets,
+                (
+                    [o.topic for o in offsets],
+                    [o.partition for o in offsets],
+                    [o.next_offset for o in offsets],
+                    [o.expected for o in offsets],
+                    [o.epoch for o in offsets],
+                    self.group_id,
+                ),
+            )
         if updated is not None and updated.rowcount != len(old):
             raise ConcurrentUpdate(f"{len(old) - updated.rowcount} saga rows changed under the batch")
         if committed is not None:

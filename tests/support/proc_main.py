@@ -1,6 +1,7 @@
 """A processor process as users run it, plus optional fault injection for crash tests.
 
-SAGA_FAULT_POINT=before-commit|after-commit|after-produce
+SAGA_FAULT_POINT=before-write|before-commit|after-commit|after-produce
+    (before-write: the batch is loaded and planned in its transaction, nothing written yet)
 SAGA_FAULT_AT=N          act on the Nth time the point is reached (default 1)
 SAGA_FAULT_ACTION=kill|stop   SIGKILL or SIGSTOP this process there (default kill)
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from typing import Any
 
 from processor.app import Processor
 from processor.cli import main as cli_main
@@ -48,6 +50,16 @@ def main() -> int:
     proc.worker.fault_hook = hook  # type: ignore[assignment]
     if proc.relay is not None:
         proc.relay.fault_hook = hook  # type: ignore[assignment]
+    if point == "before-write":
+        # The worker calls no hook between planning and writing; the planner runs right there.
+        plan = proc.worker.planner.plan
+
+        def plan_then_hook(*args: Any, **kwargs: Any) -> Any:
+            planned = plan(*args, **kwargs)
+            hook("before-write")  # type: ignore[operator]
+            return planned
+
+        proc.worker.planner.plan = plan_then_hook  # type: ignore[method-assign]
     signal.signal(signal.SIGTERM, lambda *_: proc.stop())
     proc.run()
     return 0
