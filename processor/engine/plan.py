@@ -218,7 +218,9 @@ class Planner:
             elif isinstance(d, FiredDeadline):
                 bound = self._sagas.get(d.saga_type)
                 if bound is None:
-                    out.append(Rejected(d.record, Reason.UNKNOWN_TYPE, f"no saga type {d.saga_type!r}"))
+                    out.append(
+                        Rejected(d.record, Reason.UNKNOWN_TYPE, f"no saga type {d.saga_type!r}")
+                    )
                     continue
                 out.append(Item(d, bound, d.saga_id))
                 wants.saga_keys.add((d.saga_type, d.saga_id))

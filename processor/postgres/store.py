@@ -143,7 +143,8 @@ class BatchStore:
         )
         self._delete_deadlines = r(
             """
-            DELETE FROM {deadline} AS d USING unnest(%b::text[], %b::text[], %b::text[]) AS u(t, i, n)
+            DELETE FROM {deadline} AS d
+             USING unnest(%b::text[], %b::text[], %b::text[]) AS u(t, i, n)
              WHERE d.saga_type = u.t AND d.saga_id = u.i AND d.name = u.n
             """
         )
@@ -183,7 +184,9 @@ class BatchStore:
 
     # -- partitions --------------------------------------------------------------------------
 
-    def claim(self, partitions: Sequence[tuple[str, int]], owner: str) -> dict[tuple[str, int], tuple[int, int | None]]:
+    def claim(
+        self, partitions: Sequence[tuple[str, int]], owner: str
+    ) -> dict[tuple[str, int], tuple[int, int | None]]:
         """Takes ownership: bumps each partition's epoch, so older owners' commits fail."""
         with self.conn.transaction():
             rows = self.conn.execute(
@@ -192,7 +195,9 @@ class BatchStore:
             ).fetchall()
         return {(t, p): (epoch, nxt) for t, p, epoch, nxt in rows}
 
-    def read_offsets(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int | None]]:
+    def read_offsets(
+        self, partitions: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], tuple[int, int | None]]:
         with self.conn.transaction():
             rows = self.conn.execute(
                 self._read_offsets,
@@ -299,7 +304,10 @@ class BatchStore:
                 )
             if ws.deadline_deletes:
                 d = ws.deadline_deletes
-                conn.execute(self._delete_deadlines, ([x[0] for x in d], [x[1] for x in d], [x[2] for x in d]))
+                conn.execute(
+                    self._delete_deadlines,
+                    ([x[0] for x in d], [x[1] for x in d], [x[2] for x in d]),
+                )
             if ws.deadline_inserts:
                 d2 = ws.deadline_inserts
                 conn.execute(
@@ -356,7 +364,9 @@ class BatchStore:
                 ),
             )
         if updated is not None and updated.rowcount != len(old):
-            raise ConcurrentUpdate(f"{len(old) - updated.rowcount} saga rows changed under the batch")
+            raise ConcurrentUpdate(
+                f"{len(old) - updated.rowcount} saga rows changed under the batch"
+            )
         if committed is not None:
             done = {(t, p) for t, p in committed.fetchall()}
             lost = {(o.topic, o.partition) for o in offsets} - done

@@ -47,7 +47,7 @@ def test_parameters_are_resolved_by_type_in_any_order() -> None:
         case_id: str = ""
 
         @saga_event_handler(Opened, association_property="case_id", start=True)
-        def opened(  # noqa: PLR0917  (the point is to accept any order)
+        def opened(  # parameters in no particular order: resolved by type
             self,
             clock: Clock,
             deadlines: SagaDeadlines,
