@@ -54,7 +54,12 @@ PROPS
 
 up() {
   if running; then log "kafka already running (pid $(cat "$pidfile")) on 127.0.0.1:$KAFKA_PORT"; return; fi
-  if port_open "$KAFKA_PORT"; then die "port $KAFKA_PORT is taken by another process; set SAGA_KAFKA_PORT"; fi
+  if port_open "$KAFKA_PORT"; then
+    # Another checkout's broker (or one started by hand) already serves this port: use it, and
+    # leave it running afterwards since this checkout did not start it.
+    log "a broker already listens on 127.0.0.1:$KAFKA_PORT; using it (set SAGA_KAFKA_PORT for another)"
+    return
+  fi
   local t0=$SECONDS
   fetch
   configure

@@ -17,7 +17,9 @@ up() {
     "$DEPLOY_DIR/postgres.sh" up
   fi
   if ! "$DEPLOY_DIR/kafka.sh" status >/dev/null 2>&1; then
-    "$DEPLOY_DIR/kafka.sh" up && touch "$(marker kafka)"
+    "$DEPLOY_DIR/kafka.sh" up
+    # Marked only if this call really started it (not when it found another broker on the port).
+    if "$DEPLOY_DIR/kafka.sh" status >/dev/null 2>&1; then touch "$(marker kafka)"; fi
   else
     "$DEPLOY_DIR/kafka.sh" up
   fi

@@ -79,13 +79,20 @@ def provide_services() -> Iterator[Services]:
             local = _local_stack_env()
             if not kafka:
                 kafka = local[ENV_KAFKA]
-                restart = _restart_local_kafka
+                if _started_here("kafka"):
+                    restart = _restart_local_kafka
             database = database or local[ENV_DATABASE]
         elif os.environ.get("SAGA_TEST_ALLOW_BROKER_RESTART") == "1" and _local_kafka_running():
             # A broker someone else started may be shared: restart it only when asked to.
             restart = _restart_local_kafka
         wait_for_kafka(kafka)
         yield Services(kafka_bootstrap=kafka, database_url=database, restart_kafka=restart)
+
+
+def _started_here(service: str) -> bool:
+    """Whether the stack script of this checkout started `service` (it leaves a marker)."""
+    local_dir = Path(os.environ.get("SAGA_LOCAL_DIR", REPO / ".local"))
+    return (local_dir / f"started-{service}").exists()
 
 
 def _local_kafka_running() -> bool:
