@@ -43,7 +43,7 @@ schemas: venv
 	$(BIN)/python -m schemas.export schemas/json
 
 up:
-	$(STACK) up
+	$(STACK) up --untracked
 	@$(STACK) env
 
 down:

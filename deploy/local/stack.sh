@@ -1,25 +1,28 @@
 #!/usr/bin/env bash
 # The local stack: PostgreSQL and Kafka on loopback, no Docker needed.
 #   stack.sh up          start what is not running; remember what this call started
+#   stack.sh up --untracked   the same, but leave it for `down --all` (a stack started by hand)
 #   stack.sh down        stop only what `up` started (a service that ran before is left alone)
 #   stack.sh down --all  stop both, whoever started them
 #   stack.sh env         print the environment variables that point tests and the demo at the stack
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 marker() { echo "$SAGA_LOCAL_DIR/started-$1"; }
+TRACK=1
+mark() { if [[ $TRACK == 1 ]]; then touch "$(marker "$1")"; fi; }
 
 up() {
   local t0=$SECONDS
   mkdir -p "$SAGA_LOCAL_DIR"
   if ! "$DEPLOY_DIR/postgres.sh" status >/dev/null 2>&1; then
-    "$DEPLOY_DIR/postgres.sh" up && touch "$(marker postgres)"
+    "$DEPLOY_DIR/postgres.sh" up && mark postgres
   else
     "$DEPLOY_DIR/postgres.sh" up
   fi
   if ! "$DEPLOY_DIR/kafka.sh" status >/dev/null 2>&1; then
     "$DEPLOY_DIR/kafka.sh" up
     # Marked only if this call really started it (not when it found another broker on the port).
-    if "$DEPLOY_DIR/kafka.sh" status >/dev/null 2>&1; then touch "$(marker kafka)"; fi
+    if "$DEPLOY_DIR/kafka.sh" status >/dev/null 2>&1; then mark kafka; fi
   else
     "$DEPLOY_DIR/kafka.sh" up
   fi
@@ -42,7 +45,7 @@ env_vars() {
 }
 
 case "${1:-}" in
-  up) up ;;
+  up) [[ "${2:-}" == --untracked ]] && TRACK=0; up ;;
   down) down "${2:-}" ;;
   env) env_vars ;;
   *) echo "usage: $0 up|down [--all]|env" >&2; exit 2 ;;
