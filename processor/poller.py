@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,8 +26,18 @@ import psycopg
 from confluent_kafka import KafkaError, Producer
 from psycopg import sql
 
-from processor.engine.decode import DEADLINE_FIRED, HEADER_DEADLINE_ID, HEADER_DEADLINE_NAME, HEADER_FENCING_TOKEN
-from processor.messages import HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE, HEADER_SAGA_ID, HEADER_SAGA_TYPE
+from processor.engine.decode import (
+    DEADLINE_FIRED,
+    HEADER_DEADLINE_ID,
+    HEADER_DEADLINE_NAME,
+    HEADER_FENCING_TOKEN,
+)
+from processor.messages import (
+    HEADER_MESSAGE_ID,
+    HEADER_MESSAGE_TYPE,
+    HEADER_SAGA_ID,
+    HEADER_SAGA_TYPE,
+)
 from processor.postgres.schema import Tables
 from processor.postgres.store import LEASE_NAME, Conn
 from processor.settings import DeadlineSettings
@@ -81,42 +93,66 @@ class DeadlinePoller:
             """
         )
         self._lease_args = {"name": LEASE_NAME, "holder": holder, "ttl": ttl}
-        # Claims only while the lease is ours and unexpired, checked in this very statement.
-        self._claim = r(
-            """
-            UPDATE {deadline} AS d SET dispatched_at = now(), dispatch_token = %(token)s
-             WHERE d.id IN (
-                   SELECT id FROM {deadline}
-                    WHERE due_at <= now()
-                      AND (dispatch_token IS DISTINCT FROM %(token)s
-                           OR dispatched_at IS NULL
-                           OR dispatched_at < now() - make_interval(secs => %(redispatch)s))
-                    ORDER BY due_at
-                    LIMIT %(limit)s
-                    FOR UPDATE SKIP LOCKED)
-               AND EXISTS (SELECT 1 FROM {deadline_lock}
-                            WHERE name = %(name)s AND holder = %(holder)s
-                              AND token = %(token)s AND expires_at > now())
-            RETURNING d.id::text, d.saga_type, d.saga_id, d.name, d.topic, d.partition, d.due_at
-            """
+
+        def claim(which: str) -> str:
+            # Claims only while the lease is ours and unexpired, checked in this very statement.
+            return r(
+                """
+                UPDATE {deadline} AS d SET dispatched_at = now(), dispatch_token = %(token)s
+                 WHERE d.id IN (
+                       SELECT id FROM {deadline}
+                        WHERE due_at <= now() AND (WHICH)
+                        ORDER BY due_at
+                        LIMIT %(limit)s
+                        FOR UPDATE SKIP LOCKED)
+                   AND EXISTS (SELECT 1 FROM {deadline_lock}
+                                WHERE name = %(name)s AND holder = %(holder)s
+                                  AND token = %(token)s AND expires_at > now())
+                RETURNING d.id::text, d.saga_type, d.saga_id, d.name, d.topic, d.partition,
+                          d.due_at
+                """.replace("WHICH", which)
+            )
+
+        # Every row this leader may fire: undispatched, dispatched under another token (an
+        # earlier leader's), or dispatched so long ago that the record is presumed lost. Its
+        # scan passes every fired row still in the table, so it runs only when stale rows can
+        # exist: after the token changed, and when this leader's oldest dispatch goes stale.
+        self._claim = claim(
+            "dispatch_token IS DISTINCT FROM %(token)s OR dispatched_at IS NULL"
+            " OR dispatched_at < now() - make_interval(secs => %(redispatch)s)"
         )
+        # Only undispatched rows, through their own partial index: every other sweep costs the
+        # same however many fired rows still wait for their handler.
+        self._claim_fresh = claim("dispatched_at IS NULL")
+        self._full_sweep = True
         self._unclaim = r(
             """
             UPDATE {deadline} SET dispatched_at = NULL
              WHERE id = ANY(%s::uuid[]) AND dispatch_token = %s
             """
         )
-        # Seconds until something needs this leader: an undispatched due time, or a redispatch.
-        self._next = r(
+        # Seconds until the next deadline comes due. Asked right after a claim, which took every
+        # due row it could (rows committed later with an earlier due time wake the poller by
+        # NOTIFY), so only future rows matter: one step into the due_at index, however many rows
+        # are pending.
+        self._next_due = r(
+            "SELECT extract(epoch FROM min(due_at) - now()) FROM {deadline} WHERE due_at > now()"
+        )
+        # Seconds until this leader's oldest dispatch may be sent again. Only due rows are ever
+        # dispatched, so the due_at range bounds the scan to rows in flight, not the whole table.
+        self._next_redispatch = r(
             """
-            SELECT extract(epoch FROM least(
-                (SELECT min(due_at) FROM {deadline}
-                  WHERE dispatch_token IS DISTINCT FROM %(token)s OR dispatched_at IS NULL),
-                (SELECT min(dispatched_at) + make_interval(secs => %(redispatch)s) FROM {deadline}
-                  WHERE dispatch_token = %(token)s)
-            ) - now())
+            SELECT extract(epoch FROM min(dispatched_at) + make_interval(secs => %(redispatch)s)
+                                      - now())
+              FROM {deadline} WHERE due_at <= now() AND dispatch_token = %(token)s
             """
         )
+        # Monotonic time at which dispatches may have gone stale; None: ask the database. New
+        # dispatches only come later, so it is kept in memory instead of scanned for every step.
+        self._redispatch_at: float | None = None
+        # (monotonic time, seconds until the next due row) as the last short sweep saw it.
+        self._due: tuple[float, float | None] | None = None
+        self._unsent = False
 
     # -- one step --------------------------------------------------------------------------
 
@@ -126,6 +162,8 @@ class DeadlinePoller:
             row = conn.execute(self._lease, self._lease_args).fetchone()
         token = int(row[0]) if row else None
         if token != self.token:
+            self._redispatch_at = None
+            self._full_sweep = True
             if token is None:
                 log.info("deadline lease lost by %s (token %s)", self.holder, self.token)
             else:
@@ -141,14 +179,29 @@ class DeadlinePoller:
             "limit": self.settings.polling.batch_size,
             "redispatch": self.settings.redispatch_after.total_seconds(),
         }
+        stale = self._redispatch_at is None or time.monotonic() >= self._redispatch_at
+        full = self._full_sweep or stale
         with conn.transaction():
-            rows = [Due(*r) for r in conn.execute(self._claim, args).fetchall()]
+            claim = self._claim if full else self._claim_fresh
+            rows = [Due(*r) for r in conn.execute(claim, args).fetchall()]
+            if len(rows) < self.settings.polling.batch_size:
+                self._full_sweep = False
+                # Same transaction, so the same now(): every row the claim left is due later.
+                # Asked a moment after, a row coming due in between would wait for a wake-up.
+                row = conn.execute(self._next_due).fetchone()
+                due = float(row[0]) if row and row[0] is not None else None
+                self._due = (time.monotonic(), due)
         if not rows:
             return 0
+        if self._redispatch_at is not None:
+            stale_at = time.monotonic() + self.settings.redispatch_after.total_seconds()
+            self._redispatch_at = min(self._redispatch_at, stale_at)
         failed = self._produce(rows, token)
         if failed:
             with conn.transaction():
                 conn.execute(self._unclaim, (failed, token))
+            # Due again at once: the next step retries them rather than waiting for a wake-up.
+            self._unsent = True
         self.fired += len(rows) - len(failed)
         return len(rows)
 
@@ -200,11 +253,29 @@ class DeadlinePoller:
         return failed
 
     def seconds_until_next(self, conn: Conn, token: int) -> float | None:
-        with conn.transaction():
-            row = conn.execute(
-                self._next, {"token": token, "redispatch": self.settings.redispatch_after.total_seconds()}
-            ).fetchone()
-        return float(row[0]) if row and row[0] is not None else None
+        """Seconds until a deadline comes due or a dispatch goes stale; None when neither."""
+        if self._unsent:
+            self._unsent = False
+            return 0.0
+        now = time.monotonic()
+        if self._redispatch_at is None or now >= self._redispatch_at:
+            args = {"token": token, "redispatch": self.settings.redispatch_after.total_seconds()}
+            with conn.transaction():
+                row = conn.execute(self._next_redispatch, args).fetchone()
+            stale = float(row[0]) if row and row[0] is not None else None
+            self._redispatch_at = now + max(0.0, stale) if stale is not None else math.inf
+        if self._due is None:
+            with conn.transaction():
+                row = conn.execute(self._next_due).fetchone()
+            self._due = (now, float(row[0]) if row and row[0] is not None else None)
+        seen_at, due = self._due
+        self._due = None
+        if due is not None:
+            due -= now - seen_at
+        redispatch = self._redispatch_at - now
+        if due is None:
+            return None if math.isinf(redispatch) else redispatch
+        return min(due, redispatch)
 
     def step(self, conn: Conn) -> float:
         """Lease, sweep until drained; returns how long to sleep before the next step."""

@@ -8,6 +8,7 @@ transaction. The same code runs under the in-memory fixture in :mod:`processor.t
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -52,7 +53,14 @@ def command_message_id(saga_type: str, saga_id: str, seq: int) -> str:
     commands the relay publishes twice.
     """
     # A separator that cannot appear in ordinary ids keeps ("a-b", "c") and ("a", "b-c") apart.
-    return str(uuid.uuid5(_COMMAND_ID_NAMESPACE, f"{saga_type}\x1f{saga_id}\x1f{seq}"))
+    name = f"{saga_type}\x1f{saga_id}\x1f{seq}".encode()
+    # uuid.uuid5(namespace, name), spelled out: one id per command makes building and then
+    # formatting a uuid.UUID a visible share of a batch's planning time.
+    digest = bytearray(hashlib.sha1(_COMMAND_ID_NAMESPACE.bytes + name).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
+    digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
+    h = digest.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 @dataclass(frozen=True)

@@ -76,20 +76,22 @@ def decode(record: Record, registry: MessageRegistry, max_bytes: int) -> Decoded
     size = len(record.value or b"") + len(record.key or b"")
     if size > max_bytes:
         return Rejected(record, Reason.OVERSIZED, f"{size} bytes exceeds the limit of {max_bytes}")
-    type_name = record.header(HEADER_MESSAGE_TYPE)
+    # One pass over the headers instead of one per lookup (the last repeat wins either way).
+    headers = record.headers_text()
+    type_name = headers.get(HEADER_MESSAGE_TYPE)
     if type_name == DEADLINE_FIRED:
         return _fired(record)
     if not record.value:
         return Rejected(record, Reason.UNPARSEABLE, "the record has no value")
     if type_name is None:
         return Rejected(record, Reason.UNKNOWN_TYPE, f"no {HEADER_MESSAGE_TYPE} header")
-    version = _int(record.header(HEADER_SCHEMA_VERSION))
+    version = _int(headers.get(HEADER_SCHEMA_VERSION))
     try:
         cls = registry.by_name(type_name, version).cls
     except UnknownMessageType:
         where = f" version {version}" if version is not None else ""
         return Rejected(record, Reason.UNKNOWN_TYPE, f"{type_name!r}{where} is not registered")
-    message_id = record.header(HEADER_MESSAGE_ID)
+    message_id = headers.get(HEADER_MESSAGE_ID)
     if not message_id:
         return Rejected(record, Reason.MISSING_MESSAGE_ID, f"no {HEADER_MESSAGE_ID} header")
     try:
@@ -99,14 +101,14 @@ def decode(record: Record, registry: MessageRegistry, max_bytes: int) -> Decoded
     metadata = MessageMetadata(
         message_id=message_id,
         message_type=type_name,
-        correlation_id=record.header(HEADER_CORRELATION_ID),
-        causation_id=record.header(HEADER_CAUSATION_ID),
-        occurred_at=_datetime(record.header(HEADER_OCCURRED_AT)),
+        correlation_id=headers.get(HEADER_CORRELATION_ID),
+        causation_id=headers.get(HEADER_CAUSATION_ID),
+        occurred_at=_datetime(headers.get(HEADER_OCCURRED_AT)),
         topic=record.topic,
         partition=record.partition,
         offset=record.offset,
         key=record.key.decode("utf-8", errors="replace") if record.key is not None else None,
-        headers=record.headers_text(),
+        headers=headers,
     )
     return Event(record, message, metadata)
 

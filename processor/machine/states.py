@@ -144,5 +144,16 @@ def machine_state_of(state: object) -> str | None:
 
     Sagas that are not state machines have no machine state.
     """
+    # Asked for every saga row a batch writes: a missing attribute on a pydantic model costs a
+    # formatted AttributeError each time, so the answer is kept per class.
+    cls = type(state)
+    has = _HAS_MACHINE_STATE.get(cls)
+    if has is None:
+        has = _HAS_MACHINE_STATE[cls] = hasattr(cls, "machine_state")
+    if not has:
+        return None
     value = getattr(state, "machine_state", None)
     return str(value) if isinstance(value, MachineState) else None
+
+
+_HAS_MACHINE_STATE: dict[type, bool] = {}

@@ -162,6 +162,11 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX ON {instance} (machine_state, machine_state_since)
      WHERE machine_state IS NOT NULL;
     """,
+    # 3: undispatched deadlines in due order. The poller's claim walks only rows it may fire,
+    # not the fired ones still waiting for their handler (after a burst, tens of thousands).
+    """
+    CREATE INDEX ON {deadline} (due_at) WHERE dispatched_at IS NULL;
+    """,
 )
 
 

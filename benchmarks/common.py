@@ -1,0 +1,211 @@
+"""What every scenario needs: the services, scratch topics and schemas, progress lines, results.
+
+Services come from `SAGA_TEST_KAFKA_BOOTSTRAP` / `SAGA_TEST_DATABASE_URL` when both are set;
+otherwise the local stack is brought up, and whatever this run started is stopped at the end (a
+service that was already running is left alone).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from psycopg import sql
+
+from processor.postgres.connect import ensure_schema
+from processor.postgres.schema import Tables
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY = REPO / "deploy" / "local"
+RESULTS_DIR = Path(os.environ.get("SAGA_LOCAL_DIR", REPO / ".local")) / "bench"
+ENV_KAFKA = "SAGA_TEST_KAFKA_BOOTSTRAP"
+ENV_DATABASE = "SAGA_TEST_DATABASE_URL"
+
+_STARTED = time.monotonic()
+
+
+def say(message: str) -> None:
+    """One progress line, stamped with the seconds since the benchmark started."""
+    print(f"[bench {time.monotonic() - _STARTED:6.1f}s] {message}", flush=True)
+
+
+def kafka_config(bootstrap: str) -> dict[str, Any]:
+    """Client settings for every Kafka client the benchmarks make, the processor's included."""
+    # librdkafka's notices (e.g. a warning per idempotent producer about an experimental
+    # property) would drown the progress lines; errors still print.
+    return {"bootstrap.servers": bootstrap, "log_level": "3"}
+
+
+@dataclass(frozen=True)
+class Services:
+    kafka: str
+    database_url: str
+
+
+def _stack_running(service: str) -> bool:
+    script = DEPLOY / f"{service}.sh"
+    return subprocess.run([str(script), "status"], check=False, capture_output=True).returncode == 0
+
+
+@contextmanager
+def services() -> Iterator[Services]:
+    """The Kafka broker and PostgreSQL server to measure against, started here if needed."""
+    kafka = os.environ.get(ENV_KAFKA)
+    database = os.environ.get(ENV_DATABASE)
+    if kafka and database:
+        say(f"using running services: kafka {kafka}, postgres from ${ENV_DATABASE}")
+        _wait_for_kafka(kafka)
+        yield Services(kafka, database)
+        return
+    # Only what was down before `stack.sh up` and runs after it was started by this run (a
+    # broker another checkout serves on the port is used, not started), so only that is stopped.
+    down_before = [s for s in ("postgres", "kafka") if not _stack_running(s)]
+    say(f"bringing up the local stack (down: {', '.join(down_before) or 'nothing'})")
+    subprocess.run([str(DEPLOY / "stack.sh"), "up", "--untracked"], check=True)
+    started = [s for s in down_before if _stack_running(s)]
+    try:
+        out = subprocess.run(
+            [str(DEPLOY / "stack.sh"), "env"], check=True, capture_output=True, text=True
+        ).stdout
+        env = dict(line.split("=", 1) for line in out.split())
+        found = Services(kafka or env[ENV_KAFKA], database or env[ENV_DATABASE])
+        _wait_for_kafka(found.kafka)
+        yield found
+    finally:
+        for service in reversed(started):
+            say(f"stopping {service} (this run started it)")
+            subprocess.run([str(DEPLOY / f"{service}.sh"), "down"], check=False)
+
+
+def _wait_for_kafka(bootstrap: str, timeout: float = 60.0) -> None:
+    admin = AdminClient(kafka_config(bootstrap))
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            admin.list_topics(timeout=5)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+
+
+@dataclass
+class Scratch:
+    """Topics and schemas that only this run uses; removed by `close()`."""
+
+    services: Services
+    label: str
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    topics: list[str] = field(default_factory=list)
+    schemas: list[str] = field(default_factory=list)
+
+    @property
+    def prefix(self) -> str:
+        """Topic prefix, as the processor's `topic_prefix` setting takes it."""
+        return f"bench-{self.label}-{self.run_id}."
+
+    def topic(self, name: str, partitions: int) -> str:
+        full = self.prefix + name
+        admin = AdminClient(kafka_config(self.services.kafka))
+        futures = admin.create_topics([NewTopic(full, partitions, 1)], operation_timeout=30)
+        for future in futures.values():
+            future.result()
+        self.topics.append(full)
+        return full
+
+    def schema(self, name: str) -> Tables:
+        """A fresh schema with the processor's tables, migrated as the processor would."""
+        tables = Tables(schema=f"bench_{self.label}_{name}_{self.run_id}")
+        self.schemas.append(tables.schema)
+        ensure_schema(self.services.database_url, tables)
+        return tables
+
+    def close(self) -> None:
+        if self.topics:
+            admin = AdminClient(kafka_config(self.services.kafka))
+            for future in admin.delete_topics(self.topics, operation_timeout=30).values():
+                try:
+                    future.result()
+                except Exception as e:  # leftovers are harmless; say so and go on
+                    say(f"could not delete a scratch topic: {e}")
+        with psycopg.connect(self.services.database_url, autocommit=True) as conn:
+            for schema in self.schemas:
+                conn.execute(
+                    sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
+                )
+        self.topics.clear()
+        self.schemas.clear()
+
+
+@contextmanager
+def scratch(found: Services, label: str) -> Iterator[Scratch]:
+    box = Scratch(found, label)
+    try:
+        yield box
+    finally:
+        box.close()
+
+
+def end_offsets(kafka: str, topic: str) -> dict[int, int]:
+    """High watermark per partition: how many records each partition holds (none deleted)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**kafka_config(kafka), "group.id": f"bench-wm-{uuid.uuid4().hex}"})
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics[topic]
+        out: dict[int, int] = {}
+        for p in meta.partitions:
+            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            out[p] = high
+        return out
+    finally:
+        consumer.close()
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of already sorted values (q in 0..100)."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(1, min(len(sorted_values), math.ceil(q / 100 * len(sorted_values))))
+    return sorted_values[rank - 1]
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on, including how busy the machine was."""
+    return {
+        "cpus": os.cpu_count(),
+        "load_average": list(os.getloadavg()),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+    }
+
+
+def write_result(scenario: str, result: dict[str, Any]) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{scenario}.json"
+    doc = {"scenario": scenario, "at": datetime.now(UTC).isoformat(), **result}
+    doc["machine_after"] = machine()
+    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    return path
+
+
+def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
+    """A plain aligned text table."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = "  ".join("-" * w for w in widths)
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join([fmt.format(*header), line, *(fmt.format(*map(str, r)) for r in rows)])
