@@ -29,6 +29,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("scenario", nargs="?", default="all", choices=["s1", "s4", "all"])
     parser.add_argument("--quick", action="store_true", help="small sizes, for a quick look")
     parser.add_argument("--events", type=int, help="S1 backlog size")
+    parser.add_argument("--rounds", type=int, default=3, help="S1 rounds (median ratio)")
     parser.add_argument("--pending", type=int, help="S4 far-future deadlines preloaded")
     parser.add_argument("--seconds", type=int, help="S4 length of the steady phase")
     parser.add_argument("--rate", type=int, help="S4 deadlines coming due per second")
@@ -47,7 +48,9 @@ def _run(
         events = args.events or (
             s1_backlog.QUICK_EVENTS if args.quick else s1_backlog.DEFAULT_EVENTS
         )
-        options1 = s1_backlog.Options(events=events, profile=args.profile)
+        options1 = s1_backlog.Options(
+            events=events, profile=args.profile, rounds=1 if args.quick else args.rounds
+        )
         return s1_backlog.run(found, box, options1), s1_backlog.summary
     options4 = s4_deadlines.Options.of(
         quick=args.quick,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import logging
 import os
@@ -119,6 +120,7 @@ class Processor:
 
     def start(self) -> None:
         """Migrates (when enabled), then starts the background threads and the consumer."""
+        _tune_gc()
         if self.settings.deadline.schema_.auto:
             ensure_schema(self.settings.database.url.get_secret_value(), self.tables)
         kafka = self.settings.kafka.client_config()
@@ -208,6 +210,9 @@ class Processor:
         self.stop_event.set()
         timeout = self.settings.shutdown_timeout.total_seconds()
         worker = self.worker
+        if worker is not None:
+            # The batch in flight commits or rolls back before the consumer leaves the group.
+            worker.close()
         if worker is not None and worker.consumer is not None:
             # close() can hang on an unstable broker or mid-rebalance: give it a deadline.
             closer = threading.Thread(
@@ -221,6 +226,22 @@ class Processor:
             thread.join(timeout / 2)
         if worker is not None:
             worker.store.conn.close()
+            worker.control.conn.close()
         if self.relay is not None:
             self.relay.close()
         log.info("processor %s stopped", self.instance_id)
+
+
+def _tune_gc() -> None:
+    """Keeps the cyclic garbage collector off the hot path.
+
+    The startup heap (pydantic schemas, client libraries, saga definitions) is large and lives
+    for the whole process, yet every collection of the old generation would walk it again;
+    freezing moves it out of the collector's sight. Each event allocates a few hundred
+    short-lived objects that reference counting frees, so young collections are made rarer than
+    CPython's default of one per 700 allocations.
+    """
+    gc.collect()
+    gc.freeze()
+    _gen0, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(50_000, gen1, gen2)

@@ -40,11 +40,13 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 class SagaState(BaseModel):
     """Base class of saga classes; the model's fields are the saga's durable state.
 
-    Assignment is validated so a handler cannot store a value the state cannot load back, and
-    unknown fields are rejected so a typo does not silently become lost state.
+    The runner validates the whole state once after each handler, so a handler cannot store a
+    value the state cannot load back (one validation per handler is far cheaper than one per
+    assignment on the hot path). Unknown fields are rejected at assignment so a typo does not
+    silently become lost state.
     """
 
-    model_config = ConfigDict(validate_assignment=True, extra="forbid")
+    model_config = ConfigDict(extra="forbid")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -206,20 +206,28 @@ class BoundSaga:
         commands = SagaCommands(saga_id, registry=self._registry)
         deadlines = SagaDeadlines(now)
         lifecycle = SagaLifecycle()
-        runtime: dict[str, Callable[[ResolvedParam], Any]] = {
-            "event": lambda _: event.message if event else None,
-            "metadata": lambda _: event.metadata if event else None,
-            "commands": lambda _: commands,
-            "deadlines": lambda _: deadlines,
-            "lifecycle": lambda _: lifecycle,
-            "payload": lambda p: _payload(p, deadline),
-        }
         try:
-            kwargs = {
-                p.param.name: (p.value if p.constant else runtime[p.param.kind](p))
-                for p in self._resolved[handler.name]
-            }
+            kwargs: dict[str, Any] = {}
+            for p in self._resolved[handler.name]:
+                kind = p.param.kind
+                if p.constant:
+                    value = p.value
+                elif kind == "event":
+                    value = event.message if event else None
+                elif kind == "commands":
+                    value = commands
+                elif kind == "deadlines":
+                    value = deadlines
+                elif kind == "lifecycle":
+                    value = lifecycle
+                elif kind == "metadata":
+                    value = event.metadata if event else None
+                else:
+                    value = _payload(p, deadline)
+                kwargs[p.param.name] = value
             handler.func(working, **kwargs)
+            # Re-validates every field the handler may have set (see SagaState).
+            working = state_cls.model_validate(working.__dict__)
             self._check_deadline_names(deadlines.operations)
         except Exception as e:
             raise HandlerError(self.saga_type, saga_id, handler.name, e) from e

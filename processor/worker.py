@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 import psycopg
 
-from processor.engine.decode import Event, decode
-from processor.engine.plan import Planner, WriteSet
+from processor.engine.decode import Event, Rejected, decode
+from processor.engine.plan import Item, Planner, Wants, WriteSet, overlay
 from processor.engine.records import Record
 from processor.kafka.client import TP, SagaConsumer
 from processor.messages import MessageRegistry
@@ -53,6 +55,8 @@ class Worker:
     ) -> None:
         self._store_factory = store_factory
         self.store = store_factory()
+        # Rebalance callbacks and resync use their own connection (see on_assign).
+        self.control = store_factory()
         self.planner = planner
         self.registry = registry
         self.owner = owner
@@ -64,20 +68,28 @@ class Worker:
         self.stats = WorkerStats()
         self.consumer: SagaConsumer | None = None
         self._failures = 0
+        self._broken = False
+        # One writer thread: batch N commits there while batch N+1 is read and planned.
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-writer")
+        self._pending: tuple[_Planned, Future[None]] | None = None
         # Called at named points of a batch ("before-commit", "after-commit"); crash tests
         # install a hook that kills the process there.
         self.fault_hook: Callable[[str], None] = lambda point: None
 
-    # -- rebalance callbacks (run inside consume(), on this thread) --------------------------
+    # -- rebalance callbacks (run inside consume(), on the consuming thread) --------------------
 
     def on_assign(self, tps: list[TP]) -> Mapping[TP, int | None]:
-        claimed = self._with_store(lambda s: s.claim(tps, self.owner))
+        # The control connection, not the batch one: a batch may be committing on the writer
+        # thread while the consumer runs this callback.
+        claimed = self._with_control(lambda s: s.claim(tps, self.owner))
         for tp, (epoch, nxt) in claimed.items():
             self.owned[tp] = _Owned(epoch, nxt)
         log.info("assigned %s", sorted(claimed))
         return {tp: o for tp, (_, o) in claimed.items()}
 
     def on_revoke(self, tps: list[TP]) -> None:
+        # A batch of these partitions still committing is safe: the new owner's claim bumps the
+        # epoch, so whichever of the two commits comes second is rejected.
         for tp in tps:
             self.owned.pop(tp, None)
         log.info("revoked %s", sorted(tps))
@@ -85,56 +97,126 @@ class Worker:
     # -- the loop ----------------------------------------------------------------------------
 
     def poll_once(self) -> int:
+        """One step: read and plan batch N+1 while batch N commits on the writer thread.
+
+        Planning N+1 needs N's effects before they are committed: the rows it loads are overlaid
+        with N's writes, and its offsets and saga versions expect N's. Every write is still a
+        compare-and-set, so if N does not commit, N+1 cannot either: it is dropped here and the
+        positions are reset to what Postgres holds.
+        """
         assert self.consumer is not None
         records = self.consumer.consume(self.batch_size, self.batch_timeout)
-        if records:
-            self.process(records)
+        planned: _Planned | None = None
+        try:
+            batch = self._prepare(records)
+            if batch is not None:
+                prior = self._pending[0].ws if self._pending is not None else None
+                planned = self._plan(batch, prior)
+        except psycopg.Error as e:
+            # The control connection failed mid-read: settle what is in flight, then resync.
+            log.warning("could not plan a batch (%s); resyncing", e)
+            if self.settle():
+                self._resync()
+            return len(records)
+        if not self.settle():
+            return len(records)
+        if planned is not None:
+            self._pending = (planned, self._writer.submit(self._write, planned))
+            self._advance(planned.batch)
         return len(records)
 
+    def settle(self) -> bool:
+        """Waits for the batch in flight; False when it was rolled back and positions resynced."""
+        if self._pending is None:
+            return True
+        planned, future = self._pending
+        self._pending = None
+        try:
+            future.result()
+        except (FencedOut, ConcurrentUpdate, psycopg.Error) as e:
+            self.stats.rejected_batches += 1
+            log.warning("batch of %d records not committed (%s); resyncing", planned.batch.size, e)
+            self._resync()
+            return False
+        self._committed(planned)
+        return True
+
     def process(self, records: list[Record]) -> bool:
-        """Applies one batch; returns False when it was rolled back and positions resynced."""
+        """Applies one batch synchronously; False when it was rolled back and resynced."""
+        if not self.settle():
+            return False
+        batch = self._prepare(records)
+        if batch is None:
+            return True
+        planned = self._plan(batch, None)
+        self._pending = (planned, _Done(self._write, planned))
+        self._advance(batch)
+        return self.settle()
+
+    def close(self) -> None:
+        """Lets the batch in flight finish (commit or roll back), then stops the writer."""
+        self.settle()
+        self._writer.shutdown(wait=True)
+
+    def _prepare(self, records: list[Record]) -> _Batch | None:
+        # Positions are those the batch in flight (if any) will leave behind: see _advance.
         mine = [
-            r
+            decode(r, self.registry, self.max_record_bytes)
             for r in records
             if (o := self.owned.get((r.topic, r.partition))) is not None
             and (o.next_offset is None or r.offset >= o.next_offset)
         ]
         if not mine:
-            return True
-        decoded = [decode(r, self.registry, self.max_record_bytes) for r in mine]
-        items, wants = self.planner.route(decoded)
+            return None
+        items, wants = self.planner.route(mine)
         routed = self.planner.event_types  # a fresh set per access: taken once per batch
-        unrouted = sum(1 for d in decoded if isinstance(d, Event) and type(d.message) not in routed)
+        unrouted = sum(1 for d in mine if isinstance(d, Event) and type(d.message) not in routed)
         last: dict[TP, int] = {}
-        for r in mine:
-            last[(r.topic, r.partition)] = r.offset + 1
+        for d in mine:
+            last[(d.record.topic, d.record.partition)] = d.record.offset + 1
         offsets = [
             OffsetCommit(t, p, nxt, self.owned[(t, p)].next_offset, self.owned[(t, p)].epoch)
             for (t, p), nxt in last.items()
         ]
+        return _Batch(items, wants, unrouted, offsets, last, len(mine))
+
+    def _plan(self, batch: _Batch, prior: WriteSet | None) -> _Planned:
+        """Loads the batch's rows (a short read on the control connection) and plans it."""
+        with self.control.conn.transaction():
+            loaded = self.control.load(batch.wants)
+        if prior is not None:
+            loaded = overlay(loaded, prior)
+        ws = self.planner.plan(batch.items, loaded, loaded.now, unrouted=batch.unrouted)
+        return _Planned(batch, ws)
+
+    def _write(self, planned: _Planned) -> None:
+        """Writes and commits one planned batch; runs on the writer thread."""
         try:
             with self.store.conn.transaction():
-                loaded = self.store.load(wants)
-                ws = self.planner.plan(items, loaded, loaded.now, unrouted=unrouted)
-                self.store.write(ws, offsets)
+                self.store.write(planned.ws, planned.batch.offsets)
                 self.fault_hook("before-commit")
-        except (FencedOut, ConcurrentUpdate, psycopg.Error) as e:
-            self.stats.rejected_batches += 1
-            log.warning("batch of %d records not committed (%s); resyncing", len(mine), e)
-            self._resync()
-            return False
+        except psycopg.OperationalError:
+            # The connection broke, perhaps during COMMIT: the outcome is unknown until the
+            # offsets are read again, which resync does on a fresh connection.
+            self._broken = True
+            raise
         self.fault_hook("after-commit")
+
+    def _advance(self, batch: _Batch) -> None:
+        # The next batch is read and planned as if this one commits; resync undoes it if not.
+        for commit in batch.offsets:
+            owned = self.owned.get((commit.topic, commit.partition))
+            if owned is not None and owned.epoch == commit.epoch:
+                owned.next_offset = commit.next_offset
+
+    def _committed(self, planned: _Planned) -> None:
         self._failures = 0
-        for tp, nxt in last.items():
-            if tp in self.owned:
-                self.owned[tp].next_offset = nxt
         self.stats.batches += 1
-        self.stats.records += len(mine)
-        self.stats.counts.update(ws.counts)
-        self.on_commit(ws)
+        self.stats.records += planned.batch.size
+        self.stats.counts.update(planned.ws.counts)
+        self.on_commit(planned.ws)
         if self.consumer is not None:
-            self.consumer.commit_advisory(last)
-        return True
+            self.consumer.commit_advisory(planned.batch.last)
 
     def _resync(self) -> None:
         """After a failed or in-doubt commit: trust only what Postgres says was committed."""
@@ -142,8 +224,11 @@ class Worker:
         if self._failures > 1:
             # Bounded backoff while the database is unreachable; never a hot loop.
             time.sleep(min(5.0, 0.1 * 2 ** min(self._failures, 6)))
+        if self._broken:
+            self._broken = False
+            self._reconnect()
         tps = list(self.owned)
-        stored = self._with_store(lambda s: s.read_offsets(tps))
+        stored = self._with_control(lambda s: s.read_offsets(tps))
         lost = []
         for tp in tps:
             epoch, nxt = stored.get(tp, (None, None))
@@ -159,16 +244,45 @@ class Worker:
             if self.consumer is not None:
                 self.consumer.pause(lost)
 
-    def _with_store(self, fn: Callable[[BatchStore], _T]) -> _T:
-        """Runs fn, reconnecting once if the connection broke (e.g. a commit in doubt)."""
+    def _with_control(self, fn: Callable[[BatchStore], _T]) -> _T:
+        """Runs fn on the control connection, reconnecting once if it broke."""
         try:
-            return fn(self.store)
+            return fn(self.control)
         except psycopg.OperationalError:
-            self._reconnect()
-            return fn(self.store)
+            with contextlib.suppress(psycopg.Error):
+                self.control.conn.close()
+            self.control = self._store_factory()
+            return fn(self.control)
 
     def _reconnect(self) -> None:
-        try:
+        with contextlib.suppress(psycopg.Error):
             self.store.conn.close()
-        finally:
-            self.store = self._store_factory()
+        self.store = self._store_factory()
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    items: list[Item | Rejected]
+    wants: Wants
+    unrouted: int
+    offsets: list[OffsetCommit]
+    last: dict[TP, int]
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    batch: _Batch
+    ws: WriteSet
+
+
+class _Done(Future[None]):
+    """A future already resolved by running fn now: the synchronous path of `process()`."""
+
+    def __init__(self, fn: Callable[[_Planned], None], planned: _Planned) -> None:
+        super().__init__()
+        try:
+            fn(planned)
+            self.set_result(None)
+        except BaseException as e:
+            self.set_exception(e)

@@ -7,6 +7,7 @@ planned again from freshly loaded rows.
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -34,6 +35,9 @@ from processor.messages import (
     MessageRegistry,
 )
 from processor.runner import BoundSaga, DeadlineInput, EventInput, command_message_id
+
+# Seeded from the OS once per process, so replicas never share a sequence.
+_random_bits = random.Random().getrandbits
 
 ACTIVE = "active"
 ENDED = "ended"
@@ -199,6 +203,7 @@ class Planner:
         self._dead_letter_topic = dead_letter_topic
         self._attempts = handler_attempts
         self._prefix = topic_prefix
+        self._now_text: tuple[datetime | None, str] = (None, "")
         self._routes: dict[type[Message], list[BoundSaga]] = {}
         for bound in self._sagas.values():
             for event_cls in bound.definition.event_handlers:
@@ -378,7 +383,9 @@ class Planner:
         assert isinstance(op, ScheduleDeadline)
         record = item.decoded.record
         w.deadline_ops[op.name] = DeadlineInsert(
-            id=str(uuid.uuid4()),
+            # 32 random hex digits are a valid uuid for the column. The id only has to be unique,
+            # not secret, so the in-process generator serves (os.urandom is a syscall per id).
+            id=f"{_random_bits(128):032x}",
             saga_type=w.bound.saga_type,
             saga_id=w.saga_id,
             name=op.name,
@@ -455,7 +462,7 @@ class Planner:
             HEADER_SCHEMA_VERSION: str(mtype.version),
             HEADER_CORRELATION_ID: correlation,
             HEADER_CAUSATION_ID: causation,
-            HEADER_OCCURRED_AT: now.isoformat(),
+            HEADER_OCCURRED_AT: self._occurred_at(now),
             HEADER_SAGA_TYPE: w.bound.saga_type,
             HEADER_SAGA_ID: w.saga_id,
         }
@@ -469,6 +476,12 @@ class Planner:
             headers=headers,
             value=intent.message.model_dump_json().encode(),
         )
+
+    def _occurred_at(self, now: datetime) -> str:
+        # One batch shares one clock reading; format it once rather than once per command.
+        if self._now_text[0] is not now:
+            self._now_text = (now, now.isoformat())
+        return self._now_text[1]
 
     def _dead_letter(self, ws: WriteSet, record: Record, reason: str, detail: str) -> None:
         ws.dead_letters.append(DeadLetter(record, reason, detail))
@@ -507,3 +520,40 @@ class Planner:
             ws.deadline_deletes.append((*key, name))
             if insert is not None:
                 ws.deadline_inserts.append(insert)
+
+
+def overlay(loaded: Loaded, prior: WriteSet) -> Loaded:
+    """What `loaded` will be once `prior` commits: lets a batch be planned while the one before
+    it is still committing.
+
+    Rows the prior batch writes replace the stored ones (so versions chain), the messages it
+    applied count as applied, and deadlines it deletes (consumed, cancelled, rescheduled, or
+    cleared by an end) are gone. If the prior batch does not commit, the caller discards what
+    it planned on top of it.
+
+    The prior batch may in fact have committed already, so every step must also hold when
+    `loaded` reflects it: in particular a deadline row the prior batch inserted stays, even
+    though the same batch deleted that name first (a schedule is delete-then-insert).
+    """
+    sagas = dict(loaded.sagas)
+    for s in prior.sagas:
+        sagas[(s.saga_type, s.saga_id)] = SagaRow(
+            s.saga_type, s.saga_id, s.state, s.status, s.version, s.parked_reason
+        )
+    applied = set(loaded.applied)
+    applied.update(
+        (h.saga_type, h.saga_id, h.message_id) for h in prior.history if h.outcome == "applied"
+    )
+    deleted = set(prior.deadline_deletes)
+    cleared = set(prior.deadline_clears)
+    inserted = {uuid.UUID(d.id) for d in prior.deadline_inserts}
+    deadlines = {
+        did: ref
+        for did, ref in loaded.deadlines.items()
+        if uuid.UUID(did) in inserted
+        or (
+            (ref.saga_type, ref.saga_id, ref.name) not in deleted
+            and (ref.saga_type, ref.saga_id) not in cleared
+        )
+    }
+    return Loaded(sagas, applied, deadlines, loaded.lease_token, loaded.now)

@@ -6,6 +6,8 @@ from datetime import timedelta
 
 import psycopg
 from psycopg.rows import TupleRow
+from psycopg.types.json import set_json_loads
+from pydantic_core import from_json
 
 from processor.postgres.schema import Tables, migrate
 
@@ -32,13 +34,16 @@ def connect(
     if idle_in_transaction_timeout is not None:
         ms = max(1, int(idle_in_transaction_timeout.total_seconds() * 1000))
         options += f" -c idle_in_transaction_session_timeout={ms}"
-    return psycopg.connect(
+    conn = psycopg.connect(
         url,
         autocommit=autocommit,
         application_name=application_name,
         options=options,
         connect_timeout=10,
     )
+    # pydantic-core's parser is several times faster than json.loads for jsonb columns.
+    set_json_loads(from_json, conn)
+    return conn
 
 
 def ensure_schema(url: str, tables: Tables) -> int:

@@ -8,13 +8,13 @@ than the statements themselves on JSON-heavy rows.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg.rows import TupleRow
+from pydantic_core import to_json
 
 from processor.engine.plan import DeadlineRef, Loaded, SagaRow, Wants, WriteSet
 from processor.errors import SagaError
@@ -333,7 +333,7 @@ class BatchStore:
                         [x.record.offset for x in dl],
                         [x.record.key for x in dl],
                         [x.record.value for x in dl],
-                        [json.dumps(x.record.headers_text()) for x in dl],
+                        [_json(x.record.headers_text()) for x in dl],
                         [x.reason for x in dl],
                         [x.detail for x in dl],
                     ),
@@ -382,7 +382,7 @@ class BatchStore:
                 [r.topic for r in rows],
                 [r.partition for r in rows],
                 [r.key for r in rows],
-                [json.dumps(dict(r.headers)) for r in rows],
+                [_json(dict(r.headers)) for r in rows],
                 [r.value for r in rows],
             ),
         )
@@ -398,11 +398,12 @@ class BatchStore:
                 [x.record.offset for x in rows],
                 [x.record.key for x in rows],
                 [x.record.value or b"" for x in rows],
-                [json.dumps(x.record.headers_text()) for x in rows],
+                [_json(x.record.headers_text()) for x in rows],
                 [x.reason for x in rows],
             ),
         )
 
 
 def _json(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, separators=(",", ":"))
+    # pydantic-core's encoder: several times faster than json.dumps on the per-row hot path.
+    return None if value is None else to_json(value).decode()
