@@ -81,11 +81,22 @@ class Worker:
     def on_assign(self, tps: list[TP]) -> Mapping[TP, int | None]:
         # The control connection, not the batch one: a batch may be committing on the writer
         # thread while the consumer runs this callback.
-        claimed = self._with_control(lambda s: s.claim(tps, self.owner))
+        claimed = self._claim(tps)
         for tp, (epoch, nxt) in claimed.items():
             self.owned[tp] = _Owned(epoch, nxt)
         log.info("assigned %s", sorted(claimed))
         return {tp: o for tp, (_, o) in claimed.items()}
+
+    def _claim(self, tps: list[TP]) -> dict[TP, tuple[int, int | None]]:
+        # A frozen previous owner may hold these rows until the server ends its idle
+        # transaction; wait for that (each try is bounded by lock_timeout) rather than crash out
+        # of the rebalance and leave the partitions to yet another replica.
+        for attempt in range(1, 11):
+            try:
+                return self._with_control(lambda s: s.claim(tps, self.owner))
+            except psycopg.errors.LockNotAvailable:
+                log.warning("partitions %s still locked by their last owner (try %d)", tps, attempt)
+        return self._with_control(lambda s: s.claim(tps, self.owner))
 
     def on_revoke(self, tps: list[TP]) -> None:
         # A batch of these partitions still committing is safe: the new owner's claim bumps the

@@ -15,8 +15,14 @@ from tests.support.services import Services, provide_services
 
 
 @pytest.fixture(scope="session")
-def services() -> Iterator[Services]:
-    with provide_services() as found:
+def services(request: pytest.FixtureRequest) -> Iterator[Services]:
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+
+    def echo(line: str) -> None:
+        if reporter is not None:
+            reporter.write_line(line)
+
+    with provide_services(echo) as found:
         yield found
 
 

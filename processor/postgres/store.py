@@ -248,108 +248,108 @@ class BatchStore:
         conn = self.conn
         new = [s for s in ws.sagas if s.expected_version is None]
         old = [s for s in ws.sagas if s.expected_version is not None]
-        with conn.pipeline():
-            if new:
-                conn.execute(
-                    self._insert_sagas,
-                    (
-                        [s.saga_type for s in new],
-                        [s.saga_id for s in new],
-                        [_json(s.state) for s in new],
-                        [s.status for s in new],
-                        [s.version for s in new],
-                        [s.parked_reason for s in new],
-                        [s.machine_state for s in new],
-                    ),
-                )
-            updated = None
-            if old:
-                updated = conn.execute(
-                    self._update_sagas,
-                    (
-                        [s.saga_type for s in old],
-                        [s.saga_id for s in old],
-                        [_json(s.state) for s in old],
-                        [s.status for s in old],
-                        [s.version for s in old],
-                        [s.parked_reason for s in old],
-                        [s.expected_version for s in old],
-                        [s.machine_state for s in old],
-                    ),
-                )
-            if ws.history:
-                h = ws.history
-                conn.execute(
-                    self._insert_history,
-                    (
-                        [x.saga_type for x in h],
-                        [x.saga_id for x in h],
-                        [x.message_id for x in h],
-                        [x.message_type for x in h],
-                        [x.kind for x in h],
-                        [x.outcome for x in h],
-                        [x.version for x in h],
-                        [x.topic for x in h],
-                        [x.partition for x in h],
-                        [x.offset for x in h],
-                        [x.detail for x in h],
-                    ),
-                )
-            if ws.outbox:
-                self.insert_outbox(ws.outbox)
-            if ws.deadline_clears:
-                conn.execute(
-                    self._clear_deadlines,
-                    ([k[0] for k in ws.deadline_clears], [k[1] for k in ws.deadline_clears]),
-                )
-            if ws.deadline_deletes:
-                d = ws.deadline_deletes
-                conn.execute(
-                    self._delete_deadlines,
-                    ([x[0] for x in d], [x[1] for x in d], [x[2] for x in d]),
-                )
-            if ws.deadline_inserts:
-                d2 = ws.deadline_inserts
-                conn.execute(
-                    self._insert_deadlines,
-                    (
-                        [x.id for x in d2],
-                        [x.saga_type for x in d2],
-                        [x.saga_id for x in d2],
-                        [x.name for x in d2],
-                        [x.due_at for x in d2],
-                        [_json(x.payload) if x.payload is not None else None for x in d2],
-                        [x.topic for x in d2],
-                        [x.partition for x in d2],
-                    ),
-                )
-            if ws.dead_letters:
-                dl = ws.dead_letters
-                conn.execute(
-                    self._insert_dead_letters,
-                    (
-                        [x.record.topic for x in dl],
-                        [x.record.partition for x in dl],
-                        [x.record.offset for x in dl],
-                        [x.record.key for x in dl],
-                        [x.record.value for x in dl],
-                        [_json(x.record.headers_text()) for x in dl],
-                        [x.reason for x in dl],
-                        [x.detail for x in dl],
-                    ),
-                )
-            if ws.parked:
-                self.insert_parked(ws.parked)
-            if ws.outbox:
-                # At most one notification per batch; Postgres folds repeats within a transaction.
-                conn.execute("SELECT pg_notify(%s, '')", (self.channel,))
-            if ws.deadline_inserts:
-                # Wakes the deadline poller (in any replica) in case this one is due sooner.
-                conn.execute("SELECT pg_notify(%s, '')", (self.deadline_channel,))
-        # Deliberately after the pipeline: psycopg ends a pipeline with a flush request, which
-        # disarms the server's idle-in-transaction timer until the next ordinary statement. The
-        # last statement before COMMIT must re-arm it, or a replica frozen here would hold these
-        # row locks (and block the partitions' next owner) until it wakes up.
+        # Plain statements, not a pipeline: psycopg ends a pipeline with a flush request, which
+        # leaves the server's idle-in-transaction timer disarmed until the next ordinary
+        # statement. A replica frozen anywhere in here (SIGSTOP, a stalled VM) would then hold
+        # these row locks, and block the partitions' next owner, until it woke up. The extra
+        # round trips cost little: this runs on the writer thread, beside the next batch's work.
+        if new:
+            conn.execute(
+                self._insert_sagas,
+                (
+                    [s.saga_type for s in new],
+                    [s.saga_id for s in new],
+                    [_json(s.state) for s in new],
+                    [s.status for s in new],
+                    [s.version for s in new],
+                    [s.parked_reason for s in new],
+                    [s.machine_state for s in new],
+                ),
+            )
+        updated = None
+        if old:
+            updated = conn.execute(
+                self._update_sagas,
+                (
+                    [s.saga_type for s in old],
+                    [s.saga_id for s in old],
+                    [_json(s.state) for s in old],
+                    [s.status for s in old],
+                    [s.version for s in old],
+                    [s.parked_reason for s in old],
+                    [s.expected_version for s in old],
+                    [s.machine_state for s in old],
+                ),
+            )
+        if ws.history:
+            h = ws.history
+            conn.execute(
+                self._insert_history,
+                (
+                    [x.saga_type for x in h],
+                    [x.saga_id for x in h],
+                    [x.message_id for x in h],
+                    [x.message_type for x in h],
+                    [x.kind for x in h],
+                    [x.outcome for x in h],
+                    [x.version for x in h],
+                    [x.topic for x in h],
+                    [x.partition for x in h],
+                    [x.offset for x in h],
+                    [x.detail for x in h],
+                ),
+            )
+        if ws.outbox:
+            self.insert_outbox(ws.outbox)
+        if ws.deadline_clears:
+            conn.execute(
+                self._clear_deadlines,
+                ([k[0] for k in ws.deadline_clears], [k[1] for k in ws.deadline_clears]),
+            )
+        if ws.deadline_deletes:
+            d = ws.deadline_deletes
+            conn.execute(
+                self._delete_deadlines,
+                ([x[0] for x in d], [x[1] for x in d], [x[2] for x in d]),
+            )
+        if ws.deadline_inserts:
+            d2 = ws.deadline_inserts
+            conn.execute(
+                self._insert_deadlines,
+                (
+                    [x.id for x in d2],
+                    [x.saga_type for x in d2],
+                    [x.saga_id for x in d2],
+                    [x.name for x in d2],
+                    [x.due_at for x in d2],
+                    [_json(x.payload) if x.payload is not None else None for x in d2],
+                    [x.topic for x in d2],
+                    [x.partition for x in d2],
+                ),
+            )
+        if ws.dead_letters:
+            dl = ws.dead_letters
+            conn.execute(
+                self._insert_dead_letters,
+                (
+                    [x.record.topic for x in dl],
+                    [x.record.partition for x in dl],
+                    [x.record.offset for x in dl],
+                    [x.record.key for x in dl],
+                    [x.record.value for x in dl],
+                    [_json(x.record.headers_text()) for x in dl],
+                    [x.reason for x in dl],
+                    [x.detail for x in dl],
+                ),
+            )
+        if ws.parked:
+            self.insert_parked(ws.parked)
+        if ws.outbox:
+            # At most one notification per batch; Postgres folds repeats within a transaction.
+            conn.execute("SELECT pg_notify(%s, '')", (self.channel,))
+        if ws.deadline_inserts:
+            # Wakes the deadline poller (in any replica) in case this one is due sooner.
+            conn.execute("SELECT pg_notify(%s, '')", (self.deadline_channel,))
         committed = None
         if offsets:
             committed = conn.execute(

@@ -57,8 +57,17 @@ def _restart_local_kafka() -> None:
     subprocess.run([str(KAFKA_SH), "up"], check=True)
 
 
+def _stack(command: str, echo: Callable[[str], None]) -> None:
+    """Runs the stack script, showing its lines (readiness times) past pytest's capture."""
+    done = subprocess.run([str(STACK), command], check=False, capture_output=True, text=True)
+    for line in (done.stdout + done.stderr).splitlines():
+        echo(line)
+    if done.returncode != 0:
+        raise RuntimeError(f"deploy/local/stack.sh {command} failed (exit {done.returncode})")
+
+
 @contextmanager
-def provide_services() -> Iterator[Services]:
+def provide_services(echo: Callable[[str], None] = print) -> Iterator[Services]:
     kafka = os.environ.get(ENV_KAFKA)
     database = os.environ.get(ENV_DATABASE)
     with ExitStack() as stack:
@@ -74,8 +83,8 @@ def provide_services() -> Iterator[Services]:
                 database = pg.get_connection_url()
         restart: Callable[[], None] | None = None
         if not (kafka and database):
-            subprocess.run([str(STACK), "up"], check=True)
-            stack.callback(subprocess.run, [str(STACK), "down"], check=False)
+            _stack("up", echo)
+            stack.callback(_stack, "down", echo)
             local = _local_stack_env()
             if not kafka:
                 kafka = local[ENV_KAFKA]
