@@ -16,11 +16,15 @@ from tests.support.services import Services, provide_services
 
 @pytest.fixture(scope="session")
 def services(request: pytest.FixtureRequest) -> Iterator[Services]:
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
 
     def echo(line: str) -> None:
-        if reporter is not None:
-            reporter.write_line(line)
+        # Past pytest's capture: how long the stack took to be ready belongs in every run's log.
+        if capture is None:
+            print(line)
+            return
+        with capture.global_and_fixture_disabled():
+            print(line, flush=True)
 
     with provide_services(echo) as found:
         yield found
