@@ -9,29 +9,53 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from processor.errors import SagaError
 from processor.settings import ProcessorSettings, load_settings
 
+if TYPE_CHECKING:  # the CLI imports the database driver only for commands that use it
+    from processor.postgres.schema import Tables
+    from processor.postgres.store import Conn
+
 log = logging.getLogger("processor")
 
-# Each operator command module registers itself here: name -> (help, add_arguments, run).
-Command = tuple[
-    str,
-    Callable[[argparse.ArgumentParser], None],
-    Callable[[argparse.Namespace, ProcessorSettings], int],
-]
-COMMANDS: dict[str, Command] = {}
+Arguments = Callable[[argparse.ArgumentParser], None]
+Run = Callable[[argparse.Namespace, ProcessorSettings], int]
+# Each operator command module registers itself here: name -> (help, add arguments, run).
+COMMANDS: dict[str, tuple[str, Arguments, Run]] = {}
 
 
-def command(name: str, help: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
-    """Registers `fn(args, settings) -> exit code`; its `add_arguments` attribute adds options."""
+def command(name: str, help: str, *, arguments: Arguments | None = None) -> Callable[[Run], Run]:
+    """Registers `fn(args, settings) -> exit code` as `saga-processor NAME`.
 
-    def register(fn: Callable[..., int]) -> Callable[..., int]:
-        COMMANDS[name] = (help, getattr(fn, "add_arguments", lambda p: None), fn)
+    Args:
+        name: The subcommand.
+        help: One line for `--help`.
+        arguments: Adds the subcommand's own arguments to its parser.
+    """
+
+    def register(fn: Run) -> Run:
+        COMMANDS[name] = (help, arguments or (lambda parser: None), fn)
         return fn
 
     return register
+
+
+def saga_key_arguments(parser: argparse.ArgumentParser) -> None:
+    """The SAGA_TYPE SAGA_ID pair that names one saga instance."""
+    parser.add_argument("saga_type", metavar="SAGA_TYPE")
+    parser.add_argument("saga_id", metavar="SAGA_ID")
+
+
+def ops_connection(settings: ProcessorSettings) -> tuple[Conn, Tables]:
+    """An autocommit connection for operator commands, with the processor's tables."""
+    from processor.app import tables_for
+    from processor.postgres.connect import connect
+
+    url = settings.database.url.get_secret_value()
+    conn = connect(url, application_name="saga-processor-ops", autocommit=True)
+    return conn, tables_for(settings)
 
 
 @command("run", "consume, run sagas, relay the outbox and fire deadlines (the default)")

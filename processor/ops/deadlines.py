@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from processor.cli import command
+from processor.cli import command, ops_connection, saga_key_arguments
 from processor.postgres.schema import Tables
 from processor.postgres.store import Conn
 from processor.settings import ProcessorSettings
@@ -117,41 +117,18 @@ def format_table(rows: Sequence[DeadlineRow]) -> str:
     )
 
 
-def _open(settings: ProcessorSettings) -> tuple[Conn, Tables]:
-    from processor.app import tables_for
-    from processor.postgres.connect import connect
-
-    url = settings.database.url.get_secret_value()
-    conn = connect(url, application_name="saga-processor-ops", autocommit=True)
-    return conn, tables_for(settings)
-
-
-_Run = Callable[[argparse.Namespace, ProcessorSettings], int]
-
-
-def _arguments(add: Callable[[argparse.ArgumentParser], None]) -> Callable[[_Run], _Run]:
-    # `command` reads `add_arguments` when it registers, so it must be set before that.
-    def attach(fn: _Run) -> _Run:
-        setattr(fn, "add_arguments", add)  # noqa: B010
-        return fn
-
-    return attach
-
-
-def _saga_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("saga_type", metavar="SAGA_TYPE")
-    parser.add_argument("saga_id", metavar="SAGA_ID")
-
-
 def _overdue_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=100, help="at most this many rows")
 
 
-@command("deadlines", "list the deadlines still scheduled for one saga instance")
-@_arguments(_saga_arguments)
+@command(
+    "deadlines",
+    "list the deadlines still scheduled for one saga instance",
+    arguments=saga_key_arguments,
+)
 def deadlines_command(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     """Prints one saga's pending deadlines; exit code 0 even when there are none."""
-    conn, tables = _open(settings)
+    conn, tables = ops_connection(settings)
     with conn:
         rows = pending_deadlines(conn, tables, args.saga_type, args.saga_id)
     print(
@@ -162,11 +139,14 @@ def deadlines_command(args: argparse.Namespace, settings: ProcessorSettings) -> 
     return 0
 
 
-@command("overdue", "list deadlines that are due but have not fired yet")
-@_arguments(_overdue_arguments)
+@command(
+    "overdue",
+    "list deadlines that are due but have not fired yet",
+    arguments=_overdue_arguments,
+)
 def overdue_command(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     """Prints overdue deadlines, oldest due first."""
-    conn, tables = _open(settings)
+    conn, tables = ops_connection(settings)
     with conn:
         rows = overdue_deadlines(conn, tables, limit=args.limit)
     print(format_table(rows) if rows else "no overdue deadlines")

@@ -59,9 +59,13 @@ def lint_command(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     return 1 if problems else 0
 
 
-diagram_command.add_arguments = _target_argument  # type: ignore[attr-defined]
-lint_command.add_arguments = _target_argument  # type: ignore[attr-defined]
-command("diagram", "print a state machine saga as a Mermaid stateDiagram-v2")(diagram_command)
-command("lint-saga", "report unreachable states, untimed WAITING states, lingering deadlines")(
-    lint_command
-)
+command(
+    "diagram",
+    "print a state machine saga as a Mermaid stateDiagram-v2",
+    arguments=_target_argument,
+)(diagram_command)
+command(
+    "lint-saga",
+    "report unreachable states, untimed WAITING states, lingering deadlines",
+    arguments=_target_argument,
+)(lint_command)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
-from processor.cli import command
+from processor.cli import command, ops_connection
 from processor.postgres.schema import Tables
 from processor.postgres.store import Conn
 from processor.settings import ProcessorSettings
@@ -103,17 +103,15 @@ def _states_arguments(parser: argparse.ArgumentParser) -> None:
 
 def states_command(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     """Prints sagas per machine state with the age of the oldest; exit code 0."""
-    from processor.app import tables_for
-    from processor.postgres.connect import connect
-
-    url = settings.database.url.get_secret_value()
-    with connect(url, application_name="saga-processor-ops", autocommit=True) as conn:
-        summary = machine_summary(conn, tables_for(settings), args.saga_type)
+    conn, tables = ops_connection(settings)
+    with conn:
+        summary = machine_summary(conn, tables, args.saga_type)
     print(format_summary(summary))
     return 0
 
 
-states_command.add_arguments = _states_arguments  # type: ignore[attr-defined]
-command("states", "count state machine sagas per machine state, with the oldest age")(
-    states_command
-)
+command(
+    "states",
+    "count state machine sagas per machine state, with the oldest age",
+    arguments=_states_arguments,
+)(states_command)

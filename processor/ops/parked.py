@@ -13,12 +13,12 @@ import argparse
 import dataclasses
 import json
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from processor.cli import command
+from processor.cli import command, ops_connection, saga_key_arguments
 from processor.engine.decode import Rejected, decode
 from processor.engine.plan import (
     ACTIVE,
@@ -376,7 +376,8 @@ def retry_parked_saga(
     proc = Processor(
         settings, saga_classes, dependencies=dependencies, registry=registry or default_registry
     )
-    with _connect(settings) as conn:
+    conn, _tables = ops_connection(settings)
+    with conn:
         return retry_parked(
             conn,
             proc.tables,
@@ -388,38 +389,18 @@ def retry_parked_saga(
         )
 
 
-def _connect(settings: ProcessorSettings) -> Conn:
-    from processor.postgres.connect import connect
-
-    url = settings.database.url.get_secret_value()
-    return connect(url, application_name="saga-processor-ops", autocommit=True)
-
-
 # -- command line ------------------------------------------------------------------------------
-
-_Run = Callable[[argparse.Namespace, ProcessorSettings], int]
-
-
-def _arguments(add: Callable[[argparse.ArgumentParser], None]) -> Callable[[_Run], _Run]:
-    # `command` reads `add_arguments` when it registers, so it must be set before that.
-    def attach(fn: _Run) -> _Run:
-        setattr(fn, "add_arguments", add)  # noqa: B010
-        return fn
-
-    return attach
-
-
-def _retry_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("saga_type", metavar="SAGA_TYPE")
-    parser.add_argument("saga_id", metavar="SAGA_ID")
 
 
 def _parked_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=100, help="at most this many sagas")
 
 
-@command("retry", "replay a parked saga's held messages after its cause was fixed")
-@_arguments(_retry_arguments)
+@command(
+    "retry",
+    "replay a parked saga's held messages after its cause was fixed",
+    arguments=saga_key_arguments,
+)
 def retry_command(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     """Exit code 0 when the saga flows again, 1 when a message failed again (nothing changed)."""
     result = retry_parked_saga(settings, args.saga_type, args.saga_id)
@@ -442,14 +423,16 @@ def retry_command(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     return 0
 
 
-@command("parked", "list parked sagas with their reason and how many messages they hold")
-@_arguments(_parked_arguments)
+@command(
+    "parked",
+    "list parked sagas with their reason and how many messages they hold",
+    arguments=_parked_arguments,
+)
 def parked_command(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     """Prints parked sagas, longest parked first; exit code 0 even when there are none."""
-    from processor.app import tables_for
-
-    with _connect(settings) as conn:
-        rows = list_parked(conn, tables_for(settings), limit=args.limit)
+    conn, tables = ops_connection(settings)
+    with conn:
+        rows = list_parked(conn, tables, limit=args.limit)
     if not rows:
         print("no parked sagas")
         return 0
