@@ -152,18 +152,6 @@ class Worker:
         self._committed(planned)
         return True
 
-    def process(self, records: list[Record]) -> bool:
-        """Applies one batch synchronously; False when it was rolled back and resynced."""
-        if not self.settle():
-            return False
-        batch = self._prepare(records)
-        if batch is None:
-            return True
-        planned = self._plan(batch, None)
-        self._pending = (planned, _Done(self._write, planned))
-        self._advance(batch)
-        return self.settle()
-
     def close(self) -> None:
         """Lets the batch in flight finish (commit or roll back), then stops the writer."""
         self.settle()
@@ -285,15 +273,3 @@ class _Batch:
 class _Planned:
     batch: _Batch
     ws: WriteSet
-
-
-class _Done(Future[None]):
-    """A future already resolved by running fn now: the synchronous path of `process()`."""
-
-    def __init__(self, fn: Callable[[_Planned], None], planned: _Planned) -> None:
-        super().__init__()
-        try:
-            fn(planned)
-            self.set_result(None)
-        except BaseException as e:
-            self.set_exception(e)
