@@ -7,7 +7,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -46,6 +46,15 @@ def saga_key_arguments(parser: argparse.ArgumentParser) -> None:
     """The SAGA_TYPE SAGA_ID pair that names one saga instance."""
     parser.add_argument("saga_type", metavar="SAGA_TYPE")
     parser.add_argument("saga_id", metavar="SAGA_ID")
+
+
+def text_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """Fixed-width columns, two spaces apart, header first; no trailing blanks."""
+    cells = [tuple(header), *(tuple(r) for r in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    )
 
 
 def ops_connection(settings: ProcessorSettings) -> tuple[Conn, Tables]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from processor.cli import command, ops_connection, saga_key_arguments
+from processor.cli import command, ops_connection, saga_key_arguments, text_table
 from processor.postgres.schema import Tables
 from processor.postgres.store import Conn
 from processor.settings import ProcessorSettings
@@ -98,22 +98,21 @@ _HEADER = ("ID", "SAGA TYPE", "SAGA ID", "NAME", "DUE AT", "DISPATCHED AT", "TOK
 
 def format_table(rows: Sequence[DeadlineRow]) -> str:
     """Renders rows as a fixed-width text table, header first."""
-    cells = [_HEADER] + [
+    return text_table(
+        _HEADER,
         (
-            r.id,
-            r.saga_type,
-            r.saga_id,
-            r.name,
-            r.due_at.isoformat(),
-            r.dispatched_at.isoformat() if r.dispatched_at else "-",
-            str(r.dispatch_token) if r.dispatch_token is not None else "-",
-            json.dumps(r.payload, sort_keys=True) if r.payload is not None else "-",
-        )
-        for r in rows
-    ]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(_HEADER))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+            (
+                r.id,
+                r.saga_type,
+                r.saga_id,
+                r.name,
+                r.due_at.isoformat(),
+                r.dispatched_at.isoformat() if r.dispatched_at else "-",
+                str(r.dispatch_token) if r.dispatch_token is not None else "-",
+                json.dumps(r.payload, sort_keys=True) if r.payload is not None else "-",
+            )
+            for r in rows
+        ),
     )
 
 

@@ -7,11 +7,10 @@ are not firing; any TIMED_OUT or COMPENSATION_FAILED row is work for a person.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
-from processor.cli import command, ops_connection
+from processor.cli import command, ops_connection, text_table
 from processor.postgres.schema import Tables
 from processor.postgres.store import Conn
 from processor.settings import ProcessorSettings
@@ -81,20 +80,15 @@ def machine_summary(conn: Conn, tables: Tables, saga_type: str | None = None) ->
 
 def format_summary(summary: MachineSummary) -> str:
     """Render the summary as a fixed-width table followed by the attention totals."""
-    header = ("SAGA TYPE", "MACHINE STATE", "COUNT", "OLDEST")
-    cells: list[Sequence[str]] = [header]
-    cells += [
-        (r.saga_type, r.machine_state, str(r.count), str(r.oldest).split(".")[0])
-        for r in summary.states
-    ]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
-    ]
-    lines.append(
-        f"TIMED_OUT: {summary.timed_out}  COMPENSATION_FAILED: {summary.compensation_failed}"
+    table = text_table(
+        ("SAGA TYPE", "MACHINE STATE", "COUNT", "OLDEST"),
+        (
+            (r.saga_type, r.machine_state, str(r.count), str(r.oldest).split(".")[0])
+            for r in summary.states
+        ),
     )
-    return "\n".join(lines)
+    totals = f"TIMED_OUT: {summary.timed_out}  COMPENSATION_FAILED: {summary.compensation_failed}"
+    return f"{table}\n{totals}"
 
 
 def _states_arguments(parser: argparse.ArgumentParser) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from processor.cli import command, ops_connection, saga_key_arguments
+from processor.cli import command, ops_connection, saga_key_arguments, text_table
 from processor.engine.decode import Rejected, decode
 from processor.engine.plan import (
     ACTIVE,
@@ -436,11 +436,13 @@ def parked_command(args: argparse.Namespace, settings: ProcessorSettings) -> int
     if not rows:
         print("no parked sagas")
         return 0
-    cells = [("SAGA TYPE", "SAGA ID", "HELD", "PARKED SINCE", "REASON")] + [
-        (r.saga_type, r.saga_id, str(r.held), r.parked_at.isoformat(), r.reason or "-")
-        for r in rows
-    ]
-    widths = [max(len(c[i]) for c in cells) for i in range(4)]
-    for c in cells:
-        print("  ".join(x.ljust(w) for x, w in zip(c[:4], widths, strict=True)) + "  " + c[4])
+    print(
+        text_table(
+            ("SAGA TYPE", "SAGA ID", "HELD", "PARKED SINCE", "REASON"),
+            (
+                (r.saga_type, r.saga_id, str(r.held), r.parked_at.isoformat(), r.reason or "-")
+                for r in rows
+            ),
+        )
+    )
     return 0
