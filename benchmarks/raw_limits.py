@@ -21,8 +21,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from benchmarks.common import kafka_config, say
 from processor.engine.decode import DEADLINE_FIRED
 from processor.engine.plan import DeadlineInsert, HistoryRow, SagaWrite, Wants, WriteSet
-from processor.engine.records import OutboxRow
-from processor.kafka.client import make_producer
+from processor.engine.records import OffsetCommit, OutboxRow
+from processor.kafka.producer import make_producer
 from processor.messages import (
     HEADER_CAUSATION_ID,
     HEADER_CORRELATION_ID,
@@ -35,8 +35,8 @@ from processor.messages import (
 )
 from processor.postgres.connect import connect
 from processor.postgres.schema import Tables
-from processor.postgres.store import BatchStore, OffsetCommit
-from processor.relay import Relay
+from processor.postgres.store import BatchStore
+from processor.runtime.relay import Relay
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ from confluent_kafka import Producer
 
 from benchmarks import raw_limits
 from benchmarks.common import Scratch, Services, end_offsets, kafka_config, say
-from processor.app import Processor
 from processor.messages import (
     HEADER_CORRELATION_ID,
     HEADER_MESSAGE_ID,
@@ -38,6 +37,7 @@ from processor.messages import (
 )
 from processor.postgres.connect import connect
 from processor.postgres.schema import Tables
+from processor.runtime.processor import Processor
 from processor.settings import ProcessorSettings
 from sagas.transfer import TransferSaga
 from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC, TransferRequested

@@ -25,10 +25,10 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from benchmarks import raw_limits
 from benchmarks.common import Scratch, Services, end_offsets, kafka_config, percentile, say
-from processor.kafka.client import make_producer
-from processor.poller import DeadlinePoller
+from processor.kafka.producer import make_producer
 from processor.postgres.connect import connect
 from processor.postgres.schema import Tables
+from processor.runtime.poller import DeadlinePoller
 from processor.settings import DeadlineSettings
 
 PARTITIONS = 6

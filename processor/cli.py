@@ -59,8 +59,8 @@ def text_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 
 def ops_connection(settings: ProcessorSettings) -> tuple[Conn, Tables]:
     """An autocommit connection for operator commands, with the processor's tables."""
-    from processor.app import tables_for
     from processor.postgres.connect import connect
+    from processor.runtime.processor import tables_for
 
     url = settings.database.url.get_secret_value()
     conn = connect(url, application_name="saga-processor-ops", autocommit=True)
@@ -69,7 +69,7 @@ def ops_connection(settings: ProcessorSettings) -> tuple[Conn, Tables]:
 
 @command("run", "consume, run sagas, relay the outbox and fire deadlines (the default)")
 def run(args: argparse.Namespace, settings: ProcessorSettings) -> int:
-    from processor.app import Processor
+    from processor.runtime.processor import Processor
 
     proc = Processor(settings)
     proc.start()
@@ -101,8 +101,8 @@ def _force_exit() -> None:
 
 @command("migrate", "create or upgrade the database schema, then exit")
 def migrate(args: argparse.Namespace, settings: ProcessorSettings) -> int:
-    from processor.app import tables_for
     from processor.postgres.connect import ensure_schema
+    from processor.runtime.processor import tables_for
 
     version = ensure_schema(settings.database.url.get_secret_value(), tables_for(settings))
     print(f"schema {settings.database.schema_name} at version {version}")

@@ -6,16 +6,31 @@ the whole family at its boundary with one ``except`` clause.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import ClassVar
 
 __all__ = [
+    "CommitInDoubt",
+    "ConcurrentUpdate",
     "ConfigurationError",
+    "DeliveryFailed",
+    "Failure",
+    "Fenced",
+    "FencedOut",
     "HandlerError",
     "IllegalTransition",
+    "LoopDied",
+    "RecordDataError",
+    "Retryable",
+    "RuntimeFailure",
     "SagaDefinitionError",
     "SagaError",
     "SagaNotStarted",
+    "SendFailure",
     "UnknownMessageType",
+    "classify",
 ]
 
 
@@ -94,3 +109,141 @@ class SagaNotStarted(SagaError):
 
 class IllegalTransition(SagaError):
     """A state machine saga attempted a transition its definition does not allow."""
+
+
+# -- runtime failures ---------------------------------------------------------------------------
+# The loops never look at driver exceptions: the adapters translate every psycopg and
+# confluent_kafka error into one of the classes below at their boundary, and each loop decides
+# what to do from the class alone. One table, here, says which failure gets which treatment.
+
+
+class Failure(StrEnum):
+    """What a runtime failure means for the loop that met it."""
+
+    RETRYABLE = "retryable"
+    """Connection lost, serialization failure, broker unavailable: back off, resync, go on."""
+    FENCED = "fenced"
+    """Epoch moved, lease lost, stale token: drop the work, resync, go on."""
+    RECORD_DATA = "record-data"
+    """One record's data cannot be stored: dead-letter that record alone, go on."""
+    SAGA_CODE = "saga-code"
+    """One saga's code or state fails: park that saga, go on."""
+    ROW_REFUSED = "row-refused"
+    """A downstream refuses one outgoing record for good: set that row aside, go on."""
+    FATAL = "fatal"
+    """A loop cannot go on (misconfiguration, a bug): log, exit non-zero, let the platform
+    restart the process."""
+
+
+class RuntimeFailure(SagaError):
+    """Base of every failure the runtime's adapters raise; ``kind`` decides the action."""
+
+    default_kind: ClassVar[Failure] = Failure.FATAL
+
+    @property
+    def kind(self) -> Failure:
+        """The failure class of this error."""
+        return self.default_kind
+
+
+class Retryable(RuntimeFailure):
+    """A transient failure of the database or the broker; the same work may be tried again."""
+
+    default_kind = Failure.RETRYABLE
+
+
+class CommitInDoubt(Retryable):
+    """The connection broke while a transaction was committing: the outcome is unknown until
+    the stored offsets are read again."""
+
+
+class Fenced(RuntimeFailure):
+    """Another owner holds the work now: an epoch moved, a lease was lost, a token is stale."""
+
+    default_kind = Failure.FENCED
+
+
+class FencedOut(Fenced):
+    """This replica no longer owns some partitions: its batch must not commit.
+
+    Attributes:
+        partitions: The (topic, partition) pairs owned by another replica now.
+    """
+
+    def __init__(self, partitions: Iterable[tuple[str, int]]) -> None:
+        self.partitions = sorted(partitions)
+        super().__init__(f"partitions owned by another replica now: {self.partitions}")
+
+
+class ConcurrentUpdate(Fenced):
+    """A saga row changed under the batch (an operator's retry, or a zombie's late write)."""
+
+
+class RecordDataError(RuntimeFailure):
+    """The database refused the data of a write (SQLSTATE classes 22, 23, 54).
+
+    Attributes:
+        sqlstate: The database's error code.
+        reason: The database's message, without the offending values where it can be told.
+    """
+
+    default_kind = Failure.RECORD_DATA
+
+    def __init__(self, sqlstate: str | None, reason: str) -> None:
+        self.sqlstate = sqlstate
+        self.reason = reason
+        super().__init__(f"data refused by the database ({sqlstate}): {reason}")
+
+
+class DeliveryFailed(RuntimeFailure):
+    """Records were not acknowledged by the broker.
+
+    Attributes:
+        failures: One :class:`SendFailure` per record that failed, by its position.
+    """
+
+    def __init__(self, failures: Sequence[SendFailure]) -> None:
+        self.failures = list(failures)
+        permanent = any(f.permanent for f in self.failures)
+        first = self.failures[0] if self.failures else None
+        super().__init__(
+            f"{len(self.failures)} records not acknowledged"
+            + (f"; first: {first.reason}" if first else "")
+        )
+        self.permanent = permanent
+
+    @property
+    def kind(self) -> Failure:
+        """Refused for good when any record can never be sent; else worth another try."""
+        return Failure.ROW_REFUSED if self.permanent else Failure.RETRYABLE
+
+
+@dataclass(frozen=True, slots=True)
+class SendFailure:
+    """Why one outgoing record was not acknowledged.
+
+    Attributes:
+        index: Position of the record in the batch that was sent.
+        reason: The client's error, as text (never the record's content).
+        permanent: True when sending the same record again cannot succeed (too large, unknown
+            topic, not authorized).
+    """
+
+    index: int
+    reason: str
+    permanent: bool
+
+
+class LoopDied(RuntimeFailure):
+    """A background loop of the process stopped on an error it could not classify."""
+
+    default_kind = Failure.FATAL
+
+
+def classify(error: BaseException) -> Failure:
+    """The failure class of any exception a loop catches; unknown ones are fatal."""
+    if isinstance(error, RuntimeFailure):
+        return error.kind
+    if isinstance(error, HandlerError):
+        return Failure.SAGA_CODE
+    return Failure.FATAL

@@ -1,4 +1,4 @@
-"""Message base class, wire header names and the message-type registry.
+"""Message base class and the message-type registry (header names live in `wire`).
 
 Events and commands are frozen pydantic models registered under a stable dotted name and a
 version. The name and version travel in Kafka headers, so a consumer in any language can pick the
@@ -15,6 +15,17 @@ from typing import TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from processor.errors import SagaDefinitionError, UnknownMessageType
+from processor.wire import (
+    HEADER_CAUSATION_ID,
+    HEADER_CORRELATION_ID,
+    HEADER_DEADLINE_UNIX_MS,
+    HEADER_MESSAGE_ID,
+    HEADER_MESSAGE_TYPE,
+    HEADER_OCCURRED_AT,
+    HEADER_SAGA_ID,
+    HEADER_SAGA_TYPE,
+    HEADER_SCHEMA_VERSION,
+)
 
 __all__ = [
     "HEADER_CAUSATION_ID",
@@ -33,16 +44,6 @@ __all__ = [
     "message_type",
     "registry",
 ]
-
-HEADER_MESSAGE_ID = "message-id"
-HEADER_MESSAGE_TYPE = "message-type"
-HEADER_SCHEMA_VERSION = "schema-version"
-HEADER_CORRELATION_ID = "correlation-id"
-HEADER_CAUSATION_ID = "causation-id"
-HEADER_OCCURRED_AT = "occurred-at"
-HEADER_SAGA_TYPE = "saga-type"
-HEADER_SAGA_ID = "saga-id"
-HEADER_DEADLINE_UNIX_MS = "deadline-unix-ms"
 
 
 class Message(BaseModel):

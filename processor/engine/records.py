@@ -41,3 +41,14 @@ class OutboxRow:
     headers: Mapping[str, str]
     value: bytes
     partition: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommit:
+    """A partition's next offset, written only if the epoch and the expected offset still hold."""
+
+    topic: str
+    partition: int
+    next_offset: int
+    expected: int | None
+    epoch: int

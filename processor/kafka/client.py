@@ -11,7 +11,6 @@ from confluent_kafka import (
     Consumer,
     KafkaError,
     KafkaException,
-    Producer,
     TopicPartition,
 )
 
@@ -33,25 +32,6 @@ def to_record(msg: Any) -> Record:
         headers=tuple((k, v if v is not None else b"") for k, v in (msg.headers() or ())),
         timestamp_ms=ts if ts_type != 0 else None,
     )
-
-
-def make_producer(config: Mapping[str, str], **overrides: Any) -> Producer:
-    """An idempotent producer: per-partition order kept across retries, no duplicates from them."""
-    conf: dict[str, Any] = {
-        **config,
-        "enable.idempotence": True,
-        "acks": "all",
-        "linger.ms": 5,
-        "message.timeout.ms": 30000,
-        # A hole in the sequence would reorder a saga's commands; fail fatally instead, and the
-        # relay recreates the producer and resends from the outbox.
-        "enable.gapless.guarantee": True,
-        # Callers learn of failures through delivery reports and of success from a flush that
-        # leaves nothing queued; skipping success reports saves a Python call per record.
-        "delivery.report.only.error": True,
-    }
-    conf.update(overrides)
-    return Producer(conf)
 
 
 class SagaConsumer:

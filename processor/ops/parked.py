@@ -371,7 +371,7 @@ def retry_parked_saga(
         NotParked: The saga does not exist or is not parked.
         ConcurrentUpdate: The instance changed under the retry (it is safe to run it again).
     """
-    from processor.app import Processor
+    from processor.runtime.processor import Processor
 
     proc = Processor(
         settings, saga_classes, dependencies=dependencies, registry=registry or default_registry

@@ -8,8 +8,7 @@ than the statements themselves on JSON-heavy rows.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -17,32 +16,12 @@ from psycopg.rows import TupleRow
 from pydantic_core import to_json
 
 from processor.engine.plan import DeadlineRef, Loaded, SagaRow, Wants, WriteSet
-from processor.errors import SagaError
+from processor.engine.records import OffsetCommit
+from processor.errors import ConcurrentUpdate, FencedOut
 from processor.postgres.schema import Tables
 
 Conn = psycopg.Connection[TupleRow]
 LEASE_NAME = "deadline-poller"
-
-
-class FencedOut(SagaError):
-    """This replica no longer owns some partitions: its batch must not commit."""
-
-    def __init__(self, partitions: Iterable[tuple[str, int]]) -> None:
-        self.partitions = sorted(partitions)
-        super().__init__(f"partitions owned by another replica now: {self.partitions}")
-
-
-class ConcurrentUpdate(SagaError):
-    """A saga row changed under the batch (an operator's retry, or a zombie's late write)."""
-
-
-@dataclass(frozen=True, slots=True)
-class OffsetCommit:
-    topic: str
-    partition: int
-    next_offset: int
-    expected: int | None
-    epoch: int
 
 
 def _rows(n: int) -> str:

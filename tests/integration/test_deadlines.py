@@ -26,11 +26,11 @@ from processor import (
     saga_deadline_handler,
     saga_event_handler,
 )
-from processor.app import tables_for
-from processor.kafka.client import make_producer
+from processor.kafka.producer import make_producer
 from processor.ops.deadlines import overdue_deadlines, pending_deadlines
-from processor.poller import DeadlinePoller
 from processor.postgres.connect import connect, ensure_schema
+from processor.runtime.poller import DeadlinePoller
+from processor.runtime.processor import tables_for
 from sagas.transfer import TransferSaga
 from schemas.transfers import (
     ACCOUNT_COMMANDS_TOPIC,

@@ -28,9 +28,9 @@ from processor import (
     saga,
     saga_event_handler,
 )
-from processor.app import tables_for
 from processor.ops.parked import list_parked, retry_parked_saga
 from processor.postgres.connect import connect
+from processor.runtime.processor import tables_for
 from processor.settings import ProcessorSettings
 from tests.support.harness import (
     Publisher,

@@ -14,7 +14,6 @@ import psycopg
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from processor.app import Processor
 from processor.messages import (
     HEADER_MESSAGE_ID,
     HEADER_MESSAGE_TYPE,
@@ -23,6 +22,7 @@ from processor.messages import (
     Message,
     registry,
 )
+from processor.runtime.processor import Processor
 from processor.settings import ProcessorSettings
 
 T = TypeVar("T")

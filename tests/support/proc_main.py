@@ -13,8 +13,8 @@ import signal
 import sys
 from typing import Any
 
-from processor.app import Processor
 from processor.cli import main as cli_main
+from processor.runtime.processor import Processor
 from processor.settings import load_settings
 
 

@@ -15,10 +15,11 @@ import psycopg
 
 from processor.engine.decode import Event, Rejected, decode
 from processor.engine.plan import Item, Planner, Wants, WriteSet, overlay
-from processor.engine.records import Record
+from processor.engine.records import OffsetCommit, Record
+from processor.errors import ConcurrentUpdate, FencedOut
 from processor.kafka.client import TP, SagaConsumer
 from processor.messages import MessageRegistry
-from processor.postgres.store import BatchStore, ConcurrentUpdate, FencedOut, OffsetCommit
+from processor.postgres.store import BatchStore
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")

@@ -15,16 +15,17 @@ from typing import Any
 
 from processor.definition import definition_of
 from processor.engine.plan import Planner, WriteSet
-from processor.kafka.client import SagaConsumer, make_producer
+from processor.kafka.client import SagaConsumer
+from processor.kafka.producer import make_producer
 from processor.messages import MessageRegistry
 from processor.messages import registry as default_registry
 from processor.postgres.connect import connect, ensure_schema
 from processor.postgres.schema import Tables
 from processor.postgres.store import BatchStore, Conn
-from processor.relay import NotifyListener, Relay
 from processor.runner import BoundSaga, bind_all
+from processor.runtime.relay import NotifyListener, Relay
+from processor.runtime.worker import Worker
 from processor.settings import ProcessorSettings
-from processor.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +156,7 @@ class Processor:
             self._spawn("relay", self.relay.run)
             self._spawn("relay-listener", listener.run)
         if self.settings.deadline.enabled:
-            from processor.poller import DeadlinePoller
+            from processor.runtime.poller import DeadlinePoller
 
             self.poller = DeadlinePoller(
                 connect=self.connect,

@@ -1,0 +1,134 @@
+"""The record producer: produce a batch in order, wait for every acknowledgement, say which
+records failed and whether sending them again could ever succeed."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from processor.engine.records import OutboxRow
+from processor.errors import Retryable, SendFailure
+
+log = logging.getLogger(__name__)
+
+# Errors for which the same record can never be accepted as it is: too large, a topic that does
+# not exist, a refused authorization, a record the broker calls invalid.
+_PERMANENT = frozenset(
+    {
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.INVALID_MSG_SIZE,
+        KafkaError.INVALID_MSG,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.INVALID_RECORD,
+        KafkaError.TOPIC_EXCEPTION,
+        KafkaError._INVALID_ARG,
+    }
+)
+
+
+def is_permanent(error: KafkaError) -> bool:
+    """Whether sending the same record again cannot succeed."""
+    return error.code() in _PERMANENT
+
+
+def make_producer(config: Mapping[str, str], **overrides: Any) -> Producer:
+    """An idempotent producer: per-partition order kept across retries, no duplicates from them."""
+    conf: dict[str, Any] = {
+        **config,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 5,
+        "message.timeout.ms": 30000,
+        # A hole in the sequence would reorder a saga's commands; fail fatally instead, and the
+        # sender recreates the producer and sends again from the outbox.
+        "enable.gapless.guarantee": True,
+        # Callers learn of failures through delivery reports and of success from a flush that
+        # leaves nothing queued; skipping success reports saves a Python call per record.
+        "delivery.report.only.error": True,
+    }
+    conf.update(overrides)
+    return Producer(conf)
+
+
+class KafkaRecordProducer:
+    """:class:`processor.ports.RecordProducer` over confluent-kafka."""
+
+    def __init__(self, factory: Callable[[], Producer]) -> None:
+        self._factory = factory
+        self._producer = factory()
+
+    def send(self, records: Sequence[OutboxRow], timeout: float) -> list[SendFailure]:
+        failures: list[SendFailure] = []
+        producer = self._producer
+
+        def report(index: int) -> Callable[[KafkaError | None, object], None]:
+            # Binds the position now; a lambda in the loop would see only the last one.
+            def delivered(err: KafkaError | None, _msg: object) -> None:
+                if err is not None:
+                    failures.append(SendFailure(index, str(err), is_permanent(err)))
+
+            return delivered
+
+        try:
+            for index, row in enumerate(records):
+                kwargs: dict[str, Any] = {
+                    "key": row.key,
+                    "value": row.value,
+                    # The client encodes str header values itself, in C.
+                    "headers": dict(row.headers),
+                    "on_delivery": report(index),
+                }
+                if row.partition is not None:
+                    kwargs["partition"] = row.partition
+                try:
+                    self._produce(producer, row.topic, kwargs)
+                except KafkaException as e:
+                    err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
+                    if err is None or err.fatal() or not is_permanent(err):
+                        raise
+                    # Refused before it left (e.g. larger than message.max.bytes).
+                    failures.append(SendFailure(index, str(err), True))
+            remaining = producer.flush(timeout)
+        except KafkaException as e:
+            self._recreate(e)
+            raise Retryable(f"producer failed: {e}") from e
+        if remaining:
+            # Not acknowledged in time: which ones is unknown, so none counts as sent.
+            failed = {f.index for f in failures}
+            failures.extend(
+                SendFailure(i, "not acknowledged in time", False)
+                for i in range(len(records))
+                if i not in failed
+            )
+            self._recreate("acknowledgements timed out")
+        elif any(not f.permanent for f in failures):
+            # A fatal idempotence error leaves the producer unusable for every later record.
+            self._recreate(failures[0].reason)
+        failures.sort(key=lambda f: f.index)
+        return failures
+
+    @staticmethod
+    def _produce(producer: Producer, topic: str, kwargs: dict[str, Any]) -> None:
+        while True:
+            try:
+                producer.produce(topic, **kwargs)
+                return
+            except BufferError:
+                # Local queue full: let deliveries drain, then go on with the same record.
+                producer.poll(0.1)
+
+    def _recreate(self, cause: object) -> None:
+        # The records stay where they came from (outbox, deadline rows), so a fresh producer
+        # sends them again, in order, under the same message ids.
+        log.warning("recreating a producer after: %s", cause)
+        self._producer = self._factory()
+
+    def close(self, timeout: float) -> None:
+        self._producer.flush(timeout)

@@ -1,0 +1,185 @@
+"""The ports: what the runtime loops need from the outside world, as Protocols.
+
+The loops (``processor.runtime``) speak only to these. ``processor.postgres`` and
+``processor.kafka`` implement them over the real clients; ``processor.memory`` implements them in
+memory for unit tests and the saga fixture. One contract suite (``tests/contract``) runs the
+same cases against both sets.
+
+Every method raises only the runtime failures of :mod:`processor.errors`
+(``Retryable``, ``CommitInDoubt``, ``Fenced``, ``RecordDataError``, ``DeliveryFailed``), never a
+driver's own exception, so a loop decides what to do from the failure class alone.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from processor.engine.plan import Loaded, Wants, WriteSet
+from processor.engine.records import OffsetCommit, OutboxRow, Record
+from processor.errors import SendFailure
+
+__all__ = [
+    "TP",
+    "BatchStore",
+    "DeadlineStore",
+    "Due",
+    "OutboxEntry",
+    "OutboxStore",
+    "RecordConsumer",
+    "RecordProducer",
+    "WakeSource",
+]
+
+TP = tuple[str, int]
+"""A (topic, partition) pair."""
+
+Positions = dict[TP, tuple[int, int | None]]
+"""Per partition: (owner epoch, next offset to read, or None when nothing was stored yet)."""
+
+
+class BatchStore(Protocol):
+    """The consumer's side of the store. Each call is its own transaction.
+
+    After a broken connection the next call reconnects; the call that broke raises
+    ``Retryable`` (or ``CommitInDoubt`` when the break came while committing).
+    """
+
+    def claim(self, partitions: Sequence[TP], owner: str) -> Positions:
+        """Takes ownership: bumps each partition's epoch, so older owners' commits fail."""
+        ...
+
+    def read_offsets(self, partitions: Sequence[TP]) -> Positions:
+        """The stored positions and epochs, as committed."""
+        ...
+
+    def load(self, wants: Wants) -> Loaded:
+        """Reads every row the planner needs for one batch, with the database's clock."""
+        ...
+
+    def write(
+        self,
+        ws: WriteSet,
+        offsets: Sequence[OffsetCommit],
+        *,
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
+        """Writes one planned batch and its offsets atomically.
+
+        Raises:
+            FencedOut: An offset's epoch or expected position moved; nothing is written.
+            ConcurrentUpdate: A saga row's version moved; nothing is written.
+            RecordDataError: The database refused some data; nothing is written.
+            Retryable: The database is unreachable; nothing is written.
+            CommitInDoubt: The connection broke during COMMIT; read the offsets to know.
+        """
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxEntry:
+    """One claimed outbox row: its id (commit order) and the record to publish."""
+
+    id: int
+    row: OutboxRow
+
+
+class OutboxStore(Protocol):
+    """The relay's side of the store."""
+
+    def claim(self, limit: int) -> AbstractContextManager[list[OutboxEntry] | None]:
+        """Claims up to ``limit`` committed rows in id order, as one transaction.
+
+        Yields None when another relay is publishing. Leaving the block normally removes the
+        claimed rows; leaving it with an exception puts them all back.
+        """
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Due:
+    """A deadline claimed for firing by the lease holder."""
+
+    id: str
+    saga_type: str
+    saga_id: str
+    name: str
+    topic: str
+    partition: int
+    due_at: datetime
+
+
+class DeadlineStore(Protocol):
+    """The deadline poller's side of the store. Every time is the database's clock."""
+
+    def acquire(self, holder: str, ttl_seconds: float) -> int | None:
+        """Takes or renews the poller lease; its fencing token, or None when another holds it."""
+        ...
+
+    def claim_due(
+        self, holder: str, token: int, limit: int, *, full: bool, redispatch_after: float
+    ) -> tuple[list[Due], float | None]:
+        """Marks up to ``limit`` due deadlines dispatched under ``token``, only while the lease
+        is ours (checked in the same statement).
+
+        ``full`` also takes rows dispatched under another token or longer than
+        ``redispatch_after`` seconds ago. Returns the rows, and, when fewer than ``limit`` were
+        due, the seconds until the next one comes due (None when none is pending).
+        """
+        ...
+
+    def unclaim(self, ids: Sequence[str], token: int) -> None:
+        """Makes rows whose fired records were not acknowledged due again."""
+        ...
+
+    def next_redispatch_in(self, token: int, redispatch_after: float) -> float | None:
+        """Seconds until this token's oldest dispatch may be sent again; None when none."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class WakeSource(Protocol):
+    """Wake-ups from other processes (PostgreSQL LISTEN/NOTIFY in production)."""
+
+    def run(self, stop: threading.Event, on_wake: Callable[[], None]) -> None:
+        """Calls ``on_wake`` for each notification until ``stop`` is set; reconnects itself."""
+        ...
+
+
+class RecordProducer(Protocol):
+    """Sends records to Kafka and waits for their acknowledgements."""
+
+    def send(self, records: Sequence[OutboxRow], timeout: float) -> list[SendFailure]:
+        """Produces every record in order and waits up to ``timeout`` for acknowledgements.
+
+        Returns one failure per record that was not acknowledged (empty: all were). Raises
+        ``Retryable`` when the client itself failed; it recreates itself for the next call.
+        """
+        ...
+
+    def close(self, timeout: float) -> None: ...
+
+
+class RecordConsumer(Protocol):
+    """A consumer group member whose positions come from the store, not from Kafka."""
+
+    def consume(self, max_records: int, timeout: float) -> list[Record]: ...
+
+    def seek(self, tp: TP, offset: int | None) -> None: ...
+
+    def pause(self, tps: Sequence[TP]) -> None: ...
+
+    def commit_advisory(self, offsets: Mapping[TP, int]) -> None:
+        """Mirrors stored positions to Kafka so lag tools work; the store stays the authority."""
+        ...
+
+    def close(self) -> None: ...

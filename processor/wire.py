@@ -1,0 +1,163 @@
+"""The wire format in one place: header names, the records the processor itself writes, NOTIFY
+channels and topic names.
+
+Everything another service (in any language) sees of the processor is spelled here: the headers
+of events and commands, the deadline-fired records the poller sends to a saga's own partition,
+the headers of dead letters, and how a topic prefix applies. Pure: no client imports.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+__all__ = [
+    "DEADLINE_FIRED",
+    "HEADER_CAUSATION_ID",
+    "HEADER_CORRELATION_ID",
+    "HEADER_DEADLINE_ID",
+    "HEADER_DEADLINE_NAME",
+    "HEADER_DEADLINE_UNIX_MS",
+    "HEADER_FENCING_TOKEN",
+    "HEADER_MESSAGE_ID",
+    "HEADER_MESSAGE_TYPE",
+    "HEADER_OCCURRED_AT",
+    "HEADER_SAGA_ID",
+    "HEADER_SAGA_TYPE",
+    "HEADER_SCHEMA_VERSION",
+    "FiredRecord",
+    "Topics",
+    "dead_letter_headers",
+    "deadline_channel",
+    "outbox_channel",
+]
+
+# -- headers of events and commands ---------------------------------------------------------
+HEADER_MESSAGE_ID = "message-id"
+HEADER_MESSAGE_TYPE = "message-type"
+HEADER_SCHEMA_VERSION = "schema-version"
+HEADER_CORRELATION_ID = "correlation-id"
+HEADER_CAUSATION_ID = "causation-id"
+HEADER_OCCURRED_AT = "occurred-at"
+HEADER_SAGA_TYPE = "saga-type"
+HEADER_SAGA_ID = "saga-id"
+HEADER_DEADLINE_UNIX_MS = "deadline-unix-ms"
+
+# -- deadline-fired records -----------------------------------------------------------------
+DEADLINE_FIRED = "saga.deadline-fired"
+HEADER_DEADLINE_ID = "deadline-id"
+HEADER_DEADLINE_NAME = "deadline-name"
+HEADER_FENCING_TOKEN = "fencing-token"
+
+# -- dead letters ---------------------------------------------------------------------------
+HEADER_DEAD_LETTER_REASON = "dead-letter-reason"
+HEADER_DEAD_LETTER_DETAIL = "dead-letter-detail"
+HEADER_SOURCE_TOPIC = "source-topic"
+HEADER_SOURCE_PARTITION = "source-partition"
+HEADER_SOURCE_OFFSET = "source-offset"
+
+
+@dataclass(frozen=True, slots=True)
+class FiredRecord:
+    """A deadline that came due, as the poller sends it to the saga's own input partition.
+
+    The consumer applies it only if ``token`` is the deadline row's dispatch token and the
+    current lease token, so a paused ex-leader's late records are no-ops.
+    """
+
+    saga_type: str
+    saga_id: str
+    deadline_id: str
+    name: str
+    token: int
+    due_at: datetime | None = None
+
+    @property
+    def message_id(self) -> str:
+        """Unique per dispatch: a redispatch under a new token is a new record."""
+        return f"deadline:{self.deadline_id}:{self.token}"
+
+    def key(self) -> bytes:
+        return self.saga_id.encode()
+
+    def value(self) -> bytes:
+        body = {
+            "saga_type": self.saga_type,
+            "saga_id": self.saga_id,
+            "deadline_id": self.deadline_id,
+            "name": self.name,
+            "token": self.token,
+            "due_at": self.due_at.isoformat() if self.due_at is not None else None,
+        }
+        return json.dumps(body).encode()
+
+    def headers(self) -> dict[str, str]:
+        return {
+            HEADER_MESSAGE_TYPE: DEADLINE_FIRED,
+            HEADER_MESSAGE_ID: self.message_id,
+            HEADER_SAGA_TYPE: self.saga_type,
+            HEADER_SAGA_ID: self.saga_id,
+            HEADER_DEADLINE_ID: self.deadline_id,
+            HEADER_DEADLINE_NAME: self.name,
+            HEADER_FENCING_TOKEN: str(self.token),
+        }
+
+    @classmethod
+    def parse(cls, value: bytes | None) -> FiredRecord:
+        """Reads a fired record's value; raises ValueError when it is malformed."""
+        try:
+            body = json.loads(value or b"")
+            return cls(
+                saga_type=str(body["saga_type"]),
+                saga_id=str(body["saga_id"]),
+                deadline_id=str(body["deadline_id"]),
+                name=str(body["name"]),
+                token=int(body["token"]),
+            )
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError("malformed deadline-fired record") from e
+
+
+def dead_letter_headers(
+    original: Mapping[str, str],
+    *,
+    reason: str,
+    detail: str,
+    topic: str,
+    partition: int,
+    offset: int,
+) -> dict[str, str]:
+    """The original headers plus why and where from: enough to find and replay the record."""
+    return {
+        **original,
+        HEADER_DEAD_LETTER_REASON: reason,
+        HEADER_DEAD_LETTER_DETAIL: detail,
+        HEADER_SOURCE_TOPIC: topic,
+        HEADER_SOURCE_PARTITION: str(partition),
+        HEADER_SOURCE_OFFSET: str(offset),
+    }
+
+
+# -- NOTIFY channels ------------------------------------------------------------------------
+def outbox_channel(schema: str) -> str:
+    """Notified once per batch that wrote outbox rows; wakes every replica's relay."""
+    return f"saga_outbox_{schema}"
+
+
+def deadline_channel(schema: str) -> str:
+    """Notified once per batch that scheduled deadlines; wakes the deadline poller."""
+    return f"saga_deadline_{schema}"
+
+
+# -- topics ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """Topic naming: every topic the processor reads or writes carries ``prefix``."""
+
+    prefix: str = ""
+
+    def name(self, topic: str) -> str:
+        """The topic's name on the broker."""
+        return self.prefix + topic
