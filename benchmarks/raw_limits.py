@@ -20,8 +20,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 
 from benchmarks.common import kafka_config, say
 from processor.engine.decode import DEADLINE_FIRED
-from processor.engine.plan import DeadlineInsert, HistoryRow, SagaWrite, Wants, WriteSet
 from processor.engine.records import OffsetCommit, OutboxRow
+from processor.engine.rows import DeadlineInsert, HistoryRow, SagaWrite, Wants, WriteSet
 from processor.kafka.producer import make_producer
 from processor.messages import (
     HEADER_CAUSATION_ID,

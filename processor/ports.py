@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from processor.engine.plan import Loaded, Wants, WriteSet
 from processor.engine.records import OffsetCommit, OutboxRow, Record
+from processor.engine.rows import Loaded, Wants, WriteSet
 from processor.errors import SendFailure
 
 __all__ = [

@@ -8,16 +8,30 @@ planned again from freshly loaded rows.
 from __future__ import annotations
 
 import random
-import uuid
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from processor.engine.decode import Decoded, Event, FiredDeadline, Reason, Rejected
 from processor.engine.records import OutboxRow, Record
+from processor.engine.rows import (
+    ACTIVE,
+    ENDED,
+    PARKED,
+    DeadLetter,
+    DeadlineInsert,
+    HistoryRow,
+    Loaded,
+    Outcome,
+    ParkedMessage,
+    SagaKey,
+    SagaRow,
+    SagaStatus,
+    SagaWrite,
+    Wants,
+    WriteSet,
+)
 from processor.errors import HandlerError
 from processor.handles import CancelDeadline, CommandIntent, DeadlineOp, ScheduleDeadline
 from processor.machine.states import machine_state_of
@@ -39,52 +53,6 @@ from processor.runner import BoundSaga, DeadlineInput, EventInput, command_messa
 # Seeded from the OS once per process, so replicas never share a sequence.
 _random_bits = random.Random().getrandbits
 
-ACTIVE = "active"
-ENDED = "ended"
-PARKED = "parked"
-
-SagaKey = tuple[str, str]
-
-
-@dataclass(slots=True)
-class SagaRow:
-    saga_type: str
-    saga_id: str
-    state: dict[str, Any] | None
-    # None plans against the row as if the saga had not started: an operator's retry of a saga
-    # whose start handler failed keeps the row (and its version) but has no state to run on.
-    status: str | None
-    version: int
-    parked_reason: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class DeadlineRef:
-    saga_type: str
-    saga_id: str
-    name: str
-    due_at: datetime
-    payload: Any
-    dispatch_token: int | None
-
-
-@dataclass(frozen=True)
-class Loaded:
-    """Rows the planner needs, read in the batch's transaction."""
-
-    sagas: Mapping[SagaKey, SagaRow]
-    applied: AbstractSet[tuple[str, str, str]]
-    deadlines: Mapping[str, DeadlineRef]
-    lease_token: int | None
-    now: datetime  # the database's clock, so deadlines and the poller agree on time
-
-
-@dataclass(frozen=True)
-class Wants:
-    saga_keys: set[SagaKey]
-    message_keys: set[tuple[str, str, str]]
-    deadline_ids: set[str]
-
 
 @dataclass(frozen=True, slots=True)
 class Item:
@@ -102,74 +70,6 @@ class Item:
 
 
 @dataclass(slots=True)
-class SagaWrite:
-    saga_type: str
-    saga_id: str
-    state: dict[str, Any] | None
-    status: str
-    version: int
-    expected_version: int | None  # None: the row is new
-    parked_reason: str | None
-    # Copied to the queryable `machine_state` column; None for sagas that are not machines.
-    machine_state: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class HistoryRow:
-    saga_type: str
-    saga_id: str
-    message_id: str
-    message_type: str
-    kind: str
-    outcome: str
-    version: int | None
-    topic: str
-    partition: int
-    offset: int
-    detail: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class DeadlineInsert:
-    id: str
-    saga_type: str
-    saga_id: str
-    name: str
-    due_at: datetime
-    payload: Any
-    topic: str
-    partition: int
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    record: Record
-    reason: str
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class ParkedMessage:
-    saga_type: str
-    saga_id: str
-    record: Record
-    reason: str
-
-
-@dataclass
-class WriteSet:
-    sagas: list[SagaWrite] = field(default_factory=list)
-    history: list[HistoryRow] = field(default_factory=list)
-    outbox: list[OutboxRow] = field(default_factory=list)
-    deadline_clears: list[SagaKey] = field(default_factory=list)
-    deadline_deletes: list[tuple[str, str, str]] = field(default_factory=list)
-    deadline_inserts: list[DeadlineInsert] = field(default_factory=list)
-    dead_letters: list[DeadLetter] = field(default_factory=list)
-    parked: list[ParkedMessage] = field(default_factory=list)
-    counts: Counter[str] = field(default_factory=Counter)
-
-
-@dataclass(slots=True)
 class _Working:
     """A saga's in-memory state while the batch runs over it."""
 
@@ -177,7 +77,7 @@ class _Working:
     saga_id: str
     row: SagaRow | None
     state: Any  # SagaState | None
-    status: str | None
+    status: SagaStatus | None
     version: int
     parked_reason: str | None = None
     dirty: bool = False
@@ -273,7 +173,7 @@ class Planner:
             else:
                 mkey = (*key, item.message_id)
                 if mkey in seen:
-                    self._history(ws, w, item, "duplicate")
+                    self._history(ws, w, item, Outcome.DUPLICATE)
                     continue
                 self._event(ws, w, item, item.decoded, now, seen, mkey)
         for w in working.values():
@@ -300,11 +200,11 @@ class Planner:
     ) -> None:
         handler = w.bound.definition.event_handlers[type(event.message)]
         if w.status == PARKED:
-            self._park(ws, w, item, "behind a parked saga", "parked-behind")
+            self._park(ws, w, item, "behind a parked saga", Outcome.PARKED_BEHIND)
         elif w.status == ENDED:
-            self._history(ws, w, item, "ignored-ended")
+            self._history(ws, w, item, Outcome.IGNORED_ENDED)
         elif w.status is None and not handler.start:
-            self._history(ws, w, item, "no-saga")
+            self._history(ws, w, item, Outcome.NO_SAGA)
         else:
             inp = EventInput(event.message, event.metadata)
             self._run(ws, w, item, lambda: w.bound.handle_event(w.state, w.saga_id, inp, now), now)
@@ -322,7 +222,7 @@ class Planner:
     ) -> None:
         ref = loaded.deadlines.get(fired.deadline_id)
         if w.status == PARKED:
-            self._park(ws, w, item, "behind a parked saga", "parked-behind")
+            self._park(ws, w, item, "behind a parked saga", Outcome.PARKED_BEHIND)
             return
         stale = (
             ref is None
@@ -333,13 +233,13 @@ class Planner:
             or loaded.lease_token != fired.token  # fired by a poller that has since lost the lease
         )
         if stale or ref is None:
-            self._history(ws, w, item, "deadline-stale")
+            self._history(ws, w, item, Outcome.DEADLINE_STALE)
             return
         # The deadline is consumed by its own handler's transaction.
         w.deadline_ops[fired.name] = None
         w.dirty = True
         if fired.name not in w.bound.definition.deadline_handlers:
-            self._history(ws, w, item, "deadline-no-handler")
+            self._history(ws, w, item, Outcome.DEADLINE_NO_HANDLER)
             return
         inp = DeadlineInput(fired.name, fired.deadline_id, ref.payload, ref.due_at)
         self._run(ws, w, item, lambda: w.bound.handle_deadline(w.state, w.saga_id, inp, now), now)
@@ -357,7 +257,7 @@ class Planner:
             cause = error.cause if getattr(error, "cause", None) is not None else error
             reason = f"{error.handler_name}: {type(cause).__name__}: {cause}"[:1000]
             w.parked_reason = reason
-            self._park(ws, w, item, reason, "parked")
+            self._park(ws, w, item, reason, Outcome.PARKED)
             ws.counts["handler-failed"] += 1
             return
         w.state = outcome.state
@@ -373,7 +273,7 @@ class Planner:
         else:
             for op in outcome.deadlines:
                 self._deadline(w, op, item)
-        self._history(ws, w, item, "applied", version=w.version, detail=outcome.handler_name)
+        self._history(ws, w, item, Outcome.APPLIED, version=w.version, detail=outcome.handler_name)
         ws.counts["ended" if outcome.ended else "applied"] += 1
 
     def _deadline(self, w: _Working, op: DeadlineOp, item: Item) -> None:
@@ -396,7 +296,7 @@ class Planner:
             partition=record.partition,
         )
 
-    def _park(self, ws: WriteSet, w: _Working, item: Item, reason: str, outcome: str) -> None:
+    def _park(self, ws: WriteSet, w: _Working, item: Item, reason: str, outcome: Outcome) -> None:
         w.status = PARKED
         w.version += 1
         w.dirty = True
@@ -410,7 +310,7 @@ class Planner:
         ws: WriteSet,
         w: _Working,
         item: Item,
-        outcome: str,
+        outcome: Outcome,
         *,
         version: int | None = None,
         detail: str | None = None,
@@ -435,7 +335,7 @@ class Planner:
                 detail,
             )
         )
-        if outcome != "applied":
+        if outcome is not Outcome.APPLIED:
             ws.counts[outcome] += 1
 
     def _correlation(self, item: Item) -> str:
@@ -520,40 +420,3 @@ class Planner:
             ws.deadline_deletes.append((*key, name))
             if insert is not None:
                 ws.deadline_inserts.append(insert)
-
-
-def overlay(loaded: Loaded, prior: WriteSet) -> Loaded:
-    """What `loaded` will be once `prior` commits: lets a batch be planned while the one before
-    it is still committing.
-
-    Rows the prior batch writes replace the stored ones (so versions chain), the messages it
-    applied count as applied, and deadlines it deletes (consumed, cancelled, rescheduled, or
-    cleared by an end) are gone. If the prior batch does not commit, the caller discards what
-    it planned on top of it.
-
-    The prior batch may in fact have committed already, so every step must also hold when
-    `loaded` reflects it: in particular a deadline row the prior batch inserted stays, even
-    though the same batch deleted that name first (a schedule is delete-then-insert).
-    """
-    sagas = dict(loaded.sagas)
-    for s in prior.sagas:
-        sagas[(s.saga_type, s.saga_id)] = SagaRow(
-            s.saga_type, s.saga_id, s.state, s.status, s.version, s.parked_reason
-        )
-    applied = set(loaded.applied)
-    applied.update(
-        (h.saga_type, h.saga_id, h.message_id) for h in prior.history if h.outcome == "applied"
-    )
-    deleted = set(prior.deadline_deletes)
-    cleared = set(prior.deadline_clears)
-    inserted = {uuid.UUID(d.id) for d in prior.deadline_inserts}
-    deadlines = {
-        did: ref
-        for did, ref in loaded.deadlines.items()
-        if uuid.UUID(did) in inserted
-        or (
-            (ref.saga_type, ref.saga_id, ref.name) not in deleted
-            and (ref.saga_type, ref.saga_id) not in cleared
-        )
-    }
-    return Loaded(sagas, applied, deadlines, loaded.lease_token, loaded.now)

@@ -20,17 +20,9 @@ from typing import Any
 
 from processor.cli import command, ops_connection, saga_key_arguments, text_table
 from processor.engine.decode import Rejected, decode
-from processor.engine.plan import (
-    ACTIVE,
-    PARKED,
-    Item,
-    Planner,
-    SagaRow,
-    SagaWrite,
-    Wants,
-    WriteSet,
-)
+from processor.engine.plan import Item, Planner
 from processor.engine.records import Record
+from processor.engine.rows import ACTIVE, PARKED, SagaRow, SagaWrite, Wants, WriteSet
 from processor.errors import SagaError
 from processor.messages import MessageRegistry
 from processor.messages import registry as default_registry

@@ -15,8 +15,8 @@ import psycopg
 from psycopg.rows import TupleRow
 from pydantic_core import to_json
 
-from processor.engine.plan import DeadlineRef, Loaded, SagaRow, Wants, WriteSet
 from processor.engine.records import OffsetCommit
+from processor.engine.rows import DeadlineRef, Loaded, SagaRow, SagaStatus, Wants, WriteSet
 from processor.errors import ConcurrentUpdate, FencedOut
 from processor.postgres.schema import Tables
 
@@ -205,7 +205,7 @@ class BatchStore:
             c3 = self.conn.execute(self._load_deadlines, (ids,)) if ids else None
             c4 = self.conn.execute(self._load_lease, (LEASE_NAME,)) if ids else None
         sagas = {
-            (t, i): SagaRow(t, i, state, status, version, reason)
+            (t, i): SagaRow(t, i, state, SagaStatus(status), version, reason)
             for t, i, state, status, version, reason in c1.fetchall()
         }
         applied = {(t, i, m) for t, i, m in c2.fetchall()} if c2 else set()
@@ -232,6 +232,25 @@ class BatchStore:
         # statement. A replica frozen anywhere in here (SIGSTOP, a stalled VM) would then hold
         # these row locks, and block the partitions' next owner, until it woke up. The extra
         # round trips cost little: this runs on the writer thread, beside the next batch's work.
+        # Fencing first: the offsets' compare-and-set also locks those rows against a claim, and
+        # a batch whose partitions were taken over stops here, before it writes a saga row (a
+        # stale batch would otherwise fail on a saga's key and look like a data error).
+        if offsets:
+            committed = conn.execute(
+                self._commit_offsets,
+                (
+                    [o.topic for o in offsets],
+                    [o.partition for o in offsets],
+                    [o.next_offset for o in offsets],
+                    [o.expected for o in offsets],
+                    [o.epoch for o in offsets],
+                    self.group_id,
+                ),
+            )
+            done = {(t, p) for t, p in committed.fetchall()}
+            lost = {(o.topic, o.partition) for o in offsets} - done
+            if lost:
+                raise FencedOut(lost)
         if new:
             conn.execute(
                 self._insert_sagas,
@@ -245,7 +264,6 @@ class BatchStore:
                     [s.machine_state for s in new],
                 ),
             )
-        updated = None
         if old:
             updated = conn.execute(
                 self._update_sagas,
@@ -260,6 +278,10 @@ class BatchStore:
                     [s.machine_state for s in old],
                 ),
             )
+            if updated.rowcount != len(old):
+                raise ConcurrentUpdate(
+                    f"{len(old) - updated.rowcount} saga rows changed under the batch"
+                )
         if ws.history:
             h = ws.history
             conn.execute(
@@ -329,28 +351,6 @@ class BatchStore:
         if ws.deadline_inserts:
             # Wakes the deadline poller (in any replica) in case this one is due sooner.
             conn.execute("SELECT pg_notify(%s, '')", (self.deadline_channel,))
-        committed = None
-        if offsets:
-            committed = conn.execute(
-                self._commit_offsets,
-                (
-                    [o.topic for o in offsets],
-                    [o.partition for o in offsets],
-                    [o.next_offset for o in offsets],
-                    [o.expected for o in offsets],
-                    [o.epoch for o in offsets],
-                    self.group_id,
-                ),
-            )
-        if updated is not None and updated.rowcount != len(old):
-            raise ConcurrentUpdate(
-                f"{len(old) - updated.rowcount} saga rows changed under the batch"
-            )
-        if committed is not None:
-            done = {(t, p) for t, p in committed.fetchall()}
-            lost = {(o.topic, o.partition) for o in offsets} - done
-            if lost:
-                raise FencedOut(lost)
 
     def insert_outbox(self, rows: Sequence[Any]) -> None:
         self.conn.execute(

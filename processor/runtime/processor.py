@@ -14,15 +14,18 @@ from datetime import timedelta
 from typing import Any
 
 from processor.definition import definition_of
-from processor.engine.plan import Planner, WriteSet
+from processor.engine.plan import Planner
+from processor.engine.rows import WriteSet
 from processor.kafka.client import SagaConsumer
 from processor.kafka.producer import make_producer
 from processor.messages import MessageRegistry
 from processor.messages import registry as default_registry
+from processor.postgres.batch import PostgresBatchStore
 from processor.postgres.connect import connect, ensure_schema
 from processor.postgres.schema import Tables
-from processor.postgres.store import BatchStore, Conn
+from processor.postgres.store import Conn
 from processor.runner import BoundSaga, bind_all
+from processor.runtime.hooks import Hooks
 from processor.runtime.relay import NotifyListener, Relay
 from processor.runtime.worker import Worker
 from processor.settings import ProcessorSettings
@@ -64,8 +67,11 @@ class Processor:
         *,
         dependencies: Mapping[type, object] | None = None,
         registry: MessageRegistry = default_registry,
+        hooks: Hooks | None = None,
     ) -> None:
         self.settings = settings
+        # Fault points for tests; nothing is registered in production.
+        self.hooks = hooks or Hooks()
         classes = (
             list(saga_classes) if saga_classes is not None else load_saga_classes(settings.sagas)
         )
@@ -125,20 +131,25 @@ class Processor:
         if self.settings.deadline.schema_.auto:
             ensure_schema(self.settings.database.url.get_secret_value(), self.tables)
         kafka = self.settings.kafka.client_config()
-        self.worker = Worker(
+        group = self.settings.consumer.group_id
+
+        def batch_store() -> PostgresBatchStore:
             # Once the session times out the group gives this replica's partitions to another,
             # which must then be able to claim them even if this process is frozen mid-batch.
-            store_factory=lambda: BatchStore(
-                self.connect(self.settings.consumer.session_timeout),
-                self.tables,
-                self.settings.consumer.group_id,
-            ),
+            return PostgresBatchStore(
+                lambda: self.connect(self.settings.consumer.session_timeout), self.tables, group
+            )
+
+        self.worker = Worker(
+            store=batch_store(),
+            control=batch_store(),
             planner=self.planner,
             registry=self.registry,
             owner=self.instance_id,
             max_record_bytes=self.settings.consumer.max_record_bytes,
             batch_size=self.settings.consumer.batch_size,
             batch_timeout=self.settings.consumer.batch_timeout.total_seconds(),
+            hooks=self.hooks,
         )
         if self.settings.relay.enabled:
             rs = self.settings.relay
@@ -152,6 +163,7 @@ class Processor:
                 poll_interval=rs.poll_interval.total_seconds(),
                 flush_timeout=rs.flush_timeout.total_seconds(),
             )
+            self.relay.fault_hook = self.hooks.fire
             listener = NotifyListener(self.connect, self.relay.channel, self.relay.wake)
             self._spawn("relay", self.relay.run)
             self._spawn("relay-listener", listener.run)
@@ -226,8 +238,8 @@ class Processor:
         for thread in self._threads:
             thread.join(timeout / 2)
         if worker is not None:
-            worker.store.conn.close()
-            worker.control.conn.close()
+            worker.store.close()
+            worker.control.close()
         if self.relay is not None:
             self.relay.close()
         log.info("processor %s stopped", self.instance_id)

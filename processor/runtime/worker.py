@@ -1,8 +1,12 @@
-"""The consumer loop: one batch per poll, one transaction per batch, offsets stored with effects."""
+"""The consumer loop: one batch per poll, one transaction per batch, offsets stored with effects.
+
+Speaks only to ports: a :class:`~processor.ports.RecordConsumer` for records, and two
+:class:`~processor.ports.BatchStore` handles (one commits on the writer thread while the other
+serves rebalance callbacks, planning reads and resyncs on the consuming thread).
+"""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections import Counter
@@ -11,15 +15,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-import psycopg
-
 from processor.engine.decode import Event, Rejected, decode
-from processor.engine.plan import Item, Planner, Wants, WriteSet, overlay
+from processor.engine.overlay import overlay
+from processor.engine.plan import Item, Planner
 from processor.engine.records import OffsetCommit, Record
-from processor.errors import ConcurrentUpdate, FencedOut
-from processor.kafka.client import TP, SagaConsumer
+from processor.engine.rows import Wants, WriteSet
+from processor.errors import CommitInDoubt, Failure, RuntimeFailure
 from processor.messages import MessageRegistry
-from processor.postgres.store import BatchStore
+from processor.ports import TP, BatchStore, RecordConsumer
+from processor.runtime.hooks import Hooks
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -45,7 +49,8 @@ class Worker:
     def __init__(
         self,
         *,
-        store_factory: Callable[[], BatchStore],
+        store: BatchStore,
+        control: BatchStore,
         planner: Planner,
         registry: MessageRegistry,
         owner: str,
@@ -53,11 +58,11 @@ class Worker:
         batch_size: int,
         batch_timeout: float,
         on_commit: Callable[[WriteSet], None] = lambda ws: None,
+        hooks: Hooks | None = None,
     ) -> None:
-        self._store_factory = store_factory
-        self.store = store_factory()
+        self.store = store
         # Rebalance callbacks and resync use their own connection (see on_assign).
-        self.control = store_factory()
+        self.control = control
         self.planner = planner
         self.registry = registry
         self.owner = owner
@@ -67,15 +72,14 @@ class Worker:
         self.on_commit = on_commit
         self.owned: dict[TP, _Owned] = {}
         self.stats = WorkerStats()
-        self.consumer: SagaConsumer | None = None
+        self.consumer: RecordConsumer | None = None
         self._failures = 0
-        self._broken = False
         # One writer thread: batch N commits there while batch N+1 is read and planned.
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-writer")
         self._pending: tuple[_Planned, Future[None]] | None = None
-        # Called at named points of a batch ("before-commit", "after-commit"); crash tests
-        # install a hook that kills the process there.
-        self.fault_hook: Callable[[str], None] = lambda point: None
+        # Named points of a batch ("before-write", "before-commit", "after-commit") where crash
+        # tests inject faults.
+        self.hooks = hooks or Hooks()
 
     # -- rebalance callbacks (run inside consume(), on the consuming thread) --------------------
 
@@ -94,10 +98,17 @@ class Worker:
         # of the rebalance and leave the partitions to yet another replica.
         for attempt in range(1, 11):
             try:
-                return self._with_control(lambda s: s.claim(tps, self.owner))
-            except psycopg.errors.LockNotAvailable:
-                log.warning("partitions %s still locked by their last owner (try %d)", tps, attempt)
-        return self._with_control(lambda s: s.claim(tps, self.owner))
+                return self.control.claim(tps, self.owner)
+            except RuntimeFailure as e:
+                if e.kind is not Failure.RETRYABLE:
+                    raise
+                log.warning(
+                    "could not claim %s yet (try %d): %s; their last owner may still hold them",
+                    sorted(tps),
+                    attempt,
+                    e,
+                )
+        return self.control.claim(tps, self.owner)
 
     def on_revoke(self, tps: list[TP]) -> None:
         # A batch of these partitions still committing is safe: the new owner's claim bumps the
@@ -124,7 +135,9 @@ class Worker:
             if batch is not None:
                 prior = self._pending[0].ws if self._pending is not None else None
                 planned = self._plan(batch, prior)
-        except psycopg.Error as e:
+        except RuntimeFailure as e:
+            if e.kind is not Failure.RETRYABLE:
+                raise
             # The control connection failed mid-read: settle what is in flight, then resync.
             log.warning("could not plan a batch (%s); resyncing", e)
             if self.settle():
@@ -145,9 +158,32 @@ class Worker:
         self._pending = None
         try:
             future.result()
-        except (FencedOut, ConcurrentUpdate, psycopg.Error) as e:
+        except CommitInDoubt as e:
             self.stats.rejected_batches += 1
-            log.warning("batch of %d records not committed (%s); resyncing", planned.batch.size, e)
+            log.warning(
+                "batch of %d records: commit outcome unknown (%s); reading the stored offsets",
+                planned.batch.size,
+                e,
+            )
+            self._resync(in_doubt=planned.batch)
+            return False
+        except RuntimeFailure as e:
+            if e.kind is Failure.FATAL:
+                raise
+            self.stats.rejected_batches += 1
+            if e.kind is Failure.FENCED:
+                log.warning(
+                    "batch of %d records not committed: fenced (%s); resyncing",
+                    planned.batch.size,
+                    e,
+                )
+            else:
+                log.warning(
+                    "batch of %d records not committed (%s: %s); resyncing",
+                    planned.batch.size,
+                    e.kind,
+                    e,
+                )
             self._resync()
             return False
         self._committed(planned)
@@ -182,25 +218,21 @@ class Worker:
 
     def _plan(self, batch: _Batch, prior: WriteSet | None) -> _Planned:
         """Loads the batch's rows (a short read on the control connection) and plans it."""
-        with self.control.conn.transaction():
-            loaded = self.control.load(batch.wants)
+        loaded = self.control.load(batch.wants)
         if prior is not None:
             loaded = overlay(loaded, prior)
         ws = self.planner.plan(batch.items, loaded, loaded.now, unrouted=batch.unrouted)
+        self.hooks.fire("before-write")
         return _Planned(batch, ws)
 
     def _write(self, planned: _Planned) -> None:
         """Writes and commits one planned batch; runs on the writer thread."""
-        try:
-            with self.store.conn.transaction():
-                self.store.write(planned.ws, planned.batch.offsets)
-                self.fault_hook("before-commit")
-        except psycopg.OperationalError:
-            # The connection broke, perhaps during COMMIT: the outcome is unknown until the
-            # offsets are read again, which resync does on a fresh connection.
-            self._broken = True
-            raise
-        self.fault_hook("after-commit")
+        self.store.write(
+            planned.ws,
+            planned.batch.offsets,
+            before_commit=lambda: self.hooks.fire("before-commit"),
+        )
+        self.hooks.fire("after-commit")
 
     def _advance(self, batch: _Batch) -> None:
         # The next batch is read and planned as if this one commits; resync undoes it if not.
@@ -218,17 +250,33 @@ class Worker:
         if self.consumer is not None:
             self.consumer.commit_advisory(planned.batch.last)
 
-    def _resync(self) -> None:
-        """After a failed or in-doubt commit: trust only what Postgres says was committed."""
-        self._failures += 1
-        if self._failures > 1:
-            # Bounded backoff while the database is unreachable; never a hot loop.
-            time.sleep(min(5.0, 0.1 * 2 ** min(self._failures, 6)))
-        if self._broken:
-            self._broken = False
-            self._reconnect()
-        tps = list(self.owned)
-        stored = self._with_control(lambda s: s.read_offsets(tps))
+    def _resync(self, in_doubt: _Batch | None = None) -> None:
+        """After a failed or in-doubt commit: trust only what the store says was committed."""
+        while True:
+            self._failures += 1
+            if self._failures > 1:
+                # Bounded backoff while the database is unreachable; never a hot loop.
+                time.sleep(min(5.0, 0.1 * 2 ** min(self._failures, 6)))
+            tps = list(self.owned)
+            try:
+                stored = self.control.read_offsets(tps)
+                break
+            except RuntimeFailure as e:
+                if e.kind is not Failure.RETRYABLE:
+                    raise
+                log.warning("could not read the stored offsets (%s); trying again", e)
+        if in_doubt is not None:
+            applied = all(
+                stored.get((o.topic, o.partition), (None, None)) == (o.epoch, o.next_offset)
+                for o in in_doubt.offsets
+            )
+            log.warning(
+                "batch of %d records: outcome found: %s",
+                in_doubt.size,
+                "committed" if applied else "not committed",
+            )
+            if applied:
+                self._failures = 0
         lost = []
         for tp in tps:
             epoch, nxt = stored.get(tp, (None, None))
@@ -243,21 +291,6 @@ class Worker:
             log.warning("fenced out of %s: another replica owns them now", sorted(lost))
             if self.consumer is not None:
                 self.consumer.pause(lost)
-
-    def _with_control(self, fn: Callable[[BatchStore], _T]) -> _T:
-        """Runs fn on the control connection, reconnecting once if it broke."""
-        try:
-            return fn(self.control)
-        except psycopg.OperationalError:
-            with contextlib.suppress(psycopg.Error):
-                self.control.conn.close()
-            self.control = self._store_factory()
-            return fn(self.control)
-
-    def _reconnect(self) -> None:
-        with contextlib.suppress(psycopg.Error):
-            self.store.conn.close()
-        self.store = self._store_factory()
 
 
 @dataclass(frozen=True, slots=True)

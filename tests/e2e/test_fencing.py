@@ -65,7 +65,7 @@ def test_frozen_replica_is_fenced_out_and_never_double_applies(e2e_env: E2EEnv, 
     zombie.signal(signal.SIGCONT)
     wait_until(lambda: log_lines(zombie, r"revoked \["), timeout=90, what="the zombie's revocation")
     wait_until(
-        lambda: log_lines(zombie, r"batch of \d+ records not committed"),
+        lambda: log_lines(zombie, r"batch of \d+ records.*not committed"),
         timeout=60,
         what="the zombie's frozen batch to be refused",
     )

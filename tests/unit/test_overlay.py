@@ -5,7 +5,8 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-from processor.engine.plan import (
+from processor.engine.overlay import overlay
+from processor.engine.rows import (
     DeadlineInsert,
     DeadlineRef,
     HistoryRow,
@@ -13,7 +14,6 @@ from processor.engine.plan import (
     SagaRow,
     SagaWrite,
     WriteSet,
-    overlay,
 )
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -20,18 +20,9 @@ from processor import (
     saga_event_handler,
 )
 from processor.engine.decode import DEADLINE_FIRED, Reason, Rejected, decode
-from processor.engine.plan import (
-    ACTIVE,
-    ENDED,
-    PARKED,
-    DeadlineRef,
-    Item,
-    Loaded,
-    Planner,
-    SagaRow,
-    WriteSet,
-)
+from processor.engine.plan import Item, Planner
 from processor.engine.records import Record
+from processor.engine.rows import ACTIVE, ENDED, PARKED, DeadlineRef, Loaded, SagaRow, WriteSet
 from processor.messages import MessageRegistry
 from processor.runner import bind_all
 

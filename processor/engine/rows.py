@@ -1,0 +1,151 @@
+"""The shapes the pure engine reads and writes: loaded rows, planned writes, and the status and
+outcome values that the store spells the same way in its tables."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from processor.engine.records import OutboxRow, Record
+
+
+class SagaStatus(StrEnum):
+    """Lifecycle of a saga instance, as stored in ``saga_instance.status``."""
+
+    ACTIVE = "active"
+    ENDED = "ended"
+    PARKED = "parked"
+
+
+ACTIVE = SagaStatus.ACTIVE
+ENDED = SagaStatus.ENDED
+PARKED = SagaStatus.PARKED
+
+
+class Outcome(StrEnum):
+    """What one input record did to one saga, as stored in ``saga_history.outcome``."""
+
+    APPLIED = "applied"
+    DUPLICATE = "duplicate"
+    PARKED = "parked"
+    PARKED_BEHIND = "parked-behind"
+    IGNORED_ENDED = "ignored-ended"
+    NO_SAGA = "no-saga"
+    DEADLINE_STALE = "deadline-stale"
+    DEADLINE_NO_HANDLER = "deadline-no-handler"
+
+
+SagaKey = tuple[str, str]
+
+
+@dataclass(slots=True)
+class SagaRow:
+    saga_type: str
+    saga_id: str
+    state: dict[str, Any] | None
+    # None plans against the row as if the saga had not started: an operator's retry of a saga
+    # whose start handler failed keeps the row (and its version) but has no state to run on.
+    status: SagaStatus | None
+    version: int
+    parked_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlineRef:
+    saga_type: str
+    saga_id: str
+    name: str
+    due_at: datetime
+    payload: Any
+    dispatch_token: int | None
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """Rows the planner needs, read in the batch's transaction."""
+
+    sagas: Mapping[SagaKey, SagaRow]
+    applied: AbstractSet[tuple[str, str, str]]
+    deadlines: Mapping[str, DeadlineRef]
+    lease_token: int | None
+    now: datetime  # the database's clock, so deadlines and the poller agree on time
+
+
+@dataclass(frozen=True)
+class Wants:
+    saga_keys: set[SagaKey]
+    message_keys: set[tuple[str, str, str]]
+    deadline_ids: set[str]
+
+
+@dataclass(slots=True)
+class SagaWrite:
+    saga_type: str
+    saga_id: str
+    state: dict[str, Any] | None
+    status: SagaStatus
+    version: int
+    expected_version: int | None  # None: the row is new
+    parked_reason: str | None
+    # Copied to the queryable `machine_state` column; None for sagas that are not machines.
+    machine_state: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRow:
+    saga_type: str
+    saga_id: str
+    message_id: str
+    message_type: str
+    kind: str
+    outcome: Outcome
+    version: int | None
+    topic: str
+    partition: int
+    offset: int
+    detail: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlineInsert:
+    id: str
+    saga_type: str
+    saga_id: str
+    name: str
+    due_at: datetime
+    payload: Any
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    record: Record
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class ParkedMessage:
+    saga_type: str
+    saga_id: str
+    record: Record
+    reason: str
+
+
+@dataclass
+class WriteSet:
+    sagas: list[SagaWrite] = field(default_factory=list)
+    history: list[HistoryRow] = field(default_factory=list)
+    outbox: list[OutboxRow] = field(default_factory=list)
+    deadline_clears: list[SagaKey] = field(default_factory=list)
+    deadline_deletes: list[tuple[str, str, str]] = field(default_factory=list)
+    deadline_inserts: list[DeadlineInsert] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    parked: list[ParkedMessage] = field(default_factory=list)
+    counts: Counter[str] = field(default_factory=Counter)

@@ -1,0 +1,104 @@
+"""The consumer's store port over PostgreSQL: one transaction per call, errors translated.
+
+The SQL lives in :mod:`processor.postgres.store`; this module owns the connection's life. A call
+whose connection broke raises a runtime failure and drops the connection, and the next call
+opens a fresh one, so the loops never hold a driver object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Sequence
+
+import psycopg
+
+from processor.engine.records import OffsetCommit
+from processor.engine.rows import Loaded, Wants, WriteSet
+from processor.errors import CommitInDoubt, Retryable
+from processor.ports import TP, Positions
+from processor.postgres.errors import translate
+from processor.postgres.schema import Tables
+from processor.postgres.store import BatchStore, Conn
+
+log = logging.getLogger(__name__)
+
+
+class PostgresBatchStore:
+    """:class:`processor.ports.BatchStore` over PostgreSQL."""
+
+    def __init__(self, connect: Callable[[], Conn], tables: Tables, group_id: str) -> None:
+        self._connect = connect
+        self._tables = tables
+        self._group_id = group_id
+        self._sql: BatchStore | None = None
+
+    def _store(self) -> BatchStore:
+        if self._sql is None or self._sql.conn.closed:
+            try:
+                conn = self._connect()
+            except psycopg.Error as e:
+                raise translate(e) from e
+            self._sql = BatchStore(conn, self._tables, self._group_id)
+        return self._sql
+
+    @contextlib.contextmanager
+    def _translated(self) -> Iterator[None]:
+        try:
+            yield
+        except psycopg.Error as e:
+            failure = translate(e)
+            if self._sql is not None and (self._sql.conn.broken or self._sql.conn.closed):
+                # After a lost connection the next call starts afresh.
+                self.close()
+                raise Retryable(f"connection lost: {failure}") from e
+            raise failure from e
+
+    def claim(self, partitions: Sequence[TP], owner: str) -> Positions:
+        with self._translated():
+            return self._store().claim(partitions, owner)
+
+    def read_offsets(self, partitions: Sequence[TP]) -> Positions:
+        with self._translated():
+            return self._store().read_offsets(partitions)
+
+    def load(self, wants: Wants) -> Loaded:
+        with self._translated():
+            store = self._store()
+            with store.conn.transaction():
+                return store.load(wants)
+
+    def write(
+        self,
+        ws: WriteSet,
+        offsets: Sequence[OffsetCommit],
+        *,
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
+        committing = False
+        try:
+            store = self._store()
+            with store.conn.transaction():
+                store.write(ws, offsets)
+                if before_commit is not None:
+                    before_commit()
+                # Leaving the block sends COMMIT: a connection lost from here on leaves the
+                # outcome unknown until the stored offsets are read again.
+                committing = True
+        except psycopg.Error as e:
+            failure = translate(e)
+            broken = self._sql is None or self._sql.conn.broken or self._sql.conn.closed
+            if broken:
+                # Whatever the SQLSTATE (a lost socket, the server ending an idle session), a
+                # dropped connection is worth another try on a fresh one.
+                self.close()
+                if committing:
+                    raise CommitInDoubt(f"connection lost during COMMIT: {failure}") from e
+                raise Retryable(f"connection lost: {failure}") from e
+            raise failure from e
+
+    def close(self) -> None:
+        if self._sql is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._sql.conn.close()
+            self._sql = None
