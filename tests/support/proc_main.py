@@ -11,25 +11,26 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from processor.cli import main as cli_main
+from processor.runtime.hooks import Hooks
 from processor.runtime.processor import Processor
 from processor.settings import load_settings
 
 
-def _hook(point: str, at: int, action: str) -> object:
-    hits = {"n": 0}
+def _act(point: str, at: int, action: str) -> Callable[[], None]:
+    hits = 0
 
-    def hook(reached: str) -> None:
-        if reached != point:
-            return
-        hits["n"] += 1
-        if hits["n"] == at:
+    def act() -> None:
+        nonlocal hits
+        hits += 1
+        if hits == at:
             print(f"fault: {action} at {point} #{at}", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGKILL if action == "kill" else signal.SIGSTOP)
 
-    return hook
+    return act
 
 
 def main() -> int:
@@ -39,24 +40,23 @@ def main() -> int:
     import logging
 
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    proc = Processor(load_settings())
-    proc.start()
-    hook = _hook(
+    act = _act(
         point,
         int(os.environ.get("SAGA_FAULT_AT", "1")),
         os.environ.get("SAGA_FAULT_ACTION", "kill"),
     )
+    hooks = Hooks()
+    hooks.on(point, act)
+    proc = Processor(load_settings(), hooks=hooks)
+    proc.start()
     assert proc.worker is not None
-    proc.worker.fault_hook = hook  # type: ignore[assignment]
-    if proc.relay is not None:
-        proc.relay.fault_hook = hook  # type: ignore[assignment]
     if point == "before-write":
         # The worker calls no hook between planning and writing; the planner runs right there.
         plan = proc.worker.planner.plan
 
         def plan_then_hook(*args: Any, **kwargs: Any) -> Any:
             planned = plan(*args, **kwargs)
-            hook("before-write")  # type: ignore[operator]
+            hooks.fire("before-write")
             return planned
 
         proc.worker.planner.plan = plan_then_hook  # type: ignore[method-assign]
