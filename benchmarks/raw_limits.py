@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
@@ -22,6 +22,7 @@ from benchmarks.common import kafka_config, say
 from processor.engine.decode import DEADLINE_FIRED
 from processor.engine.records import OffsetCommit, OutboxRow
 from processor.engine.rows import DeadlineInsert, HistoryRow, SagaWrite, Wants, WriteSet
+from processor.errors import SendFailure
 from processor.kafka.producer import make_producer
 from processor.messages import (
     HEADER_CAUSATION_ID,
@@ -34,6 +35,7 @@ from processor.messages import (
     HEADER_SCHEMA_VERSION,
 )
 from processor.postgres.connect import connect
+from processor.postgres.outbox import PostgresOutboxStore
 from processor.postgres.schema import Tables
 from processor.postgres.store import BatchStore
 from processor.runtime.relay import Relay
@@ -114,14 +116,11 @@ def kafka_loop(kafka: str, source: str, sink: str, expected: int, batch_size: in
 class _NullProducer:
     """Stands in for Kafka so the relay's claim-delete is timed on its own."""
 
-    def produce(self, topic: str, **kwargs: Any) -> None:
+    def send(self, records: Sequence[OutboxRow], timeout: float) -> list[SendFailure]:
+        return []
+
+    def close(self, timeout: float) -> None:
         pass
-
-    def poll(self, timeout: float = 0) -> int:
-        return 0
-
-    def flush(self, timeout: float = 0) -> int:
-        return 0
 
 
 SAGA_TYPE = "transfer-saga"
@@ -214,9 +213,8 @@ def sql_loop(
     group = "bench-raw-sql"
     store = BatchStore(connect(database_url), tables, group)
     relay = Relay(
-        connect=lambda: connect(database_url),
-        tables=tables,
-        producer_factory=lambda: cast(Producer, _NullProducer()),
+        PostgresOutboxStore(lambda: connect(database_url), tables),
+        _NullProducer(),
         batch_size=max(1000, batch_size),
     )
     try:

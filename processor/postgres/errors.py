@@ -1,4 +1,10 @@
-"""Translates psycopg's exceptions into the runtime failure classes, by SQLSTATE."""
+"""Translation of psycopg errors into the runtime failures of :mod:`processor.errors`.
+
+Every adapter in this package catches ``psycopg.Error`` at its boundary and raises
+``translate(e) from e``, so the loops above decide from the failure class alone and never see a
+driver type. The table follows the SQLSTATE classes, not psycopg's exception classes, because
+the same Python class (``OperationalError``) covers both "try again" and "never works".
+"""
 
 from __future__ import annotations
 
@@ -6,25 +12,39 @@ import psycopg
 
 from processor.errors import RecordDataError, Retryable, RuntimeFailure
 
-# Connection exceptions (08), operator intervention such as a shutdown or a cancelled session
-# (57P), serialization failures and deadlocks (40), lock not available (55P03), insufficient
-# resources (53): the same work may succeed on a later try.
-_RETRYABLE_PREFIXES = ("08", "57P", "40", "55P03", "53")
-# Data exceptions (22), integrity constraint violations (23), program limits exceeded (54): the
-# data itself is refused, and will be again.
-_DATA_PREFIXES = ("22", "23", "54")
+__all__ = ["translate"]
+
+# Connection lost (08), operator intervention such as a shutdown (57P), serialization failure and
+# deadlock (40001, 40P01), lock wait timed out (55P03), insufficient resources (53): the same
+# work may succeed on a later attempt.
+_RETRYABLE = ("08", "57P", "40001", "40P01", "55P03", "53")
+# Data exception (22), integrity constraint violation (23), program limit exceeded (54): the
+# data of one write is refused; sending it again cannot help.
+_RECORD_DATA = ("22", "23", "54")
 
 
-def translate(error: psycopg.Error) -> RuntimeFailure:
-    """The runtime failure that ``error`` means; never echoes the offending values."""
-    state = error.sqlstate or ""
-    if isinstance(error, psycopg.OperationalError) and not state:
-        # No SQLSTATE: the client lost the server (closed socket, failed connect).
-        return Retryable(f"database unreachable: {type(error).__name__}")
-    if state.startswith(_RETRYABLE_PREFIXES):
-        return Retryable(f"database error {state}: {type(error).__name__}")
-    if state.startswith(_DATA_PREFIXES):
-        # The primary message names the constraint or the limit; the detail line would show
-        # the offending values, which may be personal data.
-        return RecordDataError(state, error.diag.message_primary or type(error).__name__)
-    return RuntimeFailure(f"database error {state or '?'}: {type(error).__name__}")
+def translate(e: psycopg.Error) -> RuntimeFailure:
+    """The runtime failure that a psycopg error means for the loop that met it.
+
+    Only the server's primary message is kept (``diag.message_primary``): the detail and the
+    full text may echo the offending values, which can be personal data.
+
+    Args:
+        e: The error psycopg raised.
+
+    Returns:
+        ``Retryable`` for a transient failure, ``RecordDataError`` for refused data, and a plain
+        ``RuntimeFailure`` (``Failure.FATAL``) for everything else.
+    """
+    state = e.sqlstate
+    if state is None:
+        # Raised by the client itself: a connection that failed, broke or was closed.
+        if isinstance(e, psycopg.OperationalError):
+            return Retryable(f"database unavailable: {type(e).__name__}: {e}")
+        return RuntimeFailure(f"database client error: {type(e).__name__}")
+    primary = e.diag.message_primary or type(e).__name__
+    if state.startswith(_RETRYABLE):
+        return Retryable(f"database unavailable ({state}): {primary}")
+    if state.startswith(_RECORD_DATA):
+        return RecordDataError(state, primary)
+    return RuntimeFailure(f"database error ({state}): {primary}")

@@ -19,6 +19,7 @@ from processor.engine.records import OffsetCommit
 from processor.engine.rows import DeadlineRef, Loaded, SagaRow, SagaStatus, Wants, WriteSet
 from processor.errors import ConcurrentUpdate, FencedOut
 from processor.postgres.schema import Tables
+from processor.wire import deadline_channel, outbox_channel
 
 Conn = psycopg.Connection[TupleRow]
 LEASE_NAME = "deadline-poller"
@@ -35,8 +36,8 @@ class BatchStore:
         self.conn = conn
         self.group_id = group_id
         r = tables.render
-        self.channel = f"saga_outbox_{tables.schema}"
-        self.deadline_channel = f"saga_deadline_{tables.schema}"
+        self.channel = outbox_channel(tables.schema)
+        self.deadline_channel = deadline_channel(tables.schema)
         self._claim = r(
             """
             INSERT INTO {offsets} AS o (group_id, topic, partition, next_offset, owner_epoch, owner)

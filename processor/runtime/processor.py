@@ -17,18 +17,21 @@ from processor.definition import definition_of
 from processor.engine.plan import Planner
 from processor.engine.rows import WriteSet
 from processor.kafka.client import SagaConsumer
-from processor.kafka.producer import make_producer
+from processor.kafka.producer import KafkaRecordProducer, make_producer
 from processor.messages import MessageRegistry
 from processor.messages import registry as default_registry
 from processor.postgres.batch import PostgresBatchStore
 from processor.postgres.connect import connect, ensure_schema
+from processor.postgres.notify import PostgresWakeSource
+from processor.postgres.outbox import PostgresOutboxStore
 from processor.postgres.schema import Tables
 from processor.postgres.store import Conn
 from processor.runner import BoundSaga, bind_all
 from processor.runtime.hooks import Hooks
-from processor.runtime.relay import NotifyListener, Relay
+from processor.runtime.relay import Relay
 from processor.runtime.worker import Worker
 from processor.settings import ProcessorSettings
+from processor.wire import outbox_channel
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +73,8 @@ class Processor:
         hooks: Hooks | None = None,
     ) -> None:
         self.settings = settings
-        # Fault points for tests; nothing is registered in production.
-        self.hooks = hooks or Hooks()
+        # Fault points for tests and benchmarks; nothing is registered in production.
+        self.hooks = hooks if hooks is not None else Hooks()
         classes = (
             list(saga_classes) if saga_classes is not None else load_saga_classes(settings.sagas)
         )
@@ -153,20 +156,22 @@ class Processor:
         )
         if self.settings.relay.enabled:
             rs = self.settings.relay
-            self.relay = Relay(
-                # A frozen relay must not keep the relay lock (and so every replica's outbox)
-                # for as long as it stays frozen; a live round idles at most one flush.
-                connect=lambda: self.connect(2 * rs.flush_timeout),
-                tables=self.tables,
-                producer_factory=lambda: make_producer(kafka),
+            relay = self.relay = Relay(
+                PostgresOutboxStore(
+                    # A frozen relay must not keep the relay lock (and so every replica's outbox)
+                    # for as long as it stays frozen; a live round idles at most one flush.
+                    lambda: self.connect(2 * rs.flush_timeout),
+                    self.tables,
+                ),
+                KafkaRecordProducer(lambda: make_producer(kafka)),
                 batch_size=rs.batch_size,
                 poll_interval=rs.poll_interval.total_seconds(),
                 flush_timeout=rs.flush_timeout.total_seconds(),
+                hooks=self.hooks,
             )
-            self.relay.fault_hook = self.hooks.fire
-            listener = NotifyListener(self.connect, self.relay.channel, self.relay.wake)
-            self._spawn("relay", self.relay.run)
-            self._spawn("relay-listener", listener.run)
+            listener = PostgresWakeSource(self.connect, outbox_channel(self.tables.schema))
+            self._spawn("relay", relay.run)
+            self._spawn("relay-listener", lambda stop: listener.run(stop, relay.wake.set))
         if self.settings.deadline.enabled:
             from processor.runtime.poller import DeadlinePoller
 

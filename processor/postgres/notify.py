@@ -1,0 +1,49 @@
+"""Wake-ups from other processes over PostgreSQL LISTEN/NOTIFY.
+
+A replica's own commits wake its loops in-process; commits in other replicas arrive here. A
+missed notification costs at most one poll interval, so the listener reconnects quietly.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import psycopg
+from psycopg import sql
+
+from processor.postgres.store import Conn
+
+__all__ = ["PostgresWakeSource"]
+
+log = logging.getLogger(__name__)
+
+
+class PostgresWakeSource:
+    """:class:`processor.ports.WakeSource` listening on one NOTIFY channel.
+
+    Args:
+        connect: Opens a new connection; the listener owns it (autocommit) while it runs.
+        channel: The channel to LISTEN on, from :func:`processor.wire.outbox_channel` or
+            :func:`processor.wire.deadline_channel`.
+    """
+
+    def __init__(self, connect: Callable[[], Conn], channel: str) -> None:
+        self._connect = connect
+        self.channel = channel
+
+    def run(self, stop: threading.Event, on_wake: Callable[[], None]) -> None:
+        """Calls ``on_wake`` for each notification until ``stop`` is set; reconnects itself."""
+        while not stop.is_set():
+            try:
+                with self._connect() as conn:
+                    conn.autocommit = True
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+                    while not stop.is_set():
+                        # A short timeout so that ``stop`` is seen within half a second.
+                        for _ in conn.notifies(timeout=0.5, stop_after=1):
+                            on_wake()
+            except psycopg.Error as e:
+                log.debug("notify listener on %s reconnecting: %s", self.channel, e)
+                stop.wait(1.0)

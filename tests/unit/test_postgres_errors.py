@@ -1,0 +1,44 @@
+"""psycopg errors become runtime failures by SQLSTATE class."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from psycopg import errors
+
+from processor.errors import Failure, RecordDataError
+from processor.postgres.errors import translate
+
+
+@pytest.mark.parametrize(
+    ("sqlstate", "kind"),
+    [
+        ("08006", Failure.RETRYABLE),
+        ("57P01", Failure.RETRYABLE),
+        ("40001", Failure.RETRYABLE),
+        ("40P01", Failure.RETRYABLE),
+        ("55P03", Failure.RETRYABLE),
+        ("53300", Failure.RETRYABLE),
+        ("22P02", Failure.RECORD_DATA),
+        ("23505", Failure.RECORD_DATA),
+        ("54000", Failure.RECORD_DATA),
+        ("42P01", Failure.FATAL),
+        ("57014", Failure.FATAL),
+    ],
+)
+def test_sqlstate_classes(sqlstate: str, kind: Failure) -> None:
+    error = errors.lookup(sqlstate)("server text")
+    assert translate(error).kind is kind
+
+
+def test_record_data_keeps_the_sqlstate_and_not_the_full_text() -> None:
+    error = errors.lookup("23505")("duplicate key value: Key (id)=(alice@example.com) exists")
+    failure = translate(error)
+    assert isinstance(failure, RecordDataError)
+    assert failure.sqlstate == "23505"
+    assert "alice" not in str(failure)
+
+
+def test_client_side_connection_errors_are_retryable() -> None:
+    assert translate(psycopg.OperationalError("connection failed")).kind is Failure.RETRYABLE
+    assert translate(psycopg.InterfaceError("cursor already closed")).kind is Failure.FATAL
