@@ -278,8 +278,10 @@ class OperatorStore(Protocol):
         ...
 
     def overdue_deadlines(self, now: datetime | None, limit: int) -> list[DeadlineRow]:
-        """Up to ``limit`` deadlines due at or before ``now`` (None: the database's now),
-        oldest due first."""
+        """Up to ``limit`` deadlines due at or before ``now``, oldest due first.
+
+        ``now`` None means the database's clock, the one the poller uses.
+        """
         ...
 
     def machine_states(self, saga_type: str | None) -> list[StateCount]:
