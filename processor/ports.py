@@ -1,6 +1,7 @@
 """The ports: what the runtime loops need from the outside world, as Protocols.
 
-The loops (``processor.runtime``) speak only to these. ``processor.postgres`` and
+The loops (``processor.runtime``) and the operator services (``processor.ops``) speak only to
+these. ``processor.postgres`` and
 ``processor.kafka`` implement them over the real clients; ``processor.memory`` implements them in
 memory for unit tests and the saga fixture. One contract suite (``tests/contract``) runs the
 same cases against both sets.
@@ -16,22 +17,28 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Protocol
+from datetime import datetime, timedelta
+from typing import Any, Protocol
 
 from processor.engine.records import OffsetCommit, OutboxRow, Record
-from processor.engine.rows import Loaded, Wants, WriteSet
+from processor.engine.rows import Loaded, SagaRow, Wants, WriteSet
 from processor.errors import SendFailure
 
 __all__ = [
     "TP",
     "BatchStore",
+    "DeadlineRow",
     "DeadlineStore",
     "Due",
+    "HeldMessage",
+    "OperatorStore",
     "OutboxEntry",
     "OutboxStore",
+    "ParkedSaga",
+    "ParkedStore",
     "RecordConsumer",
     "RecordProducer",
+    "StateCount",
     "WakeSource",
 ]
 
@@ -183,3 +190,144 @@ class RecordConsumer(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+# -- operator services -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlineRow:
+    """One stored deadline.
+
+    Attributes:
+        id: The deadline's id; a fired record names it.
+        saga_type: Type of the saga that scheduled it.
+        saga_id: Id of that saga instance.
+        name: Deadline name, unique per saga instance.
+        due_at: When it becomes due (database clock).
+        payload: JSON form of the payload given at scheduling, or None.
+        topic: Input topic its fired record is produced to.
+        partition: Partition of that topic (the saga's own).
+        dispatched_at: When a poller last produced its fired record, or None.
+        dispatch_token: Lease token of that poller, or None.
+    """
+
+    id: str
+    saga_type: str
+    saga_id: str
+    name: str
+    due_at: datetime
+    payload: Any
+    topic: str
+    partition: int
+    dispatched_at: datetime | None
+    dispatch_token: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class StateCount:
+    """Sagas of one type in one machine state.
+
+    Attributes:
+        saga_type: Saga type name.
+        machine_state: The machine state.
+        count: How many instances are in it.
+        oldest: Longest time an instance has been in it (database clock).
+    """
+
+    saga_type: str
+    machine_state: str
+    count: int
+    oldest: timedelta
+
+
+@dataclass(frozen=True, slots=True)
+class ParkedSaga:
+    """A parked saga instance.
+
+    Attributes:
+        saga_type: The saga's type name.
+        saga_id: The instance id (its association value).
+        reason: The error that parked it: handler name, exception type and message.
+        held: How many messages wait behind it, the failed one included.
+        version: The instance's version; a retry checks it has not moved.
+        parked_at: When the instance row last changed.
+    """
+
+    saga_type: str
+    saga_id: str
+    reason: str | None
+    held: int
+    version: int
+    parked_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class HeldMessage:
+    """A record held behind a parked saga: its ``parked_message`` row id and the record."""
+
+    parked_id: int
+    record: Record
+
+
+class OperatorStore(Protocol):
+    """Read-only views for operators. Every time is the database's clock."""
+
+    def pending_deadlines(self, saga_type: str, saga_id: str) -> list[DeadlineRow]:
+        """Deadlines still scheduled for one saga instance, soonest first."""
+        ...
+
+    def overdue_deadlines(self, now: datetime | None, limit: int) -> list[DeadlineRow]:
+        """Up to ``limit`` deadlines due at or before ``now``, oldest due first.
+
+        ``now`` None means the database's clock, the one the poller uses.
+        """
+        ...
+
+    def machine_states(self, saga_type: str | None) -> list[StateCount]:
+        """State machine sagas per (type, machine state), ordered by both; None: every type."""
+        ...
+
+    def parked_sagas(self, limit: int) -> list[ParkedSaga]:
+        """Up to ``limit`` parked saga instances, longest parked first."""
+        ...
+
+
+class ParkedStore(Protocol):
+    """What a retry of a parked saga needs, all inside one transaction."""
+
+    def transaction(self) -> AbstractContextManager[None]:
+        """One transaction; leaving it with an exception undoes every call made inside it."""
+        ...
+
+    def lock_saga(self, saga_type: str, saga_id: str) -> SagaRow | None:
+        """The saga's row (without its parked reason), locked until the transaction ends.
+
+        A consumer batch that touches the saga waits for the lock; its version check then fails
+        and it replans against the saga as the retry left it. None when there is no such row.
+        """
+        ...
+
+    def held_messages(self, saga_type: str, saga_id: str) -> list[HeldMessage]:
+        """The records held behind the saga, in arrival order."""
+        ...
+
+    def load(self, wants: Wants) -> Loaded:
+        """Reads every row the planner needs, as ``BatchStore.load`` does."""
+        ...
+
+    def release_held(self, parked_ids: Sequence[int]) -> None:
+        """Deletes these held records."""
+        ...
+
+    def discard_saga(self, saga_type: str, saga_id: str, version: int) -> None:
+        """Deletes the saga's row if it is still at ``version``."""
+        ...
+
+    def write(self, ws: WriteSet) -> None:
+        """Writes a planned batch without offsets.
+
+        Raises:
+            ConcurrentUpdate: A saga row's version moved.
+        """
+        ...

@@ -1,5 +1,5 @@
-"""Operator commands (retry a parked saga, list deadlines, sagas by state, ...).
+"""Operator services: retry a parked saga, list deadlines, sagas by state, draw a machine.
 
-Each module here defines functions usable from Python and registers its CLI commands with
-`processor.cli.command`; the CLI imports every module of this package.
+Each service takes the store it reads (a port of `processor.ports`) and returns plain data; the
+command line (`processor.cli`) opens the stores and prints the results.
 """

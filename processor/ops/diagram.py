@@ -1,18 +1,14 @@
-"""`diagram MODULE:SAGA` prints a saga's state machine as Mermaid; `lint-saga` checks it.
+"""Finds a state machine saga by name, for `diagram MODULE:SAGA` and `lint-saga MODULE:SAGA`.
 
 Neither needs the database or Kafka: they read the saga class only.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
-import sys
 
-from processor.cli import command
 from processor.errors import SagaError
-from processor.machine import MachineSaga, MachineSpec, lint, mermaid
-from processor.settings import ProcessorSettings
+from processor.machine import MachineSaga, MachineSpec
 
 __all__ = ["load_spec"]
 
@@ -37,35 +33,3 @@ def load_spec(target: str) -> MachineSpec:
             f"{target} is not a state machine saga (subclass processor.machine.MachineSaga)"
         )
     return cls.machine_spec()
-
-
-def _target_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", metavar="MODULE:SAGA")
-
-
-def diagram_command(args: argparse.Namespace, settings: ProcessorSettings) -> int:
-    """Prints the Mermaid ``stateDiagram-v2`` of the saga; exit code 0."""
-    sys.stdout.write(mermaid(load_spec(args.target)))
-    return 0
-
-
-def lint_command(args: argparse.Namespace, settings: ProcessorSettings) -> int:
-    """Prints the machine's problems; exit code 1 when there are any."""
-    problems = lint(load_spec(args.target))
-    for line in problems:
-        print(line)
-    if not problems:
-        print(f"{args.target}: no problems found")
-    return 1 if problems else 0
-
-
-command(
-    "diagram",
-    "print a state machine saga as a Mermaid stateDiagram-v2",
-    arguments=_target_argument,
-)(diagram_command)
-command(
-    "lint-saga",
-    "report unreachable states, untimed WAITING states, lingering deadlines",
-    arguments=_target_argument,
-)(lint_command)

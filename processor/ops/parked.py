@@ -9,26 +9,17 @@ changes and the saga stays parked with the reason of the message that failed.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
 
-from processor.cli import command, ops_connection, saga_key_arguments, text_table
 from processor.engine.decode import Rejected, decode
 from processor.engine.plan import Item, Planner
-from processor.engine.records import Record
 from processor.engine.rows import ACTIVE, PARKED, SagaRow, SagaWrite, Wants, WriteSet
 from processor.errors import SagaError
 from processor.messages import MessageRegistry
-from processor.messages import registry as default_registry
-from processor.postgres.schema import Tables
-from processor.postgres.store import BatchStore, Conn
-from processor.settings import ProcessorSettings
+from processor.ports import HeldMessage, OperatorStore, ParkedSaga, ParkedStore
 
 __all__ = [
     "NotParked",
@@ -37,34 +28,12 @@ __all__ = [
     "RetryFailure",
     "RetryResult",
     "list_parked",
-    "retry_parked",
     "retry_parked_saga",
 ]
 
 
 class NotParked(SagaError):
     """The saga instance does not exist or is not parked, so there is nothing to retry."""
-
-
-@dataclass(frozen=True, slots=True)
-class ParkedSaga:
-    """A parked saga instance.
-
-    Attributes:
-        saga_type: The saga's type name.
-        saga_id: The instance id (its association value).
-        reason: The error that parked it: handler name, exception type and message.
-        held: How many messages wait behind it, the failed one included.
-        version: The instance's version; a retry checks it has not moved.
-        parked_at: When the instance row last changed.
-    """
-
-    saga_type: str
-    saga_id: str
-    reason: str | None
-    held: int
-    version: int
-    parked_at: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,55 +117,23 @@ class _Failed(Exception):
         self.failure = failure
 
 
-@dataclass(frozen=True, slots=True)
-class _Held:
-    parked_id: int
-    record: Record
-
-
-_LIST = """
-    SELECT i.saga_type, i.saga_id, i.parked_reason, count(p.id), i.version, i.updated_at
-      FROM {instance} AS i
-      LEFT JOIN {parked} AS p ON p.saga_type = i.saga_type AND p.saga_id = i.saga_id
-     WHERE i.status = 'parked'
-     GROUP BY i.saga_type, i.saga_id
-     ORDER BY i.updated_at, i.saga_type, i.saga_id
-     LIMIT %s
-"""
-# The row lock makes a consumer batch that touches this saga wait for the retry; its version
-# check then fails and it replans against the saga as the retry left it.
-_LOCK = """
-    SELECT state, status, version FROM {instance}
-     WHERE saga_type = %s AND saga_id = %s FOR UPDATE
-"""
-_HELD = """
-    SELECT id, topic, partition, "offset", key, value, headers FROM {parked}
-     WHERE saga_type = %s AND saga_id = %s ORDER BY id
-"""
-_RELEASE = "DELETE FROM {parked} WHERE id = ANY(%s::bigint[])"
-_DISCARD = "DELETE FROM {instance} WHERE saga_type = %s AND saga_id = %s AND version = %s"
-
-
-def list_parked(conn: Conn, tables: Tables, limit: int = 100) -> list[ParkedSaga]:
+def list_parked(store: OperatorStore, limit: int = 100) -> list[ParkedSaga]:
     """Parked saga instances, longest parked first.
 
     Args:
-        conn: A connection to the processor's database.
-        tables: The processor's table names.
+        store: The processor's database, e.g. `processor.postgres.operator.OperatorQueries`.
         limit: Maximum number of sagas returned.
     """
-    rows = conn.execute(tables.render(_LIST), (limit,)).fetchall()
-    return [ParkedSaga(t, i, reason, int(n), int(v), at) for t, i, reason, n, v, at in rows]
+    return store.parked_sagas(limit)
 
 
-def retry_parked(
-    conn: Conn,
-    tables: Tables,
+def retry_parked_saga(
+    store: ParkedStore,
     planner: Planner,
     saga_type: str,
     saga_id: str,
     *,
-    registry: MessageRegistry = default_registry,
+    registry: MessageRegistry,
     max_record_bytes: int = sys.maxsize,
 ) -> RetryResult:
     """Replays a parked saga's held messages in arrival order, all or nothing.
@@ -207,13 +144,13 @@ def retry_parked(
     and deadlines are written in the same transaction; the relay is woken by the usual notify.
 
     Args:
-        conn: An idle connection (autocommit, or with no transaction open); the retry commits
-            or rolls back its own transaction on it.
-        tables: The processor's table names.
-        planner: The planner the processor runs, built from the (fixed) saga classes.
+        store: The processor's database, e.g. `processor.postgres.operator.OperatorQueries`, on
+            an idle connection; the retry commits or rolls back its own transaction on it.
+        planner: The planner the processor runs, built from the (fixed) saga classes (see
+            `processor.runtime.assembly.bind_sagas`).
         saga_type: The parked saga's type name.
         saga_id: The parked saga's id.
-        registry: Message types, to decode the held records.
+        registry: Message types, to decode the held records; the planner's own.
         max_record_bytes: Size limit applied when decoding; held records already passed the
             consumer's limit once, so the default does not check again.
 
@@ -225,21 +162,20 @@ def retry_parked(
         ConcurrentUpdate: The instance changed under the retry (it is safe to run it again).
     """
     key = (saga_type, saga_id)
-    held: list[_Held] = []
+    held: list[HeldMessage] = []
     try:
-        with conn.transaction():
-            found = conn.execute(tables.render(_LOCK), key).fetchone()
-            if found is None or found[1] != PARKED:
-                status = "missing" if found is None else found[1]
+        with store.transaction():
+            found = store.lock_saga(saga_type, saga_id)
+            if found is None or found.status != PARKED:
+                status = "missing" if found is None else found.status
                 raise NotParked(f"saga {saga_type} {saga_id} is not parked ({status})")
-            held = [_held(row) for row in conn.execute(tables.render(_HELD), key).fetchall()]
-            store = BatchStore(conn, tables, group_id="")
-            ctx = _Replay(store, tables, planner, registry, max_record_bytes)
-            ws = ctx.plan(SagaRow(*key, found[0], ACTIVE, found[2]), held)
+            held = store.held_messages(saga_type, saga_id)
+            ctx = _Replay(store, planner, registry, max_record_bytes)
+            ws = ctx.plan(dataclasses.replace(found, status=ACTIVE), held)
             if held:
-                conn.execute(tables.render(_RELEASE), ([h.parked_id for h in held],))
+                store.release_held([h.parked_id for h in held])
             # No offsets: the held records' offsets were committed when they were parked.
-            store.write(ws, [])
+            store.write(ws)
     except _Failed as failed:
         return RetryResult(saga_type, saga_id, len(held), PARKED, failure=failed.failure)
     written = [s for s in ws.sagas if (s.saga_type, s.saga_id) == key]
@@ -262,13 +198,12 @@ def retry_parked(
 
 @dataclass(frozen=True, slots=True)
 class _Replay:
-    store: BatchStore
-    tables: Tables
+    store: ParkedStore
     planner: Planner
     registry: MessageRegistry
     max_record_bytes: int
 
-    def plan(self, row: SagaRow, held: Sequence[_Held]) -> WriteSet:
+    def plan(self, row: SagaRow, held: Sequence[HeldMessage]) -> WriteSet:
         """Plans the held messages against the unparked row; raises _Failed if one fails."""
         key = (row.saga_type, row.saga_id)
         items: list[Item | Rejected] = []
@@ -309,8 +244,7 @@ class _Replay:
         if row.state is None:
             # The start handler never succeeded, so there is no saga; keep no stateless row
             # that would make later events look like they belong to a started saga.
-            args = (row.saga_type, row.saga_id, row.version)
-            self.store.conn.execute(self.tables.render(_DISCARD), args)
+            self.store.discard_saga(row.saga_type, row.saga_id, row.version)
             return
         ws.sagas.append(
             SagaWrite(
@@ -319,122 +253,6 @@ class _Replay:
         )
 
 
-def _held(row: tuple[Any, ...]) -> _Held:
-    parked_id, topic, partition, offset, key, value, headers = row
-    pairs = headers.items() if isinstance(headers, Mapping) else json.loads(headers).items()
-    return _Held(
-        int(parked_id),
-        Record(
-            topic=topic,
-            partition=int(partition),
-            offset=int(offset),
-            key=bytes(key) if key is not None else None,
-            value=bytes(value),
-            headers=tuple((str(k), str(v).encode()) for k, v in pairs),
-        ),
-    )
-
-
-def _failure(h: _Held, reason: str) -> RetryFailure:
+def _failure(h: HeldMessage, reason: str) -> RetryFailure:
     r = h.record
     return RetryFailure(h.parked_id, r.header("message-id"), r.topic, r.partition, r.offset, reason)
-
-
-def retry_parked_saga(
-    settings: ProcessorSettings,
-    saga_type: str,
-    saga_id: str,
-    saga_classes: Iterable[type[Any]] | None = None,
-    *,
-    dependencies: Mapping[type, object] | None = None,
-    registry: MessageRegistry | None = None,
-) -> RetryResult:
-    """`retry_parked` with the planner and tables a processor with these settings would use.
-
-    Args:
-        settings: The processor's settings.
-        saga_type: The parked saga's type name.
-        saga_id: The parked saga's id.
-        saga_classes: Saga classes; None loads `settings.sagas`, as the processor does.
-        dependencies: Objects the sagas' handlers ask for, as given to the processor.
-        registry: Message types; None uses the default registry.
-
-    Raises:
-        NotParked: The saga does not exist or is not parked.
-        ConcurrentUpdate: The instance changed under the retry (it is safe to run it again).
-    """
-    from processor.runtime.processor import Processor
-
-    proc = Processor(
-        settings, saga_classes, dependencies=dependencies, registry=registry or default_registry
-    )
-    conn, _tables = ops_connection(settings)
-    with conn:
-        return retry_parked(
-            conn,
-            proc.tables,
-            proc.planner,
-            saga_type,
-            saga_id,
-            registry=proc.registry,
-            max_record_bytes=settings.consumer.max_record_bytes,
-        )
-
-
-# -- command line ------------------------------------------------------------------------------
-
-
-def _parked_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--limit", type=int, default=100, help="at most this many sagas")
-
-
-@command(
-    "retry",
-    "replay a parked saga's held messages after its cause was fixed",
-    arguments=saga_key_arguments,
-)
-def retry_command(args: argparse.Namespace, settings: ProcessorSettings) -> int:
-    """Exit code 0 when the saga flows again, 1 when a message failed again (nothing changed)."""
-    result = retry_parked_saga(settings, args.saga_type, args.saga_id)
-    for o in result.outcomes:
-        where = f"{o.topic}[{o.partition}]@{o.offset}"
-        version = f" v{o.version}" if o.version is not None else ""
-        print(f"{o.outcome:<14} {o.message_type} {o.message_id} {where}{version}")
-    if result.failure is not None:
-        f = result.failure
-        print(
-            f"retry failed at held message {f.parked_id} ({f.topic}[{f.partition}]@{f.offset}, "
-            f"message-id {f.message_id}): {f.reason}; the saga stays parked, nothing changed",
-            file=sys.stderr,
-        )
-        return 1
-    print(
-        f"saga {result.saga_type} {result.saga_id}: {result.held} held messages replayed, "
-        f"now {result.status}"
-    )
-    return 0
-
-
-@command(
-    "parked",
-    "list parked sagas with their reason and how many messages they hold",
-    arguments=_parked_arguments,
-)
-def parked_command(args: argparse.Namespace, settings: ProcessorSettings) -> int:
-    """Prints parked sagas, longest parked first; exit code 0 even when there are none."""
-    conn, tables = ops_connection(settings)
-    with conn:
-        rows = list_parked(conn, tables, limit=args.limit)
-    if not rows:
-        print("no parked sagas")
-        return 0
-    print(
-        text_table(
-            ("SAGA TYPE", "SAGA ID", "HELD", "PARKED SINCE", "REASON"),
-            (
-                (r.saga_type, r.saga_id, str(r.held), r.parked_at.isoformat(), r.reason or "-")
-                for r in rows
-            ),
-        )
-    )
-    return 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import importlib
 import logging
 import os
 import socket
@@ -13,8 +12,6 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from processor.definition import definition_of
-from processor.engine.plan import Planner
 from processor.engine.rows import WriteSet
 from processor.kafka.client import SagaConsumer
 from processor.kafka.producer import KafkaRecordProducer, make_producer
@@ -24,9 +21,9 @@ from processor.postgres.batch import PostgresBatchStore
 from processor.postgres.connect import connect, ensure_schema
 from processor.postgres.notify import PostgresWakeSource
 from processor.postgres.outbox import PostgresOutboxStore
-from processor.postgres.schema import Tables
 from processor.postgres.store import Conn
-from processor.runner import BoundSaga, bind_all
+from processor.runner import BoundSaga
+from processor.runtime.assembly import bind_sagas, tables_for
 from processor.runtime.hooks import Hooks
 from processor.runtime.relay import Relay
 from processor.runtime.worker import Worker
@@ -34,30 +31,6 @@ from processor.settings import ProcessorSettings
 from processor.wire import outbox_channel
 
 log = logging.getLogger(__name__)
-
-
-def load_saga_classes(specs: Iterable[str]) -> list[type[Any]]:
-    """`module:Class`, or a module exposing `SAGAS` (or `EXAMPLE_SAGAS`)."""
-    found: list[type[Any]] = []
-    for spec in specs:
-        module_name, _, attr = spec.partition(":")
-        module = importlib.import_module(module_name)
-        if attr:
-            found.append(getattr(module, attr))
-        else:
-            listed: Iterable[type[Any]] = (
-                getattr(module, "SAGAS", None) or getattr(module, "EXAMPLE_SAGAS", None) or ()
-            )
-            found.extend(listed)
-    return found
-
-
-def tables_for(settings: ProcessorSettings) -> Tables:
-    return Tables(
-        schema=settings.database.schema_name,
-        deadline=settings.deadline.table,
-        deadline_lock=settings.deadline.lock_table,
-    )
 
 
 class Processor:
@@ -75,24 +48,13 @@ class Processor:
         self.settings = settings
         # Fault points for tests and benchmarks; nothing is registered in production.
         self.hooks = hooks if hooks is not None else Hooks()
-        classes = (
-            list(saga_classes) if saga_classes is not None else load_saga_classes(settings.sagas)
-        )
-        definitions = [definition_of(c) for c in classes]
-        self.sagas: dict[str, BoundSaga] = bind_all(
-            definitions, settings=settings.settings, dependencies=dependencies or {}
-        )
-        self.registry = registry
+        bound = bind_sagas(settings, saga_classes, dependencies=dependencies, registry=registry)
+        self.sagas: dict[str, BoundSaga] = bound.sagas
+        self.registry = bound.registry
+        self.planner = bound.planner
         self.tables = tables_for(settings)
         self.instance_id = (
             settings.instance_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        )
-        self.planner = Planner(
-            self.sagas,
-            registry=registry,
-            dead_letter_topic=settings.topic_prefix + settings.consumer.dead_letter_topic,
-            handler_attempts=settings.consumer.handler_attempts,
-            topic_prefix=settings.topic_prefix,
         )
         self.stop_event = threading.Event()
         self._threads: list[threading.Thread] = []

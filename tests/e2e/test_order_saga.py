@@ -18,6 +18,7 @@ import pytest
 from processor.messages import Message
 from processor.ops.machines import machine_summary
 from processor.postgres.connect import connect
+from processor.postgres.operator import OperatorQueries
 from processor.postgres.schema import Tables
 from schemas.orders import (
     ESCALATIONS_TOPIC,
@@ -212,7 +213,7 @@ def test_fraud_review_timeout_escalates_to_a_person(order_env: OrderEnv) -> None
     # Escalating does not give up: the saga still waits for the analyst.
     env.wait_machine(oid, "WAITING")
     with connect(env.db, autocommit=True) as conn:
-        summary = machine_summary(conn, Tables(env.schema))
+        summary = machine_summary(OperatorQueries(conn, Tables(env.schema)))
     assert [(r.saga_type, r.machine_state, r.count) for r in summary.states] == [
         ("order-saga", "WAITING", 1)
     ]

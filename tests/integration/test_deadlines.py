@@ -29,8 +29,9 @@ from processor import (
 from processor.kafka.producer import make_producer
 from processor.ops.deadlines import overdue_deadlines, pending_deadlines
 from processor.postgres.connect import connect, ensure_schema
+from processor.postgres.operator import OperatorQueries
+from processor.runtime.assembly import tables_for
 from processor.runtime.poller import DeadlinePoller
-from processor.runtime.processor import tables_for
 from sagas.transfer import TransferSaga
 from schemas.transfers import (
     ACCOUNT_COMMANDS_TOPIC,
@@ -483,19 +484,20 @@ def test_operator_listing_of_pending_and_overdue_deadlines(env: dict[str, str]) 
                 """
             )
         )
-        pending = pending_deadlines(conn, tables, "transfer-saga", "tr-1")
+        queries = OperatorQueries(conn, tables)
+        pending = pending_deadlines(queries, "transfer-saga", "tr-1")
         assert [(d.name, d.payload) for d in pending] == [
             ("payment-timeout", None),
             ("reminder", {"text": "hi"}),
         ]
-        overdue = overdue_deadlines(conn, tables)
+        overdue = overdue_deadlines(queries)
         assert [(d.saga_id, d.name) for d in overdue] == [
             ("tr-1", "payment-timeout"),
             ("tr-2", "payment-timeout"),
         ]
-        assert overdue_deadlines(conn, tables, limit=1) == overdue[:1]
+        assert overdue_deadlines(queries, limit=1) == overdue[:1]
         hour_later = datetime.now(UTC) + timedelta(hours=2)
-        assert len(overdue_deadlines(conn, tables, now=hour_later)) == 3
+        assert len(overdue_deadlines(queries, now=hour_later)) == 3
 
     out = _cli(env, settings, "deadlines", "transfer-saga", "tr-1").splitlines()
     assert out[0].split()[:3] == ["ID", "SAGA", "TYPE"]

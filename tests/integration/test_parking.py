@@ -28,9 +28,9 @@ from processor import (
     saga,
     saga_event_handler,
 )
-from processor.ops.parked import list_parked, retry_parked_saga
-from processor.postgres.connect import connect
-from processor.runtime.processor import tables_for
+from processor.ops.parked import RetryResult, list_parked, retry_parked_saga
+from processor.postgres.operator import OperatorQueries, open_operator_queries
+from processor.runtime.assembly import bind_sagas, tables_for
 from processor.settings import ProcessorSettings
 from tests.support.harness import (
     Publisher,
@@ -225,16 +225,14 @@ def test_a_parked_saga_holds_its_messages_and_a_retry_replays_them_in_order(env:
         _park_order(env, order, healthy)
         _assert_parked(env, order)
         env.packed.wait_for(lambda rs: env.packed_items(healthy) != [], what="healthy packed")
-        with connect(env.settings.database.url.get_secret_value(), autocommit=True) as conn:
-            listed = list_parked(conn, tables_for(env.settings))
+        with _queries(env) as queries:
+            listed = list_parked(queries)
         assert [(p.saga_type, p.saga_id, p.held) for p in listed] == [(SAGA_TYPE, order, 4)]
         assert listed[0].reason is not None
         assert "glass" in listed[0].reason
 
         # Not fixed yet: the retry fails on the same message and changes nothing.
-        again = retry_parked_saga(
-            env.settings, SAGA_TYPE, order, [PackingSaga], dependencies={Warehouse: warehouse}
-        )
+        again = _retry(env, order, warehouse)
         assert not again.ok
         assert again.failure is not None
         assert again.status == "parked"
@@ -243,9 +241,7 @@ def test_a_parked_saga_holds_its_messages_and_a_retry_replays_them_in_order(env:
         _assert_parked(env, order)
 
         warehouse.broken.clear()
-        result = retry_parked_saga(
-            env.settings, SAGA_TYPE, order, [PackingSaga], dependencies={Warehouse: warehouse}
-        )
+        result = _retry(env, order, warehouse)
         assert result.ok, result.failure
         assert (result.held, result.status) == (4, "ended")
         assert [(o.outcome, o.version) for o in result.outcomes] == [
@@ -273,15 +269,33 @@ def test_a_saga_whose_start_failed_is_started_by_the_retry(env: Env) -> None:
         assert env.history(order) == [("parked", 1), ("parked-behind", 2)]
 
         warehouse.broken.clear()
-        result = retry_parked_saga(
-            env.settings, SAGA_TYPE, order, [PackingSaga], dependencies={Warehouse: warehouse}
-        )
+        result = _retry(env, order, warehouse)
         assert result.ok, result.failure
         assert [(o.outcome, o.version) for o in result.outcomes] == [("applied", 3), ("applied", 4)]
         state = env.db("SELECT state, status, version FROM saga_instance WHERE saga_id = %s", order)
         assert state == [({"order_id": order, "items": ["cup"]}, "active", 4)]
         env.packed.wait_for(lambda rs: env.packed_items(order) != [], what="cup packed")
         assert env.packed_items(order) == [("cup", 1)]
+
+
+def _queries(env: Env) -> OperatorQueries:
+    return open_operator_queries(
+        env.settings.database.url.get_secret_value(), tables_for(env.settings)
+    )
+
+
+def _retry(env: Env, order: str, warehouse: Warehouse) -> RetryResult:
+    """Retries as the `retry` command does, with the test's saga and warehouse bound in."""
+    bound = bind_sagas(env.settings, [PackingSaga], dependencies={Warehouse: warehouse})
+    with _queries(env) as queries:
+        return retry_parked_saga(
+            queries,
+            bound.planner,
+            SAGA_TYPE,
+            order,
+            registry=bound.registry,
+            max_record_bytes=env.settings.consumer.max_record_bytes,
+        )
 
 
 def _cli(env: Env, *args: str) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,284 @@
+"""What each `saga-processor` subcommand does: its arguments, and a handler returning its exit code.
+
+Handlers assemble what they need from the settings (stores, bound sagas), call the operator
+services of `processor.ops` or the runtime, and print the result. The database driver and the
+runtime are imported only by the handlers that use them, so `diagram` and `lint-saga` work without
+either. `processor.cli` lists the commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from processor.machine import lint, mermaid
+from processor.ops.deadlines import DeadlineRow, overdue_deadlines, pending_deadlines
+from processor.ops.diagram import load_spec
+from processor.ops.machines import MachineSummary, machine_summary
+from processor.ops.parked import RetryResult, list_parked, retry_parked_saga
+from processor.settings import ProcessorSettings
+
+if TYPE_CHECKING:
+    from processor.postgres.operator import OperatorQueries
+
+log = logging.getLogger("processor")
+
+Arguments = Callable[[argparse.ArgumentParser], None]
+"""Adds a subcommand's own arguments to its parser."""
+Run = Callable[[argparse.Namespace, ProcessorSettings], int]
+"""Runs a subcommand; returns the process exit code."""
+
+
+# -- shared pieces -----------------------------------------------------------------------------
+
+
+def no_arguments(parser: argparse.ArgumentParser) -> None:
+    """For commands configured by SAGA_* variables alone."""
+
+
+def saga_key_arguments(parser: argparse.ArgumentParser) -> None:
+    """The SAGA_TYPE SAGA_ID pair that names one saga instance."""
+    parser.add_argument("saga_type", metavar="SAGA_TYPE")
+    parser.add_argument("saga_id", metavar="SAGA_ID")
+
+
+def limit_arguments(what: str) -> Arguments:
+    """`--limit N` (default 100): at most N of `what`."""
+
+    def add(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--limit", type=int, default=100, help=f"at most this many {what}")
+
+    return add
+
+
+def target_arguments(parser: argparse.ArgumentParser) -> None:
+    """The MODULE:SAGA that names a state machine saga class."""
+    parser.add_argument("target", metavar="MODULE:SAGA")
+
+
+def states_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--saga-type` narrows the state counts to one saga type."""
+    parser.add_argument("--saga-type", default=None, help="only this saga type")
+
+
+def text_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """Fixed-width columns, two spaces apart, header first; no trailing blanks."""
+    cells = [tuple(header), *(tuple(r) for r in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    )
+
+
+def operator_queries(settings: ProcessorSettings) -> OperatorQueries:
+    """Operator queries on an autocommit connection of their own, over the processor's tables."""
+    from processor.postgres.operator import open_operator_queries
+    from processor.runtime.assembly import tables_for
+
+    return open_operator_queries(settings.database.url.get_secret_value(), tables_for(settings))
+
+
+# -- the processor -----------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    """Runs the processor until SIGTERM or SIGINT; exit code 0 after a clean stop."""
+    from processor.runtime.processor import Processor
+
+    proc = Processor(settings)
+    proc.start()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %d: finishing the batch in hand, then stopping", signum)
+        proc.stop()
+        # A second signal, or a shutdown that overruns its budget, ends the process at once;
+        # nothing is lost: uncommitted work is redone by whoever owns the partitions next.
+        timer = threading.Timer(settings.shutdown_timeout.total_seconds(), _force_exit)
+        timer.daemon = True
+        timer.start()
+        signal.signal(signal.SIGTERM, lambda *_: _force_exit())
+        signal.signal(signal.SIGINT, lambda *_: _force_exit())
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    proc.run()
+    return 0
+
+
+def _force_exit() -> None:
+    log.warning("shutdown overran its budget; exiting now")
+    logging.shutdown()
+    import os
+
+    os._exit(3)
+
+
+def migrate(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    """Creates or upgrades the schema and prints its version; exit code 0."""
+    from processor.postgres.connect import ensure_schema
+    from processor.runtime.assembly import tables_for
+
+    version = ensure_schema(settings.database.url.get_secret_value(), tables_for(settings))
+    print(f"schema {settings.database.schema_name} at version {version}")
+    return 0
+
+
+# -- deadlines ---------------------------------------------------------------------------------
+
+_DEADLINE_HEADER = (
+    "ID",
+    "SAGA TYPE",
+    "SAGA ID",
+    "NAME",
+    "DUE AT",
+    "DISPATCHED AT",
+    "TOKEN",
+    "PAYLOAD",
+)
+
+
+def format_deadlines(rows: Sequence[DeadlineRow]) -> str:
+    """Renders deadlines as a fixed-width text table, header first."""
+    return text_table(
+        _DEADLINE_HEADER,
+        (
+            (
+                r.id,
+                r.saga_type,
+                r.saga_id,
+                r.name,
+                r.due_at.isoformat(),
+                r.dispatched_at.isoformat() if r.dispatched_at else "-",
+                str(r.dispatch_token) if r.dispatch_token is not None else "-",
+                json.dumps(r.payload, sort_keys=True) if r.payload is not None else "-",
+            )
+            for r in rows
+        ),
+    )
+
+
+def deadlines(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    """Prints one saga's pending deadlines; exit code 0 even when there are none."""
+    with operator_queries(settings) as queries:
+        rows = pending_deadlines(queries, args.saga_type, args.saga_id)
+    print(
+        format_deadlines(rows)
+        if rows
+        else f"no deadlines scheduled for {args.saga_type} {args.saga_id}"
+    )
+    return 0
+
+
+def overdue(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    """Prints overdue deadlines, oldest due first; exit code 0."""
+    with operator_queries(settings) as queries:
+        rows = overdue_deadlines(queries, limit=args.limit)
+    print(format_deadlines(rows) if rows else "no overdue deadlines")
+    return 0
+
+
+# -- state machines ----------------------------------------------------------------------------
+
+
+def diagram(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    """Prints the Mermaid ``stateDiagram-v2`` of the saga; exit code 0."""
+    sys.stdout.write(mermaid(load_spec(args.target)))
+    return 0
+
+
+def lint_saga(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    """Prints the machine's problems; exit code 1 when there are any."""
+    problems = lint(load_spec(args.target))
+    for line in problems:
+        print(line)
+    if not problems:
+        print(f"{args.target}: no problems found")
+    return 1 if problems else 0
+
+
+def format_summary(summary: MachineSummary) -> str:
+    """Renders the summary as a fixed-width table followed by the attention totals."""
+    table = text_table(
+        ("SAGA TYPE", "MACHINE STATE", "COUNT", "OLDEST"),
+        (
+            (r.saga_type, r.machine_state, str(r.count), str(r.oldest).split(".")[0])
+            for r in summary.states
+        ),
+    )
+    totals = f"TIMED_OUT: {summary.timed_out}  COMPENSATION_FAILED: {summary.compensation_failed}"
+    return f"{table}\n{totals}"
+
+
+def states(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    """Prints sagas per machine state with the age of the oldest; exit code 0."""
+    with operator_queries(settings) as queries:
+        summary = machine_summary(queries, args.saga_type)
+    print(format_summary(summary))
+    return 0
+
+
+# -- parked sagas ------------------------------------------------------------------------------
+
+
+def retry(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    """Exit code 0 when the saga flows again, 1 when a message failed again (nothing changed)."""
+    result = retry_from_settings(settings, args.saga_type, args.saga_id)
+    for o in result.outcomes:
+        where = f"{o.topic}[{o.partition}]@{o.offset}"
+        version = f" v{o.version}" if o.version is not None else ""
+        print(f"{o.outcome:<14} {o.message_type} {o.message_id} {where}{version}")
+    if result.failure is not None:
+        f = result.failure
+        print(
+            f"retry failed at held message {f.parked_id} ({f.topic}[{f.partition}]@{f.offset}, "
+            f"message-id {f.message_id}): {f.reason}; the saga stays parked, nothing changed",
+            file=sys.stderr,
+        )
+        return 1
+    print(
+        f"saga {result.saga_type} {result.saga_id}: {result.held} held messages replayed, "
+        f"now {result.status}"
+    )
+    return 0
+
+
+def retry_from_settings(settings: ProcessorSettings, saga_type: str, saga_id: str) -> RetryResult:
+    """Retries a parked saga with the sagas `settings.sagas` names, as the processor binds them."""
+    from processor.runtime.assembly import bind_sagas
+
+    bound = bind_sagas(settings)
+    with operator_queries(settings) as queries:
+        return retry_parked_saga(
+            queries,
+            bound.planner,
+            saga_type,
+            saga_id,
+            registry=bound.registry,
+            max_record_bytes=settings.consumer.max_record_bytes,
+        )
+
+
+def parked(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    """Prints parked sagas, longest parked first; exit code 0 even when there are none."""
+    with operator_queries(settings) as queries:
+        rows = list_parked(queries, limit=args.limit)
+    if not rows:
+        print("no parked sagas")
+        return 0
+    print(
+        text_table(
+            ("SAGA TYPE", "SAGA ID", "HELD", "PARKED SINCE", "REASON"),
+            (
+                (r.saga_type, r.saga_id, str(r.held), r.parked_at.isoformat(), r.reason or "-")
+                for r in rows
+            ),
+        )
+    )
+    return 0

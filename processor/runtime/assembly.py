@@ -1,0 +1,93 @@
+"""Builds what a processor runs from its settings: table names, saga classes, bound sagas.
+
+The processor and the operator commands both assemble through here, so an operator's retry of a
+parked saga plans with the very sagas and planner that the consumer runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from processor.definition import definition_of
+from processor.engine.plan import Planner
+from processor.messages import MessageRegistry
+from processor.messages import registry as default_registry
+from processor.postgres.schema import Tables
+from processor.runner import BoundSaga, bind_all
+from processor.settings import ProcessorSettings
+
+__all__ = ["BoundSagas", "bind_sagas", "load_saga_classes", "tables_for"]
+
+
+def load_saga_classes(specs: Iterable[str]) -> list[type[Any]]:
+    """`module:Class`, or a module exposing `SAGAS` (or `EXAMPLE_SAGAS`)."""
+    found: list[type[Any]] = []
+    for spec in specs:
+        module_name, _, attr = spec.partition(":")
+        module = importlib.import_module(module_name)
+        if attr:
+            found.append(getattr(module, attr))
+        else:
+            listed: Iterable[type[Any]] = (
+                getattr(module, "SAGAS", None) or getattr(module, "EXAMPLE_SAGAS", None) or ()
+            )
+            found.extend(listed)
+    return found
+
+
+def tables_for(settings: ProcessorSettings) -> Tables:
+    """The processor's table names, as its settings configure them."""
+    return Tables(
+        schema=settings.database.schema_name,
+        deadline=settings.deadline.table,
+        deadline_lock=settings.deadline.lock_table,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class BoundSagas:
+    """The sagas a processor runs, with the message types and the planner over them.
+
+    Attributes:
+        sagas: Bound sagas by saga type name.
+        registry: Message types, to decode records and name topics.
+        planner: Routes decoded records to `sagas` and plans each batch's writes.
+    """
+
+    sagas: dict[str, BoundSaga]
+    registry: MessageRegistry
+    planner: Planner
+
+
+def bind_sagas(
+    settings: ProcessorSettings,
+    saga_classes: Iterable[type[Any]] | None = None,
+    *,
+    dependencies: Mapping[type, object] | None = None,
+    registry: MessageRegistry = default_registry,
+) -> BoundSagas:
+    """Binds the saga classes to the settings and builds the planner a processor runs.
+
+    Args:
+        settings: The processor's settings.
+        saga_classes: Saga classes; None loads `settings.sagas`.
+        dependencies: Objects the sagas' handlers ask for.
+        registry: Message types.
+    """
+    classes = list(saga_classes) if saga_classes is not None else load_saga_classes(settings.sagas)
+    sagas = bind_all(
+        [definition_of(c) for c in classes],
+        settings=settings.settings,
+        dependencies=dependencies or {},
+    )
+    planner = Planner(
+        sagas,
+        registry=registry,
+        dead_letter_topic=settings.topic_prefix + settings.consumer.dead_letter_topic,
+        handler_attempts=settings.consumer.handler_attempts,
+        topic_prefix=settings.topic_prefix,
+    )
+    return BoundSagas(sagas, registry, planner)
