@@ -34,7 +34,7 @@ format: venv
 
 ## Brings the stack up, runs the processor with the example sagas, stops what it started.
 demo: venv
-	$(BIN)/python -m processor.demo
+	$(BIN)/python -m demo
 
 bench: venv
 	$(BIN)/python -m benchmarks

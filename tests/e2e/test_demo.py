@@ -25,7 +25,7 @@ def test_quick_demo_fires_a_timeout_and_conserves_money(services: Services) -> N
         "PYTHONPATH": str(REPO),
     }
     done = subprocess.run(
-        [sys.executable, "-m", "processor.demo", "--quick", "--timeout", "75"],
+        [sys.executable, "-m", "demo", "--quick", "--timeout", "75"],
         cwd=REPO,
         env=env,
         capture_output=True,

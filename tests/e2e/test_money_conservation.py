@@ -23,9 +23,9 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
-from processor.demo.accounts import AccountsService, Selection
-from processor.demo.ledger import STEP_OF
-from processor.demo.progress import Monitor
+from demo.accounts import AccountsService, Selection
+from demo.ledger import STEP_OF
+from demo.progress import Monitor
 from processor.messages import HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE
 from sagas import EXAMPLE_SAGAS
 from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC, TransferRequested

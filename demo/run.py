@@ -27,15 +27,15 @@ import psycopg
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from psycopg import sql
 
-from processor.demo.accounts import AccountsService, Selection
-from processor.demo.progress import Monitor, line, summary
-from processor.demo.traffic import TRANSFER_SAGA, WALLET_SAGA, Scenario, publish, scenario
+from demo.accounts import AccountsService, Selection
+from demo.progress import Monitor, line, summary
+from demo.traffic import TRANSFER_SAGA, WALLET_SAGA, Scenario, publish, scenario
 from processor.postgres.connect import ensure_schema
 from processor.postgres.schema import Tables
 from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC
 from schemas.wallets import WALLET_COMMANDS_TOPIC, WALLET_EVENTS_TOPIC
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 STACK = REPO / "deploy" / "local" / "stack.sh"
 ENV_KAFKA, ENV_DATABASE = "SAGA_TEST_KAFKA_BOOTSTRAP", "SAGA_TEST_DATABASE_URL"
 DEAD_LETTERS = "saga-dead-letters"
@@ -292,7 +292,7 @@ def _printer() -> Callable[[str], None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m processor.demo",
+        prog="python -m demo",
         description="Runs the example sagas against a simulated accounts service with faults.",
     )
     p.add_argument("--quick", action="store_true", help="18 sagas instead of 60")
