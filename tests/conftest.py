@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.support.services import Services, provide_services
+from devstack import Services, provide
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +26,7 @@ def services(request: pytest.FixtureRequest) -> Iterator[Services]:
         with capture.global_and_fixture_disabled():
             print(line, flush=True)
 
-    with provide_services(echo) as found:
+    with provide(echo) as found:
         yield found
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.services import ENV_DATABASE, ENV_KAFKA, Services
+from devstack import ENV_DATABASE, ENV_KAFKA, Services
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 

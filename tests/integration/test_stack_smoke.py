@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from psycopg import sql
 
-from tests.support.services import Services, wait_for_kafka
+from devstack import Services, wait_for_kafka
 
 pytestmark = pytest.mark.integration
 
