@@ -61,7 +61,6 @@ class KafkaSettings(BaseModel):
 class DatabaseSettings(BaseModel):
     url: SecretStr = SecretStr("postgresql://saga:saga@127.0.0.1:55432/saga")
     schema_name: str = "saga"
-    pool_size: int = 4
 
     _check_schema = field_validator("schema_name")(classmethod(lambda cls, v: _identifier(v)))
 
