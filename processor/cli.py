@@ -69,6 +69,7 @@ def ops_connection(settings: ProcessorSettings) -> tuple[Conn, Tables]:
 
 @command("run", "consume, run sagas, relay the outbox and fire deadlines (the default)")
 def run(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    """Runs the processor until SIGTERM or SIGINT; a second signal exits at once."""
     from processor.runtime.processor import Processor
 
     proc = Processor(settings)
@@ -101,6 +102,7 @@ def _force_exit() -> None:
 
 @command("migrate", "create or upgrade the database schema, then exit")
 def migrate(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    """Brings the database schema to the current version and prints it."""
     from processor.postgres.connect import ensure_schema
     from processor.runtime.processor import tables_for
 
@@ -121,6 +123,11 @@ def _load_command_modules() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The `saga-processor` command: parses arguments, configures logging, runs one command.
+
+    Returns:
+        The process exit code.
+    """
     _load_command_modules()
     parser = argparse.ArgumentParser(prog="saga-processor", description=__doc__)
     parser.add_argument("--log-level", default="INFO")

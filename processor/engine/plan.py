@@ -48,6 +48,8 @@ SagaKey = tuple[str, str]
 
 @dataclass(slots=True)
 class SagaRow:
+    """A saga instance as stored: state, status and the version the next write must follow."""
+
     saga_type: str
     saga_id: str
     state: dict[str, Any] | None
@@ -60,6 +62,8 @@ class SagaRow:
 
 @dataclass(frozen=True, slots=True)
 class DeadlineRef:
+    """A stored deadline, as a fired-deadline record is checked against it."""
+
     saga_type: str
     saga_id: str
     name: str
@@ -81,6 +85,8 @@ class Loaded:
 
 @dataclass(frozen=True)
 class Wants:
+    """What to load for a batch: its sagas, the message ids it may repeat, its deadlines."""
+
     saga_keys: set[SagaKey]
     message_keys: set[tuple[str, str, str]]
     deadline_ids: set[str]
@@ -96,6 +102,7 @@ class Item:
 
     @property
     def message_id(self) -> str:
+        """The id that marks this item applied: the message's, or one made from the deadline's."""
         if isinstance(self.decoded, FiredDeadline):
             return f"deadline:{self.decoded.deadline_id}"
         return self.decoded.metadata.message_id
@@ -103,6 +110,8 @@ class Item:
 
 @dataclass(slots=True)
 class SagaWrite:
+    """A saga row to insert (``expected_version`` None) or to update from a known version."""
+
     saga_type: str
     saga_id: str
     state: dict[str, Any] | None
@@ -116,6 +125,8 @@ class SagaWrite:
 
 @dataclass(frozen=True, slots=True)
 class HistoryRow:
+    """One audit row: what a record did to a saga (applied, duplicate, parked, ...)."""
+
     saga_type: str
     saga_id: str
     message_id: str
@@ -131,6 +142,8 @@ class HistoryRow:
 
 @dataclass(frozen=True, slots=True)
 class DeadlineInsert:
+    """A deadline to store, with the partition its fired record must go to."""
+
     id: str
     saga_type: str
     saga_id: str
@@ -143,6 +156,8 @@ class DeadlineInsert:
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
+    """A record to copy to the dead-letter topic, and why."""
+
     record: Record
     reason: str
     detail: str
@@ -150,6 +165,8 @@ class DeadLetter:
 
 @dataclass(frozen=True, slots=True)
 class ParkedMessage:
+    """A record held back because its saga is parked; it is replayed when the saga is retried."""
+
     saga_type: str
     saga_id: str
     record: Record
@@ -158,6 +175,8 @@ class ParkedMessage:
 
 @dataclass
 class WriteSet:
+    """Every write a batch plans, for one transaction, and counts of what happened."""
+
     sagas: list[SagaWrite] = field(default_factory=list)
     history: list[HistoryRow] = field(default_factory=list)
     outbox: list[OutboxRow] = field(default_factory=list)
@@ -211,6 +230,7 @@ class Planner:
 
     @property
     def event_types(self) -> set[type[Message]]:
+        """The message types some saga handles; other events are skipped."""
         return set(self._routes)
 
     def route(self, decoded: Iterable[Decoded]) -> tuple[list[Item | Rejected], Wants]:
@@ -256,6 +276,14 @@ class Planner:
         *,
         unrouted: int = 0,
     ) -> WriteSet:
+        """Runs the items' handlers in order over ``loaded`` and returns the batch's writes.
+
+        Args:
+            items: What ``route()`` returned, in log order.
+            loaded: The rows that ``route()`` asked for, read in the batch's transaction.
+            now: The time handlers see and deadlines are scheduled from.
+            unrouted: How many records of the batch no saga handles (only counted).
+        """
         ws = WriteSet()
         ws.counts["unrouted"] += unrouted
         working: dict[SagaKey, _Working] = {}
@@ -523,8 +551,9 @@ class Planner:
 
 
 def overlay(loaded: Loaded, prior: WriteSet) -> Loaded:
-    """What `loaded` will be once `prior` commits: lets a batch be planned while the one before
-    it is still committing.
+    """What `loaded` will be once `prior` commits.
+
+    This lets a batch be planned while the one before it is still committing.
 
     Rows the prior batch writes replace the stored ones (so versions chain), the messages it
     applied count as applied, and deadlines it deletes (consumed, cancelled, rescheduled, or
