@@ -26,7 +26,7 @@ test-unit: venv
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy processor sagas schemas
+	$(BIN)/mypy processor sagas schemas tests benchmarks demo devstack.py
 
 format: venv
 	$(BIN)/ruff format .

@@ -50,7 +50,7 @@ def make_topic(
     kafka_bootstrap: str, request: pytest.FixtureRequest
 ) -> Iterator[Callable[..., str]]:
     """Creates topics that only this test sees; deletes them afterwards."""
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     created: list[str] = []

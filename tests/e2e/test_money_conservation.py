@@ -137,8 +137,13 @@ class Redeliverer:
 
 def test_balances_are_conserved_and_every_saga_ends_under_faults(world: World) -> None:
     run = uuid.uuid4().hex[:6]
-    t = lambda n: f"{run}-t{n}"  # noqa: E731
-    w = lambda n: f"{run}-w{n}"  # noqa: E731
+
+    def t(n: int) -> str:
+        return f"{run}-t{n}"
+
+    def w(n: int) -> str:
+        return f"{run}-w{n}"
+
     transfers = [
         _transfer(t(1), "a", "b", "10.00"),
         _transfer(t(2), "b", "c", "25.50"),
