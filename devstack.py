@@ -60,9 +60,7 @@ def provide(echo: Callable[[str], None] = print, *, keep: bool = False) -> Itera
             kafka, database = _containers(cleanup, kafka, database)
         restart: Callable[[], None] | None = None
         if not (kafka and database):
-            started = _stack_up(echo)
-            if not keep:
-                cleanup.callback(_stop, started, echo)
+            started = _stack_up(echo, None if keep else cleanup)
             local = _stack_env()
             if not kafka:
                 kafka = local[ENV_KAFKA]
@@ -151,23 +149,28 @@ def _containers(
 # -- the local stack ---------------------------------------------------------------------------
 
 
-def _stack_up(echo: Callable[[str], None]) -> list[str]:
+def _stack_up(echo: Callable[[str], None], cleanup: ExitStack | None) -> list[str]:
     """Runs `stack.sh up`; returns the services it started (down before, running after).
 
     A broker that another checkout serves on the port is used, not started, so it is not in the
     list. `--untracked`: what to stop is decided here, from that comparison, and not from the
-    stack's marker files, which another run in the same checkout may write or remove.
+    stack's marker files, which another run in the same checkout may write or remove. With a
+    `cleanup` stack, what was started is stopped when it closes, even when `up` fails halfway.
     """
     down_before = [s for s in ("postgres", "kafka") if not _running(s)]
+    if cleanup is not None:
+        cleanup.callback(_stop, down_before, echo)
     echo(f"bringing up the local stack (down: {', '.join(down_before) or 'nothing'})")
     _run([str(STACK), "up", "--untracked"], echo)
     return [s for s in down_before if _running(s)]
 
 
-def _stop(started: list[str], echo: Callable[[str], None]) -> None:
-    for service in reversed(started):
-        echo(f"stopping {service} (this run started it)")
-        _run([str(DEPLOY / f"{service}.sh"), "down"], echo, check=False)
+def _stop(down_before: list[str], echo: Callable[[str], None]) -> None:
+    """Stops the services that were down before `up` and run now, in reverse order."""
+    for service in reversed(down_before):
+        if _running(service):
+            echo(f"stopping {service} (this run started it)")
+            _run([str(DEPLOY / f"{service}.sh"), "down"], echo, check=False)
 
 
 def _stack_env() -> dict[str, str]:
