@@ -26,7 +26,7 @@ test-unit: venv
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy processor sagas schemas
+	$(BIN)/mypy processor sagas schemas tests benchmarks demo devstack.py
 
 format: venv
 	$(BIN)/ruff format .
@@ -34,7 +34,7 @@ format: venv
 
 ## Brings the stack up, runs the processor with the example sagas, stops what it started.
 demo: venv
-	$(BIN)/python -m processor.demo
+	$(BIN)/python -m demo
 
 bench: venv
 	$(BIN)/python -m benchmarks

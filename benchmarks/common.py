@@ -1,8 +1,8 @@
 """What every scenario needs: the services, scratch topics and schemas, progress lines, results.
 
-Services come from `SAGA_TEST_KAFKA_BOOTSTRAP` / `SAGA_TEST_DATABASE_URL` when both are set;
-otherwise the local stack is brought up, and whatever this run started is stopped at the end (a
-service that was already running is left alone).
+Services come from `devstack`: `SAGA_TEST_KAFKA_BOOTSTRAP` / `SAGA_TEST_DATABASE_URL` when both
+are set, else containers or the local stack, and whatever this run started is stopped at the end
+(a service that was already running is left alone).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 import uuid
@@ -26,14 +25,12 @@ import psycopg
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from psycopg import sql
 
+import devstack
 from processor.postgres.connect import ensure_schema
 from processor.postgres.schema import Tables
 
 REPO = Path(__file__).resolve().parents[1]
-DEPLOY = REPO / "deploy" / "local"
 RESULTS_DIR = Path(os.environ.get("SAGA_LOCAL_DIR", REPO / ".local")) / "bench"
-ENV_KAFKA = "SAGA_TEST_KAFKA_BOOTSTRAP"
-ENV_DATABASE = "SAGA_TEST_DATABASE_URL"
 
 _STARTED = time.monotonic()
 
@@ -52,55 +49,17 @@ def kafka_config(bootstrap: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Services:
+    """Where the services answer, as the scenarios read it."""
+
     kafka: str
     database_url: str
-
-
-def _stack_running(service: str) -> bool:
-    script = DEPLOY / f"{service}.sh"
-    return subprocess.run([str(script), "status"], check=False, capture_output=True).returncode == 0
 
 
 @contextmanager
 def services() -> Iterator[Services]:
     """The Kafka broker and PostgreSQL server to measure against, started here if needed."""
-    kafka = os.environ.get(ENV_KAFKA)
-    database = os.environ.get(ENV_DATABASE)
-    if kafka and database:
-        say(f"using running services: kafka {kafka}, postgres from ${ENV_DATABASE}")
-        _wait_for_kafka(kafka)
-        yield Services(kafka, database)
-        return
-    # Only what was down before `stack.sh up` and runs after it was started by this run (a
-    # broker another checkout serves on the port is used, not started), so only that is stopped.
-    down_before = [s for s in ("postgres", "kafka") if not _stack_running(s)]
-    say(f"bringing up the local stack (down: {', '.join(down_before) or 'nothing'})")
-    subprocess.run([str(DEPLOY / "stack.sh"), "up", "--untracked"], check=True)
-    started = [s for s in down_before if _stack_running(s)]
-    try:
-        out = subprocess.run(
-            [str(DEPLOY / "stack.sh"), "env"], check=True, capture_output=True, text=True
-        ).stdout
-        env = dict(line.split("=", 1) for line in out.split())
-        found = Services(kafka or env[ENV_KAFKA], database or env[ENV_DATABASE])
-        _wait_for_kafka(found.kafka)
-        yield found
-    finally:
-        for service in reversed(started):
-            say(f"stopping {service} (this run started it)")
-            subprocess.run([str(DEPLOY / f"{service}.sh"), "down"], check=False)
-
-
-def _wait_for_kafka(bootstrap: str, timeout: float = 60.0) -> None:
-    admin = AdminClient(kafka_config(bootstrap))
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            admin.list_topics(timeout=5)
-            return
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
+    with devstack.provide(say) as found:
+        yield Services(found.kafka_bootstrap, found.database_url)
 
 
 @dataclass

@@ -21,7 +21,15 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from benchmarks.common import kafka_config, say
 from processor.engine.decode import DEADLINE_FIRED
 from processor.engine.records import OffsetCommit, OutboxRow
-from processor.engine.rows import DeadlineInsert, HistoryRow, SagaWrite, Wants, WriteSet
+from processor.engine.rows import (
+    DeadlineInsert,
+    HistoryRow,
+    Outcome,
+    SagaStatus,
+    SagaWrite,
+    Wants,
+    WriteSet,
+)
 from processor.errors import SendFailure
 from processor.kafka.producer import make_producer
 from processor.messages import (
@@ -144,7 +152,7 @@ def _batch(
             "debit_confirmed": False,
             "credit_confirmed": False,
         }
-        ws.sagas.append(SagaWrite(SAGA_TYPE, saga_id, state, "active", 1, None, None))
+        ws.sagas.append(SagaWrite(SAGA_TYPE, saga_id, state, SagaStatus.ACTIVE, 1, None, None))
         partition = n % partitions
         ws.history.append(
             HistoryRow(
@@ -153,7 +161,7 @@ def _batch(
                 message_id,
                 "transfers.TransferRequested",
                 "event",
-                "applied",
+                Outcome.APPLIED,
                 1,
                 topic,
                 partition,

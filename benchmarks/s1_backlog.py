@@ -253,7 +253,7 @@ def run_engine(
     profiled = None
     if profile:
         profiled = _Profiled(proc.worker._plan)
-        proc.worker._plan = profiled  # type: ignore[method-assign]
+        proc.worker._plan = profiled  # type: ignore[method-assign, assignment]
     failure: list[BaseException] = []
 
     def target() -> None:
@@ -394,7 +394,7 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
 
 
 def _median(rounds: list[dict[str, Any]], side: str, key: str) -> float:
-    return statistics.median(r[side][key] for r in rounds)
+    return float(statistics.median(r[side][key] for r in rounds))
 
 
 def summary(result: dict[str, Any]) -> list[tuple[str, str, str]]:

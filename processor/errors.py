@@ -153,8 +153,10 @@ class Retryable(RuntimeFailure):
 
 
 class CommitInDoubt(Retryable):
-    """The connection broke while a transaction was committing: the outcome is unknown until
-    the stored offsets are read again."""
+    """The connection broke while a transaction was committing: the outcome is unknown.
+
+    It is known again once the stored offsets are read back.
+    """
 
 
 class Fenced(RuntimeFailure):

@@ -134,8 +134,9 @@ class DeadlineStore(Protocol):
     def claim_due(
         self, holder: str, token: int, limit: int, *, full: bool, redispatch_after: float
     ) -> tuple[list[Due], float | None]:
-        """Marks up to ``limit`` due deadlines dispatched under ``token``, only while the lease
-        is ours (checked in the same statement).
+        """Marks up to ``limit`` due deadlines dispatched under ``token``, while the lease is ours.
+
+        The lease is checked in the same statement.
 
         ``full`` also takes rows dispatched under another token or longer than
         ``redispatch_after`` seconds ago. Returns the rows, and, when fewer than ``limit`` were

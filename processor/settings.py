@@ -45,6 +45,8 @@ def _identifier(value: str) -> str:
 
 
 class KafkaSettings(BaseModel):
+    """The broker to talk to and librdkafka settings for every client (`SAGA_KAFKA__*`)."""
+
     bootstrap_servers: str = "127.0.0.1:9092"
     # Passed to librdkafka untouched (e.g. security.protocol, sasl.mechanism); never logged.
     config: dict[str, str] = Field(default_factory=dict)
@@ -59,14 +61,17 @@ class KafkaSettings(BaseModel):
 
 
 class DatabaseSettings(BaseModel):
+    """The PostgreSQL server and the schema that holds the processor's tables."""
+
     url: SecretStr = SecretStr("postgresql://saga:saga@127.0.0.1:55432/saga")
     schema_name: str = "saga"
-    pool_size: int = 4
 
     _check_schema = field_validator("schema_name")(classmethod(lambda cls, v: _identifier(v)))
 
 
 class ConsumerSettings(BaseModel):
+    """The consumer group, its batches, and how bad records and failing handlers are treated."""
+
     group_id: str = "saga-processor"
     topics: list[str] = Field(default_factory=list)
     batch_size: int = Field(default=500, ge=1)
@@ -80,6 +85,8 @@ class ConsumerSettings(BaseModel):
 
 
 class RelaySettings(BaseModel):
+    """The outbox relay: how much it sends per round and how it waits for work."""
+
     enabled: bool = True
     batch_size: int = Field(default=1000, ge=1)
     # The relay is woken in-process after each commit and by NOTIFY from other processes;
@@ -91,15 +98,21 @@ class RelaySettings(BaseModel):
 
 
 class DeadlinePollingSettings(BaseModel):
+    """How often the deadline poller sweeps for due deadlines, and how many per sweep."""
+
     interval: Duration = timedelta(seconds=30)
     batch_size: int = Field(default=100, ge=1)
 
 
 class DeadlineSchemaSettings(BaseModel):
+    """Whether the deadline tables are created on startup."""
+
     auto: bool = True
 
 
 class DeadlineSettings(BaseModel):
+    """The deadline poller: its lease, its sweeps and its tables (`SAGA_DEADLINE__*`)."""
+
     enabled: bool = True
     polling: DeadlinePollingSettings = Field(default_factory=DeadlinePollingSettings)
     lease_ttl: Duration = timedelta(minutes=2)

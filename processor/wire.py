@@ -1,5 +1,6 @@
-"""The wire format in one place: header names, the records the processor itself writes, NOTIFY
-channels and topic names.
+"""The wire format in one place.
+
+Header names, the records the processor itself writes, NOTIFY channels and topic names.
 
 Everything another service (in any language) sees of the processor is spelled here: the headers
 of events and commands, the deadline-fired records the poller sends to a saga's own partition,

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.support.services import Services, provide_services
+from devstack import Services, provide
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +26,7 @@ def services(request: pytest.FixtureRequest) -> Iterator[Services]:
         with capture.global_and_fixture_disabled():
             print(line, flush=True)
 
-    with provide_services(echo) as found:
+    with provide(echo) as found:
         yield found
 
 
@@ -50,7 +50,7 @@ def make_topic(
     kafka_bootstrap: str, request: pytest.FixtureRequest
 ) -> Iterator[Callable[..., str]]:
     """Creates topics that only this test sees; deletes them afterwards."""
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     created: list[str] = []

@@ -46,6 +46,8 @@ class Reason(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Event:
+    """A record that holds a known message type, with its metadata from the headers."""
+
     record: Record
     message: Message
     metadata: MessageMetadata
@@ -53,6 +55,8 @@ class Event:
 
 @dataclass(frozen=True, slots=True)
 class FiredDeadline:
+    """A record the deadline poller sent to a saga's partition: its deadline came due."""
+
     record: Record
     saga_type: str
     saga_id: str
@@ -63,6 +67,8 @@ class FiredDeadline:
 
 @dataclass(frozen=True, slots=True)
 class Rejected:
+    """A record that can never be handled, and why; it goes to the dead-letter topic."""
+
     record: Record
     reason: Reason
     detail: str

@@ -8,8 +8,9 @@ from processor.engine.rows import Loaded, Outcome, SagaRow, WriteSet
 
 
 def overlay(loaded: Loaded, prior: WriteSet) -> Loaded:
-    """What `loaded` will be once `prior` commits: lets a batch be planned while the one before
-    it is still committing.
+    """What ``loaded`` will be once ``prior`` commits.
+
+    This lets a batch be planned while the one before it is still committing.
 
     Rows the prior batch writes replace the stored ones (so versions chain), the messages it
     applied count as applied, and deadlines it deletes (consumed, cancelled, rescheduled, or

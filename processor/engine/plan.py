@@ -64,6 +64,7 @@ class Item:
 
     @property
     def message_id(self) -> str:
+        """The id that marks this item applied: the message's, or one made from the deadline's."""
         if isinstance(self.decoded, FiredDeadline):
             return f"deadline:{self.decoded.deadline_id}"
         return self.decoded.metadata.message_id
@@ -111,6 +112,7 @@ class Planner:
 
     @property
     def event_types(self) -> set[type[Message]]:
+        """The message types some saga handles; other events are skipped."""
         return set(self._routes)
 
     def route(self, decoded: Iterable[Decoded]) -> tuple[list[Item | Rejected], Wants]:
@@ -156,6 +158,7 @@ class Planner:
         *,
         unrouted: int = 0,
     ) -> WriteSet:
+        """Runs the items' handlers in order over ``loaded`` and returns the batch's writes."""
         ws = WriteSet()
         ws.counts["unrouted"] += unrouted
         working: dict[SagaKey, _Working] = {}

@@ -27,6 +27,7 @@ class Record:
         return found
 
     def headers_text(self) -> dict[str, str]:
+        """All headers as text, the last value of a repeated header winning."""
         return {k: v.decode("utf-8", errors="replace") for k, v in self.headers}
 
 

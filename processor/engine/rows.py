@@ -1,5 +1,8 @@
-"""The shapes the pure engine reads and writes: loaded rows, planned writes, and the status and
-outcome values that the store spells the same way in its tables."""
+"""The shapes the pure engine reads and writes.
+
+Loaded rows, planned writes, and the status and outcome values that the store spells the same
+way in its tables.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The record producer: produce a batch in order, wait for every acknowledgement, say which
-records failed and whether sending them again could ever succeed."""
+"""The record producer: produces a batch in order and waits for every acknowledgement.
+
+It says which records failed and whether sending them again could ever succeed.
+"""
 
 from __future__ import annotations
 

@@ -1,3 +1,5 @@
-"""The runtime loops: the consumer worker, the outbox relay, the deadline poller, and the
-processor that supervises them. They speak only to the ports of :mod:`processor.ports`; the
-adapters are chosen when a processor is assembled."""
+"""The runtime loops and the processor that supervises them.
+
+The consumer worker, the outbox relay and the deadline poller speak only to the ports of
+:mod:`processor.ports`; the adapters are chosen when a processor is assembled.
+"""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.services import ENV_DATABASE, ENV_KAFKA, Services
+from devstack import ENV_DATABASE, ENV_KAFKA, Services
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
@@ -25,7 +25,7 @@ def test_quick_demo_fires_a_timeout_and_conserves_money(services: Services) -> N
         "PYTHONPATH": str(REPO),
     }
     done = subprocess.run(
-        [sys.executable, "-m", "processor.demo", "--quick", "--timeout", "75"],
+        [sys.executable, "-m", "demo", "--quick", "--timeout", "75"],
         cwd=REPO,
         env=env,
         capture_output=True,

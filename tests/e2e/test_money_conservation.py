@@ -23,9 +23,9 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
-from processor.demo.accounts import AccountsService, Selection
-from processor.demo.ledger import STEP_OF
-from processor.demo.progress import Monitor
+from demo.accounts import AccountsService, Selection
+from demo.ledger import STEP_OF
+from demo.progress import Monitor
 from processor.messages import HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE
 from sagas import EXAMPLE_SAGAS
 from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC, TransferRequested
@@ -137,8 +137,13 @@ class Redeliverer:
 
 def test_balances_are_conserved_and_every_saga_ends_under_faults(world: World) -> None:
     run = uuid.uuid4().hex[:6]
-    t = lambda n: f"{run}-t{n}"  # noqa: E731
-    w = lambda n: f"{run}-w{n}"  # noqa: E731
+
+    def t(n: int) -> str:
+        return f"{run}-t{n}"
+
+    def w(n: int) -> str:
+        return f"{run}-w{n}"
+
     transfers = [
         _transfer(t(1), "a", "b", "10.00"),
         _transfer(t(2), "b", "c", "25.50"),

@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from psycopg import sql
 
-from tests.support.services import Services, wait_for_kafka
+from devstack import Services, wait_for_kafka
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +63,9 @@ def test_idempotent_producer_and_group_consumer_with_manual_offsets(
     got = _consume(first, 3)
     assert [m.value() for m in got] == [b"a", b"b", b"c"]
     # Commit only the first two: the group must resume at the third.
-    first.commit(offsets=[TopicPartition(topic, 0, got[1].offset() + 1)], asynchronous=False)
+    second_offset = got[1].offset()
+    assert second_offset is not None
+    first.commit(offsets=[TopicPartition(topic, 0, second_offset + 1)], asynchronous=False)
     first.close()
 
     _produce(kafka_bootstrap, topic, [b"d"])

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from confluent_kafka import Consumer, KafkaError, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from processor.messages import (
     HEADER_MESSAGE_ID,
@@ -124,10 +124,14 @@ class Publisher:
         )
 
     def raw(
-        self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes]],
     ) -> None:
         self.producer.produce(
-            topic, key=key, value=value, headers=headers, on_delivery=self._delivered
+            topic, key=key, value=value, headers=[*headers], on_delivery=self._delivered
         )
 
     def _delivered(self, err: KafkaError | None, _msg: object) -> None:
@@ -194,4 +198,4 @@ def wait_until(check: Callable[[], T], timeout: float = 60.0, what: str = "condi
 
 def query(database_url: str, schema: str, sql_text: str, *args: Any) -> list[tuple[Any, ...]]:
     with psycopg.connect(database_url, options=f"-c search_path={schema}") as conn:
-        return conn.execute(sql_text, args).fetchall()  # type: ignore[arg-type]
+        return conn.execute(sql_text, args).fetchall()

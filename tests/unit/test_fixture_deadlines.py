@@ -93,9 +93,9 @@ def test_last_schedule_not_cancelled_survives_and_fires_in_due_order(
     for i, batch in enumerate(batches):
         last = i == len(batches) - 1
         if i == 0:
-            fixture.when(Begin(timer_id="x", ops=batch))  # type: ignore[arg-type]
+            fixture.when(Begin(timer_id="x", ops=batch))
         else:
-            fixture.when(More(timer_id="x", ops=batch, end=end and last))  # type: ignore[arg-type]
+            fixture.when(More(timer_id="x", ops=batch, end=end and last))
         for j, (kind, name, minutes) in enumerate(batch):
             if kind == "schedule":
                 model[name] = minutes

@@ -11,7 +11,9 @@ from processor.engine.rows import (
     DeadlineRef,
     HistoryRow,
     Loaded,
+    Outcome,
     SagaRow,
+    SagaStatus,
     SagaWrite,
     WriteSet,
 )
@@ -36,22 +38,22 @@ def _loaded(**kw: object) -> Loaded:
 
 
 def test_rows_written_by_the_prior_batch_replace_the_stored_ones() -> None:
-    stored = {("t", "s1"): SagaRow("t", "s1", {"n": 1}, "active", 1)}
-    prior = WriteSet(sagas=[SagaWrite("t", "s1", {"n": 2}, "ended", 2, 1, None)])
+    stored = {("t", "s1"): SagaRow("t", "s1", {"n": 1}, SagaStatus.ACTIVE, 1)}
+    prior = WriteSet(sagas=[SagaWrite("t", "s1", {"n": 2}, SagaStatus.ENDED, 2, 1, None)])
     row = overlay(_loaded(sagas=stored), prior).sagas[("t", "s1")]
     assert (row.state, row.status, row.version) == ({"n": 2}, "ended", 2)
 
 
 def test_a_saga_created_by_the_prior_batch_is_visible_with_its_version() -> None:
-    prior = WriteSet(sagas=[SagaWrite("t", "new", {"n": 1}, "active", 1, None, None)])
+    prior = WriteSet(sagas=[SagaWrite("t", "new", {"n": 1}, SagaStatus.ACTIVE, 1, None, None)])
     assert overlay(_loaded(), prior).sagas[("t", "new")].version == 1
 
 
 def test_messages_applied_by_the_prior_batch_count_as_applied_but_skipped_ones_do_not() -> None:
     prior = WriteSet(
         history=[
-            HistoryRow("t", "s1", "m1", "x", "event", "applied", 1, "in", 0, 1),
-            HistoryRow("t", "s1", "m2", "x", "event", "duplicate", None, "in", 0, 2),
+            HistoryRow("t", "s1", "m1", "x", "event", Outcome.APPLIED, 1, "in", 0, 1),
+            HistoryRow("t", "s1", "m2", "x", "event", Outcome.DUPLICATE, None, "in", 0, 2),
         ]
     )
     applied = overlay(_loaded(), prior).applied

@@ -1,8 +1,8 @@
 """Orchestrates the demo: services, topics, processor replicas, accounts service, traffic, display.
 
 Everything it starts it stops, in reverse order, whatever happens: replicas first (SIGTERM, then
-SIGKILL past a deadline), then the accounts service, then its topics and schemas, then the local
-stack if this run brought it up.
+SIGKILL past a deadline), then the accounts service, then its topics and schemas, then the services
+this run started (see `devstack`).
 """
 
 from __future__ import annotations
@@ -27,17 +27,16 @@ import psycopg
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from psycopg import sql
 
-from processor.demo.accounts import AccountsService, Selection
-from processor.demo.progress import Monitor, line, summary
-from processor.demo.traffic import TRANSFER_SAGA, WALLET_SAGA, Scenario, publish, scenario
+import devstack
+from demo.accounts import AccountsService, Selection
+from demo.progress import Monitor, line, summary
+from demo.traffic import TRANSFER_SAGA, WALLET_SAGA, Scenario, publish, scenario
 from processor.postgres.connect import ensure_schema
 from processor.postgres.schema import Tables
 from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC
 from schemas.wallets import WALLET_COMMANDS_TOPIC, WALLET_EVENTS_TOPIC
 
-REPO = Path(__file__).resolve().parents[2]
-STACK = REPO / "deploy" / "local" / "stack.sh"
-ENV_KAFKA, ENV_DATABASE = "SAGA_TEST_KAFKA_BOOTSTRAP", "SAGA_TEST_DATABASE_URL"
+REPO = Path(__file__).resolve().parents[1]
 DEAD_LETTERS = "saga-dead-letters"
 PAYMENT_TIMEOUT_S = 5
 PARTITIONS = 4
@@ -45,21 +44,6 @@ PARTITIONS = 4
 
 def say(text: str) -> None:
     print(text, flush=True)
-
-
-def _services(cleanup: ExitStack, keep_stack: bool) -> tuple[str, str]:
-    kafka, database = os.environ.get(ENV_KAFKA), os.environ.get(ENV_DATABASE)
-    if kafka and database:
-        say(f"using running services: Kafka {kafka}, PostgreSQL from {ENV_DATABASE}")
-        return kafka, database
-    say("starting the local stack (deploy/local/stack.sh up)...")
-    subprocess.run([str(STACK), "up"], check=True)
-    if not keep_stack:
-        # `down` stops only what `up` started; services that already ran keep running.
-        cleanup.callback(subprocess.run, [str(STACK), "down"], check=False)
-    out = subprocess.run([str(STACK), "env"], check=True, capture_output=True, text=True).stdout
-    found = dict(x.split("=", 1) for x in out.split())
-    return kafka or found[ENV_KAFKA], database or found[ENV_DATABASE]
 
 
 def _topics(cleanup: ExitStack, kafka: str, prefix: str, keep: bool) -> None:
@@ -201,7 +185,8 @@ def run(args: argparse.Namespace) -> int:
     logs = Path(os.environ.get("SAGA_LOCAL_DIR", REPO / ".local")) / "demo" / stamp
     logs.mkdir(parents=True, exist_ok=True)
     with ExitStack() as cleanup:
-        kafka, database = _services(cleanup, args.keep_stack)
+        found = cleanup.enter_context(devstack.provide(say, keep=args.keep_stack))
+        kafka, database = found.kafka_bootstrap, found.database_url
         say(f"run {stamp}: topics {prefix}*, schemas {schema} and {accounts_schema}, logs {logs}")
         _topics(cleanup, kafka, prefix, args.keep_data)
         if not args.keep_data:
@@ -292,7 +277,7 @@ def _printer() -> Callable[[str], None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m processor.demo",
+        prog="python -m demo",
         description="Runs the example sagas against a simulated accounts service with faults.",
     )
     p.add_argument("--quick", action="store_true", help="18 sagas instead of 60")

@@ -10,7 +10,7 @@ can be "lost" (applied, never sent), so the saga's payment timeout fires; or sen
 message id, so the processor must recognise the duplicate; or the command itself can be dropped
 on its first delivery (never applied), as if it were delayed in transit.
 
-Run alone: ``python -m processor.demo.accounts --help`` (defaults come from the processor's
+Run alone: ``python -m demo.accounts --help`` (defaults come from the processor's
 ``SAGA_*`` variables, so it can share the processor's environment).
 """
 
@@ -34,7 +34,7 @@ import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 import schemas  # noqa: F401 - registers the example message types
-from processor.demo.ledger import STEP_OF, Ledger, Reply
+from demo.ledger import STEP_OF, Ledger, Reply
 from processor.errors import UnknownMessageType
 from processor.messages import (
     HEADER_CAUSATION_ID,
@@ -275,7 +275,7 @@ def _ids(text: str) -> frozenset[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     env = os.environ.get
-    p = argparse.ArgumentParser(prog="python -m processor.demo.accounts", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m demo.accounts", description=__doc__)
     p.add_argument("--bootstrap", default=env("SAGA_KAFKA__BOOTSTRAP_SERVERS", "127.0.0.1:19092"))
     p.add_argument(
         "--database-url",

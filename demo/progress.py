@@ -12,7 +12,7 @@ import psycopg
 from confluent_kafka import Consumer, TopicPartition
 from psycopg.rows import TupleRow
 
-from processor.demo.traffic import (
+from demo.traffic import (
     COMPLETED,
     FAILED,
     REFUNDED,

@@ -1,0 +1,202 @@
+"""Finds or starts the Kafka broker and PostgreSQL server that tests, the demo and benchmarks use.
+
+Order of preference: `SAGA_TEST_KAFKA_BOOTSTRAP` / `SAGA_TEST_DATABASE_URL` (services that
+already run), then testcontainers when a Docker engine answers, then the local stack under
+`deploy/local` (no Docker needed). Whatever `provide()` starts, it stops on exit (unless asked to
+keep it); a service that was running before is left running.
+
+This module lives outside the `processor` package and the wheel: it is development tooling.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent
+DEPLOY = REPO / "deploy" / "local"
+STACK = DEPLOY / "stack.sh"
+
+ENV_KAFKA = "SAGA_TEST_KAFKA_BOOTSTRAP"
+ENV_DATABASE = "SAGA_TEST_DATABASE_URL"
+# A broker someone else started may be shared: tests restart it only when this is "1".
+ENV_ALLOW_RESTART = "SAGA_TEST_ALLOW_BROKER_RESTART"
+
+KAFKA_IMAGE = "apache/kafka:4.1.1"
+POSTGRES_IMAGE = "postgres:16"
+
+
+@dataclass(frozen=True)
+class Services:
+    """Where the services answer, and whether the broker may be restarted."""
+
+    kafka_bootstrap: str
+    database_url: str
+    # Set only when the broker is the local stack's and may be stopped and started again.
+    restart_kafka: Callable[[], None] | None = None
+
+
+@contextmanager
+def provide(echo: Callable[[str], None] = print, *, keep: bool = False) -> Iterator[Services]:
+    """Yields running services, starting what is missing; stops on exit what it started.
+
+    Args:
+        echo: Where progress lines go (the stack scripts' readiness times among them).
+        keep: Leave the local stack's services that this call started running on exit (the demo's
+            `--keep-stack`; containers always stop with the process).
+    """
+    kafka = os.environ.get(ENV_KAFKA)
+    database = os.environ.get(ENV_DATABASE)
+    with ExitStack() as cleanup:
+        if kafka and database:
+            echo(f"using running services: Kafka {kafka}, PostgreSQL from ${ENV_DATABASE}")
+        elif _docker_answers():
+            kafka, database = _containers(cleanup, kafka, database)
+        restart: Callable[[], None] | None = None
+        if not (kafka and database):
+            started = _stack_up(echo, None if keep else cleanup)
+            local = _stack_env()
+            if not kafka:
+                kafka = local[ENV_KAFKA]
+                if "kafka" in started:
+                    restart = _restart_local_kafka
+            database = database or local[ENV_DATABASE]
+        elif os.environ.get(ENV_ALLOW_RESTART) == "1" and _running("kafka"):
+            restart = _restart_local_kafka
+        wait_for_kafka(kafka)
+        yield Services(kafka_bootstrap=kafka, database_url=database, restart_kafka=restart)
+
+
+def wait_for_kafka(bootstrap: str, timeout: float = 60.0) -> None:
+    """Blocks until the broker answers metadata requests and can take an idempotent write.
+
+    Raises:
+        TimeoutError: The broker did not take the write within ``timeout`` seconds.
+    """
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient
+
+    # Errors only: retries while the broker and its coordinator load are what is waited for.
+    config: dict[str, str | int | float | bool] = {"bootstrap.servers": bootstrap, "log_level": 3}
+    deadline = time.monotonic() + timeout
+    admin = AdminClient(config)
+    while True:
+        try:
+            admin.list_topics(timeout=5)
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+    producer = Producer({**config, "enable.idempotence": True})
+    # An idempotent producer needs the transaction coordinator, which loads after metadata is up.
+    remaining = max(1.0, deadline - time.monotonic())
+    if producer.flush(remaining) != 0 or not _probe_write(producer, remaining):
+        raise TimeoutError(f"Kafka at {bootstrap} did not accept an idempotent write")
+
+
+def _probe_write(producer: object, timeout: float) -> bool:
+    from confluent_kafka import KafkaError, Producer
+
+    assert isinstance(producer, Producer)
+    result: list[KafkaError | None] = []
+    producer.produce("__saga_probe", b"probe", on_delivery=lambda err, _msg: result.append(err))
+    producer.flush(timeout)
+    return bool(result) and result[0] is None
+
+
+# -- testcontainers ----------------------------------------------------------------------------
+
+
+def _docker_answers() -> bool:
+    """True when a Docker engine answers a ping on its socket (the CLI alone is not enough)."""
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if not host.startswith("unix://"):
+        return True  # a remote engine was configured on purpose; let testcontainers use it
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(3)
+            sock.connect(host.removeprefix("unix://"))
+            sock.sendall(b"GET /_ping HTTP/1.0\r\n\r\n")
+            return b" 200 " in sock.recv(64)
+    except OSError:
+        return False
+
+
+def _containers(
+    cleanup: ExitStack, kafka: str | None, database: str | None
+) -> tuple[str | None, str | None]:
+    """Starts a container for each service not given; they stop when `cleanup` closes."""
+    try:
+        from testcontainers.kafka import KafkaContainer
+        from testcontainers.postgres import PostgresContainer
+    except ImportError:  # the `test` extra is not installed: the local stack serves instead
+        return kafka, database
+    if not kafka:
+        broker = cleanup.enter_context(KafkaContainer(KAFKA_IMAGE).with_kraft())
+        kafka = broker.get_bootstrap_server()
+    if not database:
+        pg = cleanup.enter_context(PostgresContainer(POSTGRES_IMAGE, driver=None))
+        database = pg.get_connection_url()
+    return kafka, database
+
+
+# -- the local stack ---------------------------------------------------------------------------
+
+
+def _stack_up(echo: Callable[[str], None], cleanup: ExitStack | None) -> list[str]:
+    """Runs `stack.sh up`; returns the services it started (down before, running after).
+
+    A broker that another checkout serves on the port is used, not started, so it is not in the
+    list. `--untracked`: what to stop is decided here, from that comparison, and not from the
+    stack's marker files, which another run in the same checkout may write or remove. With a
+    `cleanup` stack, what was started is stopped when it closes, even when `up` fails halfway.
+    """
+    down_before = [s for s in ("postgres", "kafka") if not _running(s)]
+    if cleanup is not None:
+        cleanup.callback(_stop, down_before, echo)
+    echo(f"bringing up the local stack (down: {', '.join(down_before) or 'nothing'})")
+    _run([str(STACK), "up", "--untracked"], echo)
+    return [s for s in down_before if _running(s)]
+
+
+def _stop(down_before: list[str], echo: Callable[[str], None]) -> None:
+    """Stops the services that were down before `up` and run now, in reverse order."""
+    for service in reversed(down_before):
+        if _running(service):
+            echo(f"stopping {service} (this run started it)")
+            _run([str(DEPLOY / f"{service}.sh"), "down"], echo, check=False)
+
+
+def _stack_env() -> dict[str, str]:
+    out = subprocess.run([str(STACK), "env"], check=True, capture_output=True, text=True).stdout
+    return dict(line.split("=", 1) for line in out.split())
+
+
+def _running(service: str) -> bool:
+    """Whether the stack script of this checkout runs `service` (`<service>.sh status`)."""
+    script = DEPLOY / f"{service}.sh"
+    return subprocess.run([str(script), "status"], check=False, capture_output=True).returncode == 0
+
+
+def _restart_local_kafka() -> None:
+    subprocess.run([str(DEPLOY / "kafka.sh"), "down"], check=True)
+    subprocess.run([str(DEPLOY / "kafka.sh"), "up"], check=True)
+
+
+def _run(command: list[str], echo: Callable[[str], None], *, check: bool = True) -> None:
+    """Runs a stack script, passing each of its lines (readiness times) to `echo` as it comes."""
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            echo(line.rstrip("\n"))
+    if check and proc.returncode != 0:
+        name = Path(command[0]).name
+        raise RuntimeError(f"deploy/local/{name} {command[1]} failed (exit {proc.returncode})")
