@@ -19,7 +19,6 @@ from typing import Any, cast
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from benchmarks.common import kafka_config, say
-from processor.engine.decode import DEADLINE_FIRED
 from processor.engine.plan import DeadlineInsert, HistoryRow, SagaWrite, Wants, WriteSet
 from processor.engine.records import OffsetCommit, OutboxRow
 from processor.kafka.producer import make_producer
@@ -37,6 +36,7 @@ from processor.postgres.connect import connect
 from processor.postgres.schema import Tables
 from processor.postgres.store import BatchStore
 from processor.runtime.relay import Relay
+from processor.wire import DEADLINE_FIRED
 
 
 @dataclass(frozen=True)

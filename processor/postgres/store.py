@@ -18,10 +18,10 @@ from pydantic_core import to_json
 from processor.engine.plan import DeadlineRef, Loaded, SagaRow, Wants, WriteSet
 from processor.engine.records import OffsetCommit
 from processor.errors import ConcurrentUpdate, FencedOut
+from processor.postgres.deadlines import LEASE_NAME
 from processor.postgres.schema import Tables
 
 Conn = psycopg.Connection[TupleRow]
-LEASE_NAME = "deadline-poller"
 
 
 def _rows(n: int) -> str:

@@ -16,13 +16,15 @@ from typing import Any
 from processor.definition import definition_of
 from processor.engine.plan import Planner, WriteSet
 from processor.kafka.client import SagaConsumer
-from processor.kafka.producer import make_producer
+from processor.kafka.producer import KafkaRecordProducer, make_producer
 from processor.messages import MessageRegistry
 from processor.messages import registry as default_registry
 from processor.postgres.connect import connect, ensure_schema
+from processor.postgres.deadlines import PostgresDeadlineStore
 from processor.postgres.schema import Tables
 from processor.postgres.store import BatchStore, Conn
 from processor.runner import BoundSaga, bind_all
+from processor.runtime.poller import DeadlinePoller
 from processor.runtime.relay import NotifyListener, Relay
 from processor.runtime.worker import Worker
 from processor.settings import ProcessorSettings
@@ -89,7 +91,7 @@ class Processor:
         self._threads: list[threading.Thread] = []
         self.worker: Worker | None = None
         self.relay: Relay | None = None
-        self.poller: Any = None
+        self.poller: DeadlinePoller | None = None
 
     # -- wiring ----------------------------------------------------------------------------
 
@@ -156,12 +158,9 @@ class Processor:
             self._spawn("relay", self.relay.run)
             self._spawn("relay-listener", listener.run)
         if self.settings.deadline.enabled:
-            from processor.runtime.poller import DeadlinePoller
-
             self.poller = DeadlinePoller(
-                connect=self.connect,
-                tables=self.tables,
-                producer_factory=lambda: make_producer(kafka),
+                PostgresDeadlineStore(self.connect, self.tables),
+                KafkaRecordProducer(lambda: make_producer(kafka)),
                 holder=self.instance_id,
                 settings=self.settings.deadline,
             )

@@ -19,7 +19,7 @@ from processor import (
     saga_deadline_handler,
     saga_event_handler,
 )
-from processor.engine.decode import DEADLINE_FIRED, Reason, Rejected, decode
+from processor.engine.decode import Reason, Rejected, decode
 from processor.engine.plan import (
     ACTIVE,
     ENDED,
@@ -34,6 +34,7 @@ from processor.engine.plan import (
 from processor.engine.records import Record
 from processor.messages import MessageRegistry
 from processor.runner import bind_all
+from processor.wire import DEADLINE_FIRED
 
 REG = MessageRegistry()
 NOW = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)

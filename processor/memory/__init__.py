@@ -1,0 +1,1 @@
+"""In-memory adapters for unit tests and the saga fixture."""
