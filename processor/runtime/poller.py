@@ -17,6 +17,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 
 from processor.engine.records import OutboxRow
 from processor.errors import Retryable
@@ -44,6 +45,8 @@ class DeadlinePoller:
         holder: This replica's name in the lease.
         settings: Polling interval, batch size, lease TTL, redispatch interval.
         hooks: Fault points; ``poller-step`` fires at the start of each step.
+        monotonic: Local elapsed-time clock, for what the poller remembers between steps
+            (when the next row is due, when dispatches go stale); tests pass a fake one.
 
     Attributes:
         wake: Set it to end the current sleep (a batch in this process committed deadlines).
@@ -59,12 +62,14 @@ class DeadlinePoller:
         holder: str,
         settings: DeadlineSettings,
         hooks: Hooks | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.producer = producer
         self.holder = holder
         self.settings = settings
         self.hooks = hooks or Hooks()
+        self._monotonic = monotonic
         self.token: int | None = None
         self.fired = 0
         self.wake = threading.Event()
@@ -102,18 +107,18 @@ class DeadlinePoller:
         Returns:
             How many deadlines were claimed (acknowledged or not).
         """
-        stale = self._redispatch_at is None or time.monotonic() >= self._redispatch_at
+        stale = self._redispatch_at is None or self._monotonic() >= self._redispatch_at
         full = self._full_sweep or stale
         rows, due = self.store.claim_due(
             self.holder, token, self._batch, full=full, redispatch_after=self._redispatch_after
         )
         if len(rows) < self._batch:
             self._full_sweep = False
-            self._due = (time.monotonic(), due)
+            self._due = (self._monotonic(), due)
         if not rows:
             return 0
         if self._redispatch_at is not None:
-            stale_at = time.monotonic() + self._redispatch_after
+            stale_at = self._monotonic() + self._redispatch_after
             self._redispatch_at = min(self._redispatch_at, stale_at)
         try:
             failures = self.producer.send([_fired(due, token) for due in rows], SEND_TIMEOUT)
@@ -137,7 +142,7 @@ class DeadlinePoller:
         if self._unsent:
             self._unsent = False
             return 0.0
-        now = time.monotonic()
+        now = self._monotonic()
         if self._redispatch_at is None or now >= self._redispatch_at:
             stale = self.store.next_redispatch_in(token, self._redispatch_after)
             self._redispatch_at = now + max(0.0, stale) if stale is not None else math.inf
