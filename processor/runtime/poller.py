@@ -121,10 +121,10 @@ class DeadlinePoller:
             stale_at = self._monotonic() + self._redispatch_after
             self._redispatch_at = min(self._redispatch_at, stale_at)
         try:
-            failures = self.producer.send([_fired(due, token) for due in rows], SEND_TIMEOUT)
+            failures = self.producer.send([_fired(d, token) for d in rows], SEND_TIMEOUT)
         except Retryable:
             # None is known to be acknowledged: due again, rather than only after they go stale.
-            self.store.unclaim([due.id for due in rows], token)
+            self.store.unclaim([d.id for d in rows], token)
             self._unsent = True
             raise
         if failures:
