@@ -19,7 +19,6 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from benchmarks.common import kafka_config, say
-from processor.engine.decode import DEADLINE_FIRED
 from processor.engine.records import OffsetCommit, OutboxRow
 from processor.engine.rows import (
     DeadlineInsert,
@@ -47,6 +46,7 @@ from processor.postgres.outbox import PostgresOutboxStore
 from processor.postgres.schema import Tables
 from processor.postgres.store import BatchStore
 from processor.runtime.relay import Relay
+from processor.wire import DEADLINE_FIRED
 
 
 @dataclass(frozen=True)

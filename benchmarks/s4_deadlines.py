@@ -25,8 +25,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from benchmarks import raw_limits
 from benchmarks.common import Scratch, Services, end_offsets, kafka_config, percentile, say
-from processor.kafka.producer import make_producer
+from processor.kafka.producer import KafkaRecordProducer, make_producer
 from processor.postgres.connect import connect
+from processor.postgres.deadlines import PostgresDeadlineStore
 from processor.postgres.schema import Tables
 from processor.runtime.poller import DeadlinePoller
 from processor.settings import DeadlineSettings
@@ -129,9 +130,10 @@ def schedule_timed(url: str, tables: Tables, topic: str, o: Options) -> tuple[da
 def run_poller(found: Services, tables: Tables, o: Options, burst_at: datetime) -> int:
     settings = DeadlineSettings(redispatch_after=timedelta(hours=1))
     poller = DeadlinePoller(
-        connect=lambda: connect(found.database_url, application_name="bench-poller"),
-        tables=tables,
-        producer_factory=lambda: make_producer(kafka_config(found.kafka)),
+        PostgresDeadlineStore(
+            lambda: connect(found.database_url, application_name="bench-poller"), tables
+        ),
+        KafkaRecordProducer(lambda: make_producer(kafka_config(found.kafka))),
         holder=f"bench-{uuid.uuid4().hex[:6]}",
         settings=settings,
     )

@@ -148,8 +148,20 @@ class DeadlineStore(Protocol):
         """Makes rows whose fired records were not acknowledged due again."""
         ...
 
+    def next_due_in(self) -> float | None:
+        """Seconds until the next deadline not yet due comes due; None when none is pending."""
+        ...
+
     def next_redispatch_in(self, token: int, redispatch_after: float) -> float | None:
         """Seconds until this token's oldest dispatch may be sent again; None when none."""
+        ...
+
+    def wait(self, seconds: float, stop: threading.Event, wake: threading.Event) -> None:
+        """Sleeps up to ``seconds``.
+
+        Returns early when deadlines were committed anywhere (NOTIFY in production), when
+        ``wake`` is set, or when ``stop`` is set.
+        """
         ...
 
     def close(self) -> None: ...

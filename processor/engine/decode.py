@@ -6,7 +6,6 @@ instead of being re-read forever.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -15,22 +14,19 @@ from pydantic import ValidationError
 
 from processor.engine.records import Record
 from processor.errors import UnknownMessageType
-from processor.messages import (
+from processor.messages import Message, MessageMetadata, MessageRegistry
+from processor.wire import (
+    DEADLINE_FIRED,
     HEADER_CAUSATION_ID,
     HEADER_CORRELATION_ID,
     HEADER_MESSAGE_ID,
     HEADER_MESSAGE_TYPE,
     HEADER_OCCURRED_AT,
     HEADER_SCHEMA_VERSION,
-    Message,
-    MessageMetadata,
-    MessageRegistry,
+    FiredRecord,
 )
 
-DEADLINE_FIRED = "saga.deadline-fired"
-HEADER_DEADLINE_ID = "deadline-id"
-HEADER_DEADLINE_NAME = "deadline-name"
-HEADER_FENCING_TOKEN = "fencing-token"
+__all__ = ["Decoded", "Event", "FiredDeadline", "Reason", "Rejected", "decode"]
 
 
 class Reason(StrEnum):
@@ -130,17 +126,17 @@ def _invalid(record: Record, error: ValidationError) -> Rejected:
 
 def _fired(record: Record) -> Decoded:
     try:
-        body = json.loads(record.value or b"")
-        return FiredDeadline(
-            record=record,
-            saga_type=str(body["saga_type"]),
-            saga_id=str(body["saga_id"]),
-            deadline_id=str(body["deadline_id"]),
-            name=str(body["name"]),
-            token=int(body["token"]),
-        )
-    except (ValueError, KeyError, TypeError):
+        fired = FiredRecord.parse(record.value)
+    except ValueError:
         return Rejected(record, Reason.SCHEMA_VIOLATION, "malformed deadline-fired record")
+    return FiredDeadline(
+        record=record,
+        saga_type=fired.saga_type,
+        saga_id=fired.saga_id,
+        deadline_id=fired.deadline_id,
+        name=fired.name,
+        token=fired.token,
+    )
 
 
 def _int(text: str | None) -> int | None:

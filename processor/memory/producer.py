@@ -29,13 +29,14 @@ class MemoryRecordProducer:
     so a caller that sends the whole batch again produces duplicates.
 
     Attributes:
-        sent: Acknowledged records per topic, in order.
+        sent: Every acknowledged record, in the order sent.
         calls: How many times :meth:`send` was called.
         closed: Whether :meth:`close` was called.
     """
 
     def __init__(self) -> None:
-        self.sent: defaultdict[str, list[OutboxRow]] = defaultdict(list)
+        self.sent: list[OutboxRow] = []
+        self._by_topic: defaultdict[str, list[OutboxRow]] = defaultdict(list)
         self.calls = 0
         self.closed = False
         self._faults: list[_Fault] = []
@@ -69,6 +70,10 @@ class MemoryRecordProducer:
         with self._lock:
             self._faults.append(_Fault(matches, permanent, reason, times))
 
+    def fail_next(self, n: int, permanent: bool = False) -> None:
+        """Refuses the next ``n`` records, whatever their topic."""
+        self.fail(times=n, permanent=permanent)
+
     def raise_retryable(self, times: int = 1) -> None:
         """The next ``times`` calls to :meth:`send` raise ``Retryable`` and deliver nothing."""
         with self._lock:
@@ -76,7 +81,10 @@ class MemoryRecordProducer:
 
     def records(self, topic: str) -> list[OutboxRow]:
         """Acknowledged records for ``topic``, in order."""
-        return list(self.sent.get(topic, ()))
+        with self._lock:
+            return list(self._by_topic.get(topic, ()))
+
+    on_topic = records
 
     def send(self, records: Sequence[OutboxRow], timeout: float) -> list[SendFailure]:
         with self._lock:
@@ -90,7 +98,8 @@ class MemoryRecordProducer:
                 if fault is not None:
                     failures.append(SendFailure(index, fault.reason, fault.permanent))
                 else:
-                    self.sent[row.topic].append(row)
+                    self.sent.append(row)
+                    self._by_topic[row.topic].append(row)
             return failures
 
     def _fault_for(self, row: OutboxRow) -> _Fault | None:

@@ -18,11 +18,11 @@ from pydantic_core import to_json
 from processor.engine.records import OffsetCommit
 from processor.engine.rows import DeadlineRef, Loaded, SagaRow, SagaStatus, Wants, WriteSet
 from processor.errors import ConcurrentUpdate, FencedOut
+from processor.postgres.deadlines import LEASE_NAME
 from processor.postgres.schema import Tables
 from processor.wire import deadline_channel, outbox_channel
 
 Conn = psycopg.Connection[TupleRow]
-LEASE_NAME = "deadline-poller"
 
 
 def _rows(n: int) -> str:

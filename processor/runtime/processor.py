@@ -19,12 +19,14 @@ from processor.messages import MessageRegistry
 from processor.messages import registry as default_registry
 from processor.postgres.batch import PostgresBatchStore
 from processor.postgres.connect import connect, ensure_schema
+from processor.postgres.deadlines import PostgresDeadlineStore
 from processor.postgres.notify import PostgresWakeSource
 from processor.postgres.outbox import PostgresOutboxStore
 from processor.postgres.store import Conn
 from processor.runner import BoundSaga
 from processor.runtime.assembly import bind_sagas, tables_for
 from processor.runtime.hooks import Hooks
+from processor.runtime.poller import DeadlinePoller
 from processor.runtime.relay import Relay
 from processor.runtime.worker import Worker
 from processor.settings import ProcessorSettings
@@ -60,7 +62,7 @@ class Processor:
         self._threads: list[threading.Thread] = []
         self.worker: Worker | None = None
         self.relay: Relay | None = None
-        self.poller: Any = None
+        self.poller: DeadlinePoller | None = None
 
     # -- wiring ----------------------------------------------------------------------------
 
@@ -135,14 +137,12 @@ class Processor:
             self._spawn("relay", relay.run)
             self._spawn("relay-listener", lambda stop: listener.run(stop, relay.wake.set))
         if self.settings.deadline.enabled:
-            from processor.runtime.poller import DeadlinePoller
-
             self.poller = DeadlinePoller(
-                connect=self.connect,
-                tables=self.tables,
-                producer_factory=lambda: make_producer(kafka),
+                PostgresDeadlineStore(self.connect, self.tables),
+                KafkaRecordProducer(lambda: make_producer(kafka)),
                 holder=self.instance_id,
                 settings=self.settings.deadline,
+                hooks=self.hooks,
             )
             self._spawn("deadline-poller", self.poller.run)
         self.worker.on_commit = self._committed

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 import uuid
@@ -16,10 +15,15 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from processor.engine.decode import DEADLINE_FIRED, HEADER_DEADLINE_ID, HEADER_FENCING_TOKEN
-from processor.messages import HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE
 from processor.postgres.connect import ensure_schema
 from processor.postgres.schema import Tables
+from processor.wire import (
+    DEADLINE_FIRED,
+    HEADER_DEADLINE_ID,
+    HEADER_FENCING_TOKEN,
+    HEADER_MESSAGE_TYPE,
+    FiredRecord,
+)
 from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC, TransferRequested
 from tests.support.harness import Publisher, Reader, create_topics, query, settings_for, wait_until
 from tests.support.procs import ProcessorProcess, processes
@@ -236,19 +240,13 @@ def test_paused_leader_cannot_fire_after_losing_the_lease(env: dict[str, Any]) -
             # What a paused leader that had claimed these deadlines would emit on waking: fired
             # records carrying its old fencing token, on each saga's own partition.
             for did, saga_id, _, topic, partition in rows:
-                body: dict[str, Any] = {"saga_type": "transfer-saga", "saga_id": saga_id}
-                body |= {"deadline_id": did, "name": "payment-timeout", "token": old_token}
+                fired = FiredRecord("transfer-saga", saga_id, did, "payment-timeout", old_token)
                 zombie.produce(
                     topic,
-                    key=saga_id.encode(),
-                    value=json.dumps(body).encode(),
+                    key=fired.key(),
+                    value=fired.value(),
                     partition=partition,
-                    headers=[
-                        (HEADER_MESSAGE_TYPE, DEADLINE_FIRED.encode()),
-                        (HEADER_MESSAGE_ID, f"deadline:{did}:{old_token}".encode()),
-                        (HEADER_DEADLINE_ID, did.encode()),
-                        (HEADER_FENCING_TOKEN, str(old_token).encode()),
-                    ],
+                    headers=list(fired.headers().items()),
                 )
             assert zombie.flush(30) == 0
             leader.signal(signal.SIGCONT)

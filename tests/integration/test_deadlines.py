@@ -26,9 +26,10 @@ from processor import (
     saga_deadline_handler,
     saga_event_handler,
 )
-from processor.kafka.producer import make_producer
+from processor.kafka.producer import KafkaRecordProducer, make_producer
 from processor.ops.deadlines import overdue_deadlines, pending_deadlines
 from processor.postgres.connect import connect, ensure_schema
+from processor.postgres.deadlines import PostgresDeadlineStore
 from processor.postgres.operator import OperatorQueries
 from processor.runtime.assembly import tables_for
 from processor.runtime.poller import DeadlinePoller
@@ -264,21 +265,20 @@ def test_reply_and_timeout_race_in_partition_order_both_ways(env: dict[str, str]
         # Nobody consumes now: the order of the next three records is exactly as produced.
         latest = _sql(env, "SELECT max(due_at) FROM saga_deadline")[0][0]
         wait_until(lambda: _db_now(env) > latest, what="both deadlines due")
-        poller = DeadlinePoller(
-            connect=lambda: connect(url),
-            tables=tables,
-            producer_factory=lambda: make_producer(settings.kafka.client_config()),
-            holder="race-test",
-            settings=settings.deadline,
-        )
-        with connect(url, autocommit=True) as conn:
-            token = poller.acquire(conn)
+        store = PostgresDeadlineStore(lambda: connect(url), tables)
+        producer = KafkaRecordProducer(lambda: make_producer(settings.kafka.client_config()))
+        poller = DeadlinePoller(store, producer, holder="race-test", settings=settings.deadline)
+        try:
+            token = poller.acquire()
             assert token is not None
             pub.event(events, reply_first, _confirmed(reply_first))
             pub.flush()
-            assert poller.sweep(conn, token) == 2
+            assert poller.sweep(token) == 2
             pub.event(events, timeout_first, _confirmed(timeout_first))
             pub.flush()
+        finally:
+            store.close()
+            producer.close(5)
         with running(settings, [TransferSaga]):
             wait_until(
                 lambda: (

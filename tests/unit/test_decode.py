@@ -7,16 +7,10 @@ from decimal import Decimal
 
 import pytest
 
-from processor.engine.decode import (
-    DEADLINE_FIRED,
-    Event,
-    FiredDeadline,
-    Reason,
-    Rejected,
-    decode,
-)
+from processor.engine.decode import Event, FiredDeadline, Reason, Rejected, decode
 from processor.engine.records import Record
 from processor.messages import Message, MessageRegistry, message_type
+from processor.wire import DEADLINE_FIRED
 
 REG = MessageRegistry()
 LIMIT = 10_000

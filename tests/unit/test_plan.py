@@ -19,12 +19,13 @@ from processor import (
     saga_deadline_handler,
     saga_event_handler,
 )
-from processor.engine.decode import DEADLINE_FIRED, Reason, Rejected, decode
+from processor.engine.decode import Reason, Rejected, decode
 from processor.engine.plan import Item, Planner
 from processor.engine.records import Record
 from processor.engine.rows import ACTIVE, ENDED, PARKED, DeadlineRef, Loaded, SagaRow, WriteSet
 from processor.messages import MessageRegistry
 from processor.runner import bind_all
+from processor.wire import DEADLINE_FIRED
 
 REG = MessageRegistry()
 NOW = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)

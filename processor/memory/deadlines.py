@@ -1,0 +1,244 @@
+"""An in-memory deadline store: the Postgres adapter's lease and claim rules over a given clock.
+
+Tests move the clock to expire a lease or make a dispatch stale without waiting; they add
+deadline rows as a batch would and delete them as the consumer would after handling them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+
+from processor.errors import Retryable
+from processor.ports import Due
+
+__all__ = ["DeadlineRow", "Lease", "MemoryDeadlineStore"]
+
+Clock = Callable[[], datetime]
+
+# Longest single real-time wait, so `wake` and `stop` are noticed promptly.
+_WAIT_CHUNK = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlineRow:
+    """One stored deadline, as the deadline table holds it."""
+
+    id: str
+    saga_type: str
+    saga_id: str
+    name: str
+    due_at: datetime
+    topic: str
+    partition: int
+    dispatched_at: datetime | None = None
+    dispatch_token: int | None = None
+
+    def due(self) -> Due:
+        """The row as the poller receives it from a claim."""
+        return Due(
+            self.id,
+            self.saga_type,
+            self.saga_id,
+            self.name,
+            self.topic,
+            self.partition,
+            self.due_at,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The lease row: who holds it, under which token, until when."""
+
+    holder: str
+    token: int
+    expires_at: datetime
+
+
+class MemoryDeadlineStore:
+    """:class:`processor.ports.DeadlineStore` in memory, thread-safe.
+
+    Args:
+        clock: The store's "database clock": returns timezone-aware datetimes.
+    """
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self._clock: Clock = clock or (lambda: datetime.now(UTC))
+        self._lock = threading.Lock()
+        # Insertion order breaks ties between equal due times.
+        self._rows: dict[str, DeadlineRow] = {}
+        self._order = itertools.count()
+        self._seq: dict[str, int] = {}
+        self._lease: Lease | None = None
+        self._failing = 0
+        # Set when a deadline is added: the in-memory NOTIFY.
+        self._notified = threading.Event()
+
+    # -- for tests ---------------------------------------------------------------------------
+
+    def add(
+        self,
+        saga_type: str,
+        saga_id: str,
+        name: str,
+        due_at: datetime,
+        *,
+        topic: str = "saga-input",
+        partition: int = 0,
+        id: str | None = None,
+    ) -> str:
+        """Stores a deadline as a batch would, and notifies a waiting poller; returns its id."""
+        row_id = id or str(uuid.uuid4())
+        with self._lock:
+            self._rows[row_id] = DeadlineRow(
+                row_id, saga_type, saga_id, name, due_at, topic, partition
+            )
+            self._seq[row_id] = next(self._order)
+        self._notified.set()
+        return row_id
+
+    def delete(self, row_id: str) -> None:
+        """Removes a deadline, as the consumer does once its fired record was handled."""
+        with self._lock:
+            self._rows.pop(row_id, None)
+
+    def rows(self) -> list[DeadlineRow]:
+        """Every stored deadline, in due order."""
+        with self._lock:
+            return self._sorted(self._rows.values())
+
+    def row(self, row_id: str) -> DeadlineRow:
+        """One stored deadline by id."""
+        with self._lock:
+            return self._rows[row_id]
+
+    @property
+    def lease(self) -> Lease | None:
+        """The lease row, or None before anyone took it."""
+        with self._lock:
+            return self._lease
+
+    def fail_next(self, n: int = 1) -> None:
+        """Makes the next ``n`` calls raise ``Retryable``, as a lost connection would."""
+        with self._lock:
+            self._failing = n
+
+    # -- the port ----------------------------------------------------------------------------
+
+    def acquire(self, holder: str, ttl_seconds: float) -> int | None:
+        """Takes or renews the lease; its fencing token, or None while another holds it."""
+        with self._lock:
+            self._check()
+            now = self._clock()
+            expires_at = now + timedelta(seconds=ttl_seconds)
+            lease = self._lease
+            if lease is None:
+                self._lease = Lease(holder, 1, expires_at)
+                return 1
+            valid = lease.expires_at > now
+            if lease.holder != holder and valid:
+                return None
+            token = lease.token if lease.holder == holder and valid else lease.token + 1
+            self._lease = Lease(holder, token, expires_at)
+            return token
+
+    def claim_due(
+        self, holder: str, token: int, limit: int, *, full: bool, redispatch_after: float
+    ) -> tuple[list[Due], float | None]:
+        """Claims due deadlines under ``token``; see :class:`processor.ports.DeadlineStore`."""
+        with self._lock:
+            self._check()
+            now = self._clock()
+            stale_before = now - timedelta(seconds=redispatch_after)
+            lease = self._lease
+            ours = (
+                lease is not None
+                and lease.holder == holder
+                and lease.token == token
+                and lease.expires_at > now
+            )
+
+            def claimable(r: DeadlineRow) -> bool:
+                if r.due_at > now:
+                    return False
+                if not full:
+                    return r.dispatched_at is None
+                return (
+                    r.dispatch_token != token
+                    or r.dispatched_at is None
+                    or r.dispatched_at < stale_before
+                )
+
+            taken = self._sorted(r for r in self._rows.values() if claimable(r))[:limit]
+            if not ours:
+                taken = []
+            for r in taken:
+                self._rows[r.id] = replace(r, dispatched_at=now, dispatch_token=token)
+            due = self._next_due(now) if len(taken) < limit else None
+            return [r.due() for r in taken], due
+
+    def unclaim(self, ids: Sequence[str], token: int) -> None:
+        """Makes rows dispatched under ``token`` due again."""
+        with self._lock:
+            self._check()
+            for row_id in ids:
+                r = self._rows.get(row_id)
+                if r is not None and r.dispatch_token == token:
+                    self._rows[row_id] = replace(r, dispatched_at=None)
+
+    def next_due_in(self) -> float | None:
+        """Seconds until the next deadline not yet due comes due; None when none is pending."""
+        with self._lock:
+            self._check()
+            return self._next_due(self._clock())
+
+    def next_redispatch_in(self, token: int, redispatch_after: float) -> float | None:
+        """Seconds until this token's oldest dispatch may be sent again; None when none."""
+        with self._lock:
+            self._check()
+            now = self._clock()
+            sent = [
+                r.dispatched_at
+                for r in self._rows.values()
+                if r.due_at <= now and r.dispatch_token == token and r.dispatched_at is not None
+            ]
+            if not sent:
+                return None
+            return (min(sent) - now).total_seconds() + redispatch_after
+
+    def wait(self, seconds: float, stop: threading.Event, wake: threading.Event) -> None:
+        """Sleeps up to ``seconds`` of real time.
+
+        Returns early once a deadline is added, or on ``wake`` or ``stop``.
+        """
+        with self._lock:
+            self._check()
+        remaining = seconds
+        while remaining > 0 and not stop.is_set() and not wake.is_set():
+            chunk = min(remaining, _WAIT_CHUNK)
+            if self._notified.wait(chunk):
+                self._notified.clear()
+                return
+            remaining -= chunk
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _check(self) -> None:
+        if self._failing > 0:
+            self._failing -= 1
+            raise Retryable("injected store failure")
+
+    def _sorted(self, rows: Iterable[DeadlineRow]) -> list[DeadlineRow]:
+        return sorted(rows, key=lambda r: (r.due_at, self._seq[r.id]))
+
+    def _next_due(self, now: datetime) -> float | None:
+        future = [r.due_at for r in self._rows.values() if r.due_at > now]
+        return (min(future) - now).total_seconds() if future else None

@@ -1,0 +1,219 @@
+"""The deadline poller's store: the lease row, claims of due deadlines, and NOTIFY wake-ups.
+
+Every time is the database's clock, so replicas with skewed clocks agree on who holds the lease
+and on what is due. The lease check sits inside each claim statement: a holder whose lease
+expired (paused, partitioned) claims nothing, whatever it believes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import TupleRow
+
+from processor.errors import Retryable, RuntimeFailure
+from processor.ports import Due
+from processor.postgres.errors import translate
+from processor.postgres.schema import Tables
+from processor.wire import deadline_channel
+
+__all__ = ["LEASE_NAME", "PostgresDeadlineStore"]
+
+log = logging.getLogger(__name__)
+
+Conn = psycopg.Connection[TupleRow]
+
+LEASE_NAME = "deadline-poller"
+"""The lease row's name; the consumer reads its token to tell a current fired record from a
+stale one."""
+
+# Longest single wait in conn.notifies, so `wake` and `stop` are noticed promptly.
+_WAIT_CHUNK = 0.25
+
+
+def _failure(e: psycopg.Error) -> RuntimeFailure:
+    # A connection that broke or never opened carries no SQLSTATE; it is as retryable as 08xxx.
+    if e.sqlstate is None and isinstance(e, psycopg.OperationalError | psycopg.InterfaceError):
+        return Retryable(f"database unavailable: {e}")
+    return translate(e)
+
+
+class PostgresDeadlineStore:
+    """:class:`processor.ports.DeadlineStore` over one autocommit connection that LISTENs.
+
+    The connection is opened on first use. After a psycopg error it is dropped and the call
+    raises a runtime failure (``Retryable`` for a lost connection); the next call reconnects.
+
+    Args:
+        connect: Opens a new connection.
+        tables: The processor's table names.
+    """
+
+    def __init__(self, connect: Callable[[], Conn], tables: Tables) -> None:
+        self._connect = connect
+        self._conn: Conn | None = None
+        self.channel = deadline_channel(tables.schema)
+        r = tables.render
+        self._lease = r(
+            """
+            INSERT INTO {deadline_lock} AS l (name, holder, token, expires_at)
+            VALUES (%(name)s, %(holder)s, 1, now() + make_interval(secs => %(ttl)s))
+            ON CONFLICT (name) DO UPDATE
+               SET holder = excluded.holder,
+                   token = CASE WHEN l.holder = excluded.holder AND l.expires_at > now()
+                                THEN l.token ELSE l.token + 1 END,
+                   expires_at = excluded.expires_at
+             WHERE l.holder = excluded.holder OR l.expires_at <= now()
+            RETURNING token
+            """
+        )
+
+        def claim(which: str) -> str:
+            # Claims only while the lease is ours and unexpired, checked in this very statement.
+            return r(
+                """
+                UPDATE {deadline} AS d SET dispatched_at = now(), dispatch_token = %(token)s
+                 WHERE d.id IN (
+                       SELECT id FROM {deadline}
+                        WHERE due_at <= now() AND (WHICH)
+                        ORDER BY due_at
+                        LIMIT %(limit)s
+                        FOR UPDATE SKIP LOCKED)
+                   AND EXISTS (SELECT 1 FROM {deadline_lock}
+                                WHERE name = %(name)s AND holder = %(holder)s
+                                  AND token = %(token)s AND expires_at > now())
+                RETURNING d.id::text, d.saga_type, d.saga_id, d.name, d.topic, d.partition,
+                          d.due_at
+                """.replace("WHICH", which)
+            )
+
+        # Every row this leader may fire: undispatched, dispatched under another token (an
+        # earlier leader's), or dispatched so long ago that the record is presumed lost. Its
+        # scan passes every fired row still in the table, so the poller asks for it only when
+        # stale rows can exist: after the token changed, and when its oldest dispatch goes stale.
+        self._claim_full = claim(
+            "dispatch_token IS DISTINCT FROM %(token)s OR dispatched_at IS NULL"
+            " OR dispatched_at < now() - make_interval(secs => %(redispatch)s)"
+        )
+        # Only undispatched rows, through their own partial index: every other sweep costs the
+        # same however many fired rows still wait for their handler.
+        self._claim_fresh = claim("dispatched_at IS NULL")
+        self._unclaim = r(
+            """
+            UPDATE {deadline} SET dispatched_at = NULL
+             WHERE id = ANY(%s::uuid[]) AND dispatch_token = %s
+            """
+        )
+        # Asked right after a claim, which took every due row it could (rows committed later
+        # with an earlier due time wake the poller by NOTIFY), so only future rows matter: one
+        # step into the due_at index, however many rows are pending.
+        self._next_due = r(
+            "SELECT extract(epoch FROM min(due_at) - now()) FROM {deadline} WHERE due_at > now()"
+        )
+        # Only due rows are ever dispatched, so the due_at range bounds the scan to rows in
+        # flight, not the whole table.
+        self._next_redispatch = r(
+            """
+            SELECT extract(epoch FROM min(dispatched_at) + make_interval(secs => %(redispatch)s)
+                                      - now())
+              FROM {deadline} WHERE due_at <= now() AND dispatch_token = %(token)s
+            """
+        )
+
+    # -- connection --------------------------------------------------------------------------
+
+    @contextmanager
+    def _session(self) -> Iterator[Conn]:
+        """The connection, opened and listening if need be; dropped after any psycopg error."""
+        try:
+            if self._conn is None or self._conn.closed:
+                conn = self._connect()
+                conn.autocommit = True
+                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+                self._conn = conn
+            yield self._conn
+        except psycopg.Error as e:
+            self._drop()
+            raise _failure(e) from e
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except psycopg.Error as e:  # already broken: nothing left to release
+                log.debug("closing a broken deadline connection: %s", e)
+
+    # -- the port ----------------------------------------------------------------------------
+
+    def acquire(self, holder: str, ttl_seconds: float) -> int | None:
+        """Takes or renews the lease; its fencing token, or None while another holds it."""
+        args = {"name": LEASE_NAME, "holder": holder, "ttl": ttl_seconds}
+        with self._session() as conn, conn.transaction():
+            row = conn.execute(self._lease, args).fetchone()
+        return int(row[0]) if row else None
+
+    def claim_due(
+        self, holder: str, token: int, limit: int, *, full: bool, redispatch_after: float
+    ) -> tuple[list[Due], float | None]:
+        """Claims due deadlines under ``token``; see :class:`processor.ports.DeadlineStore`."""
+        args: dict[str, Any] = {
+            "name": LEASE_NAME,
+            "holder": holder,
+            "token": token,
+            "limit": limit,
+            "redispatch": redispatch_after,
+        }
+        due: float | None = None
+        with self._session() as conn, conn.transaction():
+            claim = self._claim_full if full else self._claim_fresh
+            rows = [Due(*r) for r in conn.execute(claim, args).fetchall()]
+            if len(rows) < limit:
+                # Same transaction, so the same now(): every row the claim left is due later.
+                # Asked a moment after, a row coming due in between would wait for a wake-up.
+                due = _seconds(conn.execute(self._next_due).fetchone())
+        return rows, due
+
+    def unclaim(self, ids: Sequence[str], token: int) -> None:
+        """Makes rows dispatched under ``token`` due again."""
+        with self._session() as conn, conn.transaction():
+            conn.execute(self._unclaim, (list(ids), token))
+
+    def next_due_in(self) -> float | None:
+        """Seconds until the next deadline not yet due comes due; None when none is pending."""
+        with self._session() as conn, conn.transaction():
+            return _seconds(conn.execute(self._next_due).fetchone())
+
+    def next_redispatch_in(self, token: int, redispatch_after: float) -> float | None:
+        """Seconds until this token's oldest dispatch may be sent again; None when none."""
+        args = {"token": token, "redispatch": redispatch_after}
+        with self._session() as conn, conn.transaction():
+            return _seconds(conn.execute(self._next_redispatch, args).fetchone())
+
+    def wait(self, seconds: float, stop: threading.Event, wake: threading.Event) -> None:
+        """Sleeps up to ``seconds``.
+
+        Returns early on NOTIFY on the deadline channel (a batch committed deadlines), on
+        ``wake`` (one in this process did) or on ``stop``.
+        """
+        remaining = seconds
+        with self._session() as conn:
+            while remaining > 0 and not stop.is_set() and not wake.is_set():
+                chunk = min(remaining, _WAIT_CHUNK)
+                for _ in conn.notifies(timeout=chunk, stop_after=1):
+                    return
+                remaining -= chunk
+
+    def close(self) -> None:
+        """Closes the connection; a later call opens a new one."""
+        self._drop()
+
+
+def _seconds(row: tuple[Any, ...] | None) -> float | None:
+    return float(row[0]) if row and row[0] is not None else None

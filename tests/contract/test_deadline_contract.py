@@ -1,0 +1,365 @@
+"""One suite for every DeadlineStore: the in-memory one and PostgreSQL.
+
+The two clocks differ (the memory store's is the test's, Postgres's is the server's), so the
+cases never depend on exact times: rows are due hours ago or hours ahead, leases are expired by
+moving the lease row or the clock well past the TTL.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+import psycopg
+import pytest
+
+from processor.errors import Retryable
+from processor.memory.deadlines import MemoryDeadlineStore
+from processor.ports import DeadlineStore
+from processor.postgres.connect import connect, ensure_schema
+from processor.postgres.deadlines import PostgresDeadlineStore
+from processor.postgres.schema import Tables
+from processor.wire import deadline_channel
+
+TTL = 60.0
+HOUR = timedelta(hours=1)
+LONG = 3600.0  # a redispatch interval no dispatch in these tests outlives
+
+
+class Backend(Protocol):
+    store: DeadlineStore
+
+    def add(self, due_in: timedelta, saga_id: str = "s-1") -> str:
+        """Stores a deadline due ``due_in`` from the store's now; its id."""
+        ...
+
+    def dispatch(self, row_id: str) -> tuple[bool, int | None] | None:
+        """(dispatched, token) of a row; None when it is gone."""
+        ...
+
+    def expire_lease(self) -> None: ...
+
+    def notify(self) -> None:
+        """Announces a newly committed deadline, as a batch does."""
+        ...
+
+    def break_connection(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Offset:
+    """The real clock, moved forward on demand."""
+
+    def __init__(self) -> None:
+        self.ahead = timedelta()
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) + self.ahead
+
+
+class MemoryBackend:
+    def __init__(self) -> None:
+        self.clock = Offset()
+        self.memory = MemoryDeadlineStore(self.clock.now)
+        self.store: DeadlineStore = self.memory
+
+    def add(self, due_in: timedelta, saga_id: str = "s-1") -> str:
+        return self.memory.add("order", saga_id, "timeout", self.clock.now() + due_in)
+
+    def dispatch(self, row_id: str) -> tuple[bool, int | None] | None:
+        row = next((r for r in self.memory.rows() if r.id == row_id), None)
+        return None if row is None else (row.dispatched_at is not None, row.dispatch_token)
+
+    def expire_lease(self) -> None:
+        self.clock.ahead += timedelta(seconds=TTL + 1)
+
+    def notify(self) -> None:
+        self.add(HOUR, f"n-{uuid.uuid4().hex[:6]}")
+
+    def break_connection(self) -> None:
+        self.memory.fail_next(1)
+
+    def close(self) -> None:
+        self.memory.close()
+
+
+class PostgresBackend:
+    def __init__(self, url: str, schema: str) -> None:
+        self.tables = Tables(schema)
+        ensure_schema(url, self.tables)
+        self.name = f"contract-{uuid.uuid4().hex[:8]}"
+        self.postgres = PostgresDeadlineStore(
+            lambda: connect(url, application_name=self.name), self.tables
+        )
+        self.store: DeadlineStore = self.postgres
+        self.admin = connect(url, autocommit=True)
+
+    def _one(self, text: str, *args: object) -> tuple[object, ...] | None:
+        return self.admin.execute(self.tables.render(text), args).fetchone()
+
+    def add(self, due_in: timedelta, saga_id: str = "s-1") -> str:
+        row = self._one(
+            """
+            INSERT INTO {deadline} (id, saga_type, saga_id, name, due_at, topic, partition)
+            VALUES (gen_random_uuid(), 'order', %s, 'timeout', now() + %s, 'orders', 0)
+            RETURNING id::text
+            """,
+            saga_id,
+            due_in,
+        )
+        assert row is not None
+        return str(row[0])
+
+    def dispatch(self, row_id: str) -> tuple[bool, int | None] | None:
+        row = self._one(
+            "SELECT dispatched_at IS NOT NULL, dispatch_token FROM {deadline} WHERE id = %s",
+            row_id,
+        )
+        if row is None:
+            return None
+        token = row[1]
+        assert token is None or isinstance(token, int)
+        return bool(row[0]), token
+
+    def expire_lease(self) -> None:
+        self.admin.execute(
+            self.tables.render("UPDATE {deadline_lock} SET expires_at = now() - interval '1 s'")
+        )
+
+    def notify(self) -> None:
+        self.add(HOUR, f"n-{uuid.uuid4().hex[:6]}")
+        self._one("SELECT pg_notify(%s, '')", deadline_channel(self.tables.schema))
+
+    def break_connection(self) -> None:
+        killed = self._one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE application_name = %s",
+            self.name,
+        )
+        assert killed == (1,)
+
+    def close(self) -> None:
+        self.postgres.close()
+        self.admin.close()
+
+
+@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.integration)])
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    made: Backend
+    if request.param == "memory":
+        made = MemoryBackend()
+    else:
+        made = PostgresBackend(
+            request.getfixturevalue("database_url"), request.getfixturevalue("pg_schema")
+        )
+    yield made
+    made.close()
+
+
+def _claim(
+    b: Backend,
+    holder: str,
+    token: int,
+    limit: int = 10,
+    *,
+    full: bool = False,
+    redispatch_after: float = LONG,
+) -> tuple[list[str], float | None]:
+    rows, due = b.store.claim_due(
+        holder, token, limit, full=full, redispatch_after=redispatch_after
+    )
+    return [r.id for r in rows], due
+
+
+def _acquire(b: Backend, holder: str) -> int:
+    token = b.store.acquire(holder, TTL)
+    assert token is not None
+    return token
+
+
+# -- the lease -----------------------------------------------------------------------------------
+
+
+def test_the_lease_is_renewed_by_its_holder_and_refused_to_others(backend: Backend) -> None:
+    token = _acquire(backend, "a")
+    assert backend.store.acquire("a", TTL) == token
+    assert backend.store.acquire("b", TTL) is None
+
+
+def test_an_expired_lease_is_taken_with_a_larger_token(backend: Backend) -> None:
+    old = _acquire(backend, "a")
+    backend.expire_lease()
+    new = _acquire(backend, "b")
+    assert new > old
+    assert backend.store.acquire("a", TTL) is None
+
+
+def test_a_holder_whose_lease_expired_gets_a_new_token(backend: Backend) -> None:
+    old = _acquire(backend, "a")
+    backend.expire_lease()
+    assert _acquire(backend, "a") > old
+
+
+# -- claims --------------------------------------------------------------------------------------
+
+
+def test_only_the_lease_holder_claims(backend: Backend) -> None:
+    due = backend.add(-HOUR)
+    old = _acquire(backend, "a")
+    backend.expire_lease()
+    new = _acquire(backend, "b")
+    assert _claim(backend, "a", old, full=True)[0] == []  # the paused ex-leader
+    assert _claim(backend, "a", new, full=True)[0] == []  # right token, wrong holder
+    assert _claim(backend, "b", old, full=True)[0] == []  # right holder, stale token
+    assert backend.dispatch(due) == (False, None)
+    assert _claim(backend, "b", new)[0] == [due]
+    assert backend.dispatch(due) == (True, new)
+
+
+def test_a_claim_takes_due_rows_in_due_order_up_to_the_limit(backend: Backend) -> None:
+    later = backend.add(-HOUR, "s-1")
+    first = backend.add(-2 * HOUR, "s-2")
+    backend.add(HOUR, "s-3")
+    token = _acquire(backend, "a")
+    assert _claim(backend, "a", token, limit=1)[0] == [first]
+    ids, due = _claim(backend, "a", token, limit=5)
+    assert ids == [later]
+    # Fewer than the limit: the seconds until the next row comes due, from the same clock.
+    assert due is not None
+    assert 3500 < due <= 3600
+
+
+def test_the_next_due_answer_is_none_when_nothing_is_pending(backend: Backend) -> None:
+    token = _acquire(backend, "a")
+    assert _claim(backend, "a", token) == ([], None)
+    backend.add(-HOUR)
+    ids, due = _claim(backend, "a", token)
+    assert len(ids) == 1
+    assert due is None
+    assert backend.store.next_due_in() is None
+
+
+def test_a_claim_returns_the_rows_fields(backend: Backend) -> None:
+    did = backend.add(-HOUR, "s-9")
+    token = _acquire(backend, "a")
+    [row], _ = backend.store.claim_due("a", token, 10, full=False, redispatch_after=LONG)
+    assert (row.id, row.saga_type, row.saga_id, row.name) == (did, "order", "s-9", "timeout")
+    assert row.due_at.tzinfo is not None
+
+
+def test_a_fresh_claim_skips_dispatched_rows_and_a_full_one_takes_another_tokens(
+    backend: Backend,
+) -> None:
+    did = backend.add(-HOUR)
+    old = _acquire(backend, "a")
+    assert _claim(backend, "a", old)[0] == [did]
+    backend.expire_lease()
+    new = _acquire(backend, "b")
+    assert _claim(backend, "b", new)[0] == []
+    assert _claim(backend, "b", new, full=True)[0] == [did]
+    assert backend.dispatch(did) == (True, new)
+
+
+def test_a_full_claim_takes_this_tokens_rows_only_once_they_are_stale(backend: Backend) -> None:
+    did = backend.add(-HOUR)
+    token = _acquire(backend, "a")
+    assert _claim(backend, "a", token)[0] == [did]
+    assert _claim(backend, "a", token, full=True, redispatch_after=LONG)[0] == []
+    # Dispatched before now minus one millisecond, for both clocks, once some time passed.
+    _wait(lambda: _claim(backend, "a", token, full=True, redispatch_after=0.001)[0] == [did])
+
+
+def test_unclaim_makes_rows_of_the_token_due_again(backend: Backend) -> None:
+    did = backend.add(-HOUR)
+    token = _acquire(backend, "a")
+    _claim(backend, "a", token)
+    backend.store.unclaim([did], token + 1)
+    assert backend.dispatch(did) == (True, token)
+    backend.store.unclaim([did], token)
+    assert backend.dispatch(did) == (False, token)
+    assert _claim(backend, "a", token)[0] == [did]
+
+
+def test_next_redispatch_in_counts_from_this_tokens_oldest_dispatch(backend: Backend) -> None:
+    token = _acquire(backend, "a")
+    assert backend.store.next_redispatch_in(token, LONG) is None
+    backend.add(-HOUR)
+    _claim(backend, "a", token)
+    stale = backend.store.next_redispatch_in(token, LONG)
+    assert stale is not None
+    assert LONG - 100 < stale <= LONG
+    assert backend.store.next_redispatch_in(token + 1, LONG) is None
+
+
+def test_next_due_in_sees_only_rows_not_yet_due(backend: Backend) -> None:
+    backend.add(-HOUR)
+    assert backend.store.next_due_in() is None
+    backend.add(2 * HOUR, "s-2")
+    due = backend.store.next_due_in()
+    assert due is not None
+    assert 7100 < due <= 7200
+
+
+# -- waiting and failures ------------------------------------------------------------------------
+
+
+def test_wait_returns_at_once_on_wake_or_stop(backend: Backend) -> None:
+    set_, unset = threading.Event(), threading.Event()
+    set_.set()
+    started = time.monotonic()
+    backend.store.wait(30, set_, unset)
+    backend.store.wait(30, unset, set_)
+    assert time.monotonic() - started < 10
+
+
+def test_wait_returns_when_a_deadline_is_committed(backend: Backend) -> None:
+    backend.store.next_due_in()  # connected and listening
+    stop, wake = threading.Event(), threading.Event()
+    waiter = threading.Thread(target=backend.store.wait, args=(60, stop, wake), daemon=True)
+    waiter.start()
+    try:
+        # Repeated: a notification sent before the waiter listens would be its only one.
+        def notified() -> bool:
+            backend.notify()
+            return not waiter.is_alive()
+
+        _wait(notified)
+    finally:
+        stop.set()
+        waiter.join(5)
+
+
+def test_wait_times_out(backend: Backend) -> None:
+    started = time.monotonic()
+    backend.store.wait(0.3, threading.Event(), threading.Event())
+    assert time.monotonic() - started >= 0.25
+
+
+def test_a_lost_connection_is_retryable_and_the_next_call_reconnects(backend: Backend) -> None:
+    token = _acquire(backend, "a")
+    backend.break_connection()
+    with pytest.raises(Retryable):
+        backend.store.acquire("a", TTL)
+    assert backend.store.acquire("a", TTL) == token
+
+
+def test_an_unreachable_database_is_retryable() -> None:
+    store = PostgresDeadlineStore(
+        lambda: psycopg.connect("postgresql://nobody@127.0.0.1:9/none", connect_timeout=2),
+        Tables("nowhere"),
+    )
+    with pytest.raises(Retryable):
+        store.next_due_in()
+    store.close()
+
+
+def _wait(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
