@@ -74,8 +74,12 @@ class BatchStore(Protocol):
         offsets: Sequence[OffsetCommit],
         *,
         before_commit: Callable[[], None] | None = None,
+        dry_run: bool = False,
     ) -> None:
         """Writes one planned batch and its offsets atomically.
+
+        With ``dry_run`` everything is written and checked, then rolled back: it raises exactly
+        what the real write would, and changes nothing.
 
         Raises:
             FencedOut: An offset's epoch or expected position moved; nothing is written.
@@ -197,6 +201,16 @@ class RecordConsumer(Protocol):
     def seek(self, tp: TP, offset: int | None) -> None: ...
 
     def pause(self, tps: Sequence[TP]) -> None: ...
+
+    def resume(self, tps: Sequence[TP]) -> None: ...
+
+    def leave(self) -> None:
+        """Leaves the group: every partition goes back to the other members."""
+        ...
+
+    def rejoin(self) -> None:
+        """Joins the group again after :meth:`leave`."""
+        ...
 
     def commit_advisory(self, offsets: Mapping[TP, int]) -> None:
         """Mirrors stored positions to Kafka so lag tools work; the store stays the authority."""

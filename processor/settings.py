@@ -80,8 +80,14 @@ class ConsumerSettings(BaseModel):
     max_record_bytes: int = Field(default=1_048_576, ge=1)
     handler_attempts: int = Field(default=3, ge=1)
     dead_letter_topic: str = "saga-dead-letters"
+    # A batch also ends at about this many bytes of keys and values; the client's fetch and
+    # prefetch queue are sized from it, so memory stays bounded however large records are.
+    max_batch_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     session_timeout: Duration = timedelta(seconds=45)
     max_poll_interval: Duration = timedelta(minutes=5)
+    # How long the database may fail or not answer before this replica gives its partitions
+    # back to the group (to replicas that can reach it); it rejoins once the database answers.
+    unavailable_timeout: Duration = timedelta(seconds=20)
 
 
 class RelaySettings(BaseModel):

@@ -38,6 +38,7 @@ class Reason(StrEnum):
     SCHEMA_VIOLATION = "schema-violation"
     MISSING_ASSOCIATION = "missing-association"
     MISSING_MESSAGE_ID = "missing-message-id"
+    REFUSED_BY_DATABASE = "refused-by-database"
 
 
 @dataclass(frozen=True, slots=True)

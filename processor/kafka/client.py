@@ -47,6 +47,7 @@ class SagaConsumer:
         on_revoke: Callable[[list[TP]], None],
         session_timeout_ms: int = 45000,
         max_poll_interval_ms: int = 300000,
+        max_batch_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         conf: dict[str, Any] = {
             **config,
@@ -58,13 +59,15 @@ class SagaConsumer:
             "session.timeout.ms": session_timeout_ms,
             "max.poll.interval.ms": max_poll_interval_ms,
             "heartbeat.interval.ms": min(3000, session_timeout_ms // 3),
+            # Bounded memory: one fetch and the prefetch queue hold about two batches' bytes.
+            "fetch.max.bytes": max(max_batch_bytes, 1_048_576),
+            "queued.max.messages.kbytes": max(2 * max_batch_bytes // 1024, 1024),
         }
         self._on_assign = on_assign
         self._on_revoke = on_revoke
+        self._topics = list(topics)
         self._consumer = Consumer(conf)
-        self._consumer.subscribe(
-            list(topics), on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._revoked
-        )
+        self.rejoin()
 
     # Cooperative rebalancing hands over only the changed partitions; these callbacks must use
     # the incremental calls, or partitions are left unconsumed.
@@ -101,6 +104,18 @@ class SagaConsumer:
 
     def pause(self, tps: Sequence[TP]) -> None:
         self._consumer.pause([TopicPartition(t, p) for t, p in tps])
+
+    def resume(self, tps: Sequence[TP]) -> None:
+        self._consumer.resume([TopicPartition(t, p) for t, p in tps])
+
+    def leave(self) -> None:
+        # The revocation callback runs in a later consume(), like any rebalance.
+        self._consumer.unsubscribe()
+
+    def rejoin(self) -> None:
+        self._consumer.subscribe(
+            self._topics, on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._revoked
+        )
 
     def commit_advisory(self, offsets: Mapping[TP, int]) -> None:
         """Mirrors stored positions to Kafka so lag tools work; Postgres stays the authority."""

@@ -92,6 +92,7 @@ class MemoryBatchStore:
         offsets: Sequence[OffsetCommit],
         *,
         before_commit: Callable[[], None] | None = None,
+        dry_run: bool = False,
     ) -> None:
         t = self.tables
         # Fencing first, as the PostgreSQL store does: a stale batch is refused for what it is.
@@ -124,6 +125,8 @@ class MemoryBatchStore:
         names = {(d.saga_type, d.saga_id, d.name) for d in ws.deadline_inserts}
         if len(names) != len(ws.deadline_inserts):
             raise RecordDataError("23505", "duplicate deadline name")
+        if dry_run:
+            return
         if before_commit is not None:
             before_commit()
         self._apply(ws, offsets)

@@ -74,12 +74,15 @@ class PostgresBatchStore:
         offsets: Sequence[OffsetCommit],
         *,
         before_commit: Callable[[], None] | None = None,
+        dry_run: bool = False,
     ) -> None:
         committing = False
         try:
             store = self._store()
             with store.conn.transaction():
                 store.write(ws, offsets)
+                if dry_run:
+                    raise psycopg.Rollback()
                 if before_commit is not None:
                     before_commit()
                 # Leaving the block sends COMMIT: a connection lost from here on leaves the

@@ -107,15 +107,19 @@ class Processor:
                 lambda: self.connect(self.settings.consumer.session_timeout), self.tables, group
             )
 
+        cs = self.settings.consumer
         self.worker = Worker(
             store=batch_store(),
             control=batch_store(),
+            store_factory=batch_store,
             planner=self.planner,
             registry=self.registry,
             owner=self.instance_id,
-            max_record_bytes=self.settings.consumer.max_record_bytes,
-            batch_size=self.settings.consumer.batch_size,
-            batch_timeout=self.settings.consumer.batch_timeout.total_seconds(),
+            max_record_bytes=cs.max_record_bytes,
+            batch_size=cs.batch_size,
+            batch_timeout=cs.batch_timeout.total_seconds(),
+            max_batch_bytes=cs.max_batch_bytes,
+            unavailable_timeout=cs.unavailable_timeout.total_seconds(),
             hooks=self.hooks,
         )
         if self.settings.relay.enabled:
@@ -146,7 +150,6 @@ class Processor:
             )
             self._spawn("deadline-poller", self.poller.run)
         self.worker.on_commit = self._committed
-        cs = self.settings.consumer
         self.worker.consumer = SagaConsumer(
             kafka,
             group_id=cs.group_id,
@@ -155,6 +158,7 @@ class Processor:
             on_revoke=self.worker.on_revoke,
             session_timeout_ms=int(cs.session_timeout.total_seconds() * 1000),
             max_poll_interval_ms=int(cs.max_poll_interval.total_seconds() * 1000),
+            max_batch_bytes=cs.max_batch_bytes,
         )
         log.info("processor %s started: sagas %s", self.instance_id, sorted(self.sagas))
 

@@ -1,8 +1,14 @@
 """The consumer loop: one batch per poll, one transaction per batch, offsets stored with effects.
 
 Speaks only to ports: a :class:`~processor.ports.RecordConsumer` for records, and two
-:class:`~processor.ports.BatchStore` handles (one commits on the writer thread while the other
-serves rebalance callbacks, planning reads and resyncs on the consuming thread).
+:class:`~processor.ports.BatchStore` handles, each used from its own lane (a thread the loop can
+stop waiting for): one commits batch N while the other serves rebalance claims, planning reads
+and resyncs for batch N+1.
+
+Nothing the database does can stall the loop past ``unavailable_timeout``: a failed or unanswered
+call leaves the loop polling Kafka (so the group keeps this replica) while it retries with
+backoff, and once the database has been unreachable for that long the replica gives its
+partitions back to the group and rejoins when the database answers again.
 """
 
 from __future__ import annotations
@@ -11,22 +17,27 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from processor.engine.decode import Event, Rejected, decode
+from processor.engine.decode import Decoded, Event, Rejected, decode
 from processor.engine.overlay import overlay
 from processor.engine.plan import Item, Planner
 from processor.engine.records import OffsetCommit, Record
 from processor.engine.rows import Wants, WriteSet
-from processor.errors import CommitInDoubt, Failure, RuntimeFailure
+from processor.errors import CommitInDoubt, Failure, RecordDataError, RuntimeFailure
 from processor.messages import MessageRegistry
 from processor.ports import TP, BatchStore, RecordConsumer
 from processor.runtime.hooks import Hooks
+from processor.runtime.isolate import isolate_refused
+from processor.runtime.lane import Lane, Stuck, wait
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+
+# Waits between retries while the database fails: short at first, then at most this long.
+_MAX_BACKOFF = 5.0
 
 
 @dataclass
@@ -44,7 +55,7 @@ class WorkerStats:
 
 
 class Worker:
-    """Drives one consumer. `poll_once()` is the single step; `run()` loops it."""
+    """Drives one consumer. `poll_once()` is the single step; the processor loops it."""
 
     def __init__(
         self,
@@ -59,9 +70,12 @@ class Worker:
         batch_timeout: float,
         on_commit: Callable[[WriteSet], None] = lambda ws: None,
         hooks: Hooks | None = None,
+        store_factory: Callable[[], BatchStore] | None = None,
+        max_batch_bytes: int = 16 * 1024 * 1024,
+        unavailable_timeout: float = 20.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
-        # Rebalance callbacks and resync use their own connection (see on_assign).
         self.control = control
         self.planner = planner
         self.registry = registry
@@ -69,66 +83,110 @@ class Worker:
         self.max_record_bytes = max_record_bytes
         self.batch_size = batch_size
         self.batch_timeout = batch_timeout
+        self.max_batch_bytes = max_batch_bytes
+        self.unavailable_timeout = unavailable_timeout
         self.on_commit = on_commit
-        self.owned: dict[TP, _Owned] = {}
-        self.stats = WorkerStats()
-        self.consumer: RecordConsumer | None = None
-        self._failures = 0
-        # One writer thread: batch N commits there while batch N+1 is read and planned.
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-writer")
-        self._pending: tuple[_Planned, Future[None]] | None = None
         # Named points of a batch ("before-write", "before-commit", "after-commit") where crash
         # tests inject faults.
         self.hooks = hooks or Hooks()
+        self.owned: dict[TP, _Owned] = {}
+        self.stats = WorkerStats()
+        self.consumer: RecordConsumer | None = None
+        self._store_factory = store_factory
+        self._clock = clock
+        # Batch N commits on the write lane while batch N+1 is read and planned.
+        self._write_lane = Lane("batch-writer")
+        self._control_lane = Lane("batch-control")
+        self._pending: tuple[_Planned, Future[None]] | None = None
+        # Assigned by the group but not yet claimed in the store: paused until claimed.
+        self._unclaimed: set[TP] = set()
+        self._to_pause: set[TP] = set()
+        # Records read beyond the batch's byte bound, first in line for the next batch.
+        self._carry: list[Record] = []
+        # Positions must be read back from the store before the next batch.
+        self._unsynced = False
+        self._trouble_since: float | None = None
+        self._retry_at = 0.0
+        self._backoff = 0.0
+        self.detached = False
 
     # -- rebalance callbacks (run inside consume(), on the consuming thread) --------------------
 
     def on_assign(self, tps: list[TP]) -> Mapping[TP, int | None]:
-        # The control connection, not the batch one: a batch may be committing on the writer
-        # thread while the consumer runs this callback.
-        claimed = self._claim(tps)
-        for tp, (epoch, nxt) in claimed.items():
-            self.owned[tp] = _Owned(epoch, nxt)
-        log.info("assigned %s", sorted(claimed))
-        return {tp: o for tp, (_, o) in claimed.items()}
-
-    def _claim(self, tps: list[TP]) -> dict[TP, tuple[int, int | None]]:
-        # A frozen previous owner may hold these rows until the server ends its idle
-        # transaction; wait for that (each try is bounded by lock_timeout) rather than crash out
-        # of the rebalance and leave the partitions to yet another replica.
-        for attempt in range(1, 11):
-            try:
-                return self.control.claim(tps, self.owner)
-            except RuntimeFailure as e:
-                if e.kind is not Failure.RETRYABLE:
-                    raise
-                log.warning(
-                    "could not claim %s yet (try %d): %s; their last owner may still hold them",
-                    sorted(tps),
-                    attempt,
-                    e,
-                )
-        return self.control.claim(tps, self.owner)
+        """Claims newly assigned partitions; those not claimable yet stay paused."""
+        self._unclaimed.update(tps)
+        claimed = self._claim()
+        # Paused right after this callback returns (the client assigns them on return).
+        self._to_pause.update(tp for tp in tps if tp not in claimed)
+        return {tp: nxt for tp, (_, nxt) in claimed.items()}
 
     def on_revoke(self, tps: list[TP]) -> None:
-        # A batch of these partitions still committing is safe: the new owner's claim bumps the
-        # epoch, so whichever of the two commits comes second is rejected.
-        for tp in tps:
+        """Forgets revoked partitions.
+
+        A batch of these partitions still committing is safe: the new owner's claim bumps the
+        epoch, so whichever of the two commits comes second is rejected.
+        """
+        gone = set(tps)
+        for tp in gone:
             self.owned.pop(tp, None)
+        self._unclaimed -= gone
+        self._to_pause -= gone
+        self._carry = [r for r in self._carry if (r.topic, r.partition) not in gone]
         log.info("revoked %s", sorted(tps))
+
+    def _claim(self) -> dict[TP, tuple[int, int | None]]:
+        tps = sorted(self._unclaimed)
+        if not tps:
+            return {}
+        try:
+            claimed = self._control(lambda: self.control.claim(tps, self.owner), "claim")
+        except RuntimeFailure as e:
+            if e.kind is Failure.FATAL:
+                raise
+            # A frozen previous owner may hold these rows until the server ends its idle
+            # transaction, or the database is down: keep them paused and try again later
+            # rather than fail the rebalance and leave them to yet another replica.
+            self._trouble()
+            log.warning("could not claim %s yet (%s); they wait, paused", tps, e)
+            return {}
+        self._healthy()
+        for tp, (epoch, nxt) in claimed.items():
+            self.owned[tp] = _Owned(epoch, nxt)
+            self._unclaimed.discard(tp)
+        log.info("assigned %s", sorted(claimed))
+        return claimed
 
     # -- the loop ----------------------------------------------------------------------------
 
     def poll_once(self) -> int:
-        """One step: read and plan batch N+1 while batch N commits on the writer thread.
+        """One step: read and plan batch N+1 while batch N commits on the write lane.
 
         Planning N+1 needs N's effects before they are committed: the rows it loads are overlaid
         with N's writes, and its offsets and saga versions expect N's. Every write is still a
         compare-and-set, so if N does not commit, N+1 cannot either: it is dropped here and the
-        positions are reset to what Postgres holds.
+        positions are reset to what the store holds.
         """
-        assert self.consumer is not None
-        records = self.consumer.consume(self.batch_size, self.batch_timeout)
+        consumer = self.consumer
+        assert consumer is not None
+        if self.detached:
+            return self._step_detached(consumer)
+        if self._to_pause:
+            consumer.pause(sorted(self._to_pause))
+            self._to_pause.clear()
+        if (self._unsynced or self._unclaimed) and self._clock() >= self._retry_at:
+            if self._unsynced:
+                self._resync()
+            if self._unclaimed and not self._unsynced:
+                for tp, (_, nxt) in self._claim().items():
+                    consumer.seek(tp, nxt)
+                    consumer.resume([tp])
+        if self._unsynced:
+            # Keep polling, so the group keeps this replica while the store is away; what is
+            # read now is read again from the stored positions once they can be read.
+            consumer.consume(self.batch_size, self.batch_timeout)
+            self._give_back_if_unavailable()
+            return 0
+        records = self._take(consumer)
         planned: _Planned | None = None
         try:
             batch = self._prepare(records)
@@ -138,15 +196,17 @@ class Worker:
         except RuntimeFailure as e:
             if e.kind is not Failure.RETRYABLE:
                 raise
-            # The control connection failed mid-read: settle what is in flight, then resync.
             log.warning("could not plan a batch (%s); resyncing", e)
+            self._trouble()
             if self.settle():
                 self._resync()
+            self._give_back_if_unavailable()
             return len(records)
         if not self.settle():
+            self._give_back_if_unavailable()
             return len(records)
         if planned is not None:
-            self._pending = (planned, self._writer.submit(self._write, planned))
+            self._pending = (planned, self._write_lane.submit(lambda: self._write(planned)))
             self._advance(planned.batch)
         return len(records)
 
@@ -156,43 +216,68 @@ class Worker:
             return True
         planned, future = self._pending
         self._pending = None
+        size = planned.batch.size
         try:
-            future.result()
-        except CommitInDoubt as e:
-            self.stats.rejected_batches += 1
-            log.warning(
-                "batch of %d records: commit outcome unknown (%s); reading the stored offsets",
-                planned.batch.size,
-                e,
-            )
-            self._resync(in_doubt=planned.batch)
+            wait(future, self.unavailable_timeout, what="batch commit")
+        except Stuck as e:
+            self._abandon_write_lane()
+            self._in_doubt(planned, e)
             return False
+        except CommitInDoubt as e:
+            self._in_doubt(planned, e)
+            return False
+        except RecordDataError as e:
+            log.warning(
+                "batch of %d records refused by the database (%s); finding the records", size, e
+            )
+            return self._isolate(planned.batch)
         except RuntimeFailure as e:
             if e.kind is Failure.FATAL:
                 raise
             self.stats.rejected_batches += 1
             if e.kind is Failure.FENCED:
-                log.warning(
-                    "batch of %d records not committed: fenced (%s); resyncing",
-                    planned.batch.size,
-                    e,
-                )
+                log.warning("batch of %d records not committed: fenced (%s); resyncing", size, e)
             else:
-                log.warning(
-                    "batch of %d records not committed (%s: %s); resyncing",
-                    planned.batch.size,
-                    e.kind,
-                    e,
-                )
+                self._trouble()
+                log.warning("batch of %d records not committed (%s); resyncing", size, e)
             self._resync()
             return False
         self._committed(planned)
         return True
 
+    def health(self) -> dict[str, object]:
+        """What this worker would tell a health probe."""
+        return {
+            "detached": self.detached,
+            "unsynced": self._unsynced,
+            "owned": len(self.owned),
+            "unclaimed": len(self._unclaimed),
+            "unavailable_for": (
+                0.0 if self._trouble_since is None else self._clock() - self._trouble_since
+            ),
+        }
+
     def close(self) -> None:
-        """Lets the batch in flight finish (commit or roll back), then stops the writer."""
+        """Lets the batch in flight finish (commit or roll back), then stops the lanes."""
         self.settle()
-        self._writer.shutdown(wait=True)
+        self._write_lane.close()
+        self._control_lane.close()
+
+    # -- one batch -----------------------------------------------------------------------------
+
+    def _take(self, consumer: RecordConsumer) -> list[Record]:
+        """Up to batch-size records and about max-batch-bytes, carried-over ones first."""
+        records, self._carry = self._carry, []
+        room = self.batch_size - len(records)
+        if room > 0:
+            records.extend(consumer.consume(room, 0.0 if records else self.batch_timeout))
+        size = 0
+        for i, r in enumerate(records):
+            size += len(r.value or b"") + len(r.key or b"")
+            if size > self.max_batch_bytes and i > 0:
+                self._carry = records[i:]
+                return records[:i]
+        return records
 
     def _prepare(self, records: list[Record]) -> _Batch | None:
         # Positions are those the batch in flight (if any) will leave behind: see _advance.
@@ -204,21 +289,24 @@ class Worker:
         ]
         if not mine:
             return None
-        items, wants = self.planner.route(mine)
+        return self._batch(mine)
+
+    def _batch(self, decoded: list[Decoded]) -> _Batch:
+        items, wants = self.planner.route(decoded)
         routed = self.planner.event_types  # a fresh set per access: taken once per batch
-        unrouted = sum(1 for d in mine if isinstance(d, Event) and type(d.message) not in routed)
+        unrouted = sum(1 for d in decoded if isinstance(d, Event) and type(d.message) not in routed)
         last: dict[TP, int] = {}
-        for d in mine:
+        for d in decoded:
             last[(d.record.topic, d.record.partition)] = d.record.offset + 1
         offsets = [
             OffsetCommit(t, p, nxt, self.owned[(t, p)].next_offset, self.owned[(t, p)].epoch)
             for (t, p), nxt in last.items()
         ]
-        return _Batch(items, wants, unrouted, offsets, last, len(mine))
+        return _Batch(decoded, items, wants, unrouted, offsets, last, len(decoded))
 
     def _plan(self, batch: _Batch, prior: WriteSet | None) -> _Planned:
-        """Loads the batch's rows (a short read on the control connection) and plans it."""
-        loaded = self.control.load(batch.wants)
+        """Loads the batch's rows (a short read on the control lane) and plans it."""
+        loaded = self._control(lambda: self.control.load(batch.wants), "load")
         if prior is not None:
             loaded = overlay(loaded, prior)
         ws = self.planner.plan(batch.items, loaded, loaded.now, unrouted=batch.unrouted)
@@ -226,7 +314,7 @@ class Worker:
         return _Planned(batch, ws)
 
     def _write(self, planned: _Planned) -> None:
-        """Writes and commits one planned batch; runs on the writer thread."""
+        """Writes and commits one planned batch; runs on the write lane."""
         self.store.write(
             planned.ws,
             planned.batch.offsets,
@@ -242,7 +330,7 @@ class Worker:
                 owned.next_offset = commit.next_offset
 
     def _committed(self, planned: _Planned) -> None:
-        self._failures = 0
+        self._healthy()
         self.stats.batches += 1
         self.stats.records += planned.batch.size
         self.stats.counts.update(planned.ws.counts)
@@ -250,36 +338,87 @@ class Worker:
         if self.consumer is not None:
             self.consumer.commit_advisory(planned.batch.last)
 
-    def _resync(self, in_doubt: _Batch | None = None) -> None:
+    def _isolate(self, batch: _Batch) -> bool:
+        """Dead-letters the records the database refuses, commits the rest of the batch."""
+
+        def attempt(decoded: list[Decoded], dry_run: bool) -> WriteSet:
+            part = self._batch(decoded)
+            # Offsets expect what the failed batch expected: nothing of it was committed.
+            offsets = [
+                OffsetCommit(o.topic, o.partition, o.next_offset, e.expected, e.epoch)
+                for o in part.offsets
+                for e in batch.offsets
+                if (e.topic, e.partition) == (o.topic, o.partition)
+            ]
+            loaded = self._control(lambda: self.control.load(part.wants), "load")
+            ws = self.planner.plan(part.items, loaded, loaded.now, unrouted=part.unrouted)
+            self._call(
+                self._write_lane,
+                lambda: self.store.write(ws, offsets, dry_run=dry_run),
+                "batch write",
+            )
+            return ws
+
+        try:
+            ws = isolate_refused(batch.decoded, attempt)
+        except RuntimeFailure as e:
+            if e.kind is Failure.FATAL:
+                raise
+            log.warning("could not isolate the refused records (%s); resyncing", e)
+            self._trouble()
+            self._resync()
+            return False
+        self._committed(_Planned(batch, ws))
+        # The records read after the failed batch were dropped with the batch planned on it.
+        self._resync()
+        return False
+
+    # -- failures and recovery -----------------------------------------------------------------
+
+    def _in_doubt(self, planned: _Planned, error: RuntimeFailure) -> None:
+        self.stats.rejected_batches += 1
+        self._trouble()
+        log.warning(
+            "batch of %d records: commit outcome unknown (%s); reading the stored offsets",
+            planned.batch.size,
+            error,
+        )
+        self._resync(in_doubt=planned.batch)
+
+    def _resync(self, in_doubt: _Batch | None = None) -> bool:
         """After a failed or in-doubt commit: trust only what the store says was committed."""
-        while True:
-            self._failures += 1
-            if self._failures > 1:
-                # Bounded backoff while the database is unreachable; never a hot loop.
-                time.sleep(min(5.0, 0.1 * 2 ** min(self._failures, 6)))
-            tps = list(self.owned)
-            try:
-                stored = self.control.read_offsets(tps)
-                break
-            except RuntimeFailure as e:
-                if e.kind is not Failure.RETRYABLE:
-                    raise
+        self._unsynced = True
+        self._carry = []
+        tps = list(self.owned)
+        try:
+            stored = self._control(lambda: self.control.read_offsets(tps), "read offsets")
+        except RuntimeFailure as e:
+            if e.kind is Failure.FATAL:
+                raise
+            self._trouble()
+            self._retry_at = self._clock() + self._next_backoff()
+            if in_doubt is not None:
+                log.warning("batch of %d records: outcome still unknown (%s)", in_doubt.size, e)
+            else:
                 log.warning("could not read the stored offsets (%s); trying again", e)
+            return False
         if in_doubt is not None:
-            applied = all(
-                stored.get((o.topic, o.partition), (None, None)) == (o.epoch, o.next_offset)
+            committed = all(
+                stored.get((o.topic, o.partition)) == (o.epoch, o.next_offset)
                 for o in in_doubt.offsets
             )
             log.warning(
                 "batch of %d records: outcome found: %s",
                 in_doubt.size,
-                "committed" if applied else "not committed",
+                "committed" if committed else "not committed",
             )
-            if applied:
-                self._failures = 0
+        self._unsynced = False
+        self._healthy()
         lost = []
         for tp in tps:
             epoch, nxt = stored.get(tp, (None, None))
+            if tp not in self.owned:
+                continue  # revoked meanwhile
             if epoch != self.owned[tp].epoch:
                 lost.append(tp)
                 del self.owned[tp]
@@ -291,10 +430,89 @@ class Worker:
             log.warning("fenced out of %s: another replica owns them now", sorted(lost))
             if self.consumer is not None:
                 self.consumer.pause(lost)
+        return True
+
+    def _give_back_if_unavailable(self) -> None:
+        if self._trouble_since is None or self.detached:
+            return
+        down_for = self._clock() - self._trouble_since
+        if down_for < self.unavailable_timeout or self.consumer is None:
+            return
+        log.warning(
+            "the database has been unavailable for %.0f s: giving this replica's partitions "
+            "back to the group until it answers again",
+            down_for,
+        )
+        self.detached = True
+        self.owned.clear()
+        self._unclaimed.clear()
+        self._to_pause.clear()
+        self._carry = []
+        self.consumer.leave()
+
+    def _step_detached(self, consumer: RecordConsumer) -> int:
+        # Serves the group's callbacks (the revocation) while away; nothing is assigned.
+        consumer.consume(self.batch_size, self.batch_timeout)
+        if self._clock() < self._retry_at:
+            return 0
+        try:
+            self._control(lambda: self.control.read_offsets([]), "probe")
+        except RuntimeFailure as e:
+            if e.kind is Failure.FATAL:
+                raise
+            self._retry_at = self._clock() + self._next_backoff()
+            return 0
+        log.warning("the database answers again: rejoining the group")
+        self.detached = False
+        self._unsynced = False
+        self._healthy()
+        consumer.rejoin()
+        return 0
+
+    def _trouble(self) -> None:
+        if self._trouble_since is None:
+            self._trouble_since = self._clock()
+
+    def _healthy(self) -> None:
+        self._trouble_since = None
+        self._backoff = 0.0
+        self._retry_at = 0.0
+
+    def _next_backoff(self) -> float:
+        self._backoff = min(_MAX_BACKOFF, max(0.1, self._backoff * 2))
+        return self._backoff
+
+    def _control(self, fn: Callable[[], _T], what: str) -> _T:
+        return self._call(self._control_lane, fn, what)
+
+    def _call(self, lane: Lane, fn: Callable[[], _T], what: str) -> _T:
+        try:
+            return lane.call(fn, self.unavailable_timeout)
+        except Stuck:
+            if lane is self._control_lane:
+                self._abandon_control_lane()
+            else:
+                self._abandon_write_lane()
+            raise
+
+    def _abandon_control_lane(self) -> None:
+        self._control_lane.close()
+        self._control_lane = Lane("batch-control")
+        if self._store_factory is not None:
+            self.control = self._store_factory()
+
+    def _abandon_write_lane(self) -> None:
+        # The stuck call keeps its connection; the server ends that session (its idle timeout)
+        # and releases its locks, so the partitions' next owner is not blocked for long.
+        self._write_lane.close()
+        self._write_lane = Lane("batch-writer")
+        if self._store_factory is not None:
+            self.store = self._store_factory()
 
 
 @dataclass(frozen=True, slots=True)
 class _Batch:
+    decoded: list[Decoded]
     items: list[Item | Rejected]
     wants: Wants
     unrouted: int
