@@ -17,7 +17,7 @@ import pytest
 
 from processor.engine.records import OffsetCommit, Record
 from processor.engine.rows import Outcome, WriteSet
-from processor.errors import CommitInDoubt, Retryable, RuntimeFailure
+from processor.errors import CommitInDoubt, RecordDataError, Retryable, RuntimeFailure
 from processor.memory.consumer import MemoryRecordConsumer
 from processor.memory.store import MemoryBatchStore, MemoryTables
 from processor.messages import Message
@@ -26,7 +26,12 @@ from processor.runtime.assembly import bind_sagas
 from processor.runtime.hooks import Hooks
 from processor.runtime.worker import Worker
 from processor.settings import ProcessorSettings
-from processor.wire import HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE, HEADER_SCHEMA_VERSION
+from processor.wire import (
+    HEADER_MESSAGE_ID,
+    HEADER_MESSAGE_TYPE,
+    HEADER_SCHEMA_VERSION,
+    FiredRecord,
+)
 from sagas.transfer import PAYMENT_TIMEOUT, TransferSaga
 from schemas.transfers import (
     ACCOUNT_COMMANDS_TOPIC,
@@ -405,3 +410,21 @@ def test_a_revoked_partition_is_no_longer_read(rig: Rig) -> None:
     assert set(rig.worker.owned) == {P0}
     assert set(rig.tables.sagas) == {(SAGA, "t1")}
     assert rig.tables.offsets[P1] == (1, None)
+
+
+@pytest.mark.xfail(
+    raises=RecordDataError,
+    strict=True,
+    reason="a fired record whose deadline id is no uuid passes decode, and the store's "
+    "refusal of that id while loading stops the worker; decode should reject it",
+)
+def test_a_fired_record_with_a_malformed_deadline_id_is_dead_lettered(rig: Rig) -> None:
+    rig.consumer.assign([P0])
+    fired = FiredRecord(SAGA, "t1", "not-a-uuid", PAYMENT_TIMEOUT, token=1)
+    headers = [(k, v.encode()) for k, v in fired.headers().items()]
+    rig.consumer.append(P0[0], P0[1], fired.value(), key=fired.key(), headers=headers)
+
+    rig.step()
+
+    assert rig.tables.offsets[P0] == (1, 1)
+    assert len(rig.tables.dead_letters) == 1
