@@ -82,7 +82,9 @@ class MemoryBatchStore:
         t = self.tables
         sagas = {k: copy.deepcopy(t.sagas[k]) for k in wants.saga_keys if k in t.sagas}
         applied = {k for k in wants.message_keys if k in t.applied}
-        deadlines = {i: t.deadlines[i].ref for i in wants.deadline_ids if i in t.deadlines}
+        # Ids compare as uuids, as in the uuid column; text that is no uuid is refused data.
+        ids = {_uuid_text(i) for i in wants.deadline_ids}
+        deadlines = {i: t.deadlines[i].ref for i in ids if i in t.deadlines}
         lease = t.lease_token if wants.deadline_ids else None
         return Loaded(sagas, applied, deadlines, lease, self.clock())
 
@@ -103,14 +105,18 @@ class MemoryBatchStore:
         ]
         if lost:
             raise FencedOut(lost)
+        # Then in the order of the PostgreSQL store's statements, so that a batch with several
+        # faults is refused for the same one: new saga rows, updated ones, history, deadlines.
+        new = [(s.saga_type, s.saga_id) for s in ws.sagas if s.expected_version is None]
+        if len(set(new)) != len(new) or any(k in t.sagas for k in new):
+            raise RecordDataError("23505", "duplicate saga instance")
         moved = [
             s
             for s in ws.sagas
-            if (
-                (s.saga_type, s.saga_id) in t.sagas
-                if s.expected_version is None
-                else t.sagas.get((s.saga_type, s.saga_id)) is None
-                or t.sagas[(s.saga_type, s.saga_id)].version != s.expected_version
+            if s.expected_version is not None
+            and (
+                (row := t.sagas.get((s.saga_type, s.saga_id))) is None
+                or row.version != s.expected_version
             )
         ]
         if moved:
@@ -122,9 +128,7 @@ class MemoryBatchStore:
         ]
         if len(set(applied)) != len(applied) or t.applied.intersection(applied):
             raise RecordDataError("23505", "duplicate applied message id")
-        names = {(d.saga_type, d.saga_id, d.name) for d in ws.deadline_inserts}
-        if len(names) != len(ws.deadline_inserts):
-            raise RecordDataError("23505", "duplicate deadline name")
+        self._check_deadlines(ws)
         if dry_run:
             return
         if before_commit is not None:
@@ -145,25 +149,49 @@ class MemoryBatchStore:
             if h.outcome is Outcome.APPLIED
         )
         t.outbox.extend(ws.outbox)
-        cleared = set(ws.deadline_clears)
-        deleted = set(ws.deadline_deletes)
-        for did, row in list(t.deadlines.items()):
-            ref = row.ref
-            if (ref.saga_type, ref.saga_id) in cleared or (
-                ref.saga_type,
-                ref.saga_id,
-                ref.name,
-            ) in deleted:
-                del t.deadlines[did]
+        for did in self._removed_deadlines(ws):
+            del t.deadlines[did]
         for d in ws.deadline_inserts:
             payload: Any = copy.deepcopy(d.payload)
             ref = DeadlineRef(d.saga_type, d.saga_id, d.name, d.due_at, payload, None)
-            did = str(uuid.UUID(d.id))
+            did = _uuid_text(d.id)
             t.deadlines[did] = StoredDeadline(ref, did, d.topic, d.partition)
         t.dead_letters.extend(ws.dead_letters)
         t.parked.extend(ws.parked)
         for o in offsets:
             t.offsets[(o.topic, o.partition)] = (o.epoch, o.next_offset)
 
+    def _removed_deadlines(self, ws: WriteSet) -> list[str]:
+        """Ids of the stored deadlines that the batch's clears and deletes remove."""
+        cleared = set(ws.deadline_clears)
+        deleted = set(ws.deadline_deletes)
+        return [
+            did
+            for did, row in self.tables.deadlines.items()
+            if (row.ref.saga_type, row.ref.saga_id) in cleared
+            or (row.ref.saga_type, row.ref.saga_id, row.ref.name) in deleted
+        ]
+
+    def _check_deadlines(self, ws: WriteSet) -> None:
+        # The table's keys: the id, and the name per saga instance. Clears and deletes run
+        # before the inserts, so a batch may reschedule a name it deletes.
+        removed = set(self._removed_deadlines(ws))
+        kept = {did: row for did, row in self.tables.deadlines.items() if did not in removed}
+        ids = [_uuid_text(d.id) for d in ws.deadline_inserts]
+        names = [(d.saga_type, d.saga_id, d.name) for d in ws.deadline_inserts]
+        taken = {(r.ref.saga_type, r.ref.saga_id, r.ref.name) for r in kept.values()}
+        if len(set(ids)) != len(ids) or any(i in kept for i in ids):
+            raise RecordDataError("23505", "duplicate deadline id")
+        if len(set(names)) != len(names) or taken.intersection(names):
+            raise RecordDataError("23505", "duplicate deadline name")
+
     def close(self) -> None:
         """Nothing to release."""
+
+
+def _uuid_text(value: str) -> str:
+    """A uuid's canonical text, as PostgreSQL prints it; refused data when it is no uuid."""
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise RecordDataError("22P02", "invalid input syntax for type uuid") from None
