@@ -72,4 +72,4 @@ def wait(future: Future[_T], timeout: float, *, what: str) -> _T:
     try:
         return future.result(timeout)
     except FutureTimeout:
-        raise Stuck(f"{what}: the database did not answer within {timeout:.0f} s") from None
+        raise Stuck(f"{what}: the database did not answer within {timeout:g} s") from None

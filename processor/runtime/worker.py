@@ -383,9 +383,9 @@ class Worker:
             planned.batch.size,
             error,
         )
-        self._resync(in_doubt=planned.batch)
+        self._resync(in_doubt=planned)
 
-    def _resync(self, in_doubt: _Batch | None = None) -> bool:
+    def _resync(self, in_doubt: _Planned | None = None) -> bool:
         """After a failed or in-doubt commit: trust only what the store says was committed."""
         self._unsynced = True
         self._carry = []
@@ -398,20 +398,24 @@ class Worker:
             self._trouble()
             self._retry_at = self._clock() + self._next_backoff()
             if in_doubt is not None:
-                log.warning("batch of %d records: outcome still unknown (%s)", in_doubt.size, e)
+                log.warning(
+                    "batch of %d records: outcome still unknown (%s)", in_doubt.batch.size, e
+                )
             else:
                 log.warning("could not read the stored offsets (%s); trying again", e)
             return False
         if in_doubt is not None:
             committed = all(
                 stored.get((o.topic, o.partition)) == (o.epoch, o.next_offset)
-                for o in in_doubt.offsets
+                for o in in_doubt.batch.offsets
             )
             log.warning(
                 "batch of %d records: outcome found: %s",
-                in_doubt.size,
+                in_doubt.batch.size,
                 "committed" if committed else "not committed",
             )
+            if committed:
+                self._committed(in_doubt)
         self._unsynced = False
         self._healthy()
         lost = []

@@ -1,0 +1,258 @@
+"""The worker under a failing or silent database: it keeps polling, gives its partitions back
+when the database stays away, rejoins when it answers, and never stalls on one bad record.
+
+Time is a fake clock the tests move; only the bounded waits on a silent store use real time,
+kept to a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import pytest
+
+from processor.engine.records import OffsetCommit
+from processor.engine.rows import Loaded, Outcome, Wants, WriteSet
+from processor.errors import RecordDataError, Retryable
+from processor.memory.consumer import MemoryRecordConsumer
+from processor.memory.store import MemoryBatchStore, MemoryTables
+from processor.ports import TP, Positions
+from processor.runtime.assembly import bind_sagas
+from processor.runtime.worker import Worker
+from processor.settings import ProcessorSettings
+from sagas.transfer import TransferSaga
+from tests.unit.test_worker import P0, P1, Rig, requested
+
+SAGA = "transfer-saga"
+BOUND = 20.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Flaky(MemoryBatchStore):
+    """A memory store that can be made unreachable, silent, or picky about message ids."""
+
+    def __init__(self, tables: MemoryTables) -> None:
+        super().__init__(tables)
+        self.down = False
+        self.silent = threading.Event()  # set: writes block until released
+        self.release = threading.Event()
+        self.refuse: set[str] = set()  # applied message ids the "database" refuses
+
+    def _gate(self) -> None:
+        if self.down:
+            raise Retryable("database unreachable")
+
+    def claim(self, partitions: Sequence[TP], owner: str) -> Positions:
+        self._gate()
+        return super().claim(partitions, owner)
+
+    def read_offsets(self, partitions: Sequence[TP]) -> Positions:
+        self._gate()
+        return super().read_offsets(partitions)
+
+    def load(self, wants: Wants) -> Loaded:
+        self._gate()
+        return super().load(wants)
+
+    def write(
+        self,
+        ws: WriteSet,
+        offsets: Sequence[OffsetCommit],
+        *,
+        before_commit: Callable[[], None] | None = None,
+        dry_run: bool = False,
+    ) -> None:
+        if self.silent.is_set():
+            self.release.wait(30)
+        self._gate()
+        if any(h.message_id in self.refuse and h.outcome is Outcome.APPLIED for h in ws.history):
+            raise RecordDataError("22021", "invalid byte sequence for encoding")
+        super().write(ws, offsets, before_commit=before_commit, dry_run=dry_run)
+
+
+@dataclass
+class Live:
+    rig: Rig
+    store: Flaky
+    clock: Clock
+
+    def step(self) -> int:
+        return self.rig.step()
+
+
+@pytest.fixture
+def live() -> Iterator[Live]:
+    bound = bind_sagas(ProcessorSettings(), [TransferSaga])
+    tables = MemoryTables()
+    store = Flaky(tables)
+    clock = Clock()
+    committed: list[WriteSet] = []
+    worker = Worker(
+        store=store,
+        control=store,
+        store_factory=lambda: store,
+        planner=bound.planner,
+        registry=bound.registry,
+        owner="me",
+        max_record_bytes=1 << 20,
+        batch_size=100,
+        batch_timeout=0.0,
+        on_commit=committed.append,
+        unavailable_timeout=BOUND,
+        clock=clock,
+    )
+    consumer = MemoryRecordConsumer(worker.on_assign, worker.on_revoke)
+    worker.consumer = consumer
+    from processor.runtime.hooks import Hooks
+
+    rig = Rig(tables, store, consumer, Hooks(), worker, committed)  # type: ignore[arg-type]
+    try:
+        yield Live(rig, store, clock)
+    finally:
+        store.release.set()
+        worker.close()
+
+
+def test_an_unreachable_database_gives_the_partitions_back_then_rejoins(
+    live: Live, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig, store, clock = live.rig, live.store, live.clock
+    rig.consumer.assign([P0, P1])
+    rig.send(P0, requested("t1"), "m1")
+    live.step()
+    assert rig.applied("t1") == ["m1"]
+
+    store.down = True
+    rig.send(P0, requested("t2"), "m2")
+    live.step()  # the plan fails; the worker keeps its partitions for now
+    assert not rig.worker.detached
+    assert rig.consumer.assignment() == [P0, P1]
+
+    clock.now += BOUND - 1
+    live.step()
+    assert not rig.worker.detached, "gave up before the bound"
+
+    caplog.set_level(logging.WARNING, logger="processor.runtime.worker")
+    clock.now += 2
+    live.step()
+    assert rig.worker.detached
+    assert rig.consumer.assignment() == []
+    assert rig.worker.health()["detached"] is True
+    assert any("giving this replica's partitions back" in r.message for r in caplog.records)
+
+    # Still away: probes fail, nothing rejoins.
+    clock.now += 10
+    live.step()
+    assert rig.worker.detached
+
+    store.down = False
+    clock.now += 10
+    live.step()
+    assert not rig.worker.detached
+    assert any("answers again: rejoining" in r.message for r in caplog.records)
+    assert rig.consumer.assignment() == [P0, P1]
+    live.step()
+    assert rig.applied("t2") == ["m2"]
+    assert rig.tables.offsets[P0][1] == 2
+
+
+def test_a_short_outage_is_ridden_out_without_leaving_the_group(live: Live) -> None:
+    rig, store, clock = live.rig, live.store, live.clock
+    rig.consumer.assign([P0])
+    store.down = True
+    rig.send(P0, requested("t1"), "m1")
+    for _ in range(5):
+        clock.now += 1
+        live.step()
+    store.down = False
+    clock.now += 6  # past the longest backoff
+    for _ in range(3):
+        live.step()
+    assert not rig.worker.detached
+    assert rig.applied("t1") == ["m1"]
+    assert rig.tables.offsets[P0][1] == 1
+
+
+def test_a_commit_that_never_answers_is_abandoned_as_in_doubt(
+    live: Live, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig, store = live.rig, live.store
+    rig.worker.unavailable_timeout = 0.2  # real seconds: the lane wait is real time
+    rig.consumer.assign([P0])
+    rig.send(P0, requested("t1"), "m1")
+    caplog.set_level(logging.WARNING, logger="processor.runtime.worker")
+
+    store.silent.set()  # the commit blocks, as on a black-holed connection
+    rig.worker.poll_once()
+    assert rig.worker.settle() is False
+    messages = [r.message for r in caplog.records]
+    assert any("commit outcome unknown" in m for m in messages)
+    assert any("outcome found: not committed" in m for m in messages)
+
+    store.silent.clear()
+    store.release.set()
+    live.clock.now += 10
+    for _ in range(3):
+        live.step()
+    assert rig.applied("t1") == ["m1"], "applied exactly once after the silence"
+
+
+def test_a_record_the_database_refuses_is_dead_lettered_and_the_rest_commit(live: Live) -> None:
+    rig, store = live.rig, live.store
+    rig.consumer.assign([P0])
+    store.refuse = {"m3"}
+    for i in range(1, 6):
+        rig.send(P0, requested(f"t{i}"), f"m{i}")
+
+    live.step()
+    live.step()
+
+    t = rig.tables
+    assert [rig.applied(f"t{i}") for i in (1, 2, 4, 5)] == [["m1"], ["m2"], ["m4"], ["m5"]]
+    assert rig.applied("t3") == []
+    [letter] = t.dead_letters
+    assert (letter.record.offset, letter.reason) == (2, "refused-by-database")
+    assert "22021" in letter.detail
+    assert t.offsets[P0][1] == 5, "the partition moved past the refused record"
+
+
+def test_batches_end_at_the_byte_bound_and_nothing_is_lost(live: Live) -> None:
+    rig = live.rig
+    rig.worker.max_batch_bytes = 1000  # each event's value is about 150 bytes
+    rig.consumer.assign([P0])
+    for i in range(20):
+        rig.send(P0, requested(f"t{i}"), f"m{i}")
+
+    sizes = []
+    while (n := live.step()) or rig.worker._carry:
+        sizes.append(n)
+    assert max(sizes) < 20
+    assert all(rig.applied(f"t{i}") == [f"m{i}"] for i in range(20))
+    assert rig.tables.offsets[P0][1] == 20
+
+
+def test_partitions_that_cannot_be_claimed_wait_paused_until_they_can(live: Live) -> None:
+    rig, store, clock = live.rig, live.store, live.clock
+    rig.send(P0, requested("t1"), "m1")
+    store.down = True
+    rig.consumer.assign([P0])  # the claim fails inside the rebalance callback
+    live.step()
+    assert P0 in rig.consumer.paused()
+    assert rig.applied("t1") == []
+
+    store.down = False
+    clock.now += 10
+    live.step()
+    live.step()
+    assert P0 not in rig.consumer.paused()
+    assert rig.applied("t1") == ["m1"]
