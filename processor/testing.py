@@ -7,10 +7,13 @@ Example:
     ...     ReverseDebit(...)
     ... ).expect_ended().expect_no_deadlines()  # doctest: +SKIP
 
-The fixture runs handlers through the same :class:`~processor.runner.BoundSaga` the engine uses
-and applies the outcomes with the store's rules: scheduling a name replaces it, cancelling an
-absent name does nothing, a fired deadline is removed before its handler's own operations apply,
-ending removes every deadline, and events for an ended saga are recorded and ignored.
+The fixture has no saga rules of its own: each event becomes the record a producer would send,
+each due deadline the fired record the poller would send, and the engine's planner plans them
+over the in-memory store as the consumer would (see :mod:`processor.testing_engine`). So
+scheduling a name replaces it, cancelling an absent name does nothing, a fired deadline is
+consumed before its handler's own operations apply, ending removes every deadline, and events
+for an ended saga, for a saga that never started, or already applied, are recorded and ignored,
+exactly as in production.
 """
 
 from __future__ import annotations
@@ -18,33 +21,25 @@ from __future__ import annotations
 import difflib
 import pprint
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Self
 
 from processor.definition import SagaState, definition_of
-from processor.errors import UnknownMessageType
+from processor.engine.decode import Event
+from processor.engine.rows import ENDED, Outcome, SagaRow
 from processor.handles import CommandIntent, DeadlineOp, ScheduleDeadline
 from processor.messages import Message, MessageMetadata, registry
-from processor.runner import DeadlineInput, EventInput, Outcome, bind
+from processor.runner import bind
+from processor.testing_engine import Engine, HandlerRun, dispatch, due_deadlines, event_record
 
 __all__ = ["DEFAULT_START_TIME", "Result", "SagaFixture"]
 
 DEFAULT_START_TIME = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-@dataclass
-class _Pending:
-    due_at: datetime
-    payload: Any
-    deadline_id: str
-
-
-@dataclass
-class _Instance:
-    state: SagaState
-    ended: bool = False
-    deadlines: dict[str, _Pending] = field(default_factory=dict)
+# What the planner records for an input it does not run a handler for.
+_IGNORED = frozenset({Outcome.IGNORED_ENDED, Outcome.NO_SAGA, Outcome.DUPLICATE})
 
 
 def _diff(expected: object, actual: object) -> str:
@@ -67,7 +62,8 @@ class Result:
         command_intents: Commands sent, with topic, key and headers.
         deadline_ops: ``(operation, invoked_at)`` for each schedule and cancel, in order.
         fired: Names of the deadlines that fired during the step.
-        ignored: True when the event was ignored (saga ended or never started).
+        ignored: True when the event was ignored (saga ended or never started, or the message
+            id was already applied).
         ended: Whether the saga has ended after the step.
         state: The saga's state after the step (None if it never started).
         pending: Deadlines pending after the step, name to due time.
@@ -170,7 +166,8 @@ class SagaFixture:
 
     Attributes:
         now: The virtual clock.
-        ignored: Events ignored because their saga had ended or never started.
+        ignored: Events ignored because their saga had ended or never started, or because
+            their message id was already applied.
     """
 
     def __init__(
@@ -199,26 +196,24 @@ class SagaFixture:
         self.saga_id = saga_id
         self.now = start_time
         self.ignored: list[Message] = []
-        self._instances: dict[str, _Instance] = {}
+        self._engine = Engine(self.bound, registry, lambda: self.now)
         self._seq = 0
 
     @property
     def state(self) -> SagaState | None:
         """State of the fixture's saga instance, or None before it starts."""
-        instance = self._instances.get(self.saga_id or "")
-        return instance.state if instance else None
+        return self._state_of(self.saga_id)
 
     @property
     def ended(self) -> bool:
         """Whether the fixture's saga instance has ended."""
-        instance = self._instances.get(self.saga_id or "")
-        return bool(instance and instance.ended)
+        row = self._row(self.saga_id)
+        return row is not None and row.status == ENDED
 
     @property
     def pending_deadlines(self) -> dict[str, datetime]:
         """Deadlines pending on the fixture's saga instance, name to due time."""
-        instance = self._instances.get(self.saga_id or "")
-        return {n: p.due_at for n, p in instance.deadlines.items()} if instance else {}
+        return self._pending_of(self.saga_id)
 
     def given(self, *events: Message) -> Self:
         """Apply ``events`` in order as history; returns the fixture for chaining."""
@@ -231,7 +226,11 @@ class SagaFixture:
 
         Args:
             event: The event; its association value picks the saga instance.
-            metadata: Metadata to inject; a plausible one is made up when omitted.
+            metadata: Metadata to inject; a plausible one is made up when omitted. Delivering
+                a message id that was already applied is a duplicate, and ignored.
+
+        Raises:
+            HandlerError: The handler raised; the saga is left as it was.
         """
         if not self.definition.handles(type(event)):
             raise AssertionError(
@@ -247,17 +246,18 @@ class SagaFixture:
         if self.saga_id is None:
             self.saga_id = saga_id
         self._seq += 1
-        instance = self._instances.get(saga_id)
-        handler = self.definition.event_handlers[type(event)]
-        if (instance is not None and instance.ended) or (instance is None and not handler.start):
-            self.ignored.append(event)
-            return self._result(saga_id, [], ignored=True)
         meta = metadata or self._metadata(event, saga_id)
-        outcome = self.bound.handle_event(
-            instance.state if instance else None, saga_id, EventInput(event, meta), self.now
+        record = event_record(event, meta, registry, self._seq)
+        # Injected metadata reaches the handler as given; made-up metadata goes over the wire
+        # format, so an event that would not survive it fails here rather than in production.
+        decoded = (
+            Event(record, event, meta) if metadata is not None else self._engine.decode(record)
         )
-        self._apply(saga_id, outcome)
-        return self._result(saga_id, [(outcome, self.now, None)])
+        batch = self._engine.run([decoded], self.now)
+        ignored = any(outcome in _IGNORED for outcome in batch.outcomes())
+        if ignored:
+            self.ignored.append(event)
+        return self._result(saga_id, batch.runs, ignored=ignored)
 
     def when_time_elapses(self, delta: timedelta) -> Result:
         """Advance the virtual clock by ``delta``, firing every deadline that comes due.
@@ -265,86 +265,68 @@ class SagaFixture:
         Deadlines fire in due order (ties in scheduling order), each with the clock set to its
         due time, so deadlines their handlers schedule are measured from that moment and fire
         within the same step if they come due before the end of it.
+
+        Raises:
+            HandlerError: A deadline's handler raised; the clock stays at its due time.
         """
         if delta < timedelta(0):
             raise ValueError("time only moves forward")
         target = self.now + delta
-        runs: list[tuple[Outcome, datetime, str | None]] = []
-        while (due := self._next_due(target)) is not None:
-            saga_id, name, pending = due
-            instance = self._instances[saga_id]
-            self.now = max(self.now, pending.due_at)
-            # The store deletes a deadline when its handler runs; the handler may reschedule it.
-            del instance.deadlines[name]
-            outcome = self.bound.handle_deadline(
-                instance.state,
-                saga_id,
-                DeadlineInput(name, pending.deadline_id, pending.payload, pending.due_at),
-                self.now,
-            )
-            self._apply(saga_id, outcome)
-            runs.append((outcome, self.now, name))
+        runs: list[HandlerRun] = []
+        tables = self._engine.store.tables
+        while due := due_deadlines(tables, target):
+            deadline = due[0]
+            self.now = max(self.now, deadline.ref.due_at)
+            self._seq += 1
+            record = dispatch(tables, deadline, self._seq)
+            runs.extend(self._engine.run([self._engine.decode(record)], self.now).runs)
+            if deadline.id in tables.deadlines:
+                raise AssertionError(f"deadline {deadline.ref.name!r} fired but was not consumed")
         self.now = target
         return self._result(self.saga_id, runs)
 
-    def _next_due(self, target: datetime) -> tuple[str, str, _Pending] | None:
-        candidates = [
-            (p.due_at, int(p.deadline_id), saga_id, name, p)
-            for saga_id, instance in self._instances.items()
-            if not instance.ended
-            for name, p in instance.deadlines.items()
-            if p.due_at <= target
-        ]
-        if not candidates:
-            return None
-        _, _, saga_id, name, pending = min(candidates, key=lambda c: (c[0], c[1]))
-        return saga_id, name, pending
+    def _row(self, saga_id: str | None) -> SagaRow | None:
+        return self._engine.store.tables.sagas.get((self.bound.saga_type, saga_id or ""))
 
-    def _apply(self, saga_id: str, outcome: Outcome) -> None:
-        instance = self._instances.setdefault(saga_id, _Instance(outcome.state))
-        instance.state = outcome.state
-        for op in outcome.deadlines:
-            if isinstance(op, ScheduleDeadline):
-                self._seq += 1
-                instance.deadlines[op.name] = _Pending(op.due_at, op.payload, str(self._seq))
-            else:
-                instance.deadlines.pop(op.name, None)
-        if outcome.ended:
-            instance.ended = True
-            instance.deadlines.clear()
+    def _state_of(self, saga_id: str | None) -> SagaState | None:
+        # The stored JSON, as the next batch will load it: a state that does not survive the
+        # round trip shows up here, not in production.
+        row = self._row(saga_id)
+        if row is None or row.state is None:
+            return None
+        return self.bound.state_from_json(row.state)
+
+    def _pending_of(self, saga_id: str | None) -> dict[str, datetime]:
+        return {
+            d.ref.name: d.ref.due_at
+            for d in self._engine.store.tables.deadlines.values()
+            if d.ref.saga_type == self.bound.saga_type and d.ref.saga_id == saga_id
+        }
 
     def _result(
-        self,
-        saga_id: str | None,
-        runs: list[tuple[Outcome, datetime, str | None]],
-        *,
-        ignored: bool = False,
+        self, saga_id: str | None, runs: list[HandlerRun], *, ignored: bool = False
     ) -> Result:
-        instance = self._instances.get(saga_id or "")
+        row = self._row(saga_id)
         return Result(
             saga_id=saga_id,
-            command_intents=[c for outcome, _, _ in runs for c in outcome.commands],
-            deadline_ops=[(op, at) for outcome, at, _ in runs for op in outcome.deadlines],
-            fired=[name for _, _, name in runs if name is not None],
+            command_intents=[c for run in runs for c in run.outcome.commands],
+            deadline_ops=[(op, run.at) for run in runs for op in run.outcome.deadlines],
+            fired=[run.deadline for run in runs if run.deadline is not None],
             ignored=ignored,
-            ended=bool(instance and instance.ended),
-            state=instance.state.model_copy(deep=True) if instance else None,
-            pending={n: p.due_at for n, p in instance.deadlines.items()} if instance else {},
+            ended=row is not None and row.status == ENDED,
+            state=self._state_of(saga_id),
+            pending=self._pending_of(saga_id),
         )
 
     def _metadata(self, event: Message, saga_id: str) -> MessageMetadata:
-        try:
-            entry = registry.of(type(event))
-            type_name, topic = entry.name, entry.topic or "fixture"
-        except UnknownMessageType:
-            type_name, topic = type(event).__qualname__, "fixture"
+        entry = registry.of(type(event))
         return MessageMetadata(
             message_id=f"fixture-{self._seq}",
-            message_type=type_name,
+            message_type=entry.name,
             correlation_id=saga_id,
             causation_id=None,
             occurred_at=self.now,
-            topic=topic,
+            topic=entry.topic or "fixture",
             partition=0,
             offset=self._seq,
             key=saga_id,

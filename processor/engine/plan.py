@@ -8,7 +8,7 @@ planned again from freshly loaded rows.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -52,6 +52,12 @@ from processor.runner import BoundSaga, DeadlineInput, EventInput, command_messa
 
 # Seeded from the OS once per process, so replicas never share a sequence.
 _random_bits = random.Random().getrandbits
+
+
+def _random_id() -> str:
+    # 32 random hex digits are a valid uuid for the column. The id only has to be unique, not
+    # secret, so the in-process generator serves (os.urandom is a syscall per id).
+    return f"{_random_bits(128):032x}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +104,12 @@ class Planner:
         dead_letter_topic: str,
         handler_attempts: int = 3,
         topic_prefix: str = "",
+        deadline_ids: Callable[[], str] | None = None,
     ) -> None:
         self._sagas = dict(sagas)
+        # A virtual clock (the saga fixture) passes ids that grow in scheduling order, so equal
+        # due times fire in that order; in production the order of ties is unspecified.
+        self._deadline_ids = deadline_ids or _random_id
         self._registry = registry
         self._dead_letter_topic = dead_letter_topic
         self._attempts = handler_attempts
@@ -286,9 +296,7 @@ class Planner:
         assert isinstance(op, ScheduleDeadline)
         record = item.decoded.record
         w.deadline_ops[op.name] = DeadlineInsert(
-            # 32 random hex digits are a valid uuid for the column. The id only has to be unique,
-            # not secret, so the in-process generator serves (os.urandom is a syscall per id).
-            id=f"{_random_bits(128):032x}",
+            id=self._deadline_ids(),
             saga_type=w.bound.saga_type,
             saga_id=w.saga_id,
             name=op.name,
