@@ -63,6 +63,7 @@ PURE = (
     "runner.py",
     "settings.py",
     "testing.py",
+    "testing_engine.py",
 )
 EDGES = ("postgres/", "kafka/", "cli.py", "cli_commands.py", "__main__.py")
 # Where the pure runtime is wired to the real adapters.
