@@ -99,8 +99,9 @@ class RelaySettings(BaseModel):
     # this is only the fallback.
     poll_interval: Duration = timedelta(seconds=1)
     # How long one round waits for the broker's acknowledgements before giving up (the rows
-    # stay in the outbox). A round idle in its transaction for twice this is presumed frozen.
-    flush_timeout: Duration = timedelta(seconds=60)
+    # stay in the outbox). A round idle in its transaction for twice this is presumed frozen
+    # or cut off, and the server ends it: until then it holds the relay lock of every replica.
+    flush_timeout: Duration = timedelta(seconds=15)
 
 
 class DeadlinePollingSettings(BaseModel):

@@ -15,6 +15,7 @@ from confluent_kafka import (
 )
 
 from processor.engine.records import Record
+from processor.kafka.logs import client_logger
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class SagaConsumer:
             # Bounded memory: one fetch and the prefetch queue hold about two batches' bytes.
             "fetch.max.bytes": max(max_batch_bytes, 1_048_576),
             "queued.max.messages.kbytes": max(2 * max_batch_bytes // 1024, 1024),
+            "logger": client_logger(),
         }
         self._on_assign = on_assign
         self._on_revoke = on_revoke

@@ -13,6 +13,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from processor.engine.records import OutboxRow
 from processor.errors import Retryable, SendFailure
+from processor.kafka.logs import client_logger
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ def make_producer(config: Mapping[str, str], **overrides: Any) -> Producer:
         # Callers learn of failures through delivery reports and of success from a flush that
         # leaves nothing queued; skipping success reports saves a Python call per record.
         "delivery.report.only.error": True,
+        "logger": client_logger(),
     }
     conf.update(overrides)
     return Producer(conf)

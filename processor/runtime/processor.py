@@ -98,16 +98,15 @@ class Processor:
         if self.settings.deadline.schema_.auto:
             ensure_schema(self.settings.database.url.get_secret_value(), self.tables)
         kafka = self.settings.kafka.client_config()
-        group = self.settings.consumer.group_id
+        cs = self.settings.consumer
+        # Once this replica's partitions go to another (its session timed out while frozen, or
+        # it gave them back because the database stopped answering it), the heir must be able
+        # to claim them: the server ends a transaction left idle that long and frees its locks.
+        idle_limit = min(cs.session_timeout, cs.unavailable_timeout)
 
         def batch_store() -> PostgresBatchStore:
-            # Once the session times out the group gives this replica's partitions to another,
-            # which must then be able to claim them even if this process is frozen mid-batch.
-            return PostgresBatchStore(
-                lambda: self.connect(self.settings.consumer.session_timeout), self.tables, group
-            )
+            return PostgresBatchStore(lambda: self.connect(idle_limit), self.tables, cs.group_id)
 
-        cs = self.settings.consumer
         self.worker = Worker(
             store=batch_store(),
             control=batch_store(),

@@ -1,0 +1,47 @@
+"""librdkafka's own log lines, routed through Python logging with the expected ones explained.
+
+Without a logger librdkafka writes to stderr, outside the application's log format and levels.
+Some of its warnings are expected for how the processor configures the client; those are
+explained once at INFO instead of repeated at WARNING by every client the process creates.
+"""
+
+from __future__ import annotations
+
+import logging
+
+# Substring of an expected warning -> why it is expected.
+EXPECTED = {
+    "enable.gapless.guarantee is experimental": (
+        "the idempotent producer runs with enable.gapless.guarantee, so a gap in a partition's "
+        "sequence fails the producer instead of reordering commands; the client calls the "
+        "option experimental"
+    ),
+}
+
+LOGGER_NAME = "processor.kafka.librdkafka"
+
+
+class _Expected(logging.Filter):
+    def __init__(self) -> None:
+        super().__init__()
+        self._explained: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        for needle, why in EXPECTED.items():
+            if needle in text:
+                if needle not in self._explained:
+                    self._explained.add(needle)
+                    record.levelno, record.levelname = logging.INFO, "INFO"
+                    record.msg, record.args = "expected client notice: %s", (why,)
+                    return True
+                return False
+        return True
+
+
+def client_logger() -> logging.Logger:
+    """The logger every Kafka client of the processor hands to librdkafka."""
+    logger = logging.getLogger(LOGGER_NAME)
+    if not any(isinstance(f, _Expected) for f in logger.filters):
+        logger.addFilter(_Expected())
+    return logger

@@ -1,0 +1,29 @@
+"""librdkafka's expected warnings are explained once; every other line still shows."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from processor.kafka.logs import LOGGER_NAME, client_logger
+
+
+def test_the_gapless_notice_is_explained_once_and_other_warnings_pass(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    logger = client_logger()
+    assert client_logger() is logger
+    assert len(logger.filters) == 1
+    caplog.set_level(logging.INFO, logger=LOGGER_NAME)
+    for _ in range(3):
+        logger.warning(
+            "CONFWARN [thrd:app]: Configuration property enable.gapless.guarantee is "
+            "experimental: When set to `true`, any error that could result in a gap..."
+        )
+    logger.warning("FAIL [thrd:broker]: Connect to ipv4#127.0.0.1:1 failed")
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == LOGGER_NAME]
+    explained = [m for level, m in lines if m.startswith("expected client notice")]
+    assert len(explained) <= 1  # once per process: an earlier test may have had it already
+    assert all(level == "INFO" for level, m in lines if "gapless" in m)
+    assert ("WARNING", "FAIL [thrd:broker]: Connect to ipv4#127.0.0.1:1 failed") in lines
