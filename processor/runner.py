@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from enum import Enum
 from typing import Any
 
 from pydantic import ValidationError
@@ -136,6 +137,16 @@ class BoundSaga:
         self.saga_type = definition.saga_type
         self._resolved = dict(resolved)
         self._registry = registry
+        # State machines (processor.machine) expose their state for the queryable
+        # `machine_state` column; the engine asks here, so it never imports that package.
+        self._has_machine_state = hasattr(definition.state_cls, "machine_state")
+
+    def machine_state(self, state: SagaState | None) -> str | None:
+        """The state-machine state of ``state``, or None for sagas that are not machines."""
+        if state is None or not self._has_machine_state:
+            return None
+        value = getattr(state, "machine_state", None)
+        return str(value) if isinstance(value, Enum) else None
 
     def state_from_json(self, data: Mapping[str, Any]) -> SagaState:
         """Load a stored state."""

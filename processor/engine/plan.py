@@ -34,7 +34,6 @@ from processor.engine.rows import (
 )
 from processor.errors import HandlerError
 from processor.handles import CancelDeadline, CommandIntent, DeadlineOp, ScheduleDeadline
-from processor.machine.states import machine_state_of
 from processor.messages import (
     HEADER_CAUSATION_ID,
     HEADER_CORRELATION_ID,
@@ -49,6 +48,7 @@ from processor.messages import (
     MessageRegistry,
 )
 from processor.runner import BoundSaga, DeadlineInput, EventInput, command_message_id
+from processor.wire import Topics
 
 # Seeded from the OS once per process, so replicas never share a sequence.
 _random_bits = random.Random().getrandbits
@@ -113,7 +113,7 @@ class Planner:
         self._registry = registry
         self._dead_letter_topic = dead_letter_topic
         self._attempts = handler_attempts
-        self._prefix = topic_prefix
+        self._topics = Topics(topic_prefix)
         self._now_text: tuple[datetime | None, str] = (None, "")
         self._routes: dict[type[Message], list[BoundSaga]] = {}
         for bound in self._sagas.values():
@@ -382,7 +382,7 @@ class Planner:
         return OutboxRow(
             saga_type=w.bound.saga_type,
             saga_id=w.saga_id,
-            topic=self._prefix + intent.topic,
+            topic=self._topics.name(intent.topic),
             key=intent.key.encode(),
             headers=headers,
             value=intent.message.model_dump_json().encode(),
@@ -421,7 +421,7 @@ class Planner:
                 version=w.version,
                 expected_version=w.row.version if w.row is not None else None,
                 parked_reason=w.parked_reason if w.status == PARKED else None,
-                machine_state=machine_state_of(w.state),
+                machine_state=w.bound.machine_state(w.state),
             )
         )
         key = (w.bound.saga_type, w.saga_id)

@@ -15,6 +15,7 @@ from confluent_kafka import (
 )
 
 from processor.engine.records import Record
+from processor.errors import RuntimeFailure
 from processor.kafka.logs import client_logger
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,8 @@ class SagaConsumer:
                 out.append(to_record(msg))
             elif err.code() != KafkaError._PARTITION_EOF:
                 if err.fatal():
-                    raise KafkaException(err)
+                    # The consumer cannot go on; the process restarts (a fatal runtime failure).
+                    raise RuntimeFailure(f"consumer failed: {err}")
                 log.warning("consumer error: %s", err)
         return out
 

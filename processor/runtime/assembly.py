@@ -18,6 +18,7 @@ from processor.messages import registry as default_registry
 from processor.postgres.schema import Tables
 from processor.runner import BoundSaga, bind_all
 from processor.settings import ProcessorSettings
+from processor.wire import Topics
 
 __all__ = ["BoundSagas", "bind_sagas", "load_saga_classes", "tables_for"]
 
@@ -86,7 +87,7 @@ def bind_sagas(
     planner = Planner(
         sagas,
         registry=registry,
-        dead_letter_topic=settings.topic_prefix + settings.consumer.dead_letter_topic,
+        dead_letter_topic=Topics(settings.topic_prefix).name(settings.consumer.dead_letter_topic),
         handler_attempts=settings.consumer.handler_attempts,
         topic_prefix=settings.topic_prefix,
     )

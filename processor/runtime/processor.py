@@ -30,7 +30,7 @@ from processor.runtime.poller import DeadlinePoller
 from processor.runtime.relay import Relay
 from processor.runtime.worker import Worker
 from processor.settings import ProcessorSettings
-from processor.wire import outbox_channel
+from processor.wire import Topics, outbox_channel
 
 log = logging.getLogger(__name__)
 
@@ -74,23 +74,17 @@ class Processor:
         )
 
     def input_topics(self) -> list[str]:
-        prefix = self.settings.topic_prefix
+        """The topics this replica consumes, with the topic prefix applied."""
+        topics = Topics(self.settings.topic_prefix)
         if self.settings.consumer.topics:
-            return [prefix + t for t in self.settings.consumer.topics]
-        topics = {self.registry.of(cls).topic for cls in self.planner.event_types}
+            return [topics.name(t) for t in self.settings.consumer.topics]
         missing = [
             cls.__name__ for cls in self.planner.event_types if self.registry.of(cls).topic is None
         ]
         if missing:
             raise ValueError(f"no input topic known for {missing}: set SAGA_CONSUMER__TOPICS")
-        return sorted(prefix + t for t in topics if t)
-
-    def output_topics(self) -> list[str]:
-        """Every topic this processor may write: commands of its sagas and dead letters."""
-        prefix = self.settings.topic_prefix
-        topics = {prefix + self.settings.consumer.dead_letter_topic}
-        topics.update(prefix + t.topic for t in self.registry.all() if t.topic)
-        return sorted(topics)
+        found = {self.registry.of(cls).topic for cls in self.planner.event_types}
+        return sorted(topics.name(t) for t in found if t)
 
     def start(self) -> None:
         """Migrates (when enabled), then starts the background threads and the consumer."""

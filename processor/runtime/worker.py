@@ -21,29 +21,22 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from processor.engine.decode import Decoded, Event, Rejected, decode
+from processor.engine.decode import Decoded, decode
 from processor.engine.overlay import overlay
-from processor.engine.plan import Item, Planner
+from processor.engine.plan import Planner
 from processor.engine.records import OffsetCommit, Record
-from processor.engine.rows import Wants, WriteSet
+from processor.engine.rows import WriteSet
 from processor.errors import CommitInDoubt, Failure, RecordDataError, RuntimeFailure
 from processor.messages import MessageRegistry
 from processor.ports import TP, BatchStore, RecordConsumer
+from processor.runtime.availability import Availability
+from processor.runtime.batch import Batch, Owned, Planned
 from processor.runtime.hooks import Hooks
 from processor.runtime.isolate import isolate_refused
 from processor.runtime.lane import Lane, Stuck, wait
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
-
-# Waits between retries while the database fails: short at first, then at most this long.
-_MAX_BACKOFF = 5.0
-
-
-@dataclass
-class _Owned:
-    epoch: int
-    next_offset: int | None
 
 
 @dataclass
@@ -89,15 +82,14 @@ class Worker:
         # Named points of a batch ("before-write", "before-commit", "after-commit") where crash
         # tests inject faults.
         self.hooks = hooks or Hooks()
-        self.owned: dict[TP, _Owned] = {}
+        self.owned: dict[TP, Owned] = {}
         self.stats = WorkerStats()
         self.consumer: RecordConsumer | None = None
         self._store_factory = store_factory
-        self._clock = clock
         # Batch N commits on the write lane while batch N+1 is read and planned.
         self._write_lane = Lane("batch-writer")
         self._control_lane = Lane("batch-control")
-        self._pending: tuple[_Planned, Future[None]] | None = None
+        self._pending: tuple[Planned, Future[None]] | None = None
         # Assigned by the group but not yet claimed in the store: paused until claimed.
         self._unclaimed: set[TP] = set()
         self._to_pause: set[TP] = set()
@@ -105,9 +97,7 @@ class Worker:
         self._carry: list[Record] = []
         # Positions must be read back from the store before the next batch.
         self._unsynced = False
-        self._trouble_since: float | None = None
-        self._retry_at = 0.0
-        self._backoff = 0.0
+        self._availability = Availability(clock)
         self.detached = False
 
     # -- rebalance callbacks (run inside consume(), on the consuming thread) --------------------
@@ -146,12 +136,12 @@ class Worker:
             # A frozen previous owner may hold these rows until the server ends its idle
             # transaction, or the database is down: keep them paused and try again later
             # rather than fail the rebalance and leave them to yet another replica.
-            self._trouble()
+            self._availability.failed()
             log.warning("could not claim %s yet (%s); they wait, paused", tps, e)
             return {}
-        self._healthy()
+        self._availability.succeeded()
         for tp, (epoch, nxt) in claimed.items():
-            self.owned[tp] = _Owned(epoch, nxt)
+            self.owned[tp] = Owned(epoch, nxt)
             self._unclaimed.discard(tp)
         log.info("assigned %s", sorted(claimed))
         return claimed
@@ -173,7 +163,7 @@ class Worker:
         if self._to_pause:
             consumer.pause(sorted(self._to_pause))
             self._to_pause.clear()
-        if (self._unsynced or self._unclaimed) and self._clock() >= self._retry_at:
+        if (self._unsynced or self._unclaimed) and self._availability.may_try():
             if self._unsynced:
                 self._resync()
             if self._unclaimed and not self._unsynced:
@@ -187,7 +177,7 @@ class Worker:
             self._give_back_if_unavailable()
             return 0
         records = self._take(consumer)
-        planned: _Planned | None = None
+        planned: Planned | None = None
         try:
             batch = self._prepare(records)
             if batch is not None:
@@ -197,7 +187,7 @@ class Worker:
             if e.kind is not Failure.RETRYABLE:
                 raise
             log.warning("could not plan a batch (%s); resyncing", e)
-            self._trouble()
+            self._availability.failed()
             if self.settle():
                 self._resync()
             self._give_back_if_unavailable()
@@ -238,7 +228,7 @@ class Worker:
             if e.kind is Failure.FENCED:
                 log.warning("batch of %d records not committed: fenced (%s); resyncing", size, e)
             else:
-                self._trouble()
+                self._availability.failed()
                 log.warning("batch of %d records not committed (%s); resyncing", size, e)
             self._resync()
             return False
@@ -252,9 +242,7 @@ class Worker:
             "unsynced": self._unsynced,
             "owned": len(self.owned),
             "unclaimed": len(self._unclaimed),
-            "unavailable_for": (
-                0.0 if self._trouble_since is None else self._clock() - self._trouble_since
-            ),
+            "unavailable_for": self._availability.down_for(),
         }
 
     def close(self) -> None:
@@ -279,7 +267,7 @@ class Worker:
                 return records[:i]
         return records
 
-    def _prepare(self, records: list[Record]) -> _Batch | None:
+    def _prepare(self, records: list[Record]) -> Batch | None:
         # Positions are those the batch in flight (if any) will leave behind: see _advance.
         mine = [
             decode(r, self.registry, self.max_record_bytes)
@@ -291,29 +279,19 @@ class Worker:
             return None
         return self._batch(mine)
 
-    def _batch(self, decoded: list[Decoded]) -> _Batch:
-        items, wants = self.planner.route(decoded)
-        routed = self.planner.event_types  # a fresh set per access: taken once per batch
-        unrouted = sum(1 for d in decoded if isinstance(d, Event) and type(d.message) not in routed)
-        last: dict[TP, int] = {}
-        for d in decoded:
-            last[(d.record.topic, d.record.partition)] = d.record.offset + 1
-        offsets = [
-            OffsetCommit(t, p, nxt, self.owned[(t, p)].next_offset, self.owned[(t, p)].epoch)
-            for (t, p), nxt in last.items()
-        ]
-        return _Batch(decoded, items, wants, unrouted, offsets, last, len(decoded))
+    def _batch(self, decoded: list[Decoded]) -> Batch:
+        return Batch.of(decoded, self.planner, self.owned)
 
-    def _plan(self, batch: _Batch, prior: WriteSet | None) -> _Planned:
+    def _plan(self, batch: Batch, prior: WriteSet | None) -> Planned:
         """Loads the batch's rows (a short read on the control lane) and plans it."""
         loaded = self._control(lambda: self.control.load(batch.wants), "load")
         if prior is not None:
             loaded = overlay(loaded, prior)
         ws = self.planner.plan(batch.items, loaded, loaded.now, unrouted=batch.unrouted)
         self.hooks.fire("before-write")
-        return _Planned(batch, ws)
+        return Planned(batch, ws)
 
-    def _write(self, planned: _Planned) -> None:
+    def _write(self, planned: Planned) -> None:
         """Writes and commits one planned batch; runs on the write lane."""
         self.store.write(
             planned.ws,
@@ -322,15 +300,15 @@ class Worker:
         )
         self.hooks.fire("after-commit")
 
-    def _advance(self, batch: _Batch) -> None:
+    def _advance(self, batch: Batch) -> None:
         # The next batch is read and planned as if this one commits; resync undoes it if not.
         for commit in batch.offsets:
             owned = self.owned.get((commit.topic, commit.partition))
             if owned is not None and owned.epoch == commit.epoch:
                 owned.next_offset = commit.next_offset
 
-    def _committed(self, planned: _Planned) -> None:
-        self._healthy()
+    def _committed(self, planned: Planned) -> None:
+        self._availability.succeeded()
         self.stats.batches += 1
         self.stats.records += planned.batch.size
         self.stats.counts.update(planned.ws.counts)
@@ -338,7 +316,7 @@ class Worker:
         if self.consumer is not None:
             self.consumer.commit_advisory(planned.batch.last)
 
-    def _isolate(self, batch: _Batch) -> bool:
+    def _isolate(self, batch: Batch) -> bool:
         """Dead-letters the records the database refuses, commits the rest of the batch."""
 
         def attempt(decoded: list[Decoded], dry_run: bool) -> WriteSet:
@@ -365,19 +343,19 @@ class Worker:
             if e.kind is Failure.FATAL:
                 raise
             log.warning("could not isolate the refused records (%s); resyncing", e)
-            self._trouble()
+            self._availability.failed()
             self._resync()
             return False
-        self._committed(_Planned(batch, ws))
+        self._committed(Planned(batch, ws))
         # The records read after the failed batch were dropped with the batch planned on it.
         self._resync()
         return False
 
     # -- failures and recovery -----------------------------------------------------------------
 
-    def _in_doubt(self, planned: _Planned, error: RuntimeFailure) -> None:
+    def _in_doubt(self, planned: Planned, error: RuntimeFailure) -> None:
         self.stats.rejected_batches += 1
-        self._trouble()
+        self._availability.failed()
         log.warning(
             "batch of %d records: commit outcome unknown (%s); reading the stored offsets",
             planned.batch.size,
@@ -385,7 +363,7 @@ class Worker:
         )
         self._resync(in_doubt=planned)
 
-    def _resync(self, in_doubt: _Planned | None = None) -> bool:
+    def _resync(self, in_doubt: Planned | None = None) -> bool:
         """After a failed or in-doubt commit: trust only what the store says was committed."""
         self._unsynced = True
         self._carry = []
@@ -395,8 +373,7 @@ class Worker:
         except RuntimeFailure as e:
             if e.kind is Failure.FATAL:
                 raise
-            self._trouble()
-            self._retry_at = self._clock() + self._next_backoff()
+            self._availability.failed(back_off=True)
             if in_doubt is not None:
                 log.warning(
                     "batch of %d records: outcome still unknown (%s)", in_doubt.batch.size, e
@@ -417,7 +394,7 @@ class Worker:
             if committed:
                 self._committed(in_doubt)
         self._unsynced = False
-        self._healthy()
+        self._availability.succeeded()
         lost = []
         for tp in tps:
             epoch, nxt = stored.get(tp, (None, None))
@@ -437,10 +414,8 @@ class Worker:
         return True
 
     def _give_back_if_unavailable(self) -> None:
-        if self._trouble_since is None or self.detached:
-            return
-        down_for = self._clock() - self._trouble_since
-        if down_for < self.unavailable_timeout or self.consumer is None:
+        down_for = self._availability.down_for()
+        if self.detached or down_for < self.unavailable_timeout or self.consumer is None:
             return
         log.warning(
             "the database has been unavailable for %.0f s: giving this replica's partitions "
@@ -457,34 +432,21 @@ class Worker:
     def _step_detached(self, consumer: RecordConsumer) -> int:
         # Serves the group's callbacks (the revocation) while away; nothing is assigned.
         consumer.consume(self.batch_size, self.batch_timeout)
-        if self._clock() < self._retry_at:
+        if not self._availability.may_try():
             return 0
         try:
             self._control(lambda: self.control.read_offsets([]), "probe")
         except RuntimeFailure as e:
             if e.kind is Failure.FATAL:
                 raise
-            self._retry_at = self._clock() + self._next_backoff()
+            self._availability.failed(back_off=True)
             return 0
         log.warning("the database answers again: rejoining the group")
         self.detached = False
         self._unsynced = False
-        self._healthy()
+        self._availability.succeeded()
         consumer.rejoin()
         return 0
-
-    def _trouble(self) -> None:
-        if self._trouble_since is None:
-            self._trouble_since = self._clock()
-
-    def _healthy(self) -> None:
-        self._trouble_since = None
-        self._backoff = 0.0
-        self._retry_at = 0.0
-
-    def _next_backoff(self) -> float:
-        self._backoff = min(_MAX_BACKOFF, max(0.1, self._backoff * 2))
-        return self._backoff
 
     def _control(self, fn: Callable[[], _T], what: str) -> _T:
         return self._call(self._control_lane, fn, what)
@@ -512,20 +474,3 @@ class Worker:
         self._write_lane = Lane("batch-writer")
         if self._store_factory is not None:
             self.store = self._store_factory()
-
-
-@dataclass(frozen=True, slots=True)
-class _Batch:
-    decoded: list[Decoded]
-    items: list[Item | Rejected]
-    wants: Wants
-    unrouted: int
-    offsets: list[OffsetCommit]
-    last: dict[TP, int]
-    size: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Planned:
-    batch: _Batch
-    ws: WriteSet

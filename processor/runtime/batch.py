@@ -1,0 +1,56 @@
+"""One batch as the worker carries it from the consumer to the store."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from processor.engine.decode import Decoded, Event, Rejected
+from processor.engine.plan import Item, Planner
+from processor.engine.records import OffsetCommit
+from processor.engine.rows import Wants, WriteSet
+from processor.ports import TP
+
+
+@dataclass
+class Owned:
+    """A partition this replica owns: its epoch, and where the next batch starts."""
+
+    epoch: int
+    next_offset: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Decoded records of owned partitions, routed, with the offsets they will commit."""
+
+    decoded: list[Decoded]
+    items: list[Item | Rejected]
+    wants: Wants
+    unrouted: int
+    offsets: list[OffsetCommit]
+    last: dict[TP, int]
+    size: int
+
+    @classmethod
+    def of(cls, decoded: list[Decoded], planner: Planner, owned: Mapping[TP, Owned]) -> Batch:
+        """Routes ``decoded`` and computes each partition's offset compare-and-set."""
+        items, wants = planner.route(decoded)
+        routed = planner.event_types  # a fresh set per access: taken once per batch
+        unrouted = sum(1 for d in decoded if isinstance(d, Event) and type(d.message) not in routed)
+        last: dict[TP, int] = {}
+        for d in decoded:
+            last[(d.record.topic, d.record.partition)] = d.record.offset + 1
+        offsets = [
+            OffsetCommit(t, p, nxt, owned[(t, p)].next_offset, owned[(t, p)].epoch)
+            for (t, p), nxt in last.items()
+        ]
+        return cls(decoded, items, wants, unrouted, offsets, last, len(decoded))
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A batch and the writes planned for it."""
+
+    batch: Batch
+    ws: WriteSet
