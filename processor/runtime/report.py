@@ -57,8 +57,8 @@ def report_parked(parked: Iterable[ParkedMessage]) -> None:
         log.error(
             "saga parked: saga_type=%s saga_id=%s message_id=%s message_type=%s at %s; "
             "reason: %s%s",
-            p.saga_type,
-            p.saga_id,
+            _clip(p.saga_type, 100),
+            _clip(p.saga_id, 100),
             _message_id(p.record),
             _message_type(p.record),
             _position(p.record),
@@ -68,8 +68,8 @@ def report_parked(parked: Iterable[ParkedMessage]) -> None:
     for (saga_type, saga_id), n in held.items():
         log.warning(
             "saga_type=%s saga_id=%s: %d more message(s) held behind its parking",
-            saga_type,
-            saga_id,
+            _clip(saga_type, 100),
+            _clip(saga_id, 100),
             n,
         )
 
@@ -85,8 +85,8 @@ def report_dead_letters(letters: Iterable[tuple[Record, str, str]]) -> None:
                 "reason: %s (%s)",
                 _message_id(record),
                 _message_type(record),
-                record.header("saga-type") or "-",
-                record.header("saga-id") or _key(record),
+                _clip(record.header("saga-type") or "-", 100),
+                _clip(record.header("saga-id") or "", 100) or _key(record),
                 _position(record),
                 reason,
                 _clip(detail),
@@ -111,10 +111,10 @@ def report_failed_outbox(
     """One ERROR line for an outbox row set aside because it cannot be published."""
     log.error(
         "outbox row failed: saga_type=%s saga_id=%s message_id=%s topic=%s; reason: %s",
-        saga_type or "-",
-        saga_id or "-",
-        message_id or "-",
-        topic,
+        _clip(saga_type or "-", 100),
+        _clip(saga_id or "-", 100),
+        _clip(message_id or "-", 100),
+        _clip(topic, 250),
         _clip(reason),
     )
 
