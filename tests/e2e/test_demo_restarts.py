@@ -112,6 +112,9 @@ def private_stack(tmp_path: Path) -> Iterator[PrivateStack]:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        # pg_dropcluster leaves the directory behind when it holds files it did not create
+        # (postgres.sh adds conf.d/saga.conf).
+        shutil.rmtree(f"/etc/postgresql/{version}/{cluster}", ignore_errors=True)
 
 
 def test_accounts_service_survives_postgres_and_kafka_restarts(
