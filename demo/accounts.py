@@ -5,6 +5,11 @@ One batch at a time: every command of the batch is applied in one PostgreSQL tra
 committed. A crash anywhere in between redelivers the commands, and the ledger answers them with
 the replies it stored the first time, so nothing is applied twice and no answer is lost for good.
 
+It outlives restarts of PostgreSQL and of the Kafka broker: a batch that fails is rewound and
+tried again with backoff; a lost database connection is replaced (the ledger keeps nothing in
+memory, so a fresh connection is all it needs); librdkafka reconnects to the broker by itself,
+and a producer that reports a fatal error is replaced.
+
 Faults for the demo and tests, chosen deterministically from the transfer id: the reply of a step
 can be "lost" (applied, never sent), so the saga's payment timeout fires; or sent twice under one
 message id, so the processor must recognise the duplicate; or the command itself can be dropped
@@ -17,6 +22,7 @@ Run alone: ``python -m demo.accounts --help`` (defaults come from the processor'
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import logging
 import os
@@ -24,7 +30,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -34,7 +40,7 @@ import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 import schemas  # noqa: F401 - registers the example message types
-from demo.ledger import STEP_OF, Ledger, Reply
+from demo.ledger import STEP_OF, Conn, Ledger, Reply
 from processor.errors import UnknownMessageType
 from processor.messages import (
     HEADER_CAUSATION_ID,
@@ -83,6 +89,7 @@ class Counters:
     lost: set[str] = field(default_factory=set)
     skipped: int = 0
     dropped: int = 0
+    failed_batches: int = 0
 
 
 class AccountsService:
@@ -101,6 +108,7 @@ class AccountsService:
         drop: Selection = Selection(),
         batch_size: int = 200,
         message_registry: MessageRegistry = registry,
+        application_name: str = "demo-accounts",
     ) -> None:
         if not _IDENTIFIER.match(schema):
             raise ValueError(f"{schema!r} is not a plain lower-case SQL identifier")
@@ -112,11 +120,10 @@ class AccountsService:
         self.batch_size = batch_size
         self.registry = message_registry
         self.counters = Counters()
-        self.ledger = Ledger(
-            psycopg.connect(database_url, application_name="demo-accounts"),
-            schema,
-            message_registry,
+        self._connect: Callable[[], Conn] = lambda: psycopg.connect(
+            database_url, application_name=application_name, connect_timeout=5
         )
+        self.ledger = Ledger(self._connect(), schema, message_registry)
         self.ledger.create()
         self.consumer = Consumer(
             {
@@ -131,7 +138,9 @@ class AccountsService:
         self.consumer.subscribe(
             [topic_prefix + ACCOUNT_COMMANDS_TOPIC, topic_prefix + WALLET_COMMANDS_TOPIC]
         )
-        self.producer = Producer({**kafka, "enable.idempotence": True, "linger.ms": 2})
+        self._producer_config = {**kafka, "enable.idempotence": True, "linger.ms": 2}
+        self.producer = Producer(self._producer_config)
+        self.reconnects = 0
         self.stop_event = threading.Event()
 
     def open_accounts(self, balances: Mapping[str, Decimal], closed: Iterable[str] = ()) -> None:
@@ -162,7 +171,10 @@ class AccountsService:
                 firsts.setdefault((msg.topic(), msg.partition()), msg.offset())
             for (topic, part), offset in firsts.items():
                 if topic is not None and part is not None and offset is not None:
-                    self.consumer.seek(TopicPartition(topic, part, offset))
+                    # A partition revoked meanwhile cannot be sought; its next owner starts
+                    # from the committed offset, which is before this batch anyway.
+                    with contextlib.suppress(KafkaException):
+                        self.consumer.seek(TopicPartition(topic, part, offset))
             raise
         self.consumer.commit(asynchronous=False)
         self.counters.commands += len(batch)
@@ -239,14 +251,53 @@ class AccountsService:
         self.counters.replies += len(outgoing)
 
     def run(self, stop: threading.Event | None = None) -> None:
-        """Loops ``poll_once()`` until ``stop`` (or ``self.stop_event``) is set."""
+        """Loops ``poll_once()`` until ``stop`` (or ``self.stop_event``) is set.
+
+        A failed batch is tried again after a growing pause (at most 5 s); a broken database
+        connection is replaced first, and a producer in a fatal state is recreated.
+        """
         stop = stop or self.stop_event
+        failures = 0
         while not stop.is_set():
             try:
                 self.poll_once()
+                failures = 0
             except (KafkaException, psycopg.Error) as e:
-                log.warning("accounts batch failed, retrying: %s", e)
-                stop.wait(0.5)
+                failures += 1
+                self.counters.failed_batches += 1
+                log.warning("accounts batch failed (%s), retrying: %s", type(e).__name__, e)
+                stop.wait(_backoff(failures))
+                if isinstance(e, psycopg.Error) and self._connection_lost(e):
+                    self._reconnect(stop)
+                elif isinstance(e, KafkaException) and _fatal(e):
+                    self._new_producer()
+
+    def _connection_lost(self, error: psycopg.Error) -> bool:
+        conn = self.ledger.conn
+        return isinstance(error, psycopg.OperationalError) or conn.closed or conn.broken
+
+    def _reconnect(self, stop: threading.Event) -> None:
+        """Replaces the ledger's connection; tries until it works or ``stop`` is set."""
+        with contextlib.suppress(psycopg.Error):
+            self.ledger.conn.close()
+        attempts = 0
+        while not stop.is_set():
+            try:
+                self.ledger.conn = self._connect()
+            except psycopg.Error as e:
+                attempts += 1
+                log.warning("accounts database unreachable (%s); trying again", type(e).__name__)
+                stop.wait(_backoff(attempts))
+                continue
+            self.reconnects += 1
+            log.info("accounts database connection replaced")
+            return
+
+    def _new_producer(self) -> None:
+        log.warning("accounts producer in a fatal state; replacing it")
+        with contextlib.suppress(KafkaException):
+            self.producer.flush(1)
+        self.producer = Producer(self._producer_config)
 
     def total(self) -> Decimal:
         """Sum of every balance; equal before and after any set of finished transfers."""
@@ -256,6 +307,16 @@ class AccountsService:
         self.consumer.close()
         self.producer.flush(5)
         self.ledger.conn.close()
+
+
+def _backoff(failures: int) -> float:
+    return float(min(5.0, 0.2 * 2 ** min(failures, 5)))
+
+
+def _fatal(error: KafkaException) -> bool:
+    """True when the client cannot go on (e.g. an idempotent producer's sequence broke)."""
+    err = error.args[0] if error.args else None
+    return isinstance(err, KafkaError) and err.fatal()
 
 
 # -- command line ------------------------------------------------------------------------------

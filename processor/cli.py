@@ -91,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parses the command line, runs the subcommand and returns its exit code.
 
     A `SagaError` (refused configuration, a saga that cannot be loaded or is not parked, ...) is
-    printed on one line and gives exit code 2, as argparse's own usage errors do.
+    printed on one line and gives exit code 2, as argparse's own usage errors do. `run` exits
+    with 70 when a loop of the processor died (see `cli_commands.EXIT_LOOP_DIED`).
     """
     commands = {command.name: command for command in COMMANDS}
     parser = argparse.ArgumentParser(prog="saga-processor", description=__doc__)

@@ -27,6 +27,7 @@ from processor.settings import ProcessorSettings
 
 if TYPE_CHECKING:
     from processor.postgres.operator import OperatorQueries
+    from processor.runtime.processor import Processor
 
 log = logging.getLogger("processor")
 
@@ -88,11 +89,26 @@ def operator_queries(settings: ProcessorSettings) -> OperatorQueries:
 # -- the processor -----------------------------------------------------------------------------
 
 
+EXIT_LOOP_DIED = 70
+"""Exit code of `run` when a loop of the processor died (EX_SOFTWARE): restart the process."""
+
+
 def run(args: argparse.Namespace, settings: ProcessorSettings) -> int:
-    """Runs the processor until SIGTERM or SIGINT; exit code 0 after a clean stop."""
+    """Runs the processor until SIGTERM or SIGINT.
+
+    Exit code 0 after a clean stop; :data:`EXIT_LOOP_DIED` (70) when the consumer, the relay,
+    its listener or the deadline poller died on an error (logged with its traceback), so that
+    the platform restarts the process; 3 when a shutdown overran its budget.
+    """
     from processor.runtime.processor import Processor
 
-    proc = Processor(settings)
+    return serve(Processor(settings), settings)
+
+
+def serve(proc: Processor, settings: ProcessorSettings) -> int:
+    """Starts ``proc``, stops it on SIGTERM or SIGINT, and returns the process exit code."""
+    from processor.errors import LoopDied
+
     proc.start()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -108,7 +124,11 @@ def run(args: argparse.Namespace, settings: ProcessorSettings) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    proc.run()
+    try:
+        proc.run()
+    except LoopDied as e:
+        print(f"saga-processor: {e}", file=sys.stderr)
+        return EXIT_LOOP_DIED
     return 0
 
 

@@ -44,17 +44,51 @@ def _identifier(value: str) -> str:
     return value
 
 
+def is_secret_key(key: str) -> bool:
+    """True for librdkafka properties that hold credentials.
+
+    Those are ``*.password``, ``sasl.*``, ``ssl.key.*`` and the OAuth client secret.
+    """
+    k = key.strip().lower()
+    return (
+        k.endswith(".password")
+        or k.startswith("sasl.")
+        or k.startswith("ssl.key.")
+        or k.endswith(".client.secret")
+    )
+
+
+def _hide_secrets(value: Any) -> Any:
+    # Wrapped before validation, so the plain text never sits in the model: repr, str,
+    # model_dump and validation errors all show "**********".
+    if not isinstance(value, dict):
+        return value
+    return {
+        k: SecretStr(str(v)) if is_secret_key(str(k)) and not isinstance(v, SecretStr) else v
+        for k, v in value.items()
+    }
+
+
 class KafkaSettings(BaseModel):
-    """The broker to talk to and librdkafka settings for every client (`SAGA_KAFKA__*`)."""
+    """The broker to talk to and librdkafka settings for every client (`SAGA_KAFKA__*`).
+
+    Credentials among the librdkafka settings (see :func:`is_secret_key`) are kept as
+    ``SecretStr``: they never show in a repr, a log line or an error; only
+    :meth:`client_config` hands out their values, to the Kafka clients.
+    """
 
     bootstrap_servers: str = "127.0.0.1:9092"
     # Passed to librdkafka untouched (e.g. security.protocol, sasl.mechanism); never logged.
-    config: dict[str, str] = Field(default_factory=dict)
+    config: Annotated[dict[str, str | SecretStr], BeforeValidator(_hide_secrets)] = Field(
+        default_factory=dict
+    )
     sasl_password: SecretStr | None = None
 
     def client_config(self) -> dict[str, str]:
         """A fresh dict each call: clients must never share or mutate the caller's config."""
-        conf = {"bootstrap.servers": self.bootstrap_servers, **self.config}
+        conf = {"bootstrap.servers": self.bootstrap_servers}
+        for key, value in self.config.items():
+            conf[key] = value.get_secret_value() if isinstance(value, SecretStr) else value
         if self.sasl_password is not None:
             conf["sasl.password"] = self.sasl_password.get_secret_value()
         return conf
@@ -168,15 +202,24 @@ class ProcessorSettings(BaseSettings):
 
 
 def load_settings(**overrides: Any) -> ProcessorSettings:
-    """Reads the environment once; a bad value is a ConfigurationError naming the variable."""
-    from pydantic import ValidationError
+    """Reads the environment once; a bad value is a ConfigurationError naming the variable.
 
+    The error says where and what, never the value: pydantic's input echo may carry secrets, so
+    neither its text nor the original exception (as a cause or context) goes with it.
+    """
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    problems: list[str]
     try:
         return ProcessorSettings(**overrides)
     except ValidationError as e:
-        # Only locations and messages: pydantic's input echo may carry secrets.
         problems = [
             f"SAGA_{'__'.join(str(p).upper() for p in err['loc'])}: {err['msg']}"
             for err in e.errors()
         ]
-        raise ConfigurationError(problems) from None
+    except SettingsError as e:
+        # e.g. a variable that is not valid JSON; the decoder's error keeps the whole text.
+        problems = [str(e)]
+    # Raised outside the except clauses, so that the refused input is not kept as __context__.
+    raise ConfigurationError(problems)

@@ -7,12 +7,14 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
 from processor.engine.rows import WriteSet
+from processor.errors import LoopDied
 from processor.kafka.client import SagaConsumer
 from processor.kafka.producer import KafkaRecordProducer, make_producer
 from processor.messages import MessageRegistry
@@ -28,6 +30,8 @@ from processor.runtime.assembly import bind_sagas, tables_for
 from processor.runtime.hooks import Hooks
 from processor.runtime.poller import DeadlinePoller
 from processor.runtime.relay import Relay
+from processor.runtime.report import report_committed
+from processor.runtime.supervisor import LoopFailure, Supervisor
 from processor.runtime.worker import Worker
 from processor.settings import ProcessorSettings
 from processor.wire import Topics, outbox_channel
@@ -59,7 +63,10 @@ class Processor:
             settings.instance_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         )
         self.stop_event = threading.Event()
-        self._threads: list[threading.Thread] = []
+        # A loop that dies sets stop_event through the supervisor: the process then ends
+        # non-zero instead of looking alive with a dead relay or poller.
+        self.supervisor = Supervisor(self.stop_event)
+        self._consuming = False
         self.worker: Worker | None = None
         self.relay: Relay | None = None
         self.poller: DeadlinePoller | None = None
@@ -156,6 +163,7 @@ class Processor:
         log.info("processor %s started: sagas %s", self.instance_id, sorted(self.sagas))
 
     def _committed(self, ws: WriteSet) -> None:
+        report_committed(ws)
         # In-process wake-ups right after a commit; other replicas hear NOTIFY.
         if ws.outbox and self.relay is not None:
             self.relay.wake.set()
@@ -163,50 +171,94 @@ class Processor:
             self.poller.wake.set()
 
     def _spawn(self, name: str, target: Callable[[threading.Event], None]) -> None:
-        thread = threading.Thread(target=target, args=(self.stop_event,), name=name, daemon=True)
-        thread.start()
-        self._threads.append(thread)
+        self.supervisor.spawn(name, target)
 
     # -- running ---------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Consumes until `stop()`; the batch in hand is committed or abandoned, never split."""
+        """Consumes until `stop()`; the batch in hand is committed or abandoned, never split.
+
+        Raises:
+            LoopDied: A loop (the consumer, the relay, its listener or the deadline poller)
+                ended on an error; the others were shut down first. The process should exit
+                non-zero so that the platform restarts it.
+        """
         if self.worker is None:
             self.start()
         assert self.worker is not None
+        self._consuming = True
         try:
+            # A background loop's death sets stop_event, so it is noticed after the poll in hand
+            # (at most one batch timeout, or one batch).
             while not self.stop_event.is_set():
                 self.worker.poll_once()
+        except Exception as e:
+            self.supervisor.record("consumer", e)
         finally:
+            self._consuming = False
             self._shutdown()
+        failure = self.supervisor.failure
+        if failure is not None:
+            raise LoopDied(failure.describe()) from failure.error
 
     def stop(self) -> None:
         self.stop_event.set()
 
+    def health(self) -> dict[str, bool]:
+        """Which loops are alive, by name: ``consumer`` and every started background loop.
+
+        The process is healthy only when every value is True; a dead loop also ends the process,
+        so a False is seen only while it shuts down.
+        """
+        alive = {"consumer": self._consuming and not self.supervisor.failed.is_set()}
+        alive.update(self.supervisor.alive())
+        return alive
+
+    @property
+    def failure(self) -> LoopFailure | None:
+        """The first loop that died, if any."""
+        return self.supervisor.failure
+
     def _shutdown(self) -> None:
         self.stop_event.set()
-        timeout = self.settings.shutdown_timeout.total_seconds()
+        # One budget for the whole shutdown, so that a platform's grace period is respected
+        # however many pieces hang.
+        budget = self.settings.shutdown_timeout.total_seconds()
+        ends = time.monotonic() + budget
+
+        def left() -> float:
+            return max(0.0, ends - time.monotonic())
+
         worker = self.worker
         if worker is not None:
             # The batch in flight commits or rolls back before the consumer leaves the group.
-            worker.close()
+            _attempt("worker close", worker.close)
         if worker is not None and worker.consumer is not None:
             # close() can hang on an unstable broker or mid-rebalance: give it a deadline.
             closer = threading.Thread(
                 target=worker.consumer.close, name="consumer-close", daemon=True
             )
             closer.start()
-            closer.join(timeout / 2)
+            closer.join(min(left(), budget / 2))
             if closer.is_alive():
-                log.warning("consumer close did not finish in %.0f s; leaving it", timeout / 2)
-        for thread in self._threads:
-            thread.join(timeout / 2)
+                log.warning("consumer close did not finish in %.0f s; leaving it", budget / 2)
+        stuck = self.supervisor.join(left)
+        if stuck:
+            log.warning("loops still running at the end of the shutdown budget: %s", stuck)
         if worker is not None:
-            worker.store.close()
-            worker.control.close()
+            _attempt("batch store close", worker.store.close)
+            _attempt("control store close", worker.control.close)
         if self.relay is not None:
-            self.relay.close()
+            _attempt("relay close", self.relay.close)
         log.info("processor %s stopped", self.instance_id)
+
+
+def _attempt(what: str, action: Callable[[], None]) -> None:
+    """Runs one shutdown step; a failure is logged, and the rest of the shutdown goes on."""
+    try:
+        action()
+    except Exception:
+        log.warning("%s failed during shutdown", what, exc_info=True)
 
 
 def _tune_gc() -> None:

@@ -3,7 +3,8 @@
 SAGA_FAULT_POINT=before-write|before-commit|after-commit|after-produce
     (before-write: the batch is loaded and planned in its transaction, nothing written yet)
 SAGA_FAULT_AT=N          act on the Nth time the point is reached (default 1)
-SAGA_FAULT_ACTION=kill|stop   SIGKILL or SIGSTOP this process there (default kill)
+SAGA_FAULT_ACTION=kill|stop|raise   SIGKILL or SIGSTOP this process there (default kill), or
+    raise a RuntimeError in the loop that reached the point (e.g. relay-round, poller-step)
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 from collections.abc import Callable
 
 from processor.cli import main as cli_main
+from processor.cli_commands import serve
 from processor.runtime.hooks import Hooks
 from processor.runtime.processor import Processor
 from processor.settings import load_settings
@@ -27,6 +29,8 @@ def _fault(point: str, at: int, action: str) -> Callable[[], None]:
         hits += 1
         if hits == at:
             print(f"fault: {action} at {point} #{at}", file=sys.stderr, flush=True)
+            if action == "raise":
+                raise RuntimeError(f"fault injected at {point} #{at}")
             os.kill(os.getpid(), signal.SIGKILL if action == "kill" else signal.SIGSTOP)
 
     return hit
@@ -48,11 +52,8 @@ def main() -> int:
             os.environ.get("SAGA_FAULT_ACTION", "kill"),
         ),
     )
-    proc = Processor(load_settings(), hooks=hooks)
-    proc.start()
-    signal.signal(signal.SIGTERM, lambda *_: proc.stop())
-    proc.run()
-    return 0
+    settings = load_settings()
+    return serve(Processor(settings, hooks=hooks), settings)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,10 @@ def settings_env(settings: ProcessorSettings) -> dict[str, str]:
     """The SAGA_* variables that reproduce `settings` in a child process."""
     data = settings.model_dump(mode="json", by_alias=True)
     data["database"]["url"] = settings.database.url.get_secret_value()
+    # The dump masks credentials; the child needs the real values.
+    data["kafka"]["config"] = {
+        k: v for k, v in settings.kafka.client_config().items() if k in settings.kafka.config
+    }
     env: dict[str, str] = {}
     for key, value in data.items():
         if value is None:
