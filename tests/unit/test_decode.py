@@ -13,6 +13,7 @@ from processor.messages import Message, MessageRegistry, message_type
 from processor.wire import DEADLINE_FIRED
 
 REG = MessageRegistry()
+D1 = "00000000-0000-4000-8000-000000000001"  # deadline ids are uuids
 LIMIT = 10_000
 
 
@@ -182,16 +183,16 @@ def _fired(body: object) -> Record:
 
 
 def test_a_deadline_fired_record_is_decoded() -> None:
-    body = {"saga_type": "s", "saga_id": "o-1", "deadline_id": "d-1", "name": "n", "token": 3}
+    body = {"saga_type": "s", "saga_id": "o-1", "deadline_id": D1, "name": "n", "token": 3}
     out = decode(_fired(body), REG, LIMIT)
-    assert out == FiredDeadline(_fired(body), "s", "o-1", "d-1", "n", 3)
+    assert out == FiredDeadline(_fired(body), "s", "o-1", D1, "n", 3)
 
 
 @pytest.mark.parametrize(
     "body",
     [
-        {"saga_type": "s", "saga_id": "o-1", "deadline_id": "d-1", "name": "n"},
-        {"saga_type": "s", "saga_id": "o-1", "deadline_id": "d-1", "name": "n", "token": "x"},
+        {"saga_type": "s", "saga_id": "o-1", "deadline_id": D1, "name": "n"},
+        {"saga_type": "s", "saga_id": "o-1", "deadline_id": D1, "name": "n", "token": "x"},
         ["not", "an", "object"],
     ],
     ids=["no-token", "bad-token", "not-an-object"],

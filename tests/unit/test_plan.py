@@ -28,6 +28,7 @@ from processor.runner import bind_all
 from processor.wire import DEADLINE_FIRED
 
 REG = MessageRegistry()
+D1 = "00000000-0000-4000-8000-000000000001"  # deadline ids are uuids
 NOW = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
 SAGA = "unit-order"
 DEAD = "dl"
@@ -171,12 +172,12 @@ def _outcomes(ws: WriteSet) -> list[tuple[str, str, int | None]]:
 def test_route_names_the_rows_to_load() -> None:
     log = Log()
     records = [log.event(Opened(order_id="o1")), log.event(Noted(order_id="o2"), "n-1")]
-    records.append(log.fired("d-1", 4, saga_id="o3"))
+    records.append(log.fired(D1, 4, saga_id="o3"))
     items, wants = _planner().route(decode(r, REG, 1 << 20) for r in records)
     assert [i.saga_id for i in items if isinstance(i, Item)] == ["o1", "o2", "o3"]
     assert wants.saga_keys == {(SAGA, "o1"), (SAGA, "o2"), (SAGA, "o3")}
     assert wants.message_keys == {(SAGA, "o1", "m-1"), (SAGA, "o2", "n-1")}
-    assert wants.deadline_ids == {"d-1"}
+    assert wants.deadline_ids == {D1}
 
 
 def test_a_batch_starts_and_advances_a_saga_with_contiguous_versions() -> None:
@@ -271,10 +272,10 @@ def test_a_failing_handler_is_retried_then_parks_its_saga_and_holds_later_messag
         log.event(Noted(order_id="o1", note="a")),
         log.event(Opened(order_id="o2")),
         log.event(Noted(order_id="o1", note="b")),
-        log.fired("d-1", 5),
+        log.fired(D1, 5),
     ]
     ref = DeadlineRef(SAGA, "o1", "remind", NOW, None, 5)
-    loaded = _loaded(_active(), deadlines={"d-1": ref}, lease=5)
+    loaded = _loaded(_active(), deadlines={D1: ref}, lease=5)
     ws = _plan(_planner(gate, attempts=3), records, loaded)
     # Three attempts at o1's handler and three at o2's start; none for the held messages.
     assert gate.calls == 6
@@ -365,10 +366,10 @@ def _ref(token: int | None = TOKEN) -> DeadlineRef:
 
 def test_a_fresh_fired_deadline_runs_its_handler_and_is_consumed() -> None:
     log = Log()
-    loaded = _loaded(_active(), deadlines={"d-1": _ref()}, lease=TOKEN)
-    ws = _plan(_planner(), [log.fired("d-1", TOKEN)], loaded)
+    loaded = _loaded(_active(), deadlines={D1: _ref()}, lease=TOKEN)
+    ws = _plan(_planner(), [log.fired(D1, TOKEN)], loaded)
     assert [(h.message_id, h.outcome, h.kind) for h in ws.history] == [
-        ("deadline:d-1", "applied", "deadline")
+        (f"deadline:{D1}", "applied", "deadline")
     ]
     assert ws.deadline_deletes == [(SAGA, "o1", "remind")]
     assert ws.deadline_inserts == []
@@ -377,8 +378,8 @@ def test_a_fresh_fired_deadline_runs_its_handler_and_is_consumed() -> None:
 
 def test_a_deadline_fired_twice_in_one_batch_runs_once() -> None:
     log = Log()
-    loaded = _loaded(_active(), deadlines={"d-1": _ref()}, lease=TOKEN)
-    ws = _plan(_planner(), [log.fired("d-1", TOKEN), log.fired("d-1", TOKEN)], loaded)
+    loaded = _loaded(_active(), deadlines={D1: _ref()}, lease=TOKEN)
+    ws = _plan(_planner(), [log.fired(D1, TOKEN), log.fired(D1, TOKEN)], loaded)
     assert [h.outcome for h in ws.history] == ["applied", "deadline-stale"]
     assert len(ws.outbox) == 1
 
@@ -401,7 +402,7 @@ def test_a_stale_fired_deadline_is_a_recorded_no_op(
 ) -> None:
     log = Log()
     row = _active()
-    deadlines: dict[str, DeadlineRef] = {"d-1": _ref()}
+    deadlines: dict[str, DeadlineRef] = {D1: _ref()}
     lease: int | None = TOKEN
     records: list[Record] = []
     if case == "cancelled-earlier-in-batch":
@@ -411,7 +412,7 @@ def test_a_stale_fired_deadline_is_a_recorded_no_op(
     elif case == "row-gone":
         deadlines = {}
     elif case == "wrong-token":
-        deadlines = {"d-1": _ref(token=TOKEN - 1)}
+        deadlines = {D1: _ref(token=TOKEN - 1)}
     elif case == "lease-moved-on":
         lease = TOKEN + 1
     elif case == "no-lease":
@@ -420,7 +421,7 @@ def test_a_stale_fired_deadline_is_a_recorded_no_op(
         row = SagaRow(SAGA, "o1", row.state, ENDED, 5)
     elif case == "ended-earlier-in-batch":
         records.append(log.event(Closed(order_id="o1")))
-    records.append(log.fired("d-1", TOKEN))
+    records.append(log.fired(D1, TOKEN))
     ws = _plan(_planner(), records, _loaded(row, deadlines=deadlines, lease=lease))
     assert ws.history[-1].outcome == "deadline-stale"
     assert ws.history[-1].version is None
@@ -435,7 +436,7 @@ def test_a_stale_fired_deadline_is_a_recorded_no_op(
 
 def test_a_fired_deadline_for_an_unknown_saga_type_is_dead_lettered() -> None:
     log = Log()
-    record = log.fired("d-1", TOKEN)
+    record = log.fired(D1, TOKEN)
     body: dict[str, Any] = json.loads(record.value or b"")
     body["saga_type"] = "nobody"
     other = Record(
