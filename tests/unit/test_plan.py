@@ -576,7 +576,8 @@ def test_a_failed_deadline_handler_keeps_its_deadline_and_a_replay_runs_it() -> 
     items, _ = planner.route([decode(fired, REG, 1 << 20)])
     ws = planner.plan(items, _loaded(row, deadlines={D1: ref}, lease=TOKEN), NOW)
     assert [h.outcome for h in ws.history] == ["parked"]
-    assert ws.deadline_deletes == [] and ws.deadline_clears == []
+    assert ws.deadline_deletes == []
+    assert ws.deadline_clears == []
     # The fix is deployed; the retry replays the held record although the lease moved on.
     gate.failures = 0
     ws = planner.plan(items, _loaded(row, deadlines={D1: ref}, lease=TOKEN + 3), NOW, replay=True)
@@ -594,7 +595,9 @@ def test_a_fired_record_for_another_sagas_deadline_is_rejected() -> None:
         ("o2", "deadline-rejected"),
         ("o1", "deadline-rejected"),
     ]
-    assert ws.outbox == [] and ws.sagas == [] and ws.deadline_deletes == []
+    assert ws.outbox == []
+    assert ws.sagas == []
+    assert ws.deadline_deletes == []
 
 
 def test_a_fired_deadline_without_a_handler_parks_and_keeps_its_row() -> None:
