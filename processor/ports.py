@@ -131,20 +131,27 @@ class Due:
 class DeadlineStore(Protocol):
     """The deadline poller's side of the store. Every time is the database's clock."""
 
-    def acquire(self, holder: str, ttl_seconds: float) -> int | None:
-        """Takes or renews the poller lease; its fencing token, or None when another holds it."""
+    def acquire(self, holder: str, ttl_seconds: float, held: int | None = None) -> int | None:
+        """Takes or renews the poller lease; its fencing token, or None when another holds it.
+
+        Only a renewal keeps the token: the same ``holder`` passing the token it ``held``.
+        Every other caller (a restarted process under the same holder name included) waits for
+        the lease to expire and then gets a new, larger token, so anything an earlier
+        incarnation still sends is stale.
+        """
         ...
 
     def claim_due(
-        self, holder: str, token: int, limit: int, *, full: bool, redispatch_after: float
+        self, holder: str, token: int, limit: int, *, full: bool
     ) -> tuple[list[Due], float | None]:
         """Marks up to ``limit`` due deadlines dispatched under ``token``, while the lease is ours.
 
-        The lease is checked in the same statement.
+        The lease is checked in the same statement. Deadlines of parked sagas are never claimed
+        (their retry makes them claimable again).
 
-        ``full`` also takes rows dispatched under another token or longer than
-        ``redispatch_after`` seconds ago. Returns the rows, and, when fewer than ``limit`` were
-        due, the seconds until the next one comes due (None when none is pending).
+        ``full`` also takes rows dispatched under another token (an earlier leader's, whose
+        records can no longer apply). Returns the rows, and, when fewer than ``limit`` were due,
+        the seconds until the next one comes due (None when none is pending).
         """
         ...
 
@@ -154,10 +161,6 @@ class DeadlineStore(Protocol):
 
     def next_due_in(self) -> float | None:
         """Seconds until the next deadline not yet due comes due; None when none is pending."""
-        ...
-
-    def next_redispatch_in(self, token: int, redispatch_after: float) -> float | None:
-        """Seconds until this token's oldest dispatch may be sent again; None when none."""
         ...
 
     def wait(self, seconds: float, stop: threading.Event, wake: threading.Event) -> None:

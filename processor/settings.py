@@ -160,7 +160,9 @@ class DeadlineSettings(BaseModel):
     schema_: DeadlineSchemaSettings = Field(default_factory=DeadlineSchemaSettings, alias="schema")
     table: str = "saga_deadline"
     lock_table: str = "saga_deadline_lock"
-    # A dispatched deadline whose handler has not run by then is dispatched again.
+    # Deprecated, no effect: a fired record is sent again only when it was consumed without
+    # effect (its token outdated) or under a new lease, never on a timer that lag can outrun.
+    # Still accepted so that existing configurations load.
     redispatch_after: Duration = timedelta(seconds=30)
 
     model_config = {"populate_by_name": True}

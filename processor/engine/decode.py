@@ -6,6 +6,7 @@ instead of being re-read forever.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -26,7 +27,26 @@ from processor.wire import (
     FiredRecord,
 )
 
-__all__ = ["Decoded", "Event", "FiredDeadline", "Reason", "Rejected", "decode"]
+__all__ = [
+    "MAX_HEADER_VALUE_BYTES",
+    "MAX_ID_BYTES",
+    "Decoded",
+    "Event",
+    "FiredDeadline",
+    "Reason",
+    "Rejected",
+    "decode",
+    "id_problem",
+]
+
+MAX_ID_BYTES = 512
+"""Longest saga id, message id, record key or deadline name, in UTF-8 bytes.
+
+Ids are btree-indexed text columns; PostgreSQL refuses an index row over about 2.7 kB, so a
+longer id would fail the whole batch's write instead of being judged here."""
+
+MAX_HEADER_VALUE_BYTES = 8192
+"""Longest header value, in bytes; headers are stored as JSON with parked and dead records."""
 
 
 class Reason(StrEnum):
@@ -38,6 +58,9 @@ class Reason(StrEnum):
     SCHEMA_VIOLATION = "schema-violation"
     MISSING_ASSOCIATION = "missing-association"
     MISSING_MESSAGE_ID = "missing-message-id"
+    INVALID_ID = "invalid-id"
+    INVALID_HEADER = "invalid-header"
+    INVALID_TEXT = "invalid-text"
     REFUSED_BY_DATABASE = "refused-by-database"
 
 
@@ -79,8 +102,14 @@ def decode(record: Record, registry: MessageRegistry, max_bytes: int) -> Decoded
     size = len(record.value or b"") + len(record.key or b"")
     if size > max_bytes:
         return Rejected(record, Reason.OVERSIZED, f"{size} bytes exceeds the limit of {max_bytes}")
-    # One pass over the headers instead of one per lookup (the last repeat wins either way).
-    headers = record.headers_text()
+    # One pass over the headers instead of one per lookup (the last repeat wins either way);
+    # the same pass refuses text that PostgreSQL cannot store.
+    headers = _headers(record)
+    if isinstance(headers, Rejected):
+        return headers
+    key_problem = _key_problem(record.key)
+    if key_problem is not None:
+        return Rejected(record, Reason.INVALID_ID, f"the record key {key_problem}")
     type_name = headers.get(HEADER_MESSAGE_TYPE)
     if type_name == DEADLINE_FIRED:
         return _fired(record)
@@ -97,8 +126,15 @@ def decode(record: Record, registry: MessageRegistry, max_bytes: int) -> Decoded
     message_id = headers.get(HEADER_MESSAGE_ID)
     if not message_id:
         return Rejected(record, Reason.MISSING_MESSAGE_ID, f"no {HEADER_MESSAGE_ID} header")
+    bad_id = id_problem(message_id)
+    if bad_id is not None:
+        return Rejected(record, Reason.INVALID_ID, f"the {HEADER_MESSAGE_ID} {bad_id}")
+    value = record.value
+    # jsonb refuses the NUL character; a raw NUL byte is no valid JSON either.
+    if b"\x00" in value or (b"\\u0000" in value and _escaped_nul(value)):
+        return Rejected(record, Reason.INVALID_TEXT, "the value holds a NUL character")
     try:
-        message = cls.model_validate_json(record.value)
+        message = cls.model_validate_json(value)
     except ValidationError as e:
         return _invalid(record, e)
     metadata = MessageMetadata(
@@ -110,7 +146,7 @@ def decode(record: Record, registry: MessageRegistry, max_bytes: int) -> Decoded
         topic=record.topic,
         partition=record.partition,
         offset=record.offset,
-        key=record.key.decode("utf-8", errors="replace") if record.key is not None else None,
+        key=record.key.decode() if record.key is not None else None,
         headers=headers,
     )
     return Event(record, message, metadata)
@@ -130,14 +166,94 @@ def _fired(record: Record) -> Decoded:
         fired = FiredRecord.parse(record.value)
     except ValueError:
         return Rejected(record, Reason.SCHEMA_VIOLATION, "malformed deadline-fired record")
+    for what, text in (("saga id", fired.saga_id), ("name", fired.name)):
+        problem = id_problem(text)
+        if problem is not None:
+            return Rejected(record, Reason.INVALID_ID, f"the deadline's {what} {problem}")
+    try:
+        # The deadline table's id is a uuid; anything else can match no row.
+        deadline_id = str(uuid.UUID(fired.deadline_id))
+    except ValueError:
+        return Rejected(record, Reason.SCHEMA_VIOLATION, "the deadline id is not a uuid")
     return FiredDeadline(
         record=record,
         saga_type=fired.saga_type,
         saga_id=fired.saga_id,
-        deadline_id=fired.deadline_id,
+        deadline_id=deadline_id,
         name=fired.name,
         token=fired.token,
     )
+
+
+def id_problem(text: str) -> str | None:
+    """Why ``text`` cannot be stored as an id (saga id, association value), or None if it can.
+
+    Args:
+        text: The id.
+
+    Returns:
+        A short phrase without the id's value, e.g. "holds a NUL character".
+    """
+    if "\x00" in text:
+        return "holds a NUL character"
+    if text.isascii():  # the common case: one byte per character, nothing to encode
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode())
+        except UnicodeEncodeError:  # a lone surrogate
+            return "is not valid UTF-8"
+    if size > MAX_ID_BYTES:
+        return f"is over {MAX_ID_BYTES} bytes"
+    return None
+
+
+def _headers(record: Record) -> dict[str, str] | Rejected:
+    out: dict[str, str] = {}
+    for name, raw in record.headers:
+        if "\x00" in name:
+            return Rejected(record, Reason.INVALID_HEADER, "a header name holds a NUL character")
+        if b"\x00" in raw:
+            return Rejected(record, Reason.INVALID_HEADER, f"header {name!r} holds a NUL character")
+        if len(raw) > MAX_HEADER_VALUE_BYTES:
+            return Rejected(
+                record,
+                Reason.INVALID_HEADER,
+                f"header {name!r} is over {MAX_HEADER_VALUE_BYTES} bytes",
+            )
+        try:
+            out[name] = raw.decode()
+        except UnicodeDecodeError:
+            return Rejected(record, Reason.INVALID_HEADER, f"header {name!r} is not valid UTF-8")
+    return out
+
+
+def _key_problem(key: bytes | None) -> str | None:
+    if key is None:
+        return None
+    if b"\x00" in key:
+        return "holds a NUL character"
+    if len(key) > MAX_ID_BYTES:
+        return f"is over {MAX_ID_BYTES} bytes"
+    try:
+        key.decode()
+    except UnicodeDecodeError:
+        return "is not valid UTF-8"
+    return None
+
+
+def _escaped_nul(value: bytes) -> bool:
+    # The slow path, only when the bytes occur at all: an odd run of backslashes before
+    # "u0000" is the escape; an even run is a literal backslash followed by "u0000".
+    start = value.find(b"\\u0000")
+    while start >= 0:
+        run = 0
+        while start - run - 1 >= 0 and value[start - run - 1] == 0x5C:
+            run += 1
+        if run % 2 == 0:
+            return True
+        start = value.find(b"\\u0000", start + 1)
+    return False
 
 
 def _int(text: str | None) -> int | None:

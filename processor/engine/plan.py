@@ -3,17 +3,25 @@
 Pure: the caller loads what `wants()` names, calls `plan()`, and writes the returned `WriteSet`
 in one transaction. Handlers only record intents, so a batch that fails to commit is simply
 planned again from freshly loaded rows.
+
+Nothing that goes wrong for one saga escapes `plan()`: stored state that no longer loads, a
+handler that keeps failing, a command that cannot be encoded or a deadline without a handler
+parks that saga (its later records wait behind it) with a reason that names the error's type and
+where it happened, never payload values.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from processor.engine.decode import Decoded, Event, FiredDeadline, Reason, Rejected
+from pydantic import ValidationError
+
+from processor.engine.decode import Decoded, Event, FiredDeadline, Reason, Rejected, id_problem
 from processor.engine.records import OutboxRow, Record
 from processor.engine.rows import (
     ACTIVE,
@@ -87,6 +95,8 @@ class _Working:
     status: SagaStatus | None
     version: int
     parked_reason: str | None = None
+    # Why the stored state does not load; the row's JSON is then written back untouched.
+    load_error: str | None = None
     dirty: bool = False
     # Net deadline changes: name -> new row, or None for "delete only".
     deadline_ops: dict[str, DeadlineInsert | None] = field(default_factory=dict)
@@ -147,9 +157,13 @@ class Planner:
                 items: list[Item | Rejected] = []
                 for bound in routes:
                     saga_id = bound.definition.association_value(d.message)
+                    prop = bound.definition.event_handlers[type(d.message)].association_property
                     if saga_id is None:
-                        prop = bound.definition.event_handlers[type(d.message)].association_property
                         items = [Rejected(d.record, Reason.MISSING_ASSOCIATION, f"{prop} is empty")]
+                        break
+                    problem = id_problem(saga_id)
+                    if problem is not None:
+                        items = [Rejected(d.record, Reason.INVALID_ID, f"{prop} {problem}")]
                         break
                     items.append(Item(d, bound, saga_id))
                 for item in items:
@@ -167,8 +181,22 @@ class Planner:
         now: datetime,
         *,
         unrouted: int = 0,
+        replay: bool = False,
     ) -> WriteSet:
-        """Runs the items' handlers in order over ``loaded`` and returns the batch's writes."""
+        """Runs the items' handlers in order over ``loaded`` and returns the batch's writes.
+
+        Args:
+            items: Routed items and rejected records, in log order.
+            loaded: The rows that ``route`` named.
+            now: The clock reading handlers see.
+            unrouted: Records no saga handles, for the counts.
+            replay: The items were held behind a parked saga and are replayed by an operator:
+                a fired deadline then applies if its row still matches and is due, whatever
+                its token (it was consumed in log order; the lease may have moved on since).
+
+        Returns:
+            Every write of the batch; never raises for one saga's problem.
+        """
         ws = WriteSet()
         ws.counts["unrouted"] += unrouted
         working: dict[SagaKey, _Working] = {}
@@ -182,7 +210,7 @@ class Planner:
             if w is None:
                 w = working[key] = self._load(item.bound, item.saga_id, loaded.sagas.get(key))
             if isinstance(item.decoded, FiredDeadline):
-                self._fire(ws, w, item, item.decoded, loaded, now)
+                self._fire(ws, w, item, item.decoded, loaded, now, replay)
             else:
                 mkey = (*key, item.message_id)
                 if mkey in seen:
@@ -198,8 +226,20 @@ class Planner:
     def _load(self, bound: BoundSaga, saga_id: str, row: SagaRow | None) -> _Working:
         if row is None:
             return _Working(bound, saga_id, None, None, None, 0)
-        state = bound.state_from_json(row.state) if row.state is not None else None
+        try:
+            state = bound.state_from_json(row.state) if row.state is not None else None
+        except Exception as e:  # any error of the saga's own model (validators run user code)
+            w = _Working(bound, saga_id, row, None, row.status, row.version, row.parked_reason)
+            cls = bound.definition.state_cls.__qualname__
+            w.load_error = f"stored state does not load into {cls}: {describe_error(e)}"[:1000]
+            return w
         return _Working(bound, saga_id, row, state, row.status, row.version, row.parked_reason)
+
+    def _fail(self, ws: WriteSet, w: _Working, item: Item, reason: str) -> None:
+        """Parks the saga on ``item`` for a reason of its own (not held behind another)."""
+        w.parked_reason = reason
+        self._park(ws, w, item, reason, Outcome.PARKED)
+        ws.counts["handler-failed"] += 1
 
     def _event(
         self,
@@ -218,6 +258,8 @@ class Planner:
             self._history(ws, w, item, Outcome.IGNORED_ENDED)
         elif w.status is None and not handler.start:
             self._history(ws, w, item, Outcome.NO_SAGA)
+        elif w.load_error is not None:
+            self._fail(ws, w, item, w.load_error)
         else:
             inp = EventInput(event.message, event.metadata)
             self._run(ws, w, item, lambda: w.bound.handle_event(w.state, w.saga_id, inp, now), now)
@@ -232,32 +274,68 @@ class Planner:
         fired: FiredDeadline,
         loaded: Loaded,
         now: datetime,
+        replay: bool,
     ) -> None:
         ref = loaded.deadlines.get(fired.deadline_id)
+        if ref is not None and (ref.saga_type, ref.saga_id, ref.name) != (
+            fired.saga_type,
+            fired.saga_id,
+            fired.name,
+        ):
+            # The id names another saga's (or another name's) deadline: forged or corrupt.
+            detail = "the deadline row belongs to another saga or name"
+            self._history(ws, w, item, Outcome.DEADLINE_REJECTED, detail=detail)
+            return
         if w.status == PARKED:
             self._park(ws, w, item, "behind a parked saga", Outcome.PARKED_BEHIND)
             return
+        if replay:
+            current = ref is not None and ref.due_at <= now
+        else:
+            current = (
+                ref is not None
+                and ref.dispatch_token == fired.token
+                # fired by a poller that has since lost the lease
+                and loaded.lease_token == fired.token
+            )
         stale = (
-            ref is None
+            not current
             or w.status != ACTIVE
             or w.cleared
             or fired.name in w.deadline_ops  # cancelled or rescheduled earlier in this batch
-            or ref.dispatch_token != fired.token
-            or loaded.lease_token != fired.token  # fired by a poller that has since lost the lease
         )
         if stale or ref is None:
+            if (
+                ref is not None
+                and not replay
+                and ref.dispatch_token == fired.token
+                and loaded.lease_token != fired.token
+                and w.status == ACTIVE
+                and not w.cleared
+                and fired.name not in w.deadline_ops
+            ):
+                # Consumed without effect while the row still waits under this dead token: make
+                # it due again, so the current leader fires it (no timer that lag can outrun).
+                ws.deadline_resets.append((fired.deadline_id, fired.token))
             self._history(ws, w, item, Outcome.DEADLINE_STALE)
             return
-        # The deadline is consumed by its own handler's transaction.
-        w.deadline_ops[fired.name] = None
-        w.dirty = True
         if fired.name not in w.bound.definition.deadline_handlers:
-            self._history(ws, w, item, Outcome.DEADLINE_NO_HANDLER)
+            # Kept, like a failed handler's deadline: a deploy that brings the handler back,
+            # then a retry, runs it.
+            self._fail(ws, w, item, f"no deadline handler for {fired.name!r}")
+            return
+        if w.load_error is not None:
+            self._fail(ws, w, item, w.load_error)
             return
         inp = DeadlineInput(fired.name, fired.deadline_id, ref.payload, ref.due_at)
-        self._run(ws, w, item, lambda: w.bound.handle_deadline(w.state, w.saga_id, inp, now), now)
+        call = lambda: w.bound.handle_deadline(w.state, w.saga_id, inp, now)  # noqa: E731
+        if self._run(ws, w, item, call, now) and not w.cleared:
+            # Consumed by its own handler's transaction, unless the handler set it anew. A
+            # handler that failed keeps it, so the parked saga's retry runs it once fixed.
+            w.deadline_ops.setdefault(fired.name, None)
 
-    def _run(self, ws: WriteSet, w: _Working, item: Item, call: Any, now: datetime) -> None:
+    def _run(self, ws: WriteSet, w: _Working, item: Item, call: Any, now: datetime) -> bool:
+        """Runs a handler with its retries; parks the saga and returns False if it fails."""
         error: HandlerError | None = None
         for _ in range(self._attempts):
             try:
@@ -265,21 +343,29 @@ class Planner:
                 break
             except HandlerError as e:
                 error = e
+            except Exception as e:  # not the handler's: no retry would change it
+                self._fail(ws, w, item, describe_error(e)[:1000])
+                return False
         else:
             assert error is not None
             cause = error.cause if getattr(error, "cause", None) is not None else error
-            reason = f"{error.handler_name}: {type(cause).__name__}: {cause}"[:1000]
-            w.parked_reason = reason
-            self._park(ws, w, item, reason, Outcome.PARKED)
-            ws.counts["handler-failed"] += 1
-            return
+            self._fail(ws, w, item, f"{error.handler_name}: {describe_error(cause)}"[:1000])
+            return False
+        correlation = self._correlation(item)
+        rows: list[OutboxRow] = []
+        for i, intent in enumerate(outcome.commands):
+            try:
+                rows.append(self._command(w, intent, i, item.message_id, correlation, now))
+            except Exception as e:  # e.g. a class nobody registered: nothing is applied
+                what = type(intent.message).__qualname__
+                reason = f"{outcome.handler_name}: command {i} ({what}): {describe_error(e)}"
+                self._fail(ws, w, item, reason[:1000])
+                return False
         w.state = outcome.state
         w.version += 1
         w.dirty = True
         w.status = ENDED if outcome.ended else ACTIVE
-        correlation = self._correlation(item)
-        for i, intent in enumerate(outcome.commands):
-            ws.outbox.append(self._command(w, intent, i, item.message_id, correlation, now))
+        ws.outbox.extend(rows)
         if outcome.ended:
             w.cleared = True
             w.deadline_ops.clear()
@@ -288,6 +374,7 @@ class Planner:
                 self._deadline(w, op, item)
         self._history(ws, w, item, Outcome.APPLIED, version=w.version, detail=outcome.handler_name)
         ws.counts["ended" if outcome.ended else "applied"] += 1
+        return True
 
     def _deadline(self, w: _Working, op: DeadlineOp, item: Item) -> None:
         if isinstance(op, CancelDeadline):
@@ -364,8 +451,12 @@ class Planner:
         now: datetime,
     ) -> OutboxRow:
         mtype = self._registry.of(type(intent.message))
-        # Version and position make the id stable if this input is ever planned again.
-        seq = (w.version << 16) | index
+        for name, text in intent.headers.items():
+            if "\x00" in name or "\x00" in text:
+                raise ValueError(f"header {name[:64]!r} holds a NUL character")
+        # Version and position make the id stable if this input is ever planned again; the
+        # version is the one this input's handler produces.
+        seq = ((w.version + 1) << 16) | index
         headers = {
             **intent.headers,
             HEADER_MESSAGE_ID: command_message_id(w.bound.saga_type, w.saga_id, seq),
@@ -395,6 +486,7 @@ class Planner:
         return self._now_text[1]
 
     def _dead_letter(self, ws: WriteSet, record: Record, reason: str, detail: str) -> None:
+        record = storable(record)
         ws.dead_letters.append(DeadLetter(record, reason, detail))
         headers = {
             **record.headers_text(),
@@ -416,7 +508,13 @@ class Planner:
             SagaWrite(
                 saga_type=w.bound.saga_type,
                 saga_id=w.saga_id,
-                state=w.bound.state_to_json(w.state) if w.state is not None else None,
+                state=(
+                    w.row.state
+                    if w.load_error is not None and w.row is not None
+                    else w.bound.state_to_json(w.state)
+                    if w.state is not None
+                    else None
+                ),
                 status=w.status or PARKED,
                 version=w.version,
                 expected_version=w.row.version if w.row is not None else None,
@@ -431,3 +529,35 @@ class Planner:
             ws.deadline_deletes.append((*key, name))
             if insert is not None:
                 ws.deadline_inserts.append(insert)
+
+
+def describe_error(error: BaseException) -> str:
+    """The error's type and where it happened, without the values it was given.
+
+    A pydantic ``ValidationError`` is reduced to its field locations and messages (its text
+    echoes the input, which may hold personal data); other errors keep their message, which is
+    the code's own text.
+    """
+    if isinstance(error, ValidationError):
+        details = error.errors(include_input=False, include_url=False, include_context=False)
+        where = "; ".join(
+            f"{'.'.join(map(str, d['loc'])) or '<root>'}: {d['msg']}" for d in details[:10]
+        )
+        more = f" (+{len(details) - 10} more)" if len(details) > 10 else ""
+        return f"ValidationError at {where}{more}"
+    return f"{type(error).__name__}: {error}"
+
+
+def storable(record: Record) -> Record:
+    """``record`` with NUL characters in its header names and values replaced, for jsonb.
+
+    The key and value are stored as bytes and kept exactly; only the headers, stored as JSON,
+    are changed, and only when they hold a NUL.
+    """
+    if not any("\x00" in k or b"\x00" in v for k, v in record.headers):
+        return record
+    headers = tuple(
+        (k.replace("\x00", "\ufffd"), v.replace(b"\x00", "\ufffd".encode()))
+        for k, v in record.headers
+    )
+    return dataclasses.replace(record, headers=headers)

@@ -40,7 +40,8 @@ class Outcome(StrEnum):
     IGNORED_ENDED = "ignored-ended"
     NO_SAGA = "no-saga"
     DEADLINE_STALE = "deadline-stale"
-    DEADLINE_NO_HANDLER = "deadline-no-handler"
+    DEADLINE_NO_HANDLER = "deadline-no-handler"  # older rows only: such a fire now parks
+    DEADLINE_REJECTED = "deadline-rejected"
 
 
 SagaKey = tuple[str, str]
@@ -149,6 +150,11 @@ class WriteSet:
     deadline_clears: list[SagaKey] = field(default_factory=list)
     deadline_deletes: list[tuple[str, str, str]] = field(default_factory=list)
     deadline_inserts: list[DeadlineInsert] = field(default_factory=list)
+    # (deadline id, token): rows whose fired record was consumed without effect while they
+    # were still dispatched under that token; they become due again for the current leader.
+    deadline_resets: list[tuple[str, int]] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     parked: list[ParkedMessage] = field(default_factory=list)
+    # Wake the deadline poller even without new deadlines (a parked saga's retry).
+    wake_deadlines: bool = False
     counts: Counter[str] = field(default_factory=Counter)

@@ -76,6 +76,7 @@ class MemoryDeadlineStore:
         self._seq: dict[str, int] = {}
         self._lease: Lease | None = None
         self._failing = 0
+        self._parked: set[tuple[str, str]] = set()
         # Set when a deadline is added: the in-memory NOTIFY.
         self._notified = threading.Event()
 
@@ -123,6 +124,24 @@ class MemoryDeadlineStore:
         with self._lock:
             return self._lease
 
+    def park(self, saga_type: str, saga_id: str, parked: bool = True) -> None:
+        """Marks a saga parked (its deadlines are not claimed) or, with False, active again."""
+        with self._lock:
+            if parked:
+                self._parked.add((saga_type, saga_id))
+            else:
+                self._parked.discard((saga_type, saga_id))
+        if not parked:
+            self._notified.set()
+
+    def reset(self, row_id: str, token: int) -> None:
+        """Makes a row dispatched under ``token`` due again, as the consumer does."""
+        with self._lock:
+            r = self._rows.get(row_id)
+            if r is not None and r.dispatch_token == token:
+                self._rows[row_id] = replace(r, dispatched_at=None)
+        self._notified.set()
+
     def fail_next(self, n: int = 1) -> None:
         """Makes the next ``n`` calls raise ``Retryable``, as a lost connection would."""
         with self._lock:
@@ -130,7 +149,7 @@ class MemoryDeadlineStore:
 
     # -- the port ----------------------------------------------------------------------------
 
-    def acquire(self, holder: str, ttl_seconds: float) -> int | None:
+    def acquire(self, holder: str, ttl_seconds: float, held: int | None = None) -> int | None:
         """Takes or renews the lease; its fencing token, or None while another holds it."""
         with self._lock:
             self._check()
@@ -140,21 +159,20 @@ class MemoryDeadlineStore:
             if lease is None:
                 self._lease = Lease(holder, 1, expires_at)
                 return 1
-            valid = lease.expires_at > now
-            if lease.holder != holder and valid:
+            renewal = lease.holder == holder and lease.token == held
+            if not renewal and lease.expires_at > now:
                 return None
-            token = lease.token if lease.holder == holder and valid else lease.token + 1
+            token = lease.token if renewal else lease.token + 1
             self._lease = Lease(holder, token, expires_at)
             return token
 
     def claim_due(
-        self, holder: str, token: int, limit: int, *, full: bool, redispatch_after: float
+        self, holder: str, token: int, limit: int, *, full: bool
     ) -> tuple[list[Due], float | None]:
         """Claims due deadlines under ``token``; see :class:`processor.ports.DeadlineStore`."""
         with self._lock:
             self._check()
             now = self._clock()
-            stale_before = now - timedelta(seconds=redispatch_after)
             lease = self._lease
             ours = (
                 lease is not None
@@ -164,15 +182,11 @@ class MemoryDeadlineStore:
             )
 
             def claimable(r: DeadlineRow) -> bool:
-                if r.due_at > now:
+                if r.due_at > now or (r.saga_type, r.saga_id) in self._parked:
                     return False
                 if not full:
                     return r.dispatched_at is None
-                return (
-                    r.dispatch_token != token
-                    or r.dispatched_at is None
-                    or r.dispatched_at < stale_before
-                )
+                return r.dispatch_token != token or r.dispatched_at is None
 
             taken = self._sorted(r for r in self._rows.values() if claimable(r))[:limit]
             if not ours:
@@ -196,20 +210,6 @@ class MemoryDeadlineStore:
         with self._lock:
             self._check()
             return self._next_due(self._clock())
-
-    def next_redispatch_in(self, token: int, redispatch_after: float) -> float | None:
-        """Seconds until this token's oldest dispatch may be sent again; None when none."""
-        with self._lock:
-            self._check()
-            now = self._clock()
-            sent = [
-                r.dispatched_at
-                for r in self._rows.values()
-                if r.due_at <= now and r.dispatch_token == token and r.dispatched_at is not None
-            ]
-            if not sent:
-                return None
-            return (min(sent) - now).total_seconds() + redispatch_after
 
     def wait(self, seconds: float, stop: threading.Event, wake: threading.Event) -> None:
         """Sleeps up to ``seconds`` of real time.

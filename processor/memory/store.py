@@ -50,6 +50,9 @@ class MemoryTables:
     dead_letters: list[DeadLetter] = field(default_factory=list)
     parked: list[ParkedMessage] = field(default_factory=list)
     lease_token: int | None = None
+    # Rows made due again by a consumer (deadline id, token); the memory store keeps no
+    # dispatch state, so tests read them here.
+    deadline_resets: list[tuple[str, int]] = field(default_factory=list)
 
 
 class MemoryBatchStore:
@@ -156,6 +159,7 @@ class MemoryBatchStore:
             ref = DeadlineRef(d.saga_type, d.saga_id, d.name, d.due_at, payload, None)
             did = _uuid_text(d.id)
             t.deadlines[did] = StoredDeadline(ref, did, d.topic, d.partition)
+        t.deadline_resets.extend(ws.deadline_resets)
         t.dead_letters.extend(ws.dead_letters)
         t.parked.extend(ws.parked)
         for o in offsets:

@@ -174,6 +174,9 @@ def retry_parked_saga(
             ws = ctx.plan(dataclasses.replace(found, status=ACTIVE), held)
             if held:
                 store.release_held([h.parked_id for h in held])
+            # The poller skipped this saga's deadlines while it was parked: wake it, so the
+            # ones that came due meanwhile fire now rather than at its next polling interval.
+            ws.wake_deadlines = True
             # No offsets: the held records' offsets were committed when they were parked.
             store.write(ws)
     except _Failed as failed:
@@ -229,7 +232,9 @@ class _Replay:
         if row.state is None:
             row = dataclasses.replace(row, status=None)
         loaded = dataclasses.replace(loaded, sagas={**loaded.sagas, key: row})
-        ws = self.planner.plan(items, loaded, loaded.now)
+        # Replayed: a held fired deadline applies if its row still matches and is due, whatever
+        # token it was fired under (the lease may have moved on while the saga was parked).
+        ws = self.planner.plan(items, loaded, loaded.now, replay=True)
         if ws.parked:
             # Planning stops applying at the first failure; the rest are merely held behind it.
             first = ws.parked[0]

@@ -66,10 +66,10 @@ class PostgresDeadlineStore:
             VALUES (%(name)s, %(holder)s, 1, now() + make_interval(secs => %(ttl)s))
             ON CONFLICT (name) DO UPDATE
                SET holder = excluded.holder,
-                   token = CASE WHEN l.holder = excluded.holder AND l.expires_at > now()
+                   token = CASE WHEN l.holder = excluded.holder AND l.token = %(held)s
                                 THEN l.token ELSE l.token + 1 END,
                    expires_at = excluded.expires_at
-             WHERE l.holder = excluded.holder OR l.expires_at <= now()
+             WHERE (l.holder = excluded.holder AND l.token = %(held)s) OR l.expires_at <= now()
             RETURNING token
             """
         )
@@ -80,9 +80,15 @@ class PostgresDeadlineStore:
                 """
                 UPDATE {deadline} AS d SET dispatched_at = now(), dispatch_token = %(token)s
                  WHERE d.id IN (
-                       SELECT id FROM {deadline}
-                        WHERE due_at <= now() AND (WHICH)
-                        ORDER BY due_at
+                       SELECT c.id FROM {deadline} AS c
+                        WHERE c.due_at <= now() AND (WHICH)
+                          -- A parked saga's deadlines wait for its retry; fired now, they
+                          -- would only be held behind it, again and again.
+                          AND NOT EXISTS (
+                              SELECT 1 FROM {instance} AS i
+                               WHERE i.saga_type = c.saga_type AND i.saga_id = c.saga_id
+                                 AND i.status = 'parked')
+                        ORDER BY c.due_at
                         LIMIT %(limit)s
                         FOR UPDATE SKIP LOCKED)
                    AND EXISTS (SELECT 1 FROM {deadline_lock}
@@ -93,17 +99,16 @@ class PostgresDeadlineStore:
                 """.replace("WHICH", which)
             )
 
-        # Every row this leader may fire: undispatched, dispatched under another token (an
-        # earlier leader's), or dispatched so long ago that the record is presumed lost. Its
-        # scan passes every fired row still in the table, so the poller asks for it only when
-        # stale rows can exist: after the token changed, and when its oldest dispatch goes stale.
+        # Every row this leader may fire: undispatched, or dispatched under another token (an
+        # earlier leader's, whose records can no longer apply). Its scan passes every fired row
+        # still in the table, so the poller asks for it only after the token changed. A record
+        # consumed without effect is made due again by the consumer (dispatched_at = NULL).
         self._claim_full = claim(
-            "dispatch_token IS DISTINCT FROM %(token)s OR dispatched_at IS NULL"
-            " OR dispatched_at < now() - make_interval(secs => %(redispatch)s)"
+            "c.dispatch_token IS DISTINCT FROM %(token)s OR c.dispatched_at IS NULL"
         )
         # Only undispatched rows, through their own partial index: every other sweep costs the
         # same however many fired rows still wait for their handler.
-        self._claim_fresh = claim("dispatched_at IS NULL")
+        self._claim_fresh = claim("c.dispatched_at IS NULL")
         self._unclaim = r(
             """
             UPDATE {deadline} SET dispatched_at = NULL
@@ -115,15 +120,6 @@ class PostgresDeadlineStore:
         # step into the due_at index, however many rows are pending.
         self._next_due = r(
             "SELECT extract(epoch FROM min(due_at) - now()) FROM {deadline} WHERE due_at > now()"
-        )
-        # Only due rows are ever dispatched, so the due_at range bounds the scan to rows in
-        # flight, not the whole table.
-        self._next_redispatch = r(
-            """
-            SELECT extract(epoch FROM min(dispatched_at) + make_interval(secs => %(redispatch)s)
-                                      - now())
-              FROM {deadline} WHERE due_at <= now() AND dispatch_token = %(token)s
-            """
         )
 
     # -- connection --------------------------------------------------------------------------
@@ -152,15 +148,21 @@ class PostgresDeadlineStore:
 
     # -- the port ----------------------------------------------------------------------------
 
-    def acquire(self, holder: str, ttl_seconds: float) -> int | None:
-        """Takes or renews the lease; its fencing token, or None while another holds it."""
-        args = {"name": LEASE_NAME, "holder": holder, "ttl": ttl_seconds}
+    def acquire(self, holder: str, ttl_seconds: float, held: int | None = None) -> int | None:
+        """Takes or renews the lease; its fencing token, or None while another holds it.
+
+        Only the same holder passing the token it ``held`` renews (keeps the token; nobody else
+        took the lease in between, or the token would have moved on). Any other caller, a
+        restarted process under the same holder name included, waits for the lease to expire
+        and then gets a new, larger token.
+        """
+        args = {"name": LEASE_NAME, "holder": holder, "ttl": ttl_seconds, "held": held}
         with self._session() as conn, conn.transaction():
             row = conn.execute(self._lease, args).fetchone()
         return int(row[0]) if row else None
 
     def claim_due(
-        self, holder: str, token: int, limit: int, *, full: bool, redispatch_after: float
+        self, holder: str, token: int, limit: int, *, full: bool
     ) -> tuple[list[Due], float | None]:
         """Claims due deadlines under ``token``; see :class:`processor.ports.DeadlineStore`."""
         args: dict[str, Any] = {
@@ -168,7 +170,6 @@ class PostgresDeadlineStore:
             "holder": holder,
             "token": token,
             "limit": limit,
-            "redispatch": redispatch_after,
         }
         due: float | None = None
         with self._session() as conn, conn.transaction():
@@ -189,12 +190,6 @@ class PostgresDeadlineStore:
         """Seconds until the next deadline not yet due comes due; None when none is pending."""
         with self._session() as conn, conn.transaction():
             return _seconds(conn.execute(self._next_due).fetchone())
-
-    def next_redispatch_in(self, token: int, redispatch_after: float) -> float | None:
-        """Seconds until this token's oldest dispatch may be sent again; None when none."""
-        args = {"token": token, "redispatch": redispatch_after}
-        with self._session() as conn, conn.transaction():
-            return _seconds(conn.execute(self._next_redispatch, args).fetchone())
 
     def wait(self, seconds: float, stop: threading.Event, wake: threading.Event) -> None:
         """Sleeps up to ``seconds``.

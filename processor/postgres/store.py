@@ -143,6 +143,13 @@ class BatchStore:
                                  %b::jsonb[], %b::text[], %b::text[])
             """
         )
+        self._reset_deadlines = r(
+            """
+            UPDATE {deadline} AS d SET dispatched_at = NULL
+              FROM unnest(%b::uuid[], %b::bigint[]) AS u(i, t)
+             WHERE d.id = u.i AND d.dispatch_token = u.t
+            """
+        )
         self._insert_parked = r(
             """
             INSERT INTO {parked} (saga_type, saga_id, topic, partition, "offset", key, value,
@@ -329,6 +336,9 @@ class BatchStore:
                     [x.partition for x in d2],
                 ),
             )
+        if ws.deadline_resets:
+            rs = ws.deadline_resets
+            conn.execute(self._reset_deadlines, ([x[0] for x in rs], [x[1] for x in rs]))
         if ws.dead_letters:
             dl = ws.dead_letters
             conn.execute(
@@ -349,7 +359,7 @@ class BatchStore:
         if ws.outbox:
             # At most one notification per batch; Postgres folds repeats within a transaction.
             conn.execute("SELECT pg_notify(%s, '')", (self.channel,))
-        if ws.deadline_inserts:
+        if ws.deadline_inserts or ws.deadline_resets or ws.wake_deadlines:
             # Wakes the deadline poller (in any replica) in case this one is due sooner.
             conn.execute("SELECT pg_notify(%s, '')", (self.deadline_channel,))
 

@@ -7,6 +7,11 @@ deadline to the saga's own input partition, so a timeout and a reply for one sag
 log order by the consumer. The consumer applies a fired record only if its token is both the
 row's dispatch token and the current lease token: a paused ex-leader's late records are no-ops.
 
+A fired record is sent again only when it can no longer apply: a new leader (new token) fires
+again every row an earlier token dispatched, and a consumer that meets a record of an outdated
+token while its row still waits under that token makes the row due again. There is no timer
+that consumer lag could outrun, and a parked saga's deadlines are not fired until its retry.
+
 Precision does not depend on the polling interval: the poller sleeps until the next due time and
 is woken whenever a batch commits new deadlines.
 """
@@ -14,7 +19,6 @@ is woken whenever a batch commits new deadlines.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -43,10 +47,10 @@ class DeadlinePoller:
         store: The lease and the deadline rows.
         producer: Sends the fired records.
         holder: This replica's name in the lease.
-        settings: Polling interval, batch size, lease TTL, redispatch interval.
+        settings: Polling interval, batch size, lease TTL (``redispatch_after`` is ignored).
         hooks: Fault points; ``poller-step`` fires at the start of each step.
         monotonic: Local elapsed-time clock, for what the poller remembers between steps
-            (when the next row is due, when dispatches go stale); tests pass a fake one.
+            (when the next row is due); tests pass a fake one.
 
     Attributes:
         wake: Set it to end the current sleep (a batch in this process committed deadlines).
@@ -74,14 +78,12 @@ class DeadlinePoller:
         self.fired = 0
         self.wake = threading.Event()
         self._ttl = settings.lease_ttl.total_seconds()
-        self._redispatch_after = settings.redispatch_after.total_seconds()
         self._batch = settings.polling.batch_size
         # The next claim takes stale rows too: set when the token changes (rows an earlier
         # leader dispatched may never have reached Kafka).
         self._full_sweep = True
-        # Monotonic time at which dispatches may have gone stale; None: ask the store. New
-        # dispatches only come later, so it is kept in memory instead of scanned for every step.
-        self._redispatch_at: float | None = None
+        # The token last held, kept through a lost connection: renewing needs it.
+        self._held: int | None = None
         # (monotonic time, seconds until the next due row) as the last short sweep saw it.
         self._due: tuple[float, float | None] | None = None
         self._unsent = False
@@ -90,9 +92,9 @@ class DeadlinePoller:
 
     def acquire(self) -> int | None:
         """Takes or renews the lease; None when another holder's lease is still valid."""
-        token = self.store.acquire(self.holder, self._ttl)
+        token = self.store.acquire(self.holder, self._ttl, self._held)
+        self._held = token
         if token != self.token:
-            self._redispatch_at = None
             self._full_sweep = True
             if token is None:
                 log.info("deadline lease lost by %s (token %s)", self.holder, self.token)
@@ -107,23 +109,16 @@ class DeadlinePoller:
         Returns:
             How many deadlines were claimed (acknowledged or not).
         """
-        stale = self._redispatch_at is None or self._monotonic() >= self._redispatch_at
-        full = self._full_sweep or stale
-        rows, due = self.store.claim_due(
-            self.holder, token, self._batch, full=full, redispatch_after=self._redispatch_after
-        )
+        rows, due = self.store.claim_due(self.holder, token, self._batch, full=self._full_sweep)
         if len(rows) < self._batch:
             self._full_sweep = False
             self._due = (self._monotonic(), due)
         if not rows:
             return 0
-        if self._redispatch_at is not None:
-            stale_at = self._monotonic() + self._redispatch_after
-            self._redispatch_at = min(self._redispatch_at, stale_at)
         try:
             failures = self.producer.send([_fired(d, token) for d in rows], SEND_TIMEOUT)
         except Retryable:
-            # None is known to be acknowledged: due again, rather than only after they go stale.
+            # None is known to be acknowledged: due again.
             self.store.unclaim([d.id for d in rows], token)
             self._unsent = True
             raise
@@ -138,24 +133,18 @@ class DeadlinePoller:
         return len(rows)
 
     def seconds_until_next(self, token: int) -> float | None:
-        """Seconds until a deadline comes due or a dispatch goes stale; None when neither."""
+        """Seconds until a deadline comes due; None when none is pending."""
         if self._unsent:
             self._unsent = False
             return 0.0
         now = self._monotonic()
-        if self._redispatch_at is None or now >= self._redispatch_at:
-            stale = self.store.next_redispatch_in(token, self._redispatch_after)
-            self._redispatch_at = now + max(0.0, stale) if stale is not None else math.inf
         if self._due is None:
             self._due = (now, self.store.next_due_in())
         seen_at, due = self._due
         self._due = None
         if due is not None:
             due -= now - seen_at
-        redispatch = self._redispatch_at - now
-        if due is None:
-            return None if math.isinf(redispatch) else redispatch
-        return min(due, redispatch)
+        return due
 
     def step(self) -> float:
         """Lease, sweep until drained; returns how long to sleep before the next step."""

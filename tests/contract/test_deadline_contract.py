@@ -27,7 +27,6 @@ from processor.wire import deadline_channel
 
 TTL = 60.0
 HOUR = timedelta(hours=1)
-LONG = 3600.0  # a redispatch interval no dispatch in these tests outlives
 
 
 class Backend(Protocol):
@@ -42,6 +41,10 @@ class Backend(Protocol):
         ...
 
     def expire_lease(self) -> None: ...
+
+    def park(self, saga_id: str) -> None:
+        """Stores saga ``order``/``saga_id`` as parked."""
+        ...
 
     def notify(self) -> None:
         """Announces a newly committed deadline, as a batch does."""
@@ -77,6 +80,9 @@ class MemoryBackend:
 
     def expire_lease(self) -> None:
         self.clock.ahead += timedelta(seconds=TTL + 1)
+
+    def park(self, saga_id: str) -> None:
+        self.memory.park("order", saga_id)
 
     def notify(self) -> None:
         self.add(HOUR, f"n-{uuid.uuid4().hex[:6]}")
@@ -131,6 +137,15 @@ class PostgresBackend:
             self.tables.render("UPDATE {deadline_lock} SET expires_at = now() - interval '1 s'")
         )
 
+    def park(self, saga_id: str) -> None:
+        self.admin.execute(
+            self.tables.render(
+                "INSERT INTO {instance} (saga_type, saga_id, status, version)"
+                " VALUES ('order', %s, 'parked', 1)"
+            ),
+            (saga_id,),
+        )
+
     def notify(self) -> None:
         self.add(HOUR, f"n-{uuid.uuid4().hex[:6]}")
         self._one("SELECT pg_notify(%s, '')", deadline_channel(self.tables.schema))
@@ -168,11 +183,8 @@ def _claim(
     limit: int = 10,
     *,
     full: bool = False,
-    redispatch_after: float = LONG,
 ) -> tuple[list[str], float | None]:
-    rows, due = b.store.claim_due(
-        holder, token, limit, full=full, redispatch_after=redispatch_after
-    )
+    rows, due = b.store.claim_due(holder, token, limit, full=full)
     return [r.id for r in rows], due
 
 
@@ -187,8 +199,23 @@ def _acquire(b: Backend, holder: str) -> int:
 
 def test_the_lease_is_renewed_by_its_holder_and_refused_to_others(backend: Backend) -> None:
     token = _acquire(backend, "a")
-    assert backend.store.acquire("a", TTL) == token
+    assert backend.store.acquire("a", TTL, token) == token
     assert backend.store.acquire("b", TTL) is None
+
+
+def test_a_restarted_holder_of_the_same_name_waits_and_gets_a_larger_token(
+    backend: Backend,
+) -> None:
+    old = _acquire(backend, "pod-0")
+    # A new process under the same name does not know the token: it is not a renewal.
+    assert backend.store.acquire("pod-0", TTL) is None
+    assert backend.store.acquire("pod-0", TTL, old + 1) is None
+    backend.expire_lease()
+    new = _acquire(backend, "pod-0")
+    assert new > old
+    # The earlier incarnation, waking up, renews nothing.
+    assert backend.store.acquire("pod-0", TTL, old) is None
+    assert backend.store.acquire("pod-0", TTL, new) == new
 
 
 def test_an_expired_lease_is_taken_with_a_larger_token(backend: Backend) -> None:
@@ -196,7 +223,7 @@ def test_an_expired_lease_is_taken_with_a_larger_token(backend: Backend) -> None
     backend.expire_lease()
     new = _acquire(backend, "b")
     assert new > old
-    assert backend.store.acquire("a", TTL) is None
+    assert backend.store.acquire("a", TTL, old) is None
 
 
 def test_a_holder_whose_lease_expired_gets_a_new_token(backend: Backend) -> None:
@@ -247,7 +274,7 @@ def test_the_next_due_answer_is_none_when_nothing_is_pending(backend: Backend) -
 def test_a_claim_returns_the_rows_fields(backend: Backend) -> None:
     did = backend.add(-HOUR, "s-9")
     token = _acquire(backend, "a")
-    [row], _ = backend.store.claim_due("a", token, 10, full=False, redispatch_after=LONG)
+    [row], _ = backend.store.claim_due("a", token, 10, full=False)
     assert (row.id, row.saga_type, row.saga_id, row.name) == (did, "order", "s-9", "timeout")
     assert row.due_at.tzinfo is not None
 
@@ -265,13 +292,23 @@ def test_a_fresh_claim_skips_dispatched_rows_and_a_full_one_takes_another_tokens
     assert backend.dispatch(did) == (True, new)
 
 
-def test_a_full_claim_takes_this_tokens_rows_only_once_they_are_stale(backend: Backend) -> None:
+def test_a_full_claim_never_takes_this_tokens_dispatched_rows_again(backend: Backend) -> None:
+    # No timer: a record of the current token is redispatched only once the consumer made its
+    # row due again (it was consumed without effect) or the poller unclaimed it.
     did = backend.add(-HOUR)
     token = _acquire(backend, "a")
     assert _claim(backend, "a", token)[0] == [did]
-    assert _claim(backend, "a", token, full=True, redispatch_after=LONG)[0] == []
-    # Dispatched before now minus one millisecond, for both clocks, once some time passed.
-    _wait(lambda: _claim(backend, "a", token, full=True, redispatch_after=0.001)[0] == [did])
+    assert _claim(backend, "a", token, full=True)[0] == []
+    assert backend.dispatch(did) == (True, token)
+
+
+def test_a_parked_sagas_rows_are_not_claimed(backend: Backend) -> None:
+    held = backend.add(-HOUR, "s-parked")
+    free = backend.add(-HOUR, "s-free")
+    backend.park("s-parked")
+    token = _acquire(backend, "a")
+    assert _claim(backend, "a", token, full=True)[0] == [free]
+    assert backend.dispatch(held) == (False, None)
 
 
 def test_unclaim_makes_rows_of_the_token_due_again(backend: Backend) -> None:
@@ -283,17 +320,6 @@ def test_unclaim_makes_rows_of_the_token_due_again(backend: Backend) -> None:
     backend.store.unclaim([did], token)
     assert backend.dispatch(did) == (False, token)
     assert _claim(backend, "a", token)[0] == [did]
-
-
-def test_next_redispatch_in_counts_from_this_tokens_oldest_dispatch(backend: Backend) -> None:
-    token = _acquire(backend, "a")
-    assert backend.store.next_redispatch_in(token, LONG) is None
-    backend.add(-HOUR)
-    _claim(backend, "a", token)
-    stale = backend.store.next_redispatch_in(token, LONG)
-    assert stale is not None
-    assert LONG - 100 < stale <= LONG
-    assert backend.store.next_redispatch_in(token + 1, LONG) is None
 
 
 def test_next_due_in_sees_only_rows_not_yet_due(backend: Backend) -> None:
@@ -344,8 +370,8 @@ def test_a_lost_connection_is_retryable_and_the_next_call_reconnects(backend: Ba
     token = _acquire(backend, "a")
     backend.break_connection()
     with pytest.raises(Retryable):
-        backend.store.acquire("a", TTL)
-    assert backend.store.acquire("a", TTL) == token
+        backend.store.acquire("a", TTL, token)
+    assert backend.store.acquire("a", TTL, token) == token
 
 
 def test_an_unreachable_database_is_retryable() -> None:

@@ -7,12 +7,13 @@ from decimal import Decimal
 
 import pytest
 
-from processor.engine.decode import Event, FiredDeadline, Reason, Rejected, decode
+from processor.engine.decode import Event, FiredDeadline, Reason, Rejected, decode, id_problem
 from processor.engine.records import Record
 from processor.messages import Message, MessageRegistry, message_type
 from processor.wire import DEADLINE_FIRED
 
 REG = MessageRegistry()
+D1 = "00000000-0000-4000-8000-000000000001"  # deadline ids are uuids
 LIMIT = 10_000
 
 
@@ -182,16 +183,16 @@ def _fired(body: object) -> Record:
 
 
 def test_a_deadline_fired_record_is_decoded() -> None:
-    body = {"saga_type": "s", "saga_id": "o-1", "deadline_id": "d-1", "name": "n", "token": 3}
+    body = {"saga_type": "s", "saga_id": "o-1", "deadline_id": D1, "name": "n", "token": 3}
     out = decode(_fired(body), REG, LIMIT)
-    assert out == FiredDeadline(_fired(body), "s", "o-1", "d-1", "n", 3)
+    assert out == FiredDeadline(_fired(body), "s", "o-1", D1, "n", 3)
 
 
 @pytest.mark.parametrize(
     "body",
     [
-        {"saga_type": "s", "saga_id": "o-1", "deadline_id": "d-1", "name": "n"},
-        {"saga_type": "s", "saga_id": "o-1", "deadline_id": "d-1", "name": "n", "token": "x"},
+        {"saga_type": "s", "saga_id": "o-1", "deadline_id": D1, "name": "n"},
+        {"saga_type": "s", "saga_id": "o-1", "deadline_id": D1, "name": "n", "token": "x"},
         ["not", "an", "object"],
     ],
     ids=["no-token", "bad-token", "not-an-object"],
@@ -204,3 +205,86 @@ def test_a_malformed_deadline_fired_record_is_rejected(body: object) -> None:
 def test_a_deadline_fired_record_that_is_not_json_is_rejected() -> None:
     record = Record("in", 0, 7, None, b"\x00", (("message-type", DEADLINE_FIRED.encode()),))
     assert _rejected(record).reason is Reason.SCHEMA_VIOLATION
+
+
+# -- text the store cannot hold ---------------------------------------------------------------
+
+GOOD = b'{"order_id":"o-1","amount":"2.50"}'
+
+
+@pytest.mark.parametrize(
+    ("record", "reason", "detail"),
+    [
+        (_record(GOOD, key=b"o\x00"), "invalid-id", "the record key holds a NUL character"),
+        (_record(GOOD, key=b"\xff\xfe"), "invalid-id", "the record key is not valid UTF-8"),
+        (_record(GOOD, key=b"k" * 513), "invalid-id", "the record key is over 512 bytes"),
+        (
+            _record(GOOD, headers={"message-id": "m\x00", "message-type": "unit.decode.Paid"}),
+            "invalid-header",
+            "header 'message-id' holds a NUL character",
+        ),
+        (
+            _record(GOOD, headers={"message-id": "m" * 513, "message-type": "unit.decode.Paid"}),
+            "invalid-id",
+            "the message-id is over 512 bytes",
+        ),
+        (
+            _record(GOOD, extra=(("trace", b"\xc3\x28"),)),
+            "invalid-header",
+            "header 'trace' is not valid UTF-8",
+        ),
+        (
+            _record(GOOD, extra=(("trace", b"x" * 8193),)),
+            "invalid-header",
+            "header 'trace' is over 8192 bytes",
+        ),
+        (
+            _record(GOOD, extra=(("tr\x00ce", b"x"),)),
+            "invalid-header",
+            "a header name holds a NUL character",
+        ),
+        (
+            _record(b'{"order_id":"o-1\\u0000","amount":"2.50"}'),
+            "invalid-text",
+            "the value holds a NUL character",
+        ),
+        (
+            _record(b'{"order_id":"\\\\\\u0000","amount":"2.50"}'),
+            "invalid-text",
+            "the value holds a NUL character",
+        ),
+        (
+            _record(b'{"order_id":"o\x00","amount":"2"}'),
+            "invalid-text",
+            "the value holds a NUL character",
+        ),
+    ],
+)
+def test_text_the_store_cannot_hold_is_rejected_with_its_reason(
+    record: Record, reason: str, detail: str
+) -> None:
+    out = _rejected(record)
+    assert (out.reason, out.detail) == (reason, detail)
+
+
+def test_an_escaped_backslash_before_u0000_is_no_nul() -> None:
+    out = decode(_record(b'{"order_id":"\\\\u0000","amount":"1"}'), REG, LIMIT)
+    assert isinstance(out, Event)
+    assert out.message.order_id == "\\u0000"  # type: ignore[attr-defined]
+
+
+def test_a_fired_record_with_an_unstorable_saga_id_or_a_non_uuid_id_is_rejected() -> None:
+    base = {"saga_type": "s", "saga_id": "o-1", "deadline_id": D1, "name": "n", "token": 3}
+    assert _rejected(_fired({**base, "saga_id": "o\x00"})).reason == "invalid-id"
+    assert _rejected(_fired({**base, "name": "n" * 600})).reason == "invalid-id"
+    assert _rejected(_fired({**base, "deadline_id": "not-a-uuid"})).detail == (
+        "the deadline id is not a uuid"
+    )
+
+
+def test_id_problem_names_the_fault_without_the_value() -> None:
+    assert id_problem("order-1") is None
+    assert id_problem("é" * 256) is None  # 512 bytes
+    assert id_problem("é" * 257) == "is over 512 bytes"
+    assert id_problem("\ud800") == "is not valid UTF-8"
+    assert id_problem("a\x00") == "holds a NUL character"

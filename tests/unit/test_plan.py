@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -28,6 +29,7 @@ from processor.runner import bind_all
 from processor.wire import DEADLINE_FIRED
 
 REG = MessageRegistry()
+D1 = "00000000-0000-4000-8000-000000000001"  # deadline ids are uuids
 NOW = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
 SAGA = "unit-order"
 DEAD = "dl"
@@ -171,12 +173,12 @@ def _outcomes(ws: WriteSet) -> list[tuple[str, str, int | None]]:
 def test_route_names_the_rows_to_load() -> None:
     log = Log()
     records = [log.event(Opened(order_id="o1")), log.event(Noted(order_id="o2"), "n-1")]
-    records.append(log.fired("d-1", 4, saga_id="o3"))
+    records.append(log.fired(D1, 4, saga_id="o3"))
     items, wants = _planner().route(decode(r, REG, 1 << 20) for r in records)
     assert [i.saga_id for i in items if isinstance(i, Item)] == ["o1", "o2", "o3"]
     assert wants.saga_keys == {(SAGA, "o1"), (SAGA, "o2"), (SAGA, "o3")}
     assert wants.message_keys == {(SAGA, "o1", "m-1"), (SAGA, "o2", "n-1")}
-    assert wants.deadline_ids == {"d-1"}
+    assert wants.deadline_ids == {D1}
 
 
 def test_a_batch_starts_and_advances_a_saga_with_contiguous_versions() -> None:
@@ -271,10 +273,10 @@ def test_a_failing_handler_is_retried_then_parks_its_saga_and_holds_later_messag
         log.event(Noted(order_id="o1", note="a")),
         log.event(Opened(order_id="o2")),
         log.event(Noted(order_id="o1", note="b")),
-        log.fired("d-1", 5),
+        log.fired(D1, 5),
     ]
     ref = DeadlineRef(SAGA, "o1", "remind", NOW, None, 5)
-    loaded = _loaded(_active(), deadlines={"d-1": ref}, lease=5)
+    loaded = _loaded(_active(), deadlines={D1: ref}, lease=5)
     ws = _plan(_planner(gate, attempts=3), records, loaded)
     # Three attempts at o1's handler and three at o2's start; none for the held messages.
     assert gate.calls == 6
@@ -365,10 +367,10 @@ def _ref(token: int | None = TOKEN) -> DeadlineRef:
 
 def test_a_fresh_fired_deadline_runs_its_handler_and_is_consumed() -> None:
     log = Log()
-    loaded = _loaded(_active(), deadlines={"d-1": _ref()}, lease=TOKEN)
-    ws = _plan(_planner(), [log.fired("d-1", TOKEN)], loaded)
+    loaded = _loaded(_active(), deadlines={D1: _ref()}, lease=TOKEN)
+    ws = _plan(_planner(), [log.fired(D1, TOKEN)], loaded)
     assert [(h.message_id, h.outcome, h.kind) for h in ws.history] == [
-        ("deadline:d-1", "applied", "deadline")
+        (f"deadline:{D1}", "applied", "deadline")
     ]
     assert ws.deadline_deletes == [(SAGA, "o1", "remind")]
     assert ws.deadline_inserts == []
@@ -377,8 +379,8 @@ def test_a_fresh_fired_deadline_runs_its_handler_and_is_consumed() -> None:
 
 def test_a_deadline_fired_twice_in_one_batch_runs_once() -> None:
     log = Log()
-    loaded = _loaded(_active(), deadlines={"d-1": _ref()}, lease=TOKEN)
-    ws = _plan(_planner(), [log.fired("d-1", TOKEN), log.fired("d-1", TOKEN)], loaded)
+    loaded = _loaded(_active(), deadlines={D1: _ref()}, lease=TOKEN)
+    ws = _plan(_planner(), [log.fired(D1, TOKEN), log.fired(D1, TOKEN)], loaded)
     assert [h.outcome for h in ws.history] == ["applied", "deadline-stale"]
     assert len(ws.outbox) == 1
 
@@ -401,7 +403,7 @@ def test_a_stale_fired_deadline_is_a_recorded_no_op(
 ) -> None:
     log = Log()
     row = _active()
-    deadlines: dict[str, DeadlineRef] = {"d-1": _ref()}
+    deadlines: dict[str, DeadlineRef] = {D1: _ref()}
     lease: int | None = TOKEN
     records: list[Record] = []
     if case == "cancelled-earlier-in-batch":
@@ -411,7 +413,7 @@ def test_a_stale_fired_deadline_is_a_recorded_no_op(
     elif case == "row-gone":
         deadlines = {}
     elif case == "wrong-token":
-        deadlines = {"d-1": _ref(token=TOKEN - 1)}
+        deadlines = {D1: _ref(token=TOKEN - 1)}
     elif case == "lease-moved-on":
         lease = TOKEN + 1
     elif case == "no-lease":
@@ -420,7 +422,7 @@ def test_a_stale_fired_deadline_is_a_recorded_no_op(
         row = SagaRow(SAGA, "o1", row.state, ENDED, 5)
     elif case == "ended-earlier-in-batch":
         records.append(log.event(Closed(order_id="o1")))
-    records.append(log.fired("d-1", TOKEN))
+    records.append(log.fired(D1, TOKEN))
     ws = _plan(_planner(), records, _loaded(row, deadlines=deadlines, lease=lease))
     assert ws.history[-1].outcome == "deadline-stale"
     assert ws.history[-1].version is None
@@ -435,7 +437,7 @@ def test_a_stale_fired_deadline_is_a_recorded_no_op(
 
 def test_a_fired_deadline_for_an_unknown_saga_type_is_dead_lettered() -> None:
     log = Log()
-    record = log.fired("d-1", TOKEN)
+    record = log.fired(D1, TOKEN)
     body: dict[str, Any] = json.loads(record.value or b"")
     body["saga_type"] = "nobody"
     other = Record(
@@ -445,3 +447,185 @@ def test_a_fired_deadline_for_an_unknown_saga_type_is_dead_lettered() -> None:
     ws = _planner().plan(items, _loaded(), NOW)
     assert [d.reason for d in ws.dead_letters] == ["unknown-type"]
     assert ws.history == []
+
+
+# -- one saga's failures park it; the planner never raises --------------------------------------
+
+
+def test_stored_state_that_no_longer_loads_parks_the_saga_without_its_values() -> None:
+    log = Log()
+    bad = SagaRow(SAGA, "o1", {"order_id": "o1", "notes": "secret-value"}, ACTIVE, 4)
+    records = [
+        log.event(Noted(order_id="o1", note="a")),
+        log.event(Noted(order_id="o2", note="b")),
+        log.event(Noted(order_id="o1", note="c")),
+    ]
+    ws = _plan(_planner(), records, _loaded(bad, _active("o2")))
+    assert _outcomes(ws) == [("o1", "parked", 5), ("o2", "applied", 2), ("o1", "parked-behind", 6)]
+    by_id = {s.saga_id: s for s in ws.sagas}
+    parked = by_id["o1"]
+    assert (parked.status, parked.expected_version) == (PARKED, 4)
+    assert parked.state == bad.state  # written back untouched, for the fixed deploy to read
+    assert parked.parked_reason is not None
+    assert "ValidationError at notes" in parked.parked_reason
+    assert "OrderSaga" in parked.parked_reason
+    assert "secret-value" not in parked.parked_reason
+    assert [p.record.offset for p in ws.parked] == [1, 3]
+
+
+def test_an_ended_saga_whose_state_no_longer_loads_still_ignores_events() -> None:
+    bad = SagaRow(SAGA, "o1", {"notes": 5}, ENDED, 4)
+    ws = _plan(_planner(), [Log().event(Noted(order_id="o1"))], _loaded(bad))
+    assert _outcomes(ws) == [("o1", "ignored-ended", None)]
+    assert ws.sagas == []
+
+
+class Unregistered(Message):
+    order_id: str
+
+
+@saga(type="unit-sender")
+class SenderSaga(SagaState):
+    order_id: str = ""
+
+    @saga_event_handler(Opened, association_property="order_id", start=True)
+    def opened(self, event: Opened, commands: SagaCommands) -> None:
+        self.order_id = event.order_id
+        commands.send(Ship(order_id=event.order_id, note="first"))
+        commands.send(Unregistered(order_id=event.order_id), topic="elsewhere")
+
+
+def test_a_command_of_an_unregistered_class_parks_the_saga_and_applies_nothing() -> None:
+    sagas = bind_all([SenderSaga], registry=REG)
+    planner = Planner(sagas, registry=REG, dead_letter_topic=DEAD)
+    items, _ = planner.route([decode(Log().event(Opened(order_id="o1")), REG, 1 << 20)])
+    ws = planner.plan(items, _loaded(), NOW)
+    assert [h.outcome for h in ws.history] == ["parked"]
+    assert ws.outbox == []  # not even the first, registered command
+    [write] = ws.sagas
+    assert (write.status, write.state) == (PARKED, None)
+    assert write.parked_reason is not None
+    assert "opened: command 1 (Unregistered): UnknownMessageType" in write.parked_reason
+
+
+def test_a_state_validation_error_in_a_handler_is_reported_by_location_only() -> None:
+    @saga(type="unit-strict")
+    class Strict(SagaState):
+        order_id: str = ""
+        count: int = 0
+
+        @saga_event_handler(Noted, association_property="order_id", start=True)
+        def noted(self, event: Noted) -> None:
+            self.count = event.note  # type: ignore[assignment]
+
+    planner = Planner(bind_all([Strict], registry=REG), registry=REG, dead_letter_topic=DEAD)
+    record = Log().event(Noted(order_id="o1", note="personal-data"))
+    items, _ = planner.route([decode(record, REG, 1 << 20)])
+    ws = planner.plan(items, _loaded(), NOW)
+    [write] = ws.sagas
+    assert write.parked_reason is not None
+    assert write.parked_reason.startswith("noted: ValidationError at count:")
+    assert "personal-data" not in write.parked_reason
+
+
+def test_an_association_value_the_store_cannot_hold_is_dead_lettered() -> None:
+    log = Log()
+    # Keyed apart from the association, so only the association value is at fault.
+    records = [
+        dataclasses.replace(log.event(Opened(order_id=v)), key=b"k")
+        for v in ("o\x00x", "o" * 600, "o1")
+    ]
+    ws = _plan(_planner(), records, _loaded())
+    assert [(d.reason, d.detail) for d in ws.dead_letters] == [
+        ("invalid-text", "the value holds a NUL character"),  # judged by decode already
+        ("invalid-id", "order_id is over 512 bytes"),
+    ]
+    assert _outcomes(ws) == [("o1", "applied", 1)]
+
+
+# -- fired deadlines: kept on failure, matched to their saga ------------------------------------
+
+
+def test_a_failed_deadline_handler_keeps_its_deadline_and_a_replay_runs_it() -> None:
+    gate = Gate(failures=100)
+    log = Log()
+    fired = log.fired(D1, TOKEN)
+    ref = DeadlineRef(SAGA, "o1", "remind", NOW - timedelta(seconds=1), {"n": 1}, TOKEN)
+
+    @saga(type="unit-remind")
+    class Remind(SagaState):
+        order_id: str = ""
+        seen: list[int] = Field(default_factory=list)
+
+        @saga_event_handler(Opened, association_property="order_id", start=True)
+        def opened(self, event: Opened) -> None:
+            self.order_id = event.order_id
+
+        @saga_deadline_handler("remind")
+        def remind(self, payload: dict[str, int], gate: Gate) -> None:
+            gate.check()
+            self.seen.append(payload["n"])
+
+    sagas = bind_all([Remind], dependencies={Gate: gate}, registry=REG)
+    planner = Planner(sagas, registry=REG, dead_letter_topic=DEAD)
+    body = json.loads(fired.value or b"")
+    body["saga_type"] = "unit-remind"
+    fired = Record("in", 0, 1, b"o1", json.dumps(body).encode(), fired.headers)
+    ref = DeadlineRef("unit-remind", "o1", "remind", ref.due_at, {"n": 1}, TOKEN)
+    row = SagaRow("unit-remind", "o1", {"order_id": "o1", "seen": []}, ACTIVE, 2)
+    items, _ = planner.route([decode(fired, REG, 1 << 20)])
+    ws = planner.plan(items, _loaded(row, deadlines={D1: ref}, lease=TOKEN), NOW)
+    assert [h.outcome for h in ws.history] == ["parked"]
+    assert ws.deadline_deletes == []
+    assert ws.deadline_clears == []
+    # The fix is deployed; the retry replays the held record although the lease moved on.
+    gate.failures = 0
+    ws = planner.plan(items, _loaded(row, deadlines={D1: ref}, lease=TOKEN + 3), NOW, replay=True)
+    assert [h.outcome for h in ws.history] == ["applied"]
+    assert ws.sagas[0].state == {"order_id": "o1", "seen": [1]}
+    assert ws.deadline_deletes == [("unit-remind", "o1", "remind")]
+
+
+def test_a_fired_record_for_another_sagas_deadline_is_rejected() -> None:
+    log = Log()
+    forged = log.fired(D1, TOKEN, saga_id="o2")  # right id and token, wrong saga
+    loaded = _loaded(_active(), _active("o2"), deadlines={D1: _ref()}, lease=TOKEN)
+    ws = _plan(_planner(), [forged, log.fired(D1, TOKEN, name="other")], loaded)
+    assert [(h.saga_id, h.outcome) for h in ws.history] == [
+        ("o2", "deadline-rejected"),
+        ("o1", "deadline-rejected"),
+    ]
+    assert ws.outbox == []
+    assert ws.sagas == []
+    assert ws.deadline_deletes == []
+
+
+def test_a_fired_deadline_without_a_handler_parks_and_keeps_its_row() -> None:
+    log = Log()
+    ref = DeadlineRef(SAGA, "o1", "gone", NOW - timedelta(seconds=1), None, TOKEN)
+    loaded = _loaded(_active(), deadlines={D1: ref}, lease=TOKEN)
+    ws = _plan(_planner(), [log.fired(D1, TOKEN, name="gone")], loaded)
+    assert [h.outcome for h in ws.history] == ["parked"]
+    assert ws.parked[0].reason == "no deadline handler for 'gone'"
+    assert ws.deadline_deletes == []
+
+
+def test_a_record_of_an_outdated_token_resets_a_row_still_dispatched_under_it() -> None:
+    log = Log()
+    loaded = _loaded(_active(), deadlines={D1: _ref()}, lease=TOKEN + 1)
+    ws = _plan(_planner(), [log.fired(D1, TOKEN)], loaded)
+    assert [h.outcome for h in ws.history] == ["deadline-stale"]
+    assert ws.deadline_resets == [(D1, TOKEN)]
+    # Dispatched under the new token already: that record is on its way; nothing to reset.
+    loaded = _loaded(_active(), deadlines={D1: _ref(token=TOKEN + 1)}, lease=TOKEN + 1)
+    assert _plan(_planner(), [log.fired(D1, TOKEN)], loaded).deadline_resets == []
+
+
+def test_dead_letters_of_records_with_nul_headers_are_storable() -> None:
+    record = Record("in", 0, 1, b"o1", b"{}", (("message-id", b"m\x00"), ("x\x00", b"v")))
+    ws = _plan(_planner(), [record], _loaded())
+    [dl] = ws.dead_letters
+    assert dl.reason == "invalid-header"
+    assert not any("\x00" in k or b"\x00" in v for k, v in dl.record.headers)
+    assert not any("\x00" in k or "\x00" in v for k, v in ws.outbox[0].headers.items())
+    assert ws.outbox[0].value == b"{}"

@@ -1,7 +1,7 @@
 """The deadline poller over in-memory adapters: leadership, fencing, retries, redispatch, sleeps.
 
 One fake clock drives both the store's "database clock" and the poller's elapsed-time clock,
-so leases expire and dispatches go stale without waiting.
+so leases expire without waiting.
 """
 
 from __future__ import annotations
@@ -204,7 +204,23 @@ def test_a_client_failure_unclaims_the_whole_sweep(
     assert store.row(did).dispatched_at is None
 
 
-def test_an_unhandled_dispatch_is_sent_again_after_the_redispatch_interval(
+def test_a_dispatch_is_never_sent_again_on_a_timer(
+    make: Callable[..., DeadlinePoller],
+    store: MemoryDeadlineStore,
+    clock: FakeClock,
+    producer: MemoryRecordProducer,
+) -> None:
+    # However long the consumer lags, the record it has not read yet is not multiplied.
+    a = make("a")
+    did = _due(store, clock)
+    a.step()
+    for _ in range(40):  # 5 minutes 20 s, each step within the lease
+        clock.advance(8)
+        a.step()
+    assert _fired(producer) == [(did, 1)]
+
+
+def test_a_dispatch_consumed_without_effect_is_fired_again_once_reset(
     make: Callable[..., DeadlinePoller],
     store: MemoryDeadlineStore,
     clock: FakeClock,
@@ -213,15 +229,51 @@ def test_an_unhandled_dispatch_is_sent_again_after_the_redispatch_interval(
     a = make("a")
     did = _due(store, clock)
     a.step()
-    for _ in range(3):  # 24 s, each step within the lease
-        clock.advance(8)
-        a.step()
+    store.reset(did, token=99)  # another token's reset leaves this dispatch alone
+    clock.advance(1)
+    a.step()
     assert _fired(producer) == [(did, 1)]
-    clock.advance(8)
+    store.reset(did, token=1)  # the consumer saw token 1's record apply nothing
+    clock.advance(1)
     a.step()
     assert _fired(producer) == [(did, 1), (did, 1)]
-    # The same dispatch, so the same message id: the consumer applies it at most once.
-    assert producer.sent[0].headers == producer.sent[1].headers
+
+
+def test_a_parked_sagas_due_deadline_is_not_fired_until_it_is_active_again(
+    make: Callable[..., DeadlinePoller],
+    store: MemoryDeadlineStore,
+    clock: FakeClock,
+    producer: MemoryRecordProducer,
+) -> None:
+    a = make("a")
+    did = _due(store, clock, "s-1")
+    other = _due(store, clock, "s-2")
+    store.park("order", "s-1")
+    for _ in range(40):  # over 5 minutes of virtual time, each step within the lease
+        a.step()
+        clock.advance(8)
+    assert _fired(producer) == [(other, 1)]
+    store.park("order", "s-1", parked=False)  # an operator's retry
+    a.step()
+    assert _fired(producer) == [(other, 1), (did, 1)]
+
+
+def test_a_restarted_holder_with_the_same_name_gets_a_new_larger_token(
+    make: Callable[..., DeadlinePoller], store: MemoryDeadlineStore, clock: FakeClock
+) -> None:
+    old = make("pod-0")
+    assert old.acquire() == 1
+    clock.advance(4)
+    assert old.acquire() == 1  # a renewal by the live holder keeps its token
+    new = make("pod-0")  # the same name, restarted while the old process is frozen
+    assert new.acquire() is None  # the old lease is still valid: wait for it
+    clock.advance(TTL + 1)
+    assert new.acquire() == 2
+    # The frozen process wakes up: its renewal fails, and its claims are refused.
+    assert old.acquire() is None
+    assert store.claim_due("pod-0", 1, 10, full=True) == ([], None)
+    clock.advance(4)
+    assert new.acquire() == 2
 
 
 def test_a_new_leader_fires_rows_its_predecessor_dispatched_at_once(

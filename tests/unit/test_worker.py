@@ -17,7 +17,7 @@ import pytest
 
 from processor.engine.records import OffsetCommit, Record
 from processor.engine.rows import Outcome, WriteSet
-from processor.errors import CommitInDoubt, RecordDataError, Retryable, RuntimeFailure
+from processor.errors import CommitInDoubt, Retryable, RuntimeFailure
 from processor.memory.consumer import MemoryRecordConsumer
 from processor.memory.store import MemoryBatchStore, MemoryTables
 from processor.messages import Message
@@ -413,12 +413,6 @@ def test_a_revoked_partition_is_no_longer_read(rig: Rig) -> None:
     assert rig.tables.offsets[P1] == (1, None)
 
 
-@pytest.mark.xfail(
-    raises=RecordDataError,
-    strict=True,
-    reason="a fired record whose deadline id is no uuid passes decode, and the store's "
-    "refusal of that id while loading stops the worker; decode should reject it",
-)
 def test_a_fired_record_with_a_malformed_deadline_id_is_dead_lettered(rig: Rig) -> None:
     rig.consumer.assign([P0])
     fired = FiredRecord(SAGA, "t1", "not-a-uuid", PAYMENT_TIMEOUT, token=1)
