@@ -54,9 +54,25 @@ def make_producer(config: Mapping[str, str], **overrides: Any) -> Producer:
         # Callers learn of failures through delivery reports and of success from a flush that
         # leaves nothing queued; skipping success reports saves a Python call per record.
         "delivery.report.only.error": True,
+        # Topics are created by whoever deploys the sagas: a record for a topic that does not
+        # exist is refused (unknown topic) rather than creating one with the broker's defaults,
+        # and refused after a few seconds, not after message.timeout.ms.
+        "allow.auto.create.topics": False,
+        "topic.metadata.propagation.max.ms": 5000,
     }
     conf.update(overrides)
     return Producer(conf)
+
+
+def relay_overrides(max_record_bytes: int) -> dict[str, Any]:
+    """Producer settings for the outbox relay, which sets refused records aside itself.
+
+    The relay sends a saga's rows in waves (a row only once the saga's earlier one was
+    acknowledged), so the gap a refused record leaves cannot reorder a saga; with the gap-less
+    guarantee, one record the broker refuses (a topic's lower size limit) would stop the
+    producer for every saga.
+    """
+    return {"enable.gapless.guarantee": False, "message.max.bytes": max_record_bytes}
 
 
 class KafkaRecordProducer:
