@@ -323,9 +323,7 @@ def test_rows_refused_together_are_sent_alone_before_one_is_set_aside() -> None:
     assert relay.run_once() == 1
 
     assert ids(producer.records("small")) == ["b-1"]
-    assert [(f.row.headers["message-id"], f.attempts) for f in store.list_failed()] == [
-        ("a-1", 2)
-    ]
+    assert [(f.row.headers["message-id"], f.attempts) for f in store.list_failed()] == [("a-1", 2)]
 
 
 def test_a_failing_producer_rolls_the_round_back() -> None:
