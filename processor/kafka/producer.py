@@ -35,6 +35,13 @@ _PERMANENT = frozenset(
 )
 
 
+# The client remembers a topic it found missing until its next metadata refresh (minutes): a
+# producer that refused one must not refuse it again once an operator created it.
+_UNKNOWN_TOPIC = frozenset(
+    {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
+)
+
+
 def is_permanent(error: KafkaError) -> bool:
     """Whether sending the same record again cannot succeed."""
     return error.code() in _PERMANENT
@@ -84,6 +91,7 @@ class KafkaRecordProducer:
 
     def send(self, records: Sequence[OutboxRow], timeout: float) -> list[SendFailure]:
         failures: list[SendFailure] = []
+        missing: list[int] = []
         producer = self._producer
 
         def report(index: int) -> Callable[[KafkaError | None, object], None]:
@@ -91,6 +99,8 @@ class KafkaRecordProducer:
             def delivered(err: KafkaError | None, _msg: object) -> None:
                 if err is not None:
                     failures.append(SendFailure(index, str(err), is_permanent(err)))
+                    if err.code() in _UNKNOWN_TOPIC:
+                        missing.append(index)
 
             return delivered
 
@@ -113,6 +123,8 @@ class KafkaRecordProducer:
                         raise
                     # Refused before it left (e.g. larger than message.max.bytes).
                     failures.append(SendFailure(index, str(err), True))
+                    if err.code() in _UNKNOWN_TOPIC:
+                        missing.append(index)
             remaining = producer.flush(timeout)
         except KafkaException as e:
             self._recreate(e)
@@ -129,6 +141,8 @@ class KafkaRecordProducer:
         elif any(not f.permanent for f in failures):
             # A fatal idempotence error leaves the producer unusable for every later record.
             self._recreate(failures[0].reason)
+        elif missing:
+            self._recreate(f"a topic does not exist: {records[missing[0]].topic}")
         failures.sort(key=lambda f: f.index)
         return failures
 

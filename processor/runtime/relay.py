@@ -50,6 +50,8 @@ The whole record stays in the ``dead_letter`` table, found by its ``source-*`` h
 _DEAD_LETTER_REASON = "dead-letter-reason"
 # Per header, what the record format adds to the name and value (length varints).
 _HEADER_OVERHEAD = 10
+# What the client adds per record (and per batch) before comparing with message.max.bytes.
+_RECORD_OVERHEAD = 512
 # Rows set aside per round for being sent alone (suspects); the rest wait for later rounds.
 _SOLO_PER_ROUND = 10
 
@@ -59,7 +61,7 @@ SagaKey = tuple[str | None, str]
 def record_size(row: OutboxRow) -> int:
     """The bytes the producer counts against ``message.max.bytes``, with a margin per header."""
     headers = sum(len(k) + len(v.encode()) + _HEADER_OVERHEAD for k, v in row.headers.items())
-    return len(row.value) + len(row.key or b"") + headers
+    return len(row.value) + len(row.key or b"") + headers + _RECORD_OVERHEAD
 
 
 @dataclass
@@ -288,8 +290,8 @@ def _log_set_aside(row: OutboxRow, s: SetAside) -> None:
     log.warning(
         "outbox row %d set aside: saga %s %s, message-id %s, topic %s, attempts %d: %s",
         s.id,
-        row.saga_type,
-        row.saga_id,
+        row.saga_type or "-",
+        row.saga_id or "-",
         row.headers.get(HEADER_MESSAGE_ID),
         row.topic,
         s.attempts,
