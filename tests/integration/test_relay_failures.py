@@ -115,9 +115,8 @@ def test_unpublishable_rows_are_set_aside_while_other_sagas_flow_and_retry_publi
             assert reader.headers(letter)[HEADER_DEAD_LETTER_TRUNCATED] == "1040000"
             assert 0 < len(letter.value()) < 1_000_000
 
-            rows = wait_until(
-                lambda: failed.list_failed() if len(failed.list_failed()) == 5 else None
-            )
+            wait_until(lambda: len(failed.list_failed()) == 5, what="five set-aside rows")
+            rows = failed.list_failed()
             by_id = {r.row.headers["message-id"]: r for r in rows}
             assert [r.row.headers["message-id"] for r in rows] == [
                 "big-1",
