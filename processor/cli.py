@@ -83,6 +83,12 @@ COMMANDS: tuple[Command, ...] = (
         c.limit_arguments("sagas"),
         c.parked,
     ),
+    Command(
+        "outbox",
+        "outbox rows the relay set aside: `outbox failed list|retry|discard`",
+        c.outbox_arguments,
+        c.outbox,
+    ),
 )
 DEFAULT_COMMAND = "run"
 

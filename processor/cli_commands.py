@@ -14,7 +14,8 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -22,10 +23,12 @@ from processor.machine import lint, mermaid
 from processor.ops.deadlines import DeadlineRow, overdue_deadlines, pending_deadlines
 from processor.ops.diagram import load_spec
 from processor.ops.machines import MachineSummary, machine_summary
+from processor.ops.outbox import discard_failed_rows, list_failed_rows, retry_failed_rows
 from processor.ops.parked import RetryResult, list_parked, retry_parked_saga
 from processor.settings import ProcessorSettings
 
 if TYPE_CHECKING:
+    from processor.postgres.failed_outbox import PostgresFailedOutbox
     from processor.postgres.operator import OperatorQueries
     from processor.runtime.processor import Processor
 
@@ -297,6 +300,96 @@ def parked(args: argparse.Namespace, settings: ProcessorSettings) -> int:
             ("SAGA TYPE", "SAGA ID", "HELD", "PARKED SINCE", "REASON"),
             (
                 (r.saga_type, r.saga_id, str(r.held), r.parked_at.isoformat(), r.reason or "-")
+                for r in rows
+            ),
+        )
+    )
+    return 0
+
+
+# -- the failed outbox -------------------------------------------------------------------------
+
+
+def outbox_arguments(parser: argparse.ArgumentParser) -> None:
+    """`failed list|retry|discard`, each selecting by `--saga-type/--saga-id` or `--id`."""
+    what = parser.add_subparsers(dest="outbox_what", required=True)
+    failed = what.add_parser("failed", help="rows the relay could not publish, and rows held")
+    actions = failed.add_subparsers(dest="action", required=True)
+    for name, help_ in (
+        ("list", "list failed and held rows in their original order"),
+        ("retry", "put a saga's failed and held rows back into the outbox, in order"),
+        ("discard", "delete failed rows for good, with a reason"),
+    ):
+        sub = actions.add_parser(name, help=help_)
+        sub.add_argument("--saga-type", default=None, help="the saga type")
+        sub.add_argument("--saga-id", default=None, help="the saga id (with --saga-type)")
+        if name == "list":
+            sub.add_argument("--limit", type=int, default=100, help="at most this many rows")
+        else:
+            sub.add_argument("--id", dest="row_id", type=int, default=None, help="one row's id")
+        if name == "discard":
+            sub.add_argument("--reason", required=True, help="why; logged with every row")
+
+
+@contextmanager
+def failed_outbox(settings: ProcessorSettings) -> Iterator[PostgresFailedOutbox]:
+    """The failed outbox on an autocommit connection of its own, closed on leaving."""
+    from processor.postgres.connect import connect
+    from processor.postgres.failed_outbox import PostgresFailedOutbox
+    from processor.runtime.assembly import tables_for
+
+    with connect(settings.database.url.get_secret_value(), autocommit=True) as conn:
+        yield PostgresFailedOutbox(conn, tables_for(settings))
+
+
+def outbox(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    """Lists, retries or discards failed outbox rows; exit code 0, 2 when nothing matches."""
+    with failed_outbox(settings) as store:
+        if args.action == "list":
+            rows = list_failed_rows(
+                store, saga_type=args.saga_type, saga_id=args.saga_id, limit=args.limit
+            )
+        elif args.action == "retry":
+            rows = retry_failed_rows(
+                store, saga_type=args.saga_type, saga_id=args.saga_id, row_id=args.row_id
+            )
+        else:
+            rows = discard_failed_rows(
+                store,
+                reason=args.reason,
+                saga_type=args.saga_type,
+                saga_id=args.saga_id,
+                row_id=args.row_id,
+            )
+    if not rows:
+        print("no failed outbox rows")
+        return 0
+    if args.action != "list":
+        done = "put back into the outbox" if args.action == "retry" else "discarded"
+        print(f"{len(rows)} rows {done}:")
+    print(
+        text_table(
+            (
+                "ID",
+                "SAGA TYPE",
+                "SAGA ID",
+                "MESSAGE ID",
+                "TOPIC",
+                "ATTEMPTS",
+                "FAILED AT",
+                "REASON",
+            ),
+            (
+                (
+                    str(r.id),
+                    r.row.saga_type or "-",
+                    r.row.saga_id or "-",
+                    r.row.headers.get("message-id", "-"),
+                    r.row.topic,
+                    str(r.attempts),
+                    r.failed_at.isoformat(),
+                    r.reason,
+                )
                 for r in rows
             ),
         )

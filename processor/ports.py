@@ -30,6 +30,8 @@ __all__ = [
     "DeadlineRow",
     "DeadlineStore",
     "Due",
+    "FailedOutboxRow",
+    "FailedOutboxStore",
     "HeldMessage",
     "OperatorStore",
     "OutboxEntry",
@@ -38,6 +40,7 @@ __all__ = [
     "ParkedStore",
     "RecordConsumer",
     "RecordProducer",
+    "SetAside",
     "StateCount",
     "WakeSource",
 ]
@@ -95,10 +98,89 @@ class BatchStore(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class OutboxEntry:
-    """One claimed outbox row: its id (commit order) and the record to publish."""
+    """One claimed outbox row: its id (commit order) and the record to publish.
+
+    Attributes:
+        id: The row's id; ids give the commit order.
+        row: The record to publish.
+        attempts: Earlier rounds in which this row failed with a transient error.
+        behind: Id of a set-aside row of the same saga; when set, this row must not be sent but
+            set aside behind it, so that nothing overtakes the failed row.
+    """
 
     id: int
     row: OutboxRow
+    attempts: int = 0
+    behind: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SetAside:
+    """A claimed row the relay moves to the failed outbox instead of publishing it.
+
+    Attributes:
+        id: The claimed row's id (kept: a retry puts the row back under it).
+        reason: Why it failed, or which failed row it waits behind (never payload values).
+        attempts: Rounds in which it was tried, this one included.
+        held_behind: Id of the failed row of its saga it waits behind; None when it failed itself.
+    """
+
+    id: int
+    reason: str
+    attempts: int
+    held_behind: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FailedOutboxRow:
+    """A row in the failed outbox, as operators see it.
+
+    Attributes:
+        id: Its outbox id.
+        row: The record that was not published.
+        reason: Why it failed, or which row it waits behind.
+        attempts: Rounds in which it was tried.
+        held_behind: Id of the failed row of its saga it waits behind; None when it failed itself.
+        created_at: When its batch committed it to the outbox.
+        failed_at: When the relay set it aside.
+    """
+
+    id: int
+    row: OutboxRow
+    reason: str
+    attempts: int
+    held_behind: int | None
+    created_at: datetime
+    failed_at: datetime
+
+
+class FailedOutboxStore(Protocol):
+    """The operator's side of the failed outbox. Each call is its own transaction.
+
+    A selection is either one saga (``saga_type`` and ``saga_id``) or one row (``row_id``).
+    """
+
+    def list_failed(
+        self, saga_type: str | None = None, saga_id: str | None = None, limit: int = 100
+    ) -> list[FailedOutboxRow]:
+        """Failed and held rows in id order, optionally of one saga (type, or type and id)."""
+        ...
+
+    def retry_failed(
+        self, *, saga_type: str | None = None, saga_id: str | None = None, row_id: int | None = None
+    ) -> list[FailedOutboxRow]:
+        """Moves the selected rows back into the outbox under their own ids; returns them.
+
+        A row id that belongs to a saga selects every failed and held row of that saga, so
+        that its rows are published again in their original order.
+        """
+        ...
+
+    def discard_failed(
+        self, *, saga_type: str | None = None, saga_id: str | None = None, row_id: int | None = None
+    ) -> list[FailedOutboxRow]:
+        """Deletes the selected rows for good; returns them."""
+        ...
 
 
 class OutboxStore(Protocol):
@@ -108,7 +190,19 @@ class OutboxStore(Protocol):
         """Claims up to ``limit`` committed rows in id order, as one transaction.
 
         Yields None when another relay is publishing. Leaving the block normally removes the
-        claimed rows; leaving it with an exception puts them all back.
+        claimed rows, except those :meth:`settle` keeps or sets aside; leaving it with an
+        exception puts them all back.
+        """
+        ...
+
+    def settle(self, set_aside: Sequence[SetAside], kept: Mapping[int, str | None]) -> None:
+        """Within an open claim, before leaving it: what becomes of the rows not published.
+
+        Args:
+            set_aside: Rows moved to the failed outbox, in the claim's transaction.
+            kept: Rows that stay in the outbox for a later round, by id; a reason counts one
+                more failed attempt for the row, None keeps it without counting (it waits
+                behind a row of its saga that failed this round).
         """
         ...
 

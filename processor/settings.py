@@ -136,6 +136,12 @@ class RelaySettings(BaseModel):
     # stay in the outbox). A round idle in its transaction for twice this is presumed frozen
     # or cut off, and the server ends it: until then it holds the relay lock of every replica.
     flush_timeout: Duration = timedelta(seconds=15)
+    # Rounds a row may fail with the same kind of transient error (while other rows go through)
+    # before it is set aside in the failed outbox, with its saga's later rows held behind it.
+    max_attempts: int = Field(default=10, ge=1)
+    # Largest record the relay sends: the producer's message.max.bytes. A larger command is set
+    # aside unsent; a larger dead letter is sent with its value cut (the stored row keeps it).
+    max_record_bytes: int = Field(default=1_000_000, ge=1024)
 
 
 class DeadlinePollingSettings(BaseModel):

@@ -36,6 +36,13 @@ _PERMANENT = frozenset(
 )
 
 
+# The client remembers a topic it found missing until its next metadata refresh (minutes): a
+# producer that refused one must not refuse it again once an operator created it.
+_UNKNOWN_TOPIC = frozenset(
+    {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
+)
+
+
 def is_permanent(error: KafkaError) -> bool:
     """Whether sending the same record again cannot succeed."""
     return error.code() in _PERMANENT
@@ -56,9 +63,25 @@ def make_producer(config: Mapping[str, str], **overrides: Any) -> Producer:
         # leaves nothing queued; skipping success reports saves a Python call per record.
         "delivery.report.only.error": True,
         "logger": client_logger(),
+        # Topics are created by whoever deploys the sagas: a record for a topic that does not
+        # exist is refused (unknown topic) rather than creating one with the broker's defaults,
+        # and refused after a few seconds, not after message.timeout.ms.
+        "allow.auto.create.topics": False,
+        "topic.metadata.propagation.max.ms": 5000,
     }
     conf.update(overrides)
     return Producer(conf)
+
+
+def relay_overrides(max_record_bytes: int) -> dict[str, Any]:
+    """Producer settings for the outbox relay, which sets refused records aside itself.
+
+    The relay sends a saga's rows in waves (a row only once the saga's earlier one was
+    acknowledged), so the gap a refused record leaves cannot reorder a saga; with the gap-less
+    guarantee, one record the broker refuses (a topic's lower size limit) would stop the
+    producer for every saga.
+    """
+    return {"enable.gapless.guarantee": False, "message.max.bytes": max_record_bytes}
 
 
 class KafkaRecordProducer:
@@ -70,6 +93,7 @@ class KafkaRecordProducer:
 
     def send(self, records: Sequence[OutboxRow], timeout: float) -> list[SendFailure]:
         failures: list[SendFailure] = []
+        missing: list[int] = []
         producer = self._producer
 
         def report(index: int) -> Callable[[KafkaError | None, object], None]:
@@ -77,6 +101,8 @@ class KafkaRecordProducer:
             def delivered(err: KafkaError | None, _msg: object) -> None:
                 if err is not None:
                     failures.append(SendFailure(index, str(err), is_permanent(err)))
+                    if err.code() in _UNKNOWN_TOPIC:
+                        missing.append(index)
 
             return delivered
 
@@ -99,6 +125,8 @@ class KafkaRecordProducer:
                         raise
                     # Refused before it left (e.g. larger than message.max.bytes).
                     failures.append(SendFailure(index, str(err), True))
+                    if err.code() in _UNKNOWN_TOPIC:
+                        missing.append(index)
             remaining = producer.flush(timeout)
         except KafkaException as e:
             self._recreate(e)
@@ -115,6 +143,8 @@ class KafkaRecordProducer:
         elif any(not f.permanent for f in failures):
             # A fatal idempotence error leaves the producer unusable for every later record.
             self._recreate(failures[0].reason)
+        elif missing:
+            self._recreate(f"a topic does not exist: {records[missing[0]].topic}")
         failures.sort(key=lambda f: f.index)
         return failures
 

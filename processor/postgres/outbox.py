@@ -6,19 +6,24 @@ can never overtake row n in another process. It then deletes up to ``limit`` row
 them; the delete commits only when the caller's block ends normally, after every record was
 acknowledged. Rows are claimed by what is committed, never by "id > last seen", so a row that a
 slower transaction commits late is not skipped.
+
+Rows the relay does not publish are settled in the same transaction: put back under their own
+id (one more attempt counted), or moved to the failed outbox. Each claimed row says whether its
+saga already has a row in the failed outbox, so that it is held behind it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from processor.engine.records import OutboxRow
 from processor.errors import Retryable
-from processor.ports import OutboxEntry
+from processor.ports import OutboxEntry, SetAside
 from processor.postgres.errors import translate
 from processor.postgres.schema import Tables
 from processor.postgres.store import Conn
@@ -45,11 +50,32 @@ class PostgresOutboxStore:
         self._lock_key = f"saga-relay:{tables.schema}"
         self._claim = tables.render(
             """
-            DELETE FROM {outbox} WHERE id IN
+            DELETE FROM {outbox} AS o WHERE id IN
                 (SELECT id FROM {outbox} ORDER BY id LIMIT %s FOR UPDATE)
-            RETURNING id, saga_type, saga_id, topic, partition, key, headers, value
+            RETURNING id, saga_type, saga_id, topic, partition, key, headers, value, attempts,
+                (SELECT min(f.id) FROM {failed_outbox} AS f
+                  WHERE o.saga_id IS NOT NULL
+                    AND f.saga_type = o.saga_type AND f.saga_id = o.saga_id),
+                created_at
             """
         )
+        # A kept row goes back under its own id: its place in the commit order stays.
+        self._keep = tables.render(
+            """
+            INSERT INTO {outbox} (id, saga_type, saga_id, topic, partition, key, headers, value,
+                                  created_at, attempts, last_error)
+            OVERRIDING SYSTEM VALUE
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+            """
+        )
+        self._move = tables.render(
+            """
+            INSERT INTO {failed_outbox} (id, saga_type, saga_id, topic, partition, key, headers,
+                                         value, created_at, reason, attempts, held_behind)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+            """
+        )
+        self._claimed: dict[int, tuple[OutboxEntry, object]] = {}
 
     @contextmanager
     def claim(self, limit: int) -> Iterator[list[OutboxEntry] | None]:
@@ -75,21 +101,30 @@ class PostgresOutboxStore:
                 rows = conn.execute(self._claim, (limit,)).fetchall()
                 # DELETE ... RETURNING has no defined order: restore commit order by id.
                 rows.sort(key=lambda r: r[0])
-                yield [
-                    OutboxEntry(
-                        id=id_,
-                        row=OutboxRow(
-                            saga_type=saga_type,
-                            saga_id=saga_id,
-                            topic=topic,
-                            key=key,
-                            headers=headers,
-                            value=value,
-                            partition=partition,
+                self._claimed = {
+                    r[0]: (
+                        OutboxEntry(
+                            id=r[0],
+                            row=OutboxRow(
+                                saga_type=r[1],
+                                saga_id=r[2],
+                                topic=r[3],
+                                key=r[5],
+                                headers=r[6],
+                                value=r[7],
+                                partition=r[4],
+                            ),
+                            attempts=r[8],
+                            behind=r[9],
                         ),
+                        r[10],
                     )
-                    for id_, saga_type, saga_id, topic, partition, key, headers, value in rows
-                ]
+                    for r in rows
+                }
+                try:
+                    yield [entry for entry, _created in self._claimed.values()]
+                finally:
+                    self._claimed = {}
         except psycopg.Error as e:
             failure = translate(e)
             if conn.broken or conn.closed:
@@ -99,6 +134,48 @@ class PostgresOutboxStore:
             if isinstance(failure, Retryable):
                 self._drop()
             raise failure from e
+
+    def settle(self, set_aside: Sequence[SetAside], kept: Mapping[int, str | None]) -> None:
+        """Within an open claim: puts ``kept`` rows back, moves ``set_aside`` ones aside.
+
+        The claim's block, which this is called in, translates any database error.
+        """
+        if not self._claimed:
+            raise RuntimeError("settle() outside an open claim")
+        # Driver errors propagate to the claim, which rolls back and translates them.
+        with self._connection().cursor() as cur:
+            if kept:
+                cur.executemany(
+                    self._keep,
+                    [
+                        (*self._columns(i), self._claimed[i][0].attempts + bool(reason), reason)
+                        for i, reason in kept.items()
+                    ],
+                )
+            if set_aside:
+                cur.executemany(
+                    self._move,
+                    [
+                        (*self._columns(s.id), s.reason, s.attempts, s.held_behind)
+                        for s in set_aside
+                    ],
+                )
+
+    def _columns(self, row_id: int) -> tuple[object, ...]:
+        entry, created_at = self._claimed[row_id]
+        r = entry.row
+        headers = Jsonb(dict(r.headers))
+        return (
+            row_id,
+            r.saga_type,
+            r.saga_id,
+            r.topic,
+            r.partition,
+            r.key,
+            headers,
+            r.value,
+            created_at,
+        )
 
     def _connection(self) -> Conn:
         if self._conn is None:

@@ -31,6 +31,7 @@ class Tables:
             instance=self.q("saga_instance"),
             history=self.q("saga_history"),
             outbox=self.q("outbox"),
+            failed_outbox=self.q("failed_outbox"),
             deadline=self.q(self.deadline),
             deadline_lock=self.q(self.deadline_lock),
             offsets=self.q("consumer_offset"),
@@ -166,6 +167,31 @@ MIGRATIONS: tuple[str, ...] = (
     # not the fired ones still waiting for their handler (after a burst, tens of thousands).
     """
     CREATE INDEX ON {deadline} (due_at) WHERE dispatched_at IS NULL;
+    """,
+    # i8relay
+    # 4: rows the relay could not publish (too large, unknown topic, not authorized, or the same
+    # transient error too many times), and the later rows of the same saga held behind them, so
+    # that one row never stops every saga's commands. A row keeps its outbox id, so a retry puts
+    # it back where it was in the commit order.
+    """
+    ALTER TABLE {outbox} ADD COLUMN attempts   int  NOT NULL DEFAULT 0,
+                         ADD COLUMN last_error text;
+    CREATE TABLE {failed_outbox} (
+        id          bigint      PRIMARY KEY,
+        saga_type   text,
+        saga_id     text,
+        topic       text        NOT NULL,
+        partition   int,
+        key         bytea,
+        headers     jsonb       NOT NULL,
+        value       bytea       NOT NULL,
+        created_at  timestamptz NOT NULL,
+        reason      text        NOT NULL,
+        attempts    int         NOT NULL,
+        held_behind bigint,
+        failed_at   timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE INDEX ON {failed_outbox} (saga_type, saga_id, id);
     """,
 )
 

@@ -16,7 +16,7 @@ from typing import Any
 from processor.engine.rows import WriteSet
 from processor.errors import LoopDied
 from processor.kafka.client import SagaConsumer
-from processor.kafka.producer import KafkaRecordProducer, make_producer
+from processor.kafka.producer import KafkaRecordProducer, make_producer, relay_overrides
 from processor.messages import MessageRegistry
 from processor.messages import registry as default_registry
 from processor.postgres.batch import PostgresBatchStore
@@ -131,10 +131,14 @@ class Processor:
                     lambda: self.connect(2 * rs.flush_timeout),
                     self.tables,
                 ),
-                KafkaRecordProducer(lambda: make_producer(kafka)),
+                KafkaRecordProducer(
+                    lambda: make_producer(kafka, **relay_overrides(rs.max_record_bytes))
+                ),
                 batch_size=rs.batch_size,
                 poll_interval=rs.poll_interval.total_seconds(),
                 flush_timeout=rs.flush_timeout.total_seconds(),
+                max_attempts=rs.max_attempts,
+                max_record_bytes=rs.max_record_bytes,
                 hooks=self.hooks,
             )
             listener = PostgresWakeSource(self.connect, outbox_channel(self.tables.schema))

@@ -13,7 +13,7 @@ import pytest
 
 from processor.engine.records import OutboxRow
 from processor.memory.outbox import MemoryOutboxStore
-from processor.ports import OutboxEntry, OutboxStore
+from processor.ports import FailedOutboxStore, OutboxEntry, OutboxStore, SetAside
 
 
 @dataclass
@@ -23,18 +23,20 @@ class Outbox:
     store: Callable[[], OutboxStore]
     append: Callable[[list[OutboxRow]], list[int]]
     pending: Callable[[], list[OutboxEntry]]
+    failed: FailedOutboxStore
 
 
 def _memory() -> Iterator[Outbox]:
     store = MemoryOutboxStore()
     # One object is every relay's view of the same outbox; its lock is not reentrant.
-    yield Outbox(lambda: store, store.append, store.pending)
+    yield Outbox(lambda: store, store.append, store.pending, store)
 
 
 def _postgres(request: pytest.FixtureRequest) -> Iterator[Outbox]:
     from psycopg.types.json import Jsonb
 
     from processor.postgres.connect import connect, ensure_schema
+    from processor.postgres.failed_outbox import PostgresFailedOutbox
     from processor.postgres.outbox import PostgresOutboxStore
     from processor.postgres.schema import Tables
 
@@ -47,7 +49,7 @@ def _postgres(request: pytest.FixtureRequest) -> Iterator[Outbox]:
         " VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id"
     )
     select = tables.render(
-        "SELECT id, saga_type, saga_id, topic, partition, key, headers, value"
+        "SELECT id, saga_type, saga_id, topic, partition, key, headers, value, attempts"
         " FROM {outbox} ORDER BY id"
     )
 
@@ -67,12 +69,12 @@ def _postgres(request: pytest.FixtureRequest) -> Iterator[Outbox]:
 
         def pending() -> list[OutboxEntry]:
             return [
-                OutboxEntry(i, OutboxRow(st, sid, topic, key, headers, value, partition))
-                for i, st, sid, topic, partition, key, headers, value in admin.execute(select)
+                OutboxEntry(i, OutboxRow(st, sid, topic, key, headers, value, partition), n)
+                for i, st, sid, topic, partition, key, headers, value, n in admin.execute(select)
             ]
 
         try:
-            yield Outbox(store, append, pending)
+            yield Outbox(store, append, pending, PostgresFailedOutbox(admin, tables))
         finally:
             for s in opened:
                 s.close()
@@ -176,3 +178,102 @@ def test_a_row_committed_during_a_claim_waits_for_the_next_one(outbox: Outbox) -
     with store.claim(10) as next_round:
         assert next_round is not None
         assert [e.id for e in next_round] == [late]
+
+
+def test_settle_keeps_some_rows_counting_attempts_and_sets_others_aside(outbox: Outbox) -> None:
+    rows = [row("a", 1), row("a", 2), row("b", 1), row("c", 1), row("d", 1)]
+    ids = outbox.append(rows)
+    store = outbox.store()
+
+    with store.claim(10) as claimed:
+        assert claimed is not None
+        assert [(e.attempts, e.behind) for e in claimed] == [(0, None)] * 5
+        store.settle(
+            [SetAside(ids[0], "too large", 1), SetAside(ids[1], "held", 0, held_behind=ids[0])],
+            {ids[2]: "timed out", ids[3]: None},
+        )
+
+    # Kept rows stay under their own ids; only the one with a reason counts an attempt.
+    assert [(e.id, e.row, e.attempts) for e in outbox.pending()] == [
+        (ids[2], rows[2], 1),
+        (ids[3], rows[3], 0),
+    ]
+    failed = outbox.failed.list_failed()
+    assert [(f.id, f.row, f.reason, f.attempts, f.held_behind) for f in failed] == [
+        (ids[0], rows[0], "too large", 1, None),
+        (ids[1], rows[1], "held", 0, ids[0]),
+    ]
+    assert failed[0].failed_at >= failed[0].created_at
+    assert outbox.failed.list_failed("transfer", "b") == []
+
+    # A later row of a saga with a set-aside row says so when claimed.
+    (later,) = outbox.append([row("a", 3)])
+    with store.claim(10) as again:
+        assert again is not None
+        assert [(e.id, e.attempts, e.behind) for e in again] == [
+            (ids[2], 1, None),
+            (ids[3], 0, None),
+            (later, 0, ids[0]),
+        ]
+        store.settle([], dict.fromkeys((e.id for e in again), None))
+    assert [e.id for e in outbox.pending()] == [ids[2], ids[3], later]
+
+
+def test_settle_is_rolled_back_with_the_claim(outbox: Outbox) -> None:
+    ids = outbox.append([row("a", 1), row("b", 1)])
+    store = outbox.store()
+
+    def fail_after_settling() -> None:
+        with store.claim(10) as claimed:
+            assert claimed is not None
+            store.settle([SetAside(ids[0], "too large", 1)], {ids[1]: "timed out"})
+            raise ZeroDivisionError
+
+    with pytest.raises(ZeroDivisionError):
+        fail_after_settling()
+
+    assert [(e.id, e.attempts) for e in outbox.pending()] == [(ids[0], 0), (ids[1], 0)]
+    assert outbox.failed.list_failed() == []
+
+
+def test_retry_puts_a_sagas_rows_back_under_their_ids_and_discard_drops_them(
+    outbox: Outbox,
+) -> None:
+    rows = [row("a", 1), row("a", 2), row("b", 1), row("a", 3)]
+    ids = outbox.append(rows)
+    store = outbox.store()
+    with store.claim(10) as claimed:
+        assert claimed is not None
+        store.settle(
+            [
+                SetAside(ids[0], "unknown topic", 1),
+                SetAside(ids[1], "held", 0, ids[0]),
+                SetAside(ids[2], "too large", 1),
+                SetAside(ids[3], "held", 0, ids[0]),
+            ],
+            {},
+        )
+    (newer,) = outbox.append([row("c", 1)])
+
+    # A row id of a saga takes the whole saga, in order.
+    back = outbox.failed.retry_failed(row_id=ids[1])
+    assert [(b.id, b.row) for b in back] == [
+        (ids[0], rows[0]),
+        (ids[1], rows[1]),
+        (ids[3], rows[3]),
+    ]
+    assert [(e.id, e.row) for e in outbox.pending()] == [
+        (ids[0], rows[0]),
+        (ids[1], rows[1]),
+        (ids[3], rows[3]),
+        (newer, row("c", 1)),
+    ]
+    assert [f.id for f in outbox.failed.list_failed()] == [ids[2]]
+    assert outbox.failed.retry_failed(saga_type="transfer", saga_id="a") == []
+
+    gone = outbox.failed.discard_failed(saga_type="transfer", saga_id="b")
+    assert [g.id for g in gone] == [ids[2]]
+    assert outbox.failed.list_failed() == []
+    with store.claim(10) as claimed:
+        assert claimed is not None
+        assert [e.id for e in claimed] == [ids[0], ids[1], ids[3], newer]

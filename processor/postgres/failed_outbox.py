@@ -1,0 +1,119 @@
+"""SQL behind the failed-outbox operator commands: list, retry and discard set-aside rows.
+
+Retry and discard take the relay's lock (waiting for a round in flight to end), so that a row
+never moves while a relay decides about its saga. A retried row goes back into the outbox under
+its own id: it is older than any row still there, so it is published first, in its order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from processor.engine.records import OutboxRow
+from processor.ports import FailedOutboxRow
+from processor.postgres.schema import Tables
+from processor.postgres.store import Conn
+
+__all__ = ["PostgresFailedOutbox"]
+
+_COLUMNS = """
+    id, saga_type, saga_id, topic, partition, key, headers, value, reason, attempts, held_behind,
+    created_at, failed_at
+"""
+_LIST = f"""
+    SELECT {_COLUMNS} FROM {{failed_outbox}}
+     WHERE (%(saga_type)s::text IS NULL OR saga_type = %(saga_type)s::text)
+       AND (%(saga_id)s::text IS NULL OR saga_id = %(saga_id)s::text)
+     ORDER BY id LIMIT %(limit)s
+"""
+# A row of a saga selects its whole saga: its held rows must follow it back, in order.
+_SELECT = f"""
+    WITH picked AS (SELECT * FROM {{failed_outbox}} WHERE id = %(row_id)s)
+    SELECT {_COLUMNS} FROM {{failed_outbox}} AS f
+     WHERE (%(row_id)s::bigint IS NULL
+            AND f.saga_type = %(saga_type)s::text AND f.saga_id = %(saga_id)s::text)
+        OR (%(whole_saga)s AND EXISTS (
+              SELECT 1 FROM picked AS p WHERE p.saga_id IS NOT NULL
+                 AND f.saga_type = p.saga_type AND f.saga_id = p.saga_id))
+        OR f.id = %(row_id)s::bigint
+     ORDER BY id FOR UPDATE
+"""
+_DELETE = "DELETE FROM {failed_outbox} WHERE id = ANY(%s::bigint[])"
+_REINSERT = """
+    INSERT INTO {outbox} (id, saga_type, saga_id, topic, partition, key, headers, value,
+                          created_at)
+    OVERRIDING SYSTEM VALUE
+    SELECT id, saga_type, saga_id, topic, partition, key, headers, value, created_at
+      FROM {failed_outbox} WHERE id = ANY(%s::bigint[])
+"""
+
+
+class PostgresFailedOutbox:
+    """:class:`processor.ports.FailedOutboxStore` on one connection the caller owns.
+
+    The connection is expected in autocommit mode; each call is its own transaction.
+
+    Args:
+        conn: The connection.
+        tables: Where the processor's tables live.
+    """
+
+    def __init__(self, conn: Conn, tables: Tables) -> None:
+        self.conn = conn
+        r = tables.render
+        self._list = r(_LIST)
+        self._select = r(_SELECT)
+        self._delete = r(_DELETE)
+        self._reinsert = r(_REINSERT)
+        self._lock_key = f"saga-relay:{tables.schema}"
+
+    def list_failed(
+        self, saga_type: str | None = None, saga_id: str | None = None, limit: int = 100
+    ) -> list[FailedOutboxRow]:
+        params = {"saga_type": saga_type, "saga_id": saga_id, "limit": limit}
+        return [_row(r) for r in self.conn.execute(self._list, params).fetchall()]
+
+    def retry_failed(
+        self, *, saga_type: str | None = None, saga_id: str | None = None, row_id: int | None = None
+    ) -> list[FailedOutboxRow]:
+        return self._take(saga_type, saga_id, row_id, retry=True)
+
+    def discard_failed(
+        self, *, saga_type: str | None = None, saga_id: str | None = None, row_id: int | None = None
+    ) -> list[FailedOutboxRow]:
+        return self._take(saga_type, saga_id, row_id, retry=False)
+
+    def _take(
+        self, saga_type: str | None, saga_id: str | None, row_id: int | None, *, retry: bool
+    ) -> list[FailedOutboxRow]:
+        params = {
+            "saga_type": saga_type,
+            "saga_id": saga_id,
+            "row_id": row_id,
+            "whole_saga": retry,
+        }
+        with self.conn.transaction():
+            # Waits for a relay round in flight: the saga's rows must not move under it.
+            self.conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self._lock_key,))
+            rows = [_row(r) for r in self.conn.execute(self._select, params).fetchall()]
+            ids = [r.id for r in rows]
+            if retry and ids:
+                self.conn.execute(self._reinsert, (ids,))
+            if ids:
+                self.conn.execute(self._delete, (ids,))
+        return rows
+
+
+def _row(r: tuple[Any, ...]) -> FailedOutboxRow:
+    (id_, saga_type, saga_id, topic, partition, key, headers, value, reason, attempts, behind) = r[
+        :11
+    ]
+    return FailedOutboxRow(
+        id=id_,
+        row=OutboxRow(saga_type, saga_id, topic, key, headers, value, partition),
+        reason=reason,
+        attempts=attempts,
+        held_behind=behind,
+        created_at=r[11],
+        failed_at=r[12],
+    )
