@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from importlib import metadata
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from typing import cast
 
 from processor import cli_commands as c

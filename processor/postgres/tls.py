@@ -1,6 +1,8 @@
-"""Whether a database URL protects the connection: verified TLS, or a host that never leaves
-the machine. The processor warns at startup otherwise (it still starts: a private network may be
-trusted on purpose, but nobody should run that way by accident)."""
+"""Whether a database URL protects the connection: verified TLS, or a host on this machine.
+
+The processor warns at startup otherwise. It still starts: a private network may be trusted on
+purpose, but nobody should run that way by accident.
+"""
 
 from __future__ import annotations
 
