@@ -7,6 +7,8 @@ import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import metadata
+from typing import cast
 
 from processor import cli_commands as c
 from processor.errors import SagaError
@@ -27,7 +29,9 @@ class Command:
     name: str
     help: str
     arguments: c.Arguments
-    run: c.Run
+    # A command that reads only its arguments runs without SAGA_* configuration.
+    run: c.Run | c.Offline
+    offline: bool = False
 
 
 # Every subcommand, in the order `--help` lists them.
@@ -58,12 +62,14 @@ COMMANDS: tuple[Command, ...] = (
         "print a state machine saga as a Mermaid stateDiagram-v2",
         c.target_arguments,
         c.diagram,
+        offline=True,
     ),
     Command(
         "lint-saga",
         "report unreachable states, untimed WAITING states, lingering deadlines",
         c.target_arguments,
         c.lint_saga,
+        offline=True,
     ),
     Command(
         "states",
@@ -93,6 +99,14 @@ COMMANDS: tuple[Command, ...] = (
 DEFAULT_COMMAND = "run"
 
 
+def package_version() -> str:
+    """The installed distribution's version (from the git tag it was built at)."""
+    try:
+        return metadata.version("saga-processor")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parses the command line, runs the subcommand and returns its exit code.
 
@@ -103,6 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = {command.name: command for command in COMMANDS}
     parser = argparse.ArgumentParser(prog="saga-processor", description=__doc__)
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command")
     for command in COMMANDS:
         command.arguments(sub.add_parser(command.name, help=command.help))
@@ -113,8 +128,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
-        settings = load_settings()
-        return commands[args.command or DEFAULT_COMMAND].run(args, settings)
+        command = commands[args.command or DEFAULT_COMMAND]
+        if command.offline:
+            return cast(c.Offline, command.run)(args)
+        return cast(c.Run, command.run)(args, load_settings())
     except SagaError as e:
         print(f"saga-processor: {e}", file=sys.stderr)
         return 2

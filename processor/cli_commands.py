@@ -38,6 +38,8 @@ Arguments = Callable[[argparse.ArgumentParser], None]
 """Adds a subcommand's own arguments to its parser."""
 Run = Callable[[argparse.Namespace, ProcessorSettings], int]
 """Runs a subcommand; returns the process exit code."""
+Offline = Callable[[argparse.Namespace], int]
+"""Runs a subcommand that needs no configuration (no database, no broker)."""
 
 
 # -- shared pieces -----------------------------------------------------------------------------
@@ -210,13 +212,13 @@ def overdue(args: argparse.Namespace, settings: ProcessorSettings) -> int:
 # -- state machines ----------------------------------------------------------------------------
 
 
-def diagram(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+def diagram(args: argparse.Namespace) -> int:
     """Prints the Mermaid ``stateDiagram-v2`` of the saga; exit code 0."""
     sys.stdout.write(mermaid(load_spec(args.target)))
     return 0
 
 
-def lint_saga(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+def lint_saga(args: argparse.Namespace) -> int:
     """Prints the machine's problems; exit code 1 when there are any."""
     problems = lint(load_spec(args.target))
     for line in problems:

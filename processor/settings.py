@@ -7,7 +7,9 @@ settings mirror the names users know from the deadline specification (`enabled`,
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Annotated, Any
 
@@ -97,7 +99,9 @@ class KafkaSettings(BaseModel):
 class DatabaseSettings(BaseModel):
     """The PostgreSQL server and the schema that holds the processor's tables."""
 
-    url: SecretStr = SecretStr("postgresql://saga:saga@127.0.0.1:55432/saga")
+    # Required: a default would carry a password, and would silently point a misconfigured
+    # replica at whatever database happens to answer there.
+    url: SecretStr
     schema_name: str = "saga"
 
     _check_schema = field_validator("schema_name")(classmethod(lambda cls, v: _identifier(v)))
@@ -195,37 +199,111 @@ class ProcessorSettings(BaseSettings):
     )
 
     # Saga classes to run, as `module:Class` or a module exposing `EXAMPLE_SAGAS`/`SAGAS`.
-    sagas: list[str] = Field(default_factory=lambda: ["sagas"])
+    # No default: the processor refuses to start without one (see assembly.bind_sagas).
+    sagas: list[str] = Field(default_factory=list)
     # Values for handler parameters declared as `Annotated[T, Setting("key")]`.
     settings: dict[str, Any] = Field(default_factory=dict)
     instance_id: str | None = None
     # Prepended to every topic the processor reads or writes (e.g. "staging.").
     topic_prefix: str = ""
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
-    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    database: DatabaseSettings
     consumer: ConsumerSettings = Field(default_factory=ConsumerSettings)
     relay: RelaySettings = Field(default_factory=RelaySettings)
     deadline: DeadlineSettings = Field(default_factory=DeadlineSettings)
     shutdown_timeout: Duration = timedelta(seconds=20)
 
 
-def load_settings(**overrides: Any) -> ProcessorSettings:
+# `SAGA_*` variables that are not settings but belong to the tools around the processor: the
+# test suite, its fault injection, and the local stack scripts. Anything else unknown is a typo.
+ALLOWED_PREFIXES = ("SAGA_TEST_", "SAGA_FAULT_")
+ALLOWED_NAMES = frozenset(
+    {
+        "SAGA_LOCAL_DIR",
+        "SAGA_CACHE_DIR",
+        "SAGA_KAFKA_PORT",
+        "SAGA_KAFKA_CONTROLLER_PORT",
+        "SAGA_PG_PORT",
+        "SAGA_PG_CLUSTER",
+    }
+)
+
+
+def _known(model: type[BaseModel], path: tuple[str, ...]) -> bool:
+    """Whether `path` (lower-case names split at `__`) names a field of `model` or inside it."""
+    if not path:
+        return True
+    for name, field in model.model_fields.items():
+        if path[0] not in {name, field.alias}:
+            continue
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return _known(annotation, path[1:])
+        origin = getattr(annotation, "__origin__", None)
+        # A dict setting takes any key (librdkafka properties, handler settings).
+        return origin is dict or len(path) == 1
+    return False
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """The `SAGA_*` names in `environ` that no setting reads and no tool owns, sorted.
+
+    Args:
+        environ: Environment variables, e.g. `os.environ`.
+
+    Returns:
+        Each name that would otherwise be silently ignored (usually a misspelt setting).
+    """
+    unknown = []
+    for name in environ:
+        upper = name.upper()
+        if not upper.startswith("SAGA_") or upper in ALLOWED_NAMES:
+            continue
+        if upper.startswith(ALLOWED_PREFIXES):
+            continue
+        path = tuple(upper.removeprefix("SAGA_").lower().split("__"))
+        if not _known(ProcessorSettings, path):
+            unknown.append(name)
+    return sorted(unknown)
+
+
+def _problem(err: Any) -> str:
+    loc = tuple(str(p) for p in err["loc"])
+    if err["type"] == "missing" and loc in {("database",), ("database", "url")}:
+        return (
+            "SAGA_DATABASE__URL: required, e.g. "
+            "postgresql://saga_runtime@db.example.com:5432/saga?sslmode=verify-full"
+        )
+    return f"SAGA_{'__'.join(p.upper() for p in loc)}: {err['msg']}"
+
+
+def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) -> ProcessorSettings:
     """Reads the environment once; a bad value is a ConfigurationError naming the variable.
 
     The error says where and what, never the value: pydantic's input echo may carry secrets, so
     neither its text nor the original exception (as a cause or context) goes with it.
+
+    Args:
+        environ: Checked for misspelt `SAGA_*` names; defaults to `os.environ` (which is also
+            where the values are read from).
+        **overrides: Settings given directly, ahead of the environment.
+
+    Raises:
+        ConfigurationError: A value is invalid or missing, or a `SAGA_*` name is unknown.
     """
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
 
+    unknown = unknown_variables(os.environ if environ is None else environ)
+    if unknown:
+        raise ConfigurationError(
+            [f"{name}: not a setting (misspelt? see docs/operations.md)" for name in unknown]
+        )
     problems: list[str]
     try:
         return ProcessorSettings(**overrides)
     except ValidationError as e:
-        problems = [
-            f"SAGA_{'__'.join(str(p).upper() for p in err['loc'])}: {err['msg']}"
-            for err in e.errors()
-        ]
+        problems = [_problem(err) for err in e.errors()]
     except SettingsError as e:
         # e.g. a variable that is not valid JSON; the decoder's error keeps the whole text.
         problems = [str(e)]

@@ -12,6 +12,7 @@ import pytest
 from psycopg import sql
 
 from devstack import Services, provide
+from tests.support.roles import LeastPrivilege, least_privilege
 
 
 @pytest.fixture(scope="session")
@@ -80,3 +81,13 @@ def pg_schema(database_url: str, request: pytest.FixtureRequest) -> Iterator[str
     yield name
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def least_privilege_db(
+    database_url: str, request: pytest.FixtureRequest
+) -> Iterator[LeastPrivilege]:
+    """This test's schema, migrated by an owner role; the processor runs as a runtime role with
+    only the grants of deploy/sql/grants.sql. Roles and schema are dropped afterwards."""
+    with least_privilege(database_url, f"t_{_slug(request)}") as granted:
+        yield granted

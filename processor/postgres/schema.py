@@ -203,9 +203,14 @@ def migrate(conn: psycopg.Connection[object], tables: Tables) -> int:
         conn.execute(
             "SELECT pg_advisory_xact_lock(hashtext(%s))", (f"saga-migrate:{tables.schema}",)
         )
-        conn.execute(
-            sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(tables.schema))
-        )
+        # Only when missing: CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege on the
+        # database even when the schema exists, and an owner role given just its schema (see
+        # deploy/sql/grants.sql) has none.
+        exists = conn.execute(
+            "SELECT 1 FROM pg_namespace WHERE nspname = %s", (tables.schema,)
+        ).fetchone()
+        if exists is None:
+            conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(tables.schema)))
         conn.execute(
             tables.render(
                 "CREATE TABLE IF NOT EXISTS {version} "

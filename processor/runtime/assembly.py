@@ -13,6 +13,7 @@ from typing import Any
 
 from processor.definition import definition_of
 from processor.engine.plan import Planner
+from processor.errors import ConfigurationError
 from processor.messages import MessageRegistry
 from processor.messages import registry as default_registry
 from processor.postgres.schema import Tables
@@ -77,8 +78,24 @@ def bind_sagas(
         saga_classes: Saga classes; None loads `settings.sagas`.
         dependencies: Objects the sagas' handlers ask for.
         registry: Message types.
+
+    Raises:
+        ConfigurationError: `saga_classes` is None and `settings.sagas` names no saga.
     """
-    classes = list(saga_classes) if saga_classes is not None else load_saga_classes(settings.sagas)
+    if saga_classes is None:
+        if not settings.sagas:
+            raise ConfigurationError(
+                [
+                    "SAGA_SAGAS: no saga configured; list the sagas to run, "
+                    "e.g. SAGA_SAGAS='[\"myapp.sagas:TransferSaga\"]'"
+                ]
+            )
+        saga_classes = load_saga_classes(settings.sagas)
+        if not saga_classes:
+            raise ConfigurationError(
+                [f"SAGA_SAGAS: {settings.sagas} names no saga class (no SAGAS list found)"]
+            )
+    classes = list(saga_classes)
     sagas = bind_all(
         [definition_of(c) for c in classes],
         settings=settings.settings,

@@ -25,6 +25,7 @@ from processor.postgres.deadlines import PostgresDeadlineStore
 from processor.postgres.notify import PostgresWakeSource
 from processor.postgres.outbox import PostgresOutboxStore
 from processor.postgres.store import Conn
+from processor.postgres.tls import warn_unverified_tls
 from processor.runner import BoundSaga
 from processor.runtime.assembly import bind_sagas, tables_for
 from processor.runtime.hooks import Hooks
@@ -96,6 +97,7 @@ class Processor:
     def start(self) -> None:
         """Migrates (when enabled), then starts the background threads and the consumer."""
         _tune_gc()
+        warn_unverified_tls(self.settings.database.url.get_secret_value())
         if self.settings.deadline.schema_.auto:
             ensure_schema(self.settings.database.url.get_secret_value(), self.tables)
         kafka = self.settings.kafka.client_config()

@@ -21,8 +21,6 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from processor.messages import Message
-from processor.postgres.connect import ensure_schema
-from processor.postgres.schema import Tables
 from processor.settings import ProcessorSettings
 from schemas.transfers import (
     ACCOUNT_COMMANDS_TOPIC,
@@ -33,6 +31,7 @@ from schemas.transfers import (
 )
 from tests.support.harness import Publisher, Reader, create_topics, query, settings_for, wait_until
 from tests.support.procs import ProcessorProcess
+from tests.support.roles import LeastPrivilege
 
 TRANSFER_SAGA = "sagas.transfer:TransferSaga"
 EVENT_TYPES = (
@@ -65,6 +64,9 @@ class E2EEnv:
     prefix: str
     logs: Path
     partitions: int
+    # Processes connect as this (the runtime role of deploy/sql/grants.sql); `db` is the
+    # administrator the test itself queries and disturbs with.
+    process_db: str | None = None
     procs: list[ProcessorProcess] = field(default_factory=list)
     readers: list[Reader] = field(default_factory=list)
 
@@ -81,8 +83,17 @@ class E2EEnv:
         return self.settings().consumer.group_id
 
     def settings(self, **overrides: Any) -> ProcessorSettings:
+        if self.process_db is not None:
+            # The runtime role cannot create tables: the owner role migrated them.
+            deadline = overrides.pop("deadline", {})
+            overrides["deadline"] = {**deadline, "schema": {"auto": False}}
         return settings_for(
-            self.kafka, self.db, self.schema, self.prefix, sagas=[TRANSFER_SAGA], **overrides
+            self.kafka,
+            self.process_db or self.db,
+            self.schema,
+            self.prefix,
+            sagas=[TRANSFER_SAGA],
+            **overrides,
         )
 
     def start(
@@ -129,15 +140,25 @@ class E2EEnv:
 
 @pytest.fixture
 def e2e_env(
-    kafka_bootstrap: str, database_url: str, pg_schema: str, tmp_path: Path
+    kafka_bootstrap: str,
+    database_url: str,
+    least_privilege_db: LeastPrivilege,
+    tmp_path: Path,
 ) -> Iterator[E2EEnv]:
-    """A prefix with 6-partition event and 3-partition command topics, and this test's schema."""
+    """A prefix with 6-partition event and 3-partition command topics, and this test's schema,
+    migrated by its owner role; processes run as the runtime role."""
     prefix = f"e{uuid.uuid4().hex[:8]}."
-    env = E2EEnv(kafka_bootstrap, database_url, pg_schema, prefix, tmp_path, partitions=6)
+    env = E2EEnv(
+        kafka_bootstrap,
+        database_url,
+        least_privilege_db.schema,
+        prefix,
+        tmp_path,
+        partitions=6,
+        process_db=least_privilege_db.runtime_url,
+    )
     create_topics(kafka_bootstrap, [env.events_topic], partitions=env.partitions)
     create_topics(kafka_bootstrap, [env.commands_topic, prefix + "saga-dead-letters"], partitions=3)
-    # Processes migrate on start too; doing it first lets the test query tables before then.
-    ensure_schema(database_url, Tables(pg_schema))
     try:
         yield env
     finally:

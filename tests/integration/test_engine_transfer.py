@@ -1,10 +1,15 @@
-"""The transfer saga end to end through real Kafka and PostgreSQL, in one processor."""
+"""The transfer saga end to end through real Kafka and PostgreSQL, in one processor.
+
+The processor runs as a runtime role with only the grants of deploy/sql/grants.sql, against a
+schema its owner role migrated: what a production deployment does.
+"""
 
 from __future__ import annotations
 
 import uuid
 from decimal import Decimal
 
+import psycopg
 import pytest
 
 from sagas.transfer import TransferSaga
@@ -24,6 +29,7 @@ from tests.support.harness import (
     settings_for,
     wait_until,
 )
+from tests.support.roles import LeastPrivilege
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +40,7 @@ def prefix() -> str:
 
 
 @pytest.fixture
-def env(kafka_bootstrap: str, database_url: str, pg_schema: str, prefix: str) -> dict[str, str]:
+def env(kafka_bootstrap: str, least_privilege_db: LeastPrivilege, prefix: str) -> dict[str, str]:
     create_topics(
         kafka_bootstrap,
         [
@@ -44,7 +50,12 @@ def env(kafka_bootstrap: str, database_url: str, pg_schema: str, prefix: str) ->
         ],
         partitions=3,
     )
-    return {"kafka": kafka_bootstrap, "db": database_url, "schema": pg_schema, "prefix": prefix}
+    return {
+        "kafka": kafka_bootstrap,
+        "db": least_privilege_db.runtime_url,
+        "schema": least_privilege_db.schema,
+        "prefix": prefix,
+    }
 
 
 def _requested(tid: str) -> TransferRequested:
@@ -54,7 +65,10 @@ def _requested(tid: str) -> TransferRequested:
 
 
 def test_transfer_runs_to_the_end_and_commands_leave_in_order(env: dict[str, str]) -> None:
-    settings = settings_for(env["kafka"], env["db"], env["schema"], env["prefix"])
+    # The runtime role may not create tables: the owner migrated them.
+    settings = settings_for(
+        env["kafka"], env["db"], env["schema"], env["prefix"], deadline={"schema": {"auto": False}}
+    )
     commands = Reader(env["kafka"], [env["prefix"] + ACCOUNT_COMMANDS_TOPIC])
     pub = Publisher(env["kafka"])
     events = env["prefix"] + TRANSFER_EVENTS_TOPIC
@@ -94,3 +108,21 @@ def test_transfer_runs_to_the_end_and_commands_leave_in_order(env: dict[str, str
         assert outcomes == [("applied", 1), ("applied", 2), ("applied", 3)]
     finally:
         commands.close()
+
+
+def test_the_runtime_role_reads_and_writes_rows_but_cannot_change_the_schema(
+    least_privilege_db: LeastPrivilege,
+) -> None:
+    url, schema = least_privilege_db.runtime_url, least_privilege_db.schema
+    assert query(url, schema, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user") == [
+        (False,)
+    ]
+    assert query(url, schema, "SELECT count(*) FROM saga_instance") == [(0,)]
+    for ddl in (
+        "CREATE TABLE intruder (id int)",
+        "ALTER TABLE outbox ADD COLUMN extra int",
+        "TRUNCATE saga_history",
+        "DROP TABLE dead_letter",
+    ):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            query(url, schema, ddl)

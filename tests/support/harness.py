@@ -33,6 +33,8 @@ def settings_for(
 ) -> ProcessorSettings:
     """Processor settings that touch only this test's topics and schema."""
     base: dict[str, Any] = {
+        # The example sagas; the processor has no default.
+        "sagas": ["sagas"],
         "kafka": {"bootstrap_servers": kafka},
         "database": {"url": database_url, "schema_name": schema},
         "consumer": {

@@ -194,3 +194,13 @@ def test_lookup_setting_flat_nested_and_absent() -> None:
     missing = lookup_setting(settings, "x.q")
     assert missing is lookup_setting(settings, "nope")
     assert missing is not None
+
+
+def test_a_processor_without_sagas_is_refused_by_name() -> None:
+    from processor.errors import ConfigurationError
+    from processor.runtime.assembly import bind_sagas
+    from processor.settings import ProcessorSettings
+
+    settings = ProcessorSettings(database={"url": "postgresql://unused"}, sagas=[])
+    with pytest.raises(ConfigurationError, match="SAGA_SAGAS: no saga configured"):
+        bind_sagas(settings)

@@ -1,4 +1,5 @@
-"""Deadline settings: the specification's names and defaults, from SAGA_DEADLINE__* variables."""
+"""Settings from SAGA_* variables: the deadline specification's names and defaults, required
+values, and misspelt names."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 from processor.errors import ConfigurationError
-from processor.settings import load_settings
+from processor.settings import load_settings, unknown_variables
 
 
 @pytest.fixture(autouse=True)
@@ -17,6 +18,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("SAGA_") and not name.startswith("SAGA_TEST_"):
             monkeypatch.delenv(name)
+    monkeypatch.setenv("SAGA_DATABASE__URL", "postgresql://saga@127.0.0.1/saga")
 
 
 def test_defaults_match_the_specification() -> None:
@@ -102,3 +104,54 @@ def test_bad_values_name_the_variable(
     with pytest.raises(ConfigurationError) as raised:
         load_settings()
     assert name in str(raised.value)
+
+
+def test_the_database_url_is_required(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SAGA_DATABASE__URL")
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings()
+    assert "SAGA_DATABASE__URL: required" in str(raised.value)
+
+
+def test_no_saga_runs_by_default() -> None:
+    assert load_settings().sagas == []
+
+
+def test_a_misspelt_variable_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SAGA_DEADLINE__POLLING__INTERVALL", "5s")
+    monkeypatch.setenv("SAGA_CONSUMER_GROUP_ID", "g")  # one underscore: not nested
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings()
+    message = str(raised.value)
+    assert "SAGA_DEADLINE__POLLING__INTERVALL" in message
+    assert "SAGA_CONSUMER_GROUP_ID" in message
+    assert len(raised.value.problems) == 2
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "SAGA_DATABASE__URL",
+        "SAGA_DEADLINE__SCHEMA__AUTO",
+        "SAGA_DEADLINE__POLLING",
+        "SAGA_KAFKA__CONFIG__SECURITY.PROTOCOL",
+        "SAGA_SETTINGS__TRANSFER.PAYMENT-TIMEOUT",
+        "SAGA_CONSUMER",
+        "SAGA_TEST_ANYTHING",
+        "SAGA_FAULT_POINT",
+        "SAGA_CACHE_DIR",
+        "SAGA_PG_PORT",
+        "SAGA_KAFKA_PORT",
+        "PATH",
+    ],
+)
+def test_settings_and_tool_variables_are_known(name: str) -> None:
+    assert unknown_variables({name: "x"}) == []
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["SAGA_SAGA", "SAGA_DATABASE__URI", "SAGA_DEADLINE__SCHEMA__AUTO__X", "SAGA_RELAY__ENABLE"],
+)
+def test_misspelt_names_are_unknown(name: str) -> None:
+    assert unknown_variables({name: "x", "SAGA_SAGAS": "[]"}) == [name]

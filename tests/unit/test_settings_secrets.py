@@ -56,6 +56,7 @@ def test_repr_str_and_dump_hide_credentials_but_the_client_gets_them(
 
     monkeypatch.setenv("SAGA_KAFKA__CONFIG", json.dumps({**SECRETS, **PLAIN}))
     monkeypatch.setenv("SAGA_KAFKA__SASL_PASSWORD", "pw-hunter2")
+    monkeypatch.setenv("SAGA_DATABASE__URL", "postgresql://saga@127.0.0.1/saga")
     settings = load_settings()
     for text in (
         repr(settings),

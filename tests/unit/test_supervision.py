@@ -91,7 +91,11 @@ class _FakeWorker:
 
 
 def _processor(worker: _FakeWorker) -> Processor:
-    settings = ProcessorSettings(shutdown_timeout=timedelta(seconds=5))
+    settings = ProcessorSettings(
+        shutdown_timeout=timedelta(seconds=5),
+        database={"url": "postgresql://saga@127.0.0.1/saga"},
+        sagas=["sagas.transfer:TransferSaga"],
+    )
     proc = Processor(settings, list(EXAMPLE_SAGAS))
     proc.worker = worker  # type: ignore[assignment]
     return proc

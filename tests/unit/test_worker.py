@@ -125,7 +125,7 @@ class Rig:
 
 @pytest.fixture
 def rig() -> Iterator[Rig]:
-    bound = bind_sagas(ProcessorSettings(), [TransferSaga])
+    bound = bind_sagas(ProcessorSettings(database={"url": "postgresql://unused"}), [TransferSaga])
     tables = MemoryTables()
     store = FaultyStore(tables)
     hooks = Hooks()

@@ -92,7 +92,7 @@ class Live:
 
 @pytest.fixture
 def live() -> Iterator[Live]:
-    bound = bind_sagas(ProcessorSettings(), [TransferSaga])
+    bound = bind_sagas(ProcessorSettings(database={"url": "postgresql://unused"}), [TransferSaga])
     tables = MemoryTables()
     store = Flaky(tables)
     clock = Clock()
