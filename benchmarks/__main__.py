@@ -1,4 +1,4 @@
-"""`python -m benchmarks [s1|s2|s4|s5|all] [--quick]`: runs scenarios, writes a report, prints a table.
+"""`python -m benchmarks [s1|s2|s4|s5|all] [--quick]`: run scenarios, write a report, print a table.
 
 The report is `.local/bench/<start time>.json`; the engine's cProfile from S1 is kept beside it
 (`<start time>-s1.prof` and the top functions as text in `<start time>-s1-profile.txt`). The

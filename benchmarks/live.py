@@ -185,7 +185,9 @@ class Reader:
                     now = time.time()
                     self.records += 1
                     key = msg.key()
-                    sent = self.source.sent.get(key) if key is not None else None
+                    if not isinstance(key, bytes):
+                        continue
+                    sent = self.source.sent.get(key)
                     if sent is not None and key not in self.seen:
                         self.seen.add(key)
                         self.latencies.append(now - sent)

@@ -2,8 +2,13 @@
 
 Exactly-once processing (Kafka transactions), the saga state keyed by saga id in Quix's own
 store (RocksDB plus a changelog topic), one DebitAccount command per event to an output topic,
-and a checkpoint every ``batch_size`` messages (or 100 ms, the engine's batch timeout). Quix is
-in the optional ``bench`` extra; without it the peer is skipped with a line saying so.
+and a checkpoint every ``batch_size`` messages (or 100 ms, the engine's batch timeout).
+
+Quix is in the optional ``bench`` extra, which ``make bench`` installs into a virtualenv of its
+own (``.venv-bench``): Quix pins an older confluent-kafka, and the engine is measured with its
+own versions. The peer runs as a child process of that interpreter
+(``python -m benchmarks.peer_quix SPEC_JSON`` prints one JSON line); without it the peer is
+skipped with a line saying so.
 
 The clock runs from the first message processed (joining the group is not backlog work, as for
 the engine) until ``Application.run`` returns, its last checkpoint committed.
@@ -11,32 +16,56 @@ the engine) until ``Application.run`` returns, its last checkpoint committed.
 
 from __future__ import annotations
 
-import importlib.util
+import json
 import logging
+import os
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined, unused-ignore]
 
-from benchmarks.common import kafka_config
+from benchmarks.common import REPO, kafka_config
 from benchmarks.raw_sql import Measured
+
+PYTHON = Path(os.environ.get("SAGA_BENCH_PYTHON", REPO / ".venv-bench" / "bin" / "python"))
 
 
 def available() -> bool:
-    return importlib.util.find_spec("quixstreams") is not None
-
-
-def version() -> str:
-    from importlib.metadata import version as v
-
-    return v("quixstreams")
+    return PYTHON.exists()
 
 
 def quix_loop(kafka: str, source: str, sink: str, *, events: int, batch_size: int) -> Measured:
+    """Runs the peer in its own interpreter; returns its rate and CPU time."""
+    spec = json.dumps(
+        {"kafka": kafka, "source": source, "sink": sink, "events": events, "batch": batch_size}
+    )
+    done = subprocess.run(
+        [str(PYTHON), "-m", "benchmarks.peer_quix", spec],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"Quix peer failed: {done.stderr[-2000:]}")
+    out = json.loads(lines[-1])
+    return Measured(out["count"], out["seconds"], out["cpu"], out["version"])
+
+
+def _drain(kafka: str, source: str, sink: str, *, events: int, batch_size: int) -> dict[str, Any]:
     """Drains `events` records of `source` through a stateful, exactly-once Quix application."""
-    from quixstreams import Application
+    from importlib.metadata import version
+
+    # Only in .venv-bench (the `bench` extra), where this function runs.
+    from quixstreams import Application  # type: ignore[import-not-found, unused-ignore]
 
     group = f"bench-quix-{uuid.uuid4().hex[:8]}"
     seen = {"n": 0, "t0": 0.0, "c0": 0.0}
@@ -93,4 +122,16 @@ def quix_loop(kafka: str, source: str, sink: str, *, events: int, batch_size: in
     done = int(seen["n"])
     if done < events:
         raise RuntimeError(f"Quix peer: {done}/{events} events")
-    return Measured(done, elapsed, cpu)
+    return {"count": done, "seconds": elapsed, "cpu": cpu, "version": version("quixstreams")}
+
+
+if __name__ == "__main__":
+    given = json.loads(sys.argv[1])
+    result = _drain(
+        given["kafka"],
+        given["source"],
+        given["sink"],
+        events=given["events"],
+        batch_size=given["batch"],
+    )
+    print(json.dumps(result), flush=True)

@@ -84,16 +84,21 @@ def e2e_loop(
             moves: dict[int, tuple[int | None, int]] = {}
             now = datetime.now(UTC).isoformat()
             for msg in msgs:
-                if msg.error() is not None:
+                value, p, offset = msg.value(), msg.partition(), msg.offset()
+                if msg.error() is not None or value is None or p is None or offset is None:
                     continue
                 headers = dict(msg.headers() or ())
-                body = json.loads(msg.value())
-                p, offset = msg.partition(), msg.offset()
-                batch.add(body["transfer_id"], headers["message-id"].decode(), body, p, offset, now)
-                if p not in moves:
-                    moves[p] = (positions[p], offset + 1)
-                else:
-                    moves[p] = (moves[p][0], offset + 1)
+                mid = headers.get("message-id")
+                body = json.loads(value)
+                batch.add(
+                    body["transfer_id"],
+                    mid.decode() if isinstance(mid, bytes) else str(mid),
+                    body,
+                    p,
+                    offset,
+                    now,
+                )
+                moves[p] = (moves[p][0] if p in moves else positions[p], offset + 1)
                 positions[p] = offset + 1
             ids = store.write(batch, source, moves, forget=published)
             for key, value, hdrs in zip(batch.keys, batch.values, batch.header_lists, strict=True):

@@ -90,7 +90,7 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
 
     tables = box.schema("engine")
     settings = s1_backlog.settings(found, tables, box.prefix).model_copy(
-        update={"sagas": ["sagas.transfer"]}
+        update={"sagas": ["sagas.transfer:TransferSaga"]}
     )
     engine = _measure(
         found,

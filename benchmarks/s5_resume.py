@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -112,8 +113,10 @@ def _engine(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
     base = s1_backlog.settings(found, tables, box.prefix)
     base = base.model_copy(
         update={
-            "sagas": ["sagas.transfer"],
-            "consumer": base.consumer.model_copy(update={"session_timeout": SESSION_MS / 1000}),
+            "sagas": ["sagas.transfer:TransferSaga"],
+            "consumer": base.consumer.model_copy(
+                update={"session_timeout": timedelta(milliseconds=SESSION_MS)}
+            ),
         }
     )
     group = base.consumer.group_id
