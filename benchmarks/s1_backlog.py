@@ -411,7 +411,7 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
         )
         rounds.append({**sides, "ratios": ratios})
 
-    profile = None
+    profile = profile_stats = None
     if options.profile:
         say("profiled engine run (cProfile of the batch step, commit and relay; not timed)")
         profiled = run_engine(
@@ -424,6 +424,7 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
             profile=True,
         )
         profile = profiled.pop("profile", None)
+        profile_stats = profiled.pop("profile_stats", None)
     medians = {
         side: {
             "events_per_s": _median(rounds, side, "events_per_s"),
@@ -451,6 +452,7 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
         "commands_complete": complete,
         "goals": goals,
         "profile": profile,
+        "profile_stats": profile_stats,
     }
 
 
