@@ -36,7 +36,14 @@ format: venv
 demo: venv
 	$(BIN)/python -m demo
 
-bench: venv
+## One JSON report per run in .local/bench/. The Quix Streams peer (the `bench` extra) gets a
+## virtualenv of its own: it pins an older confluent-kafka than the engine is measured with.
+BENCH_VENV := .venv-bench
+$(BENCH_VENV)/.installed-stamp: pyproject.toml
+	$(PYTHON) -m venv $(BENCH_VENV) && \
+	$(BENCH_VENV)/bin/pip install -q --disable-pip-version-check -e '.[bench]' && touch $@
+
+bench: venv $(BENCH_VENV)/.installed-stamp
 	$(BIN)/python -m benchmarks
 
 schemas: venv
@@ -50,4 +57,4 @@ down:
 	$(STACK) down --all
 
 clean: down
-	rm -rf $(VENV) .local
+	rm -rf $(VENV) $(BENCH_VENV) .local

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined, unused-ignore]
 from psycopg import sql
 
 import devstack
@@ -153,11 +153,11 @@ def machine() -> dict[str, Any]:
     }
 
 
-def write_result(scenario: str, result: dict[str, Any]) -> Path:
+def write_report(stamp: str, results: dict[str, Any]) -> Path:
+    """One JSON file per run, named by its start time, beside earlier runs' files."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{scenario}.json"
-    doc = {"scenario": scenario, "at": datetime.now(UTC).isoformat(), **result}
-    doc["machine_after"] = machine()
+    path = RESULTS_DIR / f"{stamp}.json"
+    doc = {"at": datetime.now(UTC).isoformat(), "scenarios": results, "machine_after": machine()}
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     return path
 
