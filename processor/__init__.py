@@ -6,6 +6,7 @@ saga and schema modules stay cheap to import and test. The in-memory test fixtur
 :mod:`processor.testing`.
 """
 
+from processor.application import SagaApp
 from processor.definition import (
     SagaState,
     definition_of,
@@ -31,6 +32,7 @@ __all__ = [
     "IllegalTransition",
     "Message",
     "MessageMetadata",
+    "SagaApp",
     "SagaCommands",
     "SagaDeadlines",
     "SagaDefinitionError",

@@ -225,6 +225,8 @@ ALLOWED_NAMES = frozenset(
         "SAGA_KAFKA_CONTROLLER_PORT",
         "SAGA_PG_PORT",
         "SAGA_PG_CLUSTER",
+        # The application object (`MODULE:ATTR`) the command line loads; read by processor.cli.
+        "SAGA_APP",
     }
 )
 
@@ -277,7 +279,12 @@ def _problem(err: Any) -> str:
     return f"SAGA_{'__'.join(p.upper() for p in loc)}: {err['msg']}"
 
 
-def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) -> ProcessorSettings:
+def load_settings(
+    environ: Mapping[str, str] | None = None,
+    *,
+    defaults: Mapping[str, Any] | None = None,
+    **overrides: Any,
+) -> ProcessorSettings:
     """Reads the environment once; a bad value is a ConfigurationError naming the variable.
 
     The error says where and what, never the value: pydantic's input echo may carry secrets, so
@@ -286,6 +293,8 @@ def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
     Args:
         environ: Checked for misspelt `SAGA_*` names; defaults to `os.environ` (which is also
             where the values are read from).
+        defaults: Settings the application object gives (`SagaApp(settings=...)`): the
+            environment overrides them, key by key in nested settings.
         **overrides: Settings given directly, ahead of the environment.
 
     Raises:
@@ -301,6 +310,13 @@ def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
         )
     problems: list[str]
     try:
+        if defaults:
+            from pydantic_settings import EnvSettingsSource
+
+            # pydantic-settings ranks arguments above the environment; the app's settings must
+            # rank below it, so the environment is merged over them here.
+            merged = _deep_merge(dict(defaults), EnvSettingsSource(ProcessorSettings)())
+            overrides = _deep_merge(merged, overrides)
         return ProcessorSettings(**overrides)
     except ValidationError as e:
         problems = [_problem(err) for err in e.errors()]
@@ -309,3 +325,15 @@ def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
         problems = [str(e)]
     # Raised outside the except clauses, so that the refused input is not kept as __context__.
     raise ConfigurationError(problems)
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `over` laid on top; nested mappings merge key by key."""
+    out = dict(base)
+    for key, value in over.items():
+        below = out.get(key)
+        if isinstance(value, Mapping) and isinstance(below, Mapping):
+            out[key] = _deep_merge(dict(below), value)
+        else:
+            out[key] = value
+    return out

@@ -34,6 +34,7 @@ from tests.support.procs import ProcessorProcess
 from tests.support.roles import LeastPrivilege
 
 TRANSFER_SAGA = "sagas.transfer:TransferSaga"
+TRANSFER_APP = "sagas.app:transfer_app"
 EVENT_TYPES = (
     "transfers.TransferRequested",
     "transfers.DebitConfirmed",
@@ -101,7 +102,9 @@ class E2EEnv:
     ) -> ProcessorProcess:
         """Starts a processor subprocess named `name` (its instance id and `<name>.log`)."""
         overrides.setdefault("instance_id", name)
-        proc = ProcessorProcess(self.settings(**overrides), self.logs / f"{name}.log", fault)
+        proc = ProcessorProcess(
+            self.settings(**overrides), self.logs / f"{name}.log", fault, app=TRANSFER_APP
+        )
         self.procs.append(proc)
         return proc
 

@@ -53,6 +53,7 @@ PURE = (
     "ports.py",
     "wire.py",
     # The authoring core.
+    "application.py",
     "__init__.py",
     "binding.py",
     "definition.py",
