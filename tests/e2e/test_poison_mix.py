@@ -109,8 +109,8 @@ def _publish_bad(pub: Publisher, env: E2EEnv, bad: list[Bad]) -> None:
 
 def test_good_sagas_finish_among_bad_records_with_two_replicas(e2e_env: E2EEnv) -> None:
     env = e2e_env
-    overrides = {"consumer": {"max_record_bytes": MAX_RECORD_BYTES}}
-    replicas = [env.start(f"mix-{i}", **overrides) for i in range(2)]
+    consumer = {"max_record_bytes": MAX_RECORD_BYTES}
+    replicas = [env.start(f"mix-{i}", consumer=consumer) for i in range(2)]
     workload: Workload = new_workload(SAGAS)
     tids = list(workload.events)
     # The last three sagas play special parts; the bad records use the others' keys.
