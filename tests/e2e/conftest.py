@@ -30,6 +30,8 @@ from schemas.transfers import (
     TransferRequested,
 )
 from tests.support.harness import Publisher, Reader, create_topics, query, settings_for, wait_until
+from tests.support.private_stack import PrivateStack
+from tests.support.private_stack import private_stack as _private_stack
 from tests.support.procs import ProcessorProcess
 from tests.support.roles import LeastPrivilege
 
@@ -170,6 +172,13 @@ def e2e_env(
             proc.stop()
         for reader in env.readers:
             reader.close()
+
+
+@pytest.fixture
+def private_stack(tmp_path: Path) -> Iterator[PrivateStack]:
+    """A PostgreSQL cluster and a Kafka broker that only this test uses (and may restart)."""
+    with _private_stack(tmp_path) as stack:
+        yield stack
 
 
 def new_workload(count: int) -> Workload:
