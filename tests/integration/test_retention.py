@@ -199,8 +199,8 @@ def test_tables_stay_bounded_while_fifty_thousand_sagas_start_and_end(
             ws = engine.run(records)
             assert ws.counts["ended"] == per_batch
             if start % (10 * per_batch) == 0:
-                for table in peaks:
-                    peaks[table] = max(peaks[table], count(database_url, tables, table))
+                for table, peak in list(peaks.items()):
+                    peaks[table] = max(peak, count(database_url, tables, table))
         # Everything ends up purged once the window has passed.
         ends = time.monotonic() + 30
         while count(database_url, tables, "tombstone") or count(database_url, tables, "history"):
