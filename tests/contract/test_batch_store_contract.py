@@ -69,7 +69,7 @@ def _memory() -> Iterator[Backing]:
     yield Backing(
         lambda: MemoryBatchStore(tables),
         lambda: len(tables.outbox),
-        purge_ended=lambda: MemoryBatchStore(tables).purge_ended() and None,
+        purge_ended=lambda: None if MemoryBatchStore(tables).purge_ended() < 0 else None,
     )
 
 
