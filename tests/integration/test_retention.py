@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
+from decimal import Decimal
 
 import pytest
 
@@ -27,6 +29,24 @@ from processor.postgres.schema import Tables
 from processor.runner import bind_all
 from processor.runtime.retention import Retention
 from processor.settings import RetentionSettings
+from sagas.transfer import TransferSaga
+from schemas.transfers import (
+    ACCOUNT_COMMANDS_TOPIC,
+    TRANSFER_EVENTS_TOPIC,
+    CreditConfirmed,
+    DebitConfirmed,
+    TransferRequested,
+)
+from tests.support.harness import (
+    Publisher,
+    Reader,
+    create_topics,
+    query,
+    running,
+    settings_for,
+    wait_until,
+)
+from tests.support.roles import LeastPrivilege
 
 pytestmark = pytest.mark.integration
 
@@ -219,3 +239,67 @@ def test_tables_stay_bounded_while_fifty_thousand_sagas_start_and_end(
     assert peaks["history"] < 30_000, peaks
     assert peaks["tombstone"] < 30_000, peaks
     print(f"\npeak rows while {total} sagas ran: {peaks}; deleted {dict(retention.deleted)}")
+
+
+def test_a_processor_purges_as_its_runtime_role_and_ignores_a_redelivered_start(
+    kafka_bootstrap: str, least_privilege_db: LeastPrivilege
+) -> None:
+    prefix = f"t{uuid.uuid4().hex[:8]}."
+    events, commands_topic = prefix + TRANSFER_EVENTS_TOPIC, prefix + ACCOUNT_COMMANDS_TOPIC
+    create_topics(kafka_bootstrap, [events, commands_topic, prefix + "saga-dead-letters"])
+    url, schema = least_privilege_db.runtime_url, least_privilege_db.schema
+    settings = settings_for(
+        kafka_bootstrap,
+        url,
+        schema,
+        prefix,
+        deadline={"schema": {"auto": False}},
+        retention={
+            "ended_sagas": "0s",
+            "history": "0s",
+            "dedupe_window": "1h",
+            "interval": "200ms",
+        },
+    )
+    commands = Reader(kafka_bootstrap, [commands_topic])
+    pub = Publisher(kafka_bootstrap)
+    tid = f"tr-{uuid.uuid4().hex[:6]}"
+    amount = Decimal("10.00")
+    start = TransferRequested(
+        transfer_id=tid, source_account_id="A", target_account_id="B", amount=amount
+    )
+
+    def rows(sql: str) -> list[tuple[object, ...]]:
+        return query(url, schema, sql)
+
+    try:
+        with running(settings, [TransferSaga]) as proc:
+            assert proc.health().get("retention") is True
+            pub.event(events, tid, start, message_id="start-1")
+            pub.flush()
+            commands.wait_for(lambda rs: len(rs) >= 1, what="DebitAccount")
+            pub.event(events, tid, DebitConfirmed(transfer_id=tid, account_id="A", amount=amount))
+            pub.event(events, tid, CreditConfirmed(transfer_id=tid, account_id="B", amount=amount))
+            pub.flush()
+            commands.wait_for(lambda rs: len(rs) >= 2, what="CreditAccount")
+            wait_until(
+                lambda: rows("SELECT saga_id FROM saga_tombstone") == [(tid,)],
+                what="the ended saga purged to a tombstone",
+            )
+            assert rows("SELECT count(*) FROM saga_instance") == [(0,)]
+            assert rows("SELECT count(*) FROM saga_history") == [(0,)]
+
+            pub.event(events, tid, start, message_id="start-1")  # redelivered
+            pub.flush()
+            wait_until(
+                lambda: (
+                    rows("SELECT outcome, detail FROM saga_history")
+                    == [("ignored-ended", "ended; purged by retention")]
+                ),
+                what="the redelivered start recorded as ignored",
+            )
+            assert rows("SELECT count(*) FROM saga_instance") == [(0,)]
+        types = [commands.headers(m)["message-type"] for m in commands.records]
+        assert types == ["transfers.DebitAccount", "transfers.CreditAccount"]
+    finally:
+        commands.close()
