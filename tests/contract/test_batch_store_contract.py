@@ -66,10 +66,12 @@ class Backing:
 
 def _memory() -> Iterator[Backing]:
     tables = MemoryTables()
+
+    def purge_ended() -> None:
+        MemoryBatchStore(tables).purge_ended()
+
     yield Backing(
-        lambda: MemoryBatchStore(tables),
-        lambda: len(tables.outbox),
-        purge_ended=lambda: None if MemoryBatchStore(tables).purge_ended() < 0 else None,
+        lambda: MemoryBatchStore(tables), lambda: len(tables.outbox), purge_ended=purge_ended
     )
 
 
