@@ -191,6 +191,46 @@ class DeadlineSettings(BaseModel):
         return self
 
 
+class RetentionSettings(BaseModel):
+    """Built-in retention: which old rows the processor deletes, and when (`SAGA_RETENTION__*`).
+
+    Ages count from when a saga ended, a message was applied or recorded, a record was
+    dead-lettered or held, or an outbox row was set aside; the database's clock measures them.
+    """
+
+    enabled: bool = True
+    # An ended saga's row and history are deleted this long after it ended; a tombstone stays.
+    ended_sagas: Duration = timedelta(days=30)
+    # History rows that applied nothing (duplicates, ignored, parked, stale deadlines).
+    history: Duration = timedelta(days=30)
+    # How long a message id (applied history rows) and an ended saga (its tombstone) are
+    # remembered, so that a redelivered message or a late start event is recognised.
+    dedupe_window: Duration = timedelta(days=90)
+    dead_letters: Duration = timedelta(days=30)
+    # Held messages of sagas that are no longer parked (a parked saga's are kept until its retry).
+    parked_messages: Duration = timedelta(days=30)
+    # Failed and held outbox rows nobody retried or discarded: deleting them drops the commands.
+    failed_outbox: Duration = timedelta(days=30)
+    # Most rows (or ended sagas) one delete removes, each in its own short transaction.
+    chunk_size: int = Field(default=1000, ge=1, le=100_000)
+    # Time between rounds; a round deletes everything that is due, chunk by chunk.
+    interval: Duration = timedelta(minutes=1)
+    # Pause between two chunks of a round, so a backlog never monopolises the database.
+    chunk_pause: Duration = timedelta(milliseconds=50)
+
+    @model_validator(mode="after")
+    def _window_covers_purges(self) -> RetentionSettings:
+        if self.dedupe_window < max(self.ended_sagas, self.history):
+            raise ValueError(
+                f"retention.dedupe-window ({self.dedupe_window}) must be at least "
+                f"retention.ended-sagas ({self.ended_sagas}) and retention.history "
+                f"({self.history}): it is how long duplicates stay recognised"
+            )
+        if self.interval <= timedelta(0):
+            raise ValueError("retention.interval must be positive")
+        return self
+
+
 class ProcessorSettings(BaseSettings):
     """Everything the processor needs, from `SAGA_*` variables (nested with `__`)."""
 
@@ -211,6 +251,7 @@ class ProcessorSettings(BaseSettings):
     consumer: ConsumerSettings = Field(default_factory=ConsumerSettings)
     relay: RelaySettings = Field(default_factory=RelaySettings)
     deadline: DeadlineSettings = Field(default_factory=DeadlineSettings)
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
     shutdown_timeout: Duration = timedelta(seconds=20)
 
 

@@ -44,4 +44,6 @@ def overlay(loaded: Loaded, prior: WriteSet) -> Loaded:
             and (ref.saga_type, ref.saga_id) not in cleared
         )
     }
-    return Loaded(sagas, applied, deadlines, loaded.lease_token, loaded.now)
+    return Loaded(
+        sagas, applied, deadlines, loaded.lease_token, loaded.now, tombstones=loaded.tombstones
+    )

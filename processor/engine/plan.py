@@ -208,7 +208,9 @@ class Planner:
             key = (item.bound.saga_type, item.saga_id)
             w = working.get(key)
             if w is None:
-                w = working[key] = self._load(item.bound, item.saga_id, loaded.sagas.get(key))
+                w = working[key] = self._load(
+                    item.bound, item.saga_id, loaded.sagas.get(key), key in loaded.tombstones
+                )
             if isinstance(item.decoded, FiredDeadline):
                 self._fire(ws, w, item, item.decoded, loaded, now, replay)
             else:
@@ -223,9 +225,12 @@ class Planner:
 
     # -- per item --------------------------------------------------------------------------
 
-    def _load(self, bound: BoundSaga, saga_id: str, row: SagaRow | None) -> _Working:
+    def _load(
+        self, bound: BoundSaga, saga_id: str, row: SagaRow | None, purged: bool = False
+    ) -> _Working:
         if row is None:
-            return _Working(bound, saga_id, None, None, None, 0)
+            # A tombstone: the saga ended and retention purged its row. It stays ended.
+            return _Working(bound, saga_id, None, None, ENDED if purged else None, 0)
         try:
             state = bound.state_from_json(row.state) if row.state is not None else None
         except Exception as e:  # any error of the saga's own model (validators run user code)
@@ -255,7 +260,8 @@ class Planner:
         if w.status == PARKED:
             self._park(ws, w, item, "behind a parked saga", Outcome.PARKED_BEHIND)
         elif w.status == ENDED:
-            self._history(ws, w, item, Outcome.IGNORED_ENDED)
+            detail = "ended; purged by retention" if w.row is None else None
+            self._history(ws, w, item, Outcome.IGNORED_ENDED, detail=detail)
         elif w.status is None and not handler.start:
             self._history(ws, w, item, Outcome.NO_SAGA)
         elif w.load_error is not None:

@@ -78,6 +78,9 @@ class Loaded:
     deadlines: Mapping[str, DeadlineRef]
     lease_token: int | None
     now: datetime  # the database's clock, so deadlines and the poller agree on time
+    # Wanted sagas that ended and whose rows retention purged: they count as ended, so a late
+    # or redelivered start event is recorded and ignored, never starts a second saga.
+    tombstones: AbstractSet[SagaKey] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ class Tables:
             dead_letter=self.q("dead_letter"),
             parked=self.q("parked_message"),
             version=self.q("schema_version"),
+            tombstone=self.q("saga_tombstone"),
             schema=self.schema,
         )
 
@@ -192,6 +193,26 @@ MIGRATIONS: tuple[str, ...] = (
         failed_at   timestamptz NOT NULL DEFAULT now()
     );
     CREATE INDEX ON {failed_outbox} (saga_type, saga_id, id);
+    """,
+    # retain9
+    # 5: retention (processor/runtime/retention.py). A purged ended saga leaves a tombstone, so
+    # that a late or redelivered start event is recognised for the dedupe window instead of
+    # starting a second saga. The indexes let each chunked delete find its oldest rows without
+    # walking the rows it keeps.
+    """
+    CREATE TABLE {tombstone} (
+        saga_type  text        NOT NULL,
+        saga_id    text        NOT NULL,
+        ended_at   timestamptz NOT NULL,
+        purged_at  timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (saga_type, saga_id)
+    );
+    CREATE INDEX ON {tombstone} (ended_at);
+    CREATE INDEX ON {instance} (ended_at) WHERE status = 'ended';
+    CREATE INDEX ON {history} (at) WHERE outcome <> 'applied';
+    CREATE INDEX ON {dead_letter} (created_at);
+    CREATE INDEX ON {parked} (created_at);
+    CREATE INDEX ON {failed_outbox} (failed_at);
     """,
 )
 

@@ -60,6 +60,12 @@ class BatchStore:
              WHERE (saga_type, saga_id) IN (SELECT * FROM unnest(%b::text[], %b::text[]))
             """
         )
+        self._load_tombstones = r(
+            """
+            SELECT saga_type, saga_id FROM {tombstone}
+             WHERE (saga_type, saga_id) IN (SELECT * FROM unnest(%b::text[], %b::text[]))
+            """
+        )
         self._load_applied = r(
             """
             SELECT saga_type, saga_id, message_id FROM {history}
@@ -202,6 +208,12 @@ class BatchStore:
         with self.conn.pipeline():
             c0 = self.conn.execute("SELECT now()")
             c1 = self.conn.execute(self._load_sagas, ([k[0] for k in keys], [k[1] for k in keys]))
+            # After the sagas, never before: each statement reads its own snapshot, and retention
+            # deletes an instance and writes its tombstone in one transaction, so a saga purged
+            # between the two reads is seen in both, never in neither.
+            c5 = self.conn.execute(
+                self._load_tombstones, ([k[0] for k in keys], [k[1] for k in keys])
+            )
             c2 = (
                 self.conn.execute(
                     self._load_applied,
@@ -228,7 +240,15 @@ class BatchStore:
         lease = c4.fetchone() if c4 else None
         now_row = c0.fetchone()
         assert now_row is not None
-        return Loaded(sagas, applied, deadlines, int(lease[0]) if lease else None, now_row[0])
+        tombstones = {(t, i) for t, i in c5.fetchall()}
+        return Loaded(
+            sagas,
+            applied,
+            deadlines,
+            int(lease[0]) if lease else None,
+            now_row[0],
+            tombstones=tombstones,
+        )
 
     def write(self, ws: WriteSet, offsets: Sequence[OffsetCommit]) -> None:
         """Writes the batch; raises FencedOut or ConcurrentUpdate (the caller rolls back)."""
