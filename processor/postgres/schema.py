@@ -193,6 +193,12 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX ON {failed_outbox} (saga_type, saga_id, id);
     """,
+    # upcast9
+    # 5: the saga class's state version each row was written at, so a newer class can upcast
+    # older rows on load (processor.upcasting). A constant default adds no table rewrite.
+    """
+    ALTER TABLE {instance} ADD COLUMN state_version int NOT NULL DEFAULT 1;
+    """,
 )
 
 

@@ -56,6 +56,7 @@ PURE = (
     "__init__.py",
     "binding.py",
     "definition.py",
+    "upcasting.py",
     "errors.py",
     "handles.py",
     "messages.py",
