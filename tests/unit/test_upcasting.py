@@ -1,4 +1,4 @@
-"""Versioned saga state and message evolution: upcasters on load, and records newer than the code."""
+"""Versioned saga state and message evolution: upcasters, and records newer than the code."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from pydantic import Field
 
 from processor import (
     ConfigurationError,
@@ -173,7 +174,7 @@ def _paid_v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
 
 @saga(type="unit-upcast-order")
 class OrderSaga(SagaState):
-    paid: list[int] = []
+    paid: list[int] = Field(default_factory=list)
 
     @saga_event_handler(PaidV2, association_property="order_id", start=True)
     def on_paid(self, event: PaidV2) -> None:
@@ -223,7 +224,7 @@ def test_a_newer_event_parks_its_saga_and_later_events_wait_behind_it() -> None:
         _record(2, {"order_id": "o-1", "amount_minor": 7}, offset=2),
         _record(2, {"order_id": "o-2", "amount_minor": 9}, offset=3),
     ]
-    items, wants = planner.route([decode(r, REG, LIMIT) for r in records])
+    items, _ = planner.route([decode(r, REG, LIMIT) for r in records])
     assert [i.saga_id for i in items if isinstance(i, Item)] == ["o-1", "o-1", "o-2"]
     row = SagaRow("unit-upcast-order", "o-1", {"paid": [1]}, ACTIVE, 4)
     ws = planner.plan(items, _loaded({("unit-upcast-order", "o-1"): row}), NOW)
