@@ -66,7 +66,7 @@ PURE = (
     "testing.py",
     "testing_engine.py",
 )
-EDGES = ("postgres/", "kafka/", "cli.py", "cli_commands.py", "__main__.py")
+EDGES = ("postgres/", "kafka/", "cli.py", "cli_commands.py", "cli_preflight.py", "__main__.py")
 # Where the pure runtime is wired to the real adapters.
 ASSEMBLY_POINTS = {"runtime/processor.py", "runtime/assembly.py"}
 CLI_ENTRIES = {"cli.py", "__main__.py"}
