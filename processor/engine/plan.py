@@ -293,7 +293,7 @@ class Planner:
         except Exception as e:  # any error of the saga's own model (validators run user code)
             w = _Working(bound, saga_id, row, None, row.status, row.version, row.parked_reason)
             cls = bound.definition.state_cls.__qualname__
-            at = f" v{bound.state_version}"
+            at = ""
             if row.state_version != bound.state_version:
                 at = f" v{bound.state_version} (upcast from v{row.state_version})"
             w.load_error = f"stored state does not load into {cls}{at}: {describe_error(e)}"[:1000]
