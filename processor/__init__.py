@@ -25,6 +25,7 @@ from processor.errors import (
 from processor.handles import SagaCommands, SagaDeadlines, SagaLifecycle, Setting
 from processor.messages import Message, MessageMetadata, message_type
 from processor.messages import registry as message_registry
+from processor.upcasting import event_upcaster, upcaster
 
 __all__ = [
     "ConfigurationError",
@@ -42,9 +43,11 @@ __all__ = [
     "Setting",
     "UnknownMessageType",
     "definition_of",
+    "event_upcaster",
     "message_registry",
     "message_type",
     "saga",
     "saga_deadline_handler",
     "saga_event_handler",
+    "upcaster",
 ]

@@ -16,6 +16,7 @@ from importlib import metadata
 from typing import cast
 
 from processor import cli_commands as c
+from processor import cli_preflight as p
 from processor.errors import SagaError
 from processor.settings import load_settings
 
@@ -48,7 +49,16 @@ COMMANDS: tuple[Command, ...] = (
         c.run,
     ),
     Command(
-        "migrate", "create or upgrade the database schema, then exit", c.no_arguments, c.migrate
+        "migrate",
+        "create or upgrade the database schema, then exit (`--sql`: print the pending DDL)",
+        p.migrate_arguments,
+        p.migrate,
+    ),
+    Command(
+        "check",
+        "preflight before a deploy: stored sagas load, handlers exist, topics and schema match",
+        p.check_arguments,
+        p.check,
     ),
     Command(
         "deadlines",

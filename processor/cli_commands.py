@@ -181,16 +181,6 @@ def _force_exit() -> None:
     os._exit(3)
 
 
-def migrate(args: argparse.Namespace, settings: ProcessorSettings) -> int:
-    """Creates or upgrades the schema and prints its version; exit code 0."""
-    from processor.postgres.connect import ensure_schema
-    from processor.runtime.assembly import tables_for
-
-    version = ensure_schema(settings.database.url.get_secret_value(), tables_for(settings))
-    print(f"schema {settings.database.schema_name} at version {version}")
-    return 0
-
-
 # -- deadlines ---------------------------------------------------------------------------------
 
 _DEADLINE_HEADER = (

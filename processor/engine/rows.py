@@ -57,6 +57,8 @@ class SagaRow:
     status: SagaStatus | None
     version: int
     parked_reason: str | None = None
+    # The saga class's state version the JSON was written at (see processor.upcasting).
+    state_version: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +103,7 @@ class SagaWrite:
     parked_reason: str | None
     # Copied to the queryable `machine_state` column; None for sagas that are not machines.
     machine_state: str | None = None
+    state_version: int = 1
 
 
 @dataclass(frozen=True, slots=True)

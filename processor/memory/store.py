@@ -162,7 +162,13 @@ class MemoryBatchStore:
         for s in ws.sagas:
             status = SagaStatus(s.status)
             t.sagas[(s.saga_type, s.saga_id)] = SagaRow(
-                s.saga_type, s.saga_id, copy.deepcopy(s.state), status, s.version, s.parked_reason
+                s.saga_type,
+                s.saga_id,
+                copy.deepcopy(s.state),
+                status,
+                s.version,
+                s.parked_reason,
+                s.state_version,
             )
         t.history.extend(ws.history)
         t.applied.update(

@@ -115,6 +115,7 @@ def bind_sagas(
         [definition_of(c) for c in classes],
         settings=settings.settings,
         dependencies=dependencies or {},
+        registry=registry,
     )
     planner = Planner(
         sagas,
