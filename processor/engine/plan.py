@@ -67,6 +67,10 @@ from processor.runner import BoundSaga, DeadlineInput, EventInput, command_messa
 from processor.upcasting import MissingUpcaster
 from processor.wire import Topics
 
+# In the parked reason of a saga held by an event newer than the code; a processor that starts
+# with newer code retries those sagas (processor.ops.parked.resume_too_new).
+TOO_NEW = "is newer than this code knows"
+
 # Seeded from the OS once per process, so replicas never share a sequence.
 _random_bits = random.Random().getrandbits
 
@@ -346,8 +350,8 @@ class Planner:
         else:
             # Also when no saga exists yet: only the new code knows whether this starts one.
             reason = (
-                f"{d.metadata.message_type!r} schema-version {d.version} is newer than this "
-                f"code knows (v{d.known}); deploy code that knows it, then retry the saga"
+                f"{d.metadata.message_type!r} schema-version {d.version} {TOO_NEW} "
+                f"(v{d.known}); it goes on by itself once code that knows it starts"
             )
             w.parked_reason = reason
             self._park(ws, w, item, reason, Outcome.PARKED)

@@ -13,9 +13,10 @@ import dataclasses
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from processor.engine.decode import Rejected, decode
-from processor.engine.plan import Item, Planner
+from processor.engine.plan import TOO_NEW, Item, Planner
 from processor.engine.rows import ACTIVE, PARKED, SagaRow, SagaWrite, Wants, WriteSet
 from processor.errors import SagaError
 from processor.messages import MessageRegistry
@@ -268,3 +269,31 @@ class _Replay:
 def _failure(h: HeldMessage, reason: str) -> RetryFailure:
     r = h.record
     return RetryFailure(h.parked_id, r.header("message-id"), r.topic, r.partition, r.offset, reason)
+
+
+class ResumeStore(ParkedStore, OperatorStore, Protocol):
+    """Lists parked sagas and retries them (the PostgreSQL `OperatorQueries` does both)."""
+
+
+def resume_too_new(
+    store: ResumeStore,
+    planner: Planner,
+    *,
+    registry: MessageRegistry,
+    limit: int = 10_000,
+) -> list[RetryResult]:
+    """Retries the sagas parked only because an event was newer than the code then knew.
+
+    A processor runs this when it starts, so a rollout in the wrong order (producers before
+    processors) heals by itself once the new code is deployed. A saga whose held event is still
+    too new for this code stays parked as it was.
+    """
+    results = []
+    for parked in store.parked_sagas(limit):
+        if parked.reason is not None and TOO_NEW in parked.reason:
+            results.append(
+                retry_parked_saga(
+                    store, planner, parked.saga_type, parked.saga_id, registry=registry
+                )
+            )
+    return results

@@ -22,10 +22,12 @@ from processor.kafka.client import SagaConsumer
 from processor.kafka.producer import KafkaRecordProducer, make_producer, relay_overrides
 from processor.messages import MessageRegistry
 from processor.messages import registry as default_registry
+from processor.ops.parked import resume_too_new
 from processor.postgres.batch import PostgresBatchStore
 from processor.postgres.connect import connect, ensure_schema
 from processor.postgres.deadlines import PostgresDeadlineStore
 from processor.postgres.notify import PostgresWakeSource
+from processor.postgres.operator import open_operator_queries
 from processor.postgres.outbox import PostgresOutboxStore
 from processor.postgres.retention import PostgresRetentionStore
 from processor.postgres.store import Conn
@@ -106,6 +108,7 @@ class Processor:
         warn_unverified_tls(self.settings.database.url.get_secret_value())
         if self.settings.deadline.schema_.auto:
             ensure_schema(self.settings.database.url.get_secret_value(), self.tables)
+        self._resume_too_new()
         kafka = self.settings.kafka.client_config()
         cs = self.settings.consumer
         # Once this replica's partitions go to another (its session timed out while frozen, or
@@ -181,6 +184,19 @@ class Processor:
             max_batch_bytes=cs.max_batch_bytes,
         )
         log.info("processor %s started: sagas %s", self.instance_id, sorted(self.sagas))
+
+    def _resume_too_new(self) -> None:
+        """Sagas parked behind events newer than older code knew go on if this code knows them."""
+        url = self.settings.database.url.get_secret_value()
+        with open_operator_queries(url, self.tables) as queries:
+            results = resume_too_new(queries, self.planner, registry=self.registry)
+        resumed = sum(1 for r in results if r.ok)
+        if results:
+            log.info(
+                "%d of %d sagas held by events newer than earlier code knew went on",
+                resumed,
+                len(results),
+            )
 
     def _committed(self, ws: WriteSet) -> None:
         report_committed(ws)
