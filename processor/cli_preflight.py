@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from processor.ops.check import CheckReport
@@ -66,7 +66,14 @@ def check(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     A saga configuration that does not bind (e.g. a gap in a chain of upcasters) fails
     earlier, with exit code 2, like every refused configuration.
     """
-    report = check_from_settings(settings, topics=not args.skip_topics)
+    from processor.cli_commands import app_of
+    from processor.runtime.assembly import open_sagas
+
+    # The app's sagas and dependencies, as `run` would have them (else SAGA_SAGAS).
+    with open_sagas(settings, app_of(args)) as (saga_classes, dependencies):
+        report = check_from_settings(
+            settings, saga_classes, dependencies=dependencies, topics=not args.skip_topics
+        )
     print(report.render())
     return 0 if report.ok else 1
 
@@ -75,6 +82,7 @@ def check_from_settings(
     settings: ProcessorSettings,
     saga_classes: Iterable[type[Any]] | None = None,
     *,
+    dependencies: Mapping[type, object] | None = None,
     topics: bool = True,
 ) -> CheckReport:
     """Runs the preflight check with the sagas `settings.sagas` names (or ``saga_classes``).
@@ -90,7 +98,7 @@ def check_from_settings(
     from processor.runtime.assembly import bind_sagas, tables_for
     from processor.wire import Topics
 
-    bound = bind_sagas(settings, saga_classes)
+    bound = bind_sagas(settings, saga_classes, dependencies=dependencies)
     names = Topics(settings.topic_prefix)
     handled = bound.planner.event_types
     if settings.consumer.topics:

@@ -106,6 +106,10 @@ def test_an_app_runs_from_the_cli_and_a_parked_saga_is_retried_after_the_fix(
         assert retried.returncode == 0, retried.stdout + retried.stderr
         assert "now ended" in retried.stdout
         assert _status(e2e_env, blocked) == "ended"
+
+        # The preflight takes the same target, with the app's dependencies.
+        checked = _cli(environ, "check", "--app", APP, "--skip-topics")
+        assert checked.returncode == 0, checked.stdout + checked.stderr
     finally:
         proc.terminate()
         proc.wait(60)
