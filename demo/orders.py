@@ -36,7 +36,7 @@ from schemas.orders import (
     StockUnavailable,
 )
 
-__all__ = ["MERCHANT", "order_participants", "FraudReview", "Inventory", "Payments", "Shipping"]
+__all__ = ["MERCHANT", "FraudReview", "Inventory", "Payments", "Shipping", "order_participants"]
 
 MERCHANT = "merchant"
 EXPIRED = "deadline passed before the command ran"

@@ -16,7 +16,7 @@ from processor.participant.definition import (
     participant,
     participant_of,
 )
-from processor.participant.handles import Replies
+from processor.participant.handles import Replies, SkipDelivery
 from processor.participant.kit import CommandKit, Counters
 from processor.participant.ports import InboxEntry, ParticipantStore, ParticipantTx, Rows, Sql
 
@@ -32,6 +32,7 @@ __all__ = [
     "ParticipantTx",
     "Replies",
     "Rows",
+    "SkipDelivery",
     "Sql",
     "command_handler",
     "participant",

@@ -26,7 +26,7 @@ from processor.wire import (
     HEADER_TRACEPARENT,
 )
 
-__all__ = ["Replies", "reply_row"]
+__all__ = ["Replies", "SkipDelivery", "reply_row"]
 
 # Copied from the command to each reply unchanged.
 _PROPAGATED = (HEADER_SAGA_TYPE, HEADER_SAGA_ID, HEADER_TRACEPARENT)
@@ -82,6 +82,15 @@ def reply_row(
         headers=headers,
         value=message.model_dump_json().encode(),
     )
+
+
+class SkipDelivery(Exception):
+    """Raised by a handler to pass over this delivery as if it never arrived.
+
+    The handler's work rolls back and no inbox row is written, so a later delivery of the same
+    command (same message id) is handled afresh. For commands addressed to another instance of
+    a shared topic, or to simulate a command delayed in transit.
+    """
 
 
 class Replies:

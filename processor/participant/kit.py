@@ -32,7 +32,7 @@ from processor.engine.records import OutboxRow, Record
 from processor.errors import ConfigurationError, Failure, RuntimeFailure
 from processor.messages import MessageRegistry, registry
 from processor.participant.definition import DROP, CommandHandlerDef, participant_of
-from processor.participant.handles import Replies, reply_row
+from processor.participant.handles import Replies, SkipDelivery, reply_row
 from processor.participant.ports import ParticipantStore, ParticipantTx
 from processor.wire import HEADER_DEADLINE_UNIX_MS, dead_letter_headers
 
@@ -52,6 +52,7 @@ class Counters:
     duplicates: int = 0
     expired: int = 0
     dead_lettered: int = 0
+    skipped: int = 0
     replies: int = 0
 
 
@@ -118,7 +119,8 @@ class CommandKit:
         """Handles one record in its own transaction; returns its outcome.
 
         Returns:
-            ``handled``, ``expired``, ``dropped``, ``duplicate`` or ``dead-lettered``.
+            ``handled``, ``expired``, ``dropped``, ``duplicate``, ``skipped`` or
+            ``dead-lettered``.
 
         Raises:
             RuntimeFailure: ``Retryable`` (try the record again later) or a fatal failure; the
@@ -143,6 +145,11 @@ class CommandKit:
         try:
             with self._store.transaction() as tx:
                 outcome = self._run(tx, bound, decoded)
+        except SkipDelivery:
+            with self._store.transaction() as tx:
+                self._advance(tx, record)
+            self.counters.skipped += 1
+            return "skipped"
         except RuntimeFailure as e:
             if e.kind is not Failure.RECORD_DATA:
                 raise

@@ -149,6 +149,7 @@ class PostgresParticipantStore:
         self._connect = connect
         self._tables = tables
         self._conn: Conn | None = None
+        self._opened = 0
         self._channel = outbox_channel(tables.schema)
 
     def positions(self, group_id: str, partitions: Sequence[TP]) -> Mapping[TP, int | None]:
@@ -198,7 +199,13 @@ class PostgresParticipantStore:
                 self._conn = self._connect()
             except psycopg.Error as e:
                 raise translate(e) from e
+            self._opened += 1
         return self._conn
+
+    @property
+    def reconnects(self) -> int:
+        """Connections opened after the first one (each replaced a broken one)."""
+        return max(0, self._opened - 1)
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
