@@ -11,8 +11,9 @@ One command, one transaction on the service's database:
   participant's outbox, which the processor's relay publishes;
 - the partition's position moves past the command.
 
-A record that can never be a command (undecodable, unknown type, no handler, refused by the
-database, or a handler that raised) is dead-lettered with the processor's dead-letter headers,
+A registered command type that no handler here takes belongs to another participant reading
+the same topic (each in its own consumer group): it is passed over. A record that can never be
+a command (undecodable, unregistered type, refused by the database, or a handler that raised) is dead-lettered with the processor's dead-letter headers,
 and its message id (when it has one) is recorded, so a redelivery is not dead-lettered twice.
 
 The kit speaks only to :class:`processor.participant.ports.ParticipantStore`.
@@ -53,6 +54,7 @@ class Counters:
     expired: int = 0
     dead_lettered: int = 0
     skipped: int = 0
+    not_handled: int = 0
     replies: int = 0
 
 
@@ -119,8 +121,8 @@ class CommandKit:
         """Handles one record in its own transaction; returns its outcome.
 
         Returns:
-            ``handled``, ``expired``, ``dropped``, ``duplicate``, ``skipped`` or
-            ``dead-lettered``.
+            ``handled``, ``expired``, ``dropped``, ``duplicate``, ``skipped``, ``not-handled``
+            or ``dead-lettered``.
 
         Raises:
             RuntimeFailure: ``Retryable`` (try the record again later) or a fatal failure; the
@@ -140,8 +142,11 @@ class CommandKit:
             )
         bound = self._bound.get(type(decoded.message))
         if bound is None:
-            what = decoded.metadata.message_type
-            return self._dead_letter(record, None, Reason.UNKNOWN_TYPE, f"no handler for {what}")
+            # A registered command of another participant on a shared topic: not ours to judge.
+            with self._store.transaction() as tx:
+                self._advance(tx, record)
+            self.counters.not_handled += 1
+            return "not-handled"
         try:
             with self._store.transaction() as tx:
                 outcome = self._run(tx, bound, decoded)

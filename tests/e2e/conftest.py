@@ -30,6 +30,7 @@ from schemas.transfers import (
     TransferRequested,
 )
 from tests.support.harness import Publisher, Reader, create_topics, query, settings_for, wait_until
+from tests.support.private_stack import private_stack  # noqa: F401 - a fixture of e2e tests
 from tests.support.procs import ProcessorProcess
 from tests.support.roles import LeastPrivilege
 
