@@ -45,7 +45,7 @@ def _wire_amount(value: Any, info: ValidationInfo) -> Any:
     # are refused because binary floating point cannot say "to the cent" exactly.
     if isinstance(value, str):
         if not _AMOUNT.match(value):
-            raise ValueError(f"an amount is a string matching {AMOUNT_PATTERN}, e.g. \"12.50\"")
+            raise ValueError(f'an amount is a string matching {AMOUNT_PATTERN}, e.g. "12.50"')
     elif info.mode == "json":
         raise ValueError('an amount is sent as a string, e.g. "12.50"')
     return value

@@ -13,8 +13,9 @@ One command, one transaction on the service's database:
 
 A registered command type that no handler here takes belongs to another participant reading
 the same topic (each in its own consumer group): it is passed over. A record that can never be
-a command (undecodable, unregistered type, refused by the database, or a handler that raised) is dead-lettered with the processor's dead-letter headers,
-and its message id (when it has one) is recorded, so a redelivery is not dead-lettered twice.
+a command (undecodable, unregistered type, refused by the database, or a handler that raised)
+is dead-lettered with the processor's dead-letter headers, and its message id (when it has
+one) is recorded, so a redelivery is not dead-lettered twice.
 
 The kit speaks only to :class:`processor.participant.ports.ParticipantStore`.
 """
