@@ -128,6 +128,7 @@ class ParticipantService:
         # Inside the consumer's rebalance callback: wait for the database rather than start
         # from the beginning of the partition (safe with the inbox, but slow).
         attempts = 0
+        log.info("partitions assigned: %s", sorted(tps))
         while True:
             try:
                 return self.store.positions(self.group_id, tps)
@@ -166,7 +167,7 @@ class ParticipantService:
             group_id=self.group_id,
             topics=self.topics,
             on_assign=self._positions,
-            on_revoke=lambda _tps: None,
+            on_revoke=lambda tps: log.info("partitions revoked: %s", sorted(tps)),
             session_timeout_ms=int(self._cs.session_timeout.total_seconds() * 1000),
             max_poll_interval_ms=int(self._cs.max_poll_interval.total_seconds() * 1000),
             max_batch_bytes=self._cs.max_batch_bytes,
