@@ -180,6 +180,10 @@ class ParticipantService:
                 )
                 if self.handle_batch(consumer, records):
                     failures = 0
+                    # PostgreSQL holds the positions; Kafka's copy only serves lag tools.
+                    consumer.commit_advisory(
+                        {(r.topic, r.partition): r.offset + 1 for r in records}
+                    )
                     continue
                 failures += 1
                 self.failed_rounds += 1
