@@ -265,7 +265,7 @@ class AccountsService:
         return self.ledger.total()
 
     def close(self) -> None:
-        self.service.stop()
+        self.service.close()
 
 
 # -- command line ------------------------------------------------------------------------------

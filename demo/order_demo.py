@@ -99,6 +99,7 @@ def start_order_participants(
     def stop() -> None:
         service.stop()
         thread.join(15)
+        service.close()
 
     cleanup.callback(stop)
 

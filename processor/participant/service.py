@@ -212,6 +212,12 @@ class ParticipantService:
         """Asks :meth:`run` to return."""
         self.stop_event.set()
 
+    def close(self) -> None:
+        """Stops :meth:`run` and releases the connections (also those opened after it ended)."""
+        self.stop()
+        self.store.close()
+        self.relay.close()
+
 
 def _backoff(failures: int) -> float:
     return float(min(5.0, 0.2 * 2 ** min(failures, 5)))

@@ -97,6 +97,7 @@ def env(kafka_bootstrap: str, database_url: str, pg_schema: str) -> Iterator[Env
     finally:
         stop.set()
         thread.join(30)
+        service.close()
         e.events.close()
         e.dead.close()
     assert not thread.is_alive()
