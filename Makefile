@@ -46,8 +46,10 @@ $(BENCH_VENV)/.installed-stamp: pyproject.toml
 bench: venv $(BENCH_VENV)/.installed-stamp
 	$(BIN)/python -m benchmarks
 
+## JSON Schema per message in schemas/json, and the AsyncAPI 3 document of every topic.
 schemas: venv
 	$(BIN)/python -m schemas.export schemas/json
+	$(BIN)/saga-processor schemas schemas sagas --output schemas/json/asyncapi.json
 
 up:
 	$(STACK) up --untracked

@@ -1,10 +1,12 @@
 """The accounts service's book-keeping: balances and applied steps in its own PostgreSQL schema.
 
-Every command is one step of one transfer, keyed by ``(transfer_id, step)``. The step row is
-inserted first, so the primary key (not a lookup) decides whether a command is new or a
-redelivery, and it is written in the same transaction as the balance change it records. The
-reply is stored on the row too: a redelivered command gets the very same reply, under the same
-message id, which the processor then recognises as a duplicate.
+Every command is one step of one transfer, keyed by ``(transfer_id, step)``. The participant kit
+already makes a redelivered command (same message id) a no-op; the step key also makes a new
+command for a step already taken (a saga's retry, under a new message id) a no-op. The step row
+is inserted first, so the primary key (not a lookup) decides, and it is written in the same
+transaction as the balance change it records. The reply is stored on the row too: a repeated
+step gets the very same reply, under the same message id, which the processor then recognises
+as a duplicate.
 """
 
 from __future__ import annotations
@@ -15,11 +17,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-import psycopg
-from psycopg import sql
-from psycopg.rows import TupleRow
-
 from processor.messages import Message, MessageRegistry
+from processor.participant import Rows, Sql
 from schemas.transfers import (
     CreditAccount,
     CreditConfirmed,
@@ -38,8 +37,6 @@ from schemas.wallets import (
     TransferInitiated,
     TransferRefunded,
 )
-
-Conn = psycopg.Connection[TupleRow]
 
 # The step each command performs; names are unique across both flows, so one table serves both.
 STEP_OF: dict[type[Message], str] = {
@@ -93,67 +90,64 @@ class StepResult:
 
 
 class Ledger:
-    """Applies commands to balances, at most once per ``(transfer_id, step)``."""
+    """Applies commands to balances, at most once per ``(transfer_id, step)``.
 
-    def __init__(self, conn: Conn, schema: str, registry: MessageRegistry) -> None:
-        self.conn = conn
+    Every method runs on the connection it is given, inside the caller's transaction (a
+    command's, when the participant kit calls it).
+    """
+
+    def __init__(self, schema: str, registry: MessageRegistry) -> None:
         self.schema = schema
         self.registry = registry
         self._account = f'"{schema}".account'
         self._step = f'"{schema}".step'
 
-    def create(self) -> None:
-        with self.conn.transaction():
-            self.conn.execute(
-                sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
-            )
-            self.conn.execute(_DDL.format(account=self._account, step=self._step))
+    def create(self, sql: Sql) -> None:
+        """Creates the tables in the (existing) schema."""
+        sql.execute(_DDL.format(account=self._account, step=self._step))
 
-    def open_accounts(self, balances: Mapping[str, Decimal], closed: Iterable[str] = ()) -> None:
+    def open_accounts(
+        self, sql: Sql, balances: Mapping[str, Decimal], closed: Iterable[str] = ()
+    ) -> None:
         """Creates (or resets) accounts; ``closed`` ones keep their balance but refuse credits."""
         shut = set(closed)
-        with self.conn.transaction():
-            for account_id, balance in balances.items():
-                self._x(
-                    "INSERT INTO {account} (account_id, balance, open) VALUES (%s, %s, %s) "
-                    "ON CONFLICT (account_id) DO UPDATE SET balance = excluded.balance, "
-                    "open = excluded.open",
-                    account_id,
-                    balance,
-                    account_id not in shut,
-                )
+        for account_id, balance in balances.items():
+            self._x(
+                sql,
+                "INSERT INTO {account} (account_id, balance, open) VALUES (%s, %s, %s) "
+                "ON CONFLICT (account_id) DO UPDATE SET balance = excluded.balance, "
+                "open = excluded.open",
+                account_id,
+                balance,
+                account_id not in shut,
+            )
 
-    def balances(self) -> dict[str, Decimal]:
-        with self.conn.transaction():
-            rows = self._x(
-                "SELECT account_id, balance FROM {account} ORDER BY account_id"
-            ).fetchall()
-        return {str(a): Decimal(b) for a, b in rows}
+    def balances(self, sql: Sql) -> dict[str, Decimal]:
+        rows = self._x(sql, "SELECT account_id, balance FROM {account} ORDER BY account_id")
+        return {str(a): Decimal(b) for a, b in rows.fetchall()}
 
-    def total(self) -> Decimal:
-        return sum(self.balances().values(), Decimal(0))
-
-    def steps(self) -> list[tuple[str, str, str]]:
-        with self.conn.transaction():
-            rows = self._x("SELECT transfer_id, step, outcome FROM {step} ORDER BY at").fetchall()
-        return [(str(t), str(s), str(o)) for t, s, o in rows]
+    def steps(self, sql: Sql) -> list[tuple[str, str, str]]:
+        rows = self._x(sql, "SELECT transfer_id, step, outcome FROM {step} ORDER BY at")
+        return [(str(t), str(s), str(o)) for t, s, o in rows.fetchall()]
 
     # -- applying one command; the caller holds the transaction ----------------------------
 
-    def apply(self, command: Message) -> StepResult:
+    def apply(self, sql: Sql, command: Message) -> StepResult:
         step = STEP_OF[type(command)]
         tid: str = getattr(command, "transfer_id")  # noqa: B009 - every command carries it
         claimed = self._x(
+            sql,
             "INSERT INTO {step} (transfer_id, step, outcome) VALUES (%s, %s, 'pending') "
             "ON CONFLICT DO NOTHING RETURNING 1",
             tid,
             step,
         ).fetchone()
         if claimed is None:
-            return self._replay(tid, step)
-        outcome, account_id, amount, reply = self._decide(step, tid, command)
+            return self._replay(sql, tid, step)
+        outcome, account_id, amount, reply = self._decide(sql, step, tid, command)
         stored = self._reply(reply) if reply is not None else None
         self._x(
+            sql,
             "UPDATE {step} SET outcome = %s, account_id = %s, amount = %s, reply_id = %s, "
             "reply_type = %s, reply_version = %s, reply = %s WHERE transfer_id = %s AND step = %s",
             outcome,
@@ -169,12 +163,12 @@ class Ledger:
         return StepResult(outcome, stored, duplicate=False)
 
     def _decide(
-        self, step: str, tid: str, c: Any
+        self, sql: Sql, step: str, tid: str, c: Any
     ) -> tuple[str, str | None, Decimal | None, Message | None]:
         """The business rule of each step: (outcome, account touched, amount moved, reply)."""
         why: str | None
         if step == "debit":
-            if self._outcome(tid, "reverse") is not None:
+            if self._outcome(sql, tid, "reverse") is not None:
                 # The saga already gave up on this transfer; a late debit must not take money.
                 why = "transfer already reversed"
                 return (
@@ -183,7 +177,7 @@ class Ledger:
                     None,
                     DebitFailed(transfer_id=tid, account_id=c.account_id, reason=why),
                 )
-            why = self._take(c.account_id, c.amount)
+            why = self._take(sql, c.account_id, c.amount)
             if why:
                 return (
                     why,
@@ -193,7 +187,7 @@ class Ledger:
                 )
             return APPLIED, c.account_id, c.amount, DebitConfirmed(**c.model_dump())
         if step == "credit":
-            why = self._give(c.account_id, c.amount, need_open=True)
+            why = self._give(sql, c.account_id, c.amount, need_open=True)
             if why:
                 return (
                     why,
@@ -205,36 +199,37 @@ class Ledger:
         if step == "reverse":
             # At most once (the step key), and only what the debit really took, to where it came
             # from; no reply exists for a reversal.
-            debit = self._applied(tid, "debit")
+            debit = self._applied(sql, tid, "debit")
             if debit is None:
                 return "nothing-to-reverse", None, None, None
-            self._give(debit[0], debit[1], need_open=False)
+            self._give(sql, debit[0], debit[1], need_open=False)
             return APPLIED, debit[0], debit[1], None
         facts = {k: v for k, v in c.model_dump().items() if k != "step"}
         if step == "initiate":
-            why = self._take(c.from_wallet_id, c.amount)
+            why = self._take(sql, c.from_wallet_id, c.amount)
             if why:
                 return why, None, None, TransferFailed(**facts, reason=why)
             return APPLIED, c.from_wallet_id, c.amount, TransferInitiated(**facts)
         if step == "complete":
-            if self._applied(tid, "initiate") is None:
+            if self._applied(sql, tid, "initiate") is None:
                 why = "transfer not initiated"
             else:
-                why = self._give(c.to_wallet_id, c.amount, need_open=True)
+                why = self._give(sql, c.to_wallet_id, c.amount, need_open=True)
             if why:
                 return why, None, None, TransferFailed(**facts, reason=why)
             return APPLIED, c.to_wallet_id, c.amount, TransferCompleted(**facts)
         assert step == "refund", step
         # Forward-only: a refund is a new credit, made only when the source was debited and the
         # destination never got the money; otherwise it records that nothing was owed.
-        initiated = self._applied(tid, "initiate")
-        if initiated is None or self._applied(tid, "complete") is not None:
+        initiated = self._applied(sql, tid, "initiate")
+        if initiated is None or self._applied(sql, tid, "complete") is not None:
             return "nothing-to-refund", None, None, TransferRefunded(**facts)
-        self._give(initiated[0], initiated[1], need_open=False)
+        self._give(sql, initiated[0], initiated[1], need_open=False)
         return APPLIED, initiated[0], initiated[1], TransferRefunded(**facts)
 
-    def _take(self, account_id: str, amount: Decimal) -> str | None:
+    def _take(self, sql: Sql, account_id: str, amount: Decimal) -> str | None:
         row = self._x(
+            sql,
             "UPDATE {account} SET balance = balance - %s WHERE account_id = %s AND balance >= %s "
             "RETURNING 1",
             amount,
@@ -243,10 +238,11 @@ class Ledger:
         ).fetchone()
         if row is not None:
             return None
-        return "insufficient funds" if self._exists(account_id) else "unknown account"
+        return "insufficient funds" if self._exists(sql, account_id) else "unknown account"
 
-    def _give(self, account_id: str, amount: Decimal, *, need_open: bool) -> str | None:
+    def _give(self, sql: Sql, account_id: str, amount: Decimal, *, need_open: bool) -> str | None:
         row = self._x(
+            sql,
             "UPDATE {account} SET balance = balance + %s "
             "WHERE account_id = %s AND (open OR NOT %s) RETURNING 1",
             amount,
@@ -255,22 +251,23 @@ class Ledger:
         ).fetchone()
         if row is not None:
             return None
-        return "account closed" if self._exists(account_id) else "unknown account"
+        return "account closed" if self._exists(sql, account_id) else "unknown account"
 
-    def _exists(self, account_id: str) -> bool:
+    def _exists(self, sql: Sql, account_id: str) -> bool:
         return (
-            self._x("SELECT 1 FROM {account} WHERE account_id = %s", account_id).fetchone()
+            self._x(sql, "SELECT 1 FROM {account} WHERE account_id = %s", account_id).fetchone()
             is not None
         )
 
-    def _outcome(self, tid: str, step: str) -> str | None:
+    def _outcome(self, sql: Sql, tid: str, step: str) -> str | None:
         row = self._x(
-            "SELECT outcome FROM {step} WHERE transfer_id = %s AND step = %s", tid, step
+            sql, "SELECT outcome FROM {step} WHERE transfer_id = %s AND step = %s", tid, step
         ).fetchone()
         return str(row[0]) if row else None
 
-    def _applied(self, tid: str, step: str) -> tuple[str, Decimal] | None:
+    def _applied(self, sql: Sql, tid: str, step: str) -> tuple[str, Decimal] | None:
         row = self._x(
+            sql,
             "SELECT account_id, amount FROM {step} WHERE transfer_id = %s AND step = %s "
             "AND outcome = 'applied'",
             tid,
@@ -278,8 +275,9 @@ class Ledger:
         ).fetchone()
         return (str(row[0]), Decimal(row[1])) if row else None
 
-    def _replay(self, tid: str, step: str) -> StepResult:
+    def _replay(self, sql: Sql, tid: str, step: str) -> StepResult:
         row = self._x(
+            sql,
             "SELECT outcome, reply_id, reply_type, reply_version, reply FROM {step} "
             "WHERE transfer_id = %s AND step = %s",
             tid,
@@ -294,6 +292,6 @@ class Ledger:
         mtype = self.registry.of(type(message))
         return Reply(str(uuid.uuid4()), mtype.name, mtype.version, message.model_dump_json())
 
-    def _x(self, template: str, *args: Any) -> psycopg.Cursor[TupleRow]:
+    def _x(self, sql: Sql, template: str, *args: Any) -> Rows:
         query = template.format(account=self._account, step=self._step)
-        return self.conn.execute(query, args)
+        return sql.execute(query, args)

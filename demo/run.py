@@ -29,6 +29,14 @@ from psycopg import sql
 
 import devstack
 from demo.accounts import AccountsService, Selection
+from demo.order_demo import (
+    ORDER_SAGA,
+    ORDER_TOPICS,
+    order_plan,
+    order_tally,
+    publish_orders,
+    start_order_participants,
+)
 from demo.progress import Monitor, line, summary
 from demo.traffic import TRANSFER_SAGA, WALLET_SAGA, Scenario, publish, scenario
 from processor.postgres.connect import ensure_schema
@@ -55,6 +63,7 @@ def _topics(cleanup: ExitStack, kafka: str, prefix: str, keep: bool) -> None:
             ACCOUNT_COMMANDS_TOPIC,
             WALLET_EVENTS_TOPIC,
             WALLET_COMMANDS_TOPIC,
+            *ORDER_TOPICS,
             DEAD_LETTERS,
         )
     ]
@@ -178,10 +187,13 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     stamp = time.strftime("%Y%m%d%H%M%S") + uuid.uuid4().hex[:4]
     prefix, schema, accounts_schema = f"demo-{stamp}.", f"demo_{stamp}", f"demo_{stamp}_accounts"
+    orders_schema = f"demo_{stamp}_orders"
     plan = scenario(stamp, *((12, 6) if args.quick else (40, 20)))
+    orders = order_plan(stamp, 7 if args.quick else 21)
     expected = {
         TRANSFER_SAGA: plan.expected(TRANSFER_SAGA),
         WALLET_SAGA: plan.expected(WALLET_SAGA),
+        ORDER_SAGA: orders.expected(),
     }
     logs = Path(os.environ.get("SAGA_LOCAL_DIR", REPO / ".local")) / "demo" / stamp
     logs.mkdir(parents=True, exist_ok=True)
@@ -191,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"run {stamp}: topics {prefix}*, schemas {schema} and {accounts_schema}, logs {logs}")
         _topics(cleanup, kafka, prefix, args.keep_data)
         if not args.keep_data:
-            cleanup.callback(_drop_schemas, database, [schema, accounts_schema])
+            cleanup.callback(_drop_schemas, database, [schema, accounts_schema, orders_schema])
         # Migrate once up front so the display can read the tables before the replicas are up.
         ensure_schema(database, Tables(schema=schema))
         replicas: list[Replica] = []
@@ -203,6 +215,10 @@ def run(args: argparse.Namespace) -> int:
             cleanup, kafka, database, accounts_schema, prefix=prefix, plan=plan
         )
         before = service.total()
+        order_totals = start_order_participants(
+            cleanup, kafka, database, orders_schema, prefix=prefix, plan=orders
+        )
+        orders_before = order_totals()
         monitor = Monitor(
             database,
             schema,
@@ -211,9 +227,11 @@ def run(args: argparse.Namespace) -> int:
         )
         cleanup.callback(monitor.close)
         publish({"bootstrap.servers": kafka}, prefix, plan.requests)
+        publish_orders(kafka, prefix, orders)
         say(
             f"{args.replicas} processor replicas, {len(plan.requests)} requests published "
-            f"({len(plan.lost)} with lost debit replies; payment timeout {PAYMENT_TIMEOUT_S} s)"
+            f"({len(plan.lost)} with lost debit replies; payment timeout {PAYMENT_TIMEOUT_S} s), "
+            f"{orders.expected()} orders for the order saga's participants"
         )
         show = _printer()
         finished = False
@@ -251,9 +269,18 @@ def run(args: argparse.Namespace) -> int:
             say("  ended otherwise than planned (a slow machine can make a payment time out):")
             for text in surprises:
                 say(text)
-        conserved = before == after
+        tally = ", ".join(
+            f"{n} {state.lower()}" for state, n in order_tally(database, schema).items()
+        )
+        say(f"  {ORDER_SAGA:<16} {orders.expected():3d} sagas: {tally}")
+        orders_after = order_totals()
+        conserved = before == after and orders_before == orders_after
         verdict = "money conserved" if conserved else "MONEY NOT CONSERVED"
         say(f"  {verdict}: sum of balances before {before}, after {after}")
+        say(
+            f"  orders: wallets before {orders_before[0]}, after {orders_after[0]}; "
+            f"stock before {orders_before[1]}, after {orders_after[1]}"
+        )
         ok = conserved and parked == 0 and snap.dead_letters == 0 and snap.deadlines_fired > 0
         return 0 if ok else 1
     return 1  # pragma: no cover - the with block always returns

@@ -18,6 +18,7 @@ from typing import cast
 from processor import cli_commands as c
 from processor import cli_preflight as p
 from processor.errors import SagaError
+from processor.ops import contract
 from processor.settings import load_settings
 
 
@@ -109,6 +110,13 @@ COMMANDS: tuple[Command, ...] = (
         "outbox rows the relay set aside: `outbox failed list|retry|discard`",
         c.outbox_arguments,
         c.outbox,
+    ),
+    Command(
+        "schemas",
+        "print the AsyncAPI 3 document of the messages and sagas in MODULE...",
+        contract.contract_arguments,
+        contract.schemas,
+        offline=True,
     ),
 )
 DEFAULT_COMMAND = "run"

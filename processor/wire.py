@@ -28,6 +28,7 @@ __all__ = [
     "HEADER_SAGA_ID",
     "HEADER_SAGA_TYPE",
     "HEADER_SCHEMA_VERSION",
+    "HEADER_TRACEPARENT",
     "FiredRecord",
     "Topics",
     "dead_letter_headers",
@@ -45,6 +46,8 @@ HEADER_OCCURRED_AT = "occurred-at"
 HEADER_SAGA_TYPE = "saga-type"
 HEADER_SAGA_ID = "saga-id"
 HEADER_DEADLINE_UNIX_MS = "deadline-unix-ms"
+# W3C trace context; participants copy it from a command to its replies.
+HEADER_TRACEPARENT = "traceparent"
 
 # -- deadline-fired records -----------------------------------------------------------------
 DEADLINE_FIRED = "saga.deadline-fired"

@@ -9,7 +9,9 @@ service can apply it at most once, keyed by ``(order_id, step)``. Requests for a
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, ValidationInfo
 
 from processor.messages import Message, message_type
 from schemas.transfers import Amount
@@ -45,12 +47,24 @@ ORDER_COMMANDS_TOPIC = "order-commands"
 ESCALATIONS_TOPIC = "escalations"
 
 
+def _json_integer(value: Any, info: ValidationInfo) -> Any:
+    # The exported schema says "integer": a JSON string or boolean is none, whatever the lax
+    # mode of the model would make of it.
+    if info.mode == "json" and isinstance(value, str | bool):
+        raise ValueError("a quantity is a JSON integer")
+    return value
+
+
+Quantity = Annotated[int, BeforeValidator(_json_integer)]
+"""How many items; a JSON integer on the wire."""
+
+
 class _OrderFacts(Message):
     # Self-contained: every service finds what it needs in the message itself.
     order_id: str
     customer_id: str
     sku: str
-    quantity: int
+    quantity: Quantity
     amount: Amount
 
 

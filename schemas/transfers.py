@@ -7,15 +7,17 @@ account service can echo it back and deduplicate on it.
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field, ValidationInfo, WithJsonSchema
 
 from processor.messages import Message, message_type
 
 __all__ = [
     "ACCOUNT_COMMANDS_TOPIC",
+    "AMOUNT_PATTERN",
     "TRANSFER_EVENTS_TOPIC",
     "Amount",
     "CreditAccount",
@@ -31,8 +33,38 @@ __all__ = [
 TRANSFER_EVENTS_TOPIC = "transfer-events"
 ACCOUNT_COMMANDS_TOPIC = "account-commands"
 
-Amount = Annotated[Decimal, Field(gt=0, decimal_places=2)]
-"""A positive amount in the account's currency, to the cent."""
+AMOUNT_PATTERN = r"^(?:[1-9][0-9]{0,15}(?:\.[0-9]{1,2})?|0\.(?:0[1-9]|[1-9][0-9]?))$"
+"""An amount on the wire: a JSON string, positive, at most 16 digits before the point and 2
+after, no sign, exponent, spaces or separators ("12.50", "7", "0.05")."""
+
+_AMOUNT = re.compile(AMOUNT_PATTERN)
+
+
+def _wire_amount(value: Any, info: ValidationInfo) -> Any:
+    # The exported schema is the contract: what it refuses, the model refuses too. JSON numbers
+    # are refused because binary floating point cannot say "to the cent" exactly.
+    if isinstance(value, str):
+        if not _AMOUNT.match(value):
+            raise ValueError(f'an amount is a string matching {AMOUNT_PATTERN}, e.g. "12.50"')
+    elif info.mode == "json":
+        raise ValueError('an amount is sent as a string, e.g. "12.50"')
+    return value
+
+
+Amount = Annotated[
+    Decimal,
+    BeforeValidator(_wire_amount),
+    Field(gt=0, decimal_places=2, max_digits=18),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "pattern": AMOUNT_PATTERN,
+            "examples": ["12.50"],
+            "description": "A positive amount to the cent, as a decimal string.",
+        }
+    ),
+]
+"""A positive amount in the account's currency, to the cent; a decimal string on the wire."""
 
 
 @message_type("transfers.TransferRequested", topic=TRANSFER_EVENTS_TOPIC)

@@ -162,7 +162,7 @@ class OrchestratedSaga(MachineSaga):
         elif kind in ("failed", "rejected"):
             current = self._current_forward(step)
             if current is None:
-                self.progress.late = [*self.progress.late, f"{step}:{kind}-ignored"]
+                self._late_refusal(step, kind, io)
                 return
             why = f"step {step} {kind}" + (f": {reason}" if reason else "")
             self._retry_or_compensate(current, io, why, retryable=kind == "failed")
@@ -306,6 +306,19 @@ class OrchestratedSaga(MachineSaga):
     def _mark_in_doubt(self, step: Step) -> None:
         if step.late_success == "undo" and step.name not in self.progress.in_doubt:
             self.progress.in_doubt = [*self.progress.in_doubt, step.name]
+
+    def _late_refusal(self, step: str, kind: str, io: _Io) -> None:
+        p = self.progress
+        if step not in p.in_doubt:
+            p.late = [*p.late, f"{step}:{kind}-ignored"]
+            return
+        # The participant says the step never took effect (e.g. it answered a command past its
+        # budget without running it): nothing to undo, no need to wait out the late window.
+        p.in_doubt = [n for n in p.in_doubt if n != step]
+        p.late = [*p.late, f"{step}:{kind}-resolved"]
+        if self.machine_state == _S.COMPENSATING and not p.undo_queue:
+            io.deadlines.cancel(STEP_TIMER)
+            self._next_undo(io)
 
     def _late_success(self, step: Step, io: _Io) -> None:
         p = self.progress

@@ -40,3 +40,7 @@ def test_quick_demo_fires_a_timeout_and_conserves_money(services: Services) -> N
     assert "timed out" in out, out
     assert "money conserved: sum of balances before" in out, out
     assert "2 processor replicas" in out, out
+    # The order saga ran against the participant kit's services, each outcome at least once.
+    tally = next(x for x in out.splitlines() if x.strip().startswith("order-saga"))
+    assert "completed" in tally, out
+    assert "failed" in tally, out

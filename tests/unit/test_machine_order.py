@@ -20,6 +20,7 @@ from schemas.orders import (
     OrderPlaced,
     OrderShipped,
     PaymentCaptured,
+    PaymentDeclined,
     PaymentRefunded,
     RefundFailed,
     RefundPayment,
@@ -217,6 +218,26 @@ def test_late_capture_after_other_undos_waits_in_compensating_then_refunds() -> 
     f.when_time_elapses(timedelta(minutes=30))
     f.when(PaymentCaptured(order_id=OID)).expect_commands(_cmd(RefundPayment))
     f.when(PaymentRefunded(order_id=OID)).expect_ended()
+    assert _state(f).machine_state == S.FAILED
+
+
+def test_late_refusal_of_a_timed_out_step_settles_it_without_waiting() -> None:
+    f = SagaFixture(OrderSaga)
+    _timed_out_payment(f)
+    f.when(StockReleased(order_id=OID)).expect_active()
+    # The payment service answers the capture it never ran (it came past its budget).
+    f.when(PaymentDeclined(order_id=OID, reason="deadline passed")).expect_ended()
+    assert _state(f).machine_state == S.FAILED
+    assert _state(f).progress.in_doubt == []
+    assert _state(f).progress.late == ["pay:rejected-resolved"]
+
+
+def test_late_refusal_during_other_undos_settles_the_step_once_they_finish() -> None:
+    f = SagaFixture(OrderSaga)
+    _timed_out_payment(f)
+    f.when(PaymentDeclined(order_id=OID, reason="expired")).expect_no_commands().expect_active()
+    assert _state(f).progress.in_doubt == []
+    f.when(StockReleased(order_id=OID)).expect_ended()
     assert _state(f).machine_state == S.FAILED
 
 

@@ -19,6 +19,7 @@ ROOT = Path(processor.__file__).parent
 CHECK = """
 import sys
 import processor, processor.runner, processor.testing, sagas, schemas, schemas.export
+import processor.participant, processor.asyncapi, processor.memory.participant, demo.orders
 heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('confluent_kafka', 'psycopg'))
 print(','.join(heavy))
 """
@@ -50,6 +51,8 @@ PURE = (
     "ops/",
     "memory/",
     "machine/",
+    "participant/",
+    "asyncapi.py",
     "ports.py",
     "wire.py",
     # The authoring core.
@@ -69,7 +72,7 @@ PURE = (
 )
 EDGES = ("postgres/", "kafka/", "cli.py", "cli_commands.py", "cli_preflight.py", "__main__.py")
 # Where the pure runtime is wired to the real adapters.
-ASSEMBLY_POINTS = {"runtime/processor.py", "runtime/assembly.py"}
+ASSEMBLY_POINTS = {"runtime/processor.py", "runtime/assembly.py", "participant/service.py"}
 CLI_ENTRIES = {"cli.py", "__main__.py"}
 
 

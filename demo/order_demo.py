@@ -1,0 +1,148 @@
+"""The order saga's part of the demo: participants on the kit, orders, and the final tally.
+
+Orders are placed by customers with enough money (completed), a customer who cannot pay (the
+payment is declined and the stock released) and a customer the fraud review flags (refunded and
+released). Money only moves between the customers' wallets and the merchant, so its sum is the
+same before and after; stock only moves between the shelf and reservations.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass
+from decimal import Decimal
+
+import psycopg
+from confluent_kafka import Producer
+
+from demo.orders import create_tables, order_participants, stock_up
+from processor.participant.service import ParticipantService
+from processor.settings import ConsumerSettings, RelaySettings
+from processor.wire import (
+    HEADER_CORRELATION_ID,
+    HEADER_MESSAGE_ID,
+    HEADER_MESSAGE_TYPE,
+    HEADER_SCHEMA_VERSION,
+)
+from schemas.orders import ESCALATIONS_TOPIC, ORDER_COMMANDS_TOPIC, ORDER_EVENTS_TOPIC, OrderPlaced
+
+__all__ = [
+    "ORDER_SAGA",
+    "ORDER_TOPICS",
+    "OrderPlan",
+    "order_plan",
+    "order_tally",
+    "publish_orders",
+    "start_order_participants",
+]
+
+ORDER_SAGA = "order-saga"
+ORDER_TOPICS = (ORDER_EVENTS_TOPIC, ORDER_COMMANDS_TOPIC, ESCALATIONS_TOPIC)
+SKU = "sku-demo"
+PRICE = Decimal("20.00")
+
+
+@dataclass(frozen=True)
+class OrderPlan:
+    """The orders to place, and the stock and wallets they start from."""
+
+    orders: tuple[OrderPlaced, ...]
+    stock: Mapping[str, int]
+    wallets: Mapping[str, Decimal]
+
+    def expected(self) -> int:
+        return len(self.orders)
+
+
+def order_plan(stamp: str, n: int) -> OrderPlan:
+    """``n`` orders: most paid and shipped, some declined for money, some flagged for fraud."""
+    orders = []
+    for i in range(n):
+        customer = "c-poor" if i % 7 == 3 else "fraud-c" if i % 7 == 5 else f"c-{i % 3}"
+        orders.append(
+            OrderPlaced(
+                order_id=f"{stamp}-o{i}",
+                customer_id=customer,
+                sku=SKU,
+                quantity=1,
+                amount=PRICE,
+            )
+        )
+    wallets = {f"c-{i}": Decimal("1000.00") for i in range(3)}
+    wallets.update({"c-poor": Decimal("5.00"), "fraud-c": Decimal("500.00")})
+    return OrderPlan(tuple(orders), {SKU: n + 5}, wallets)
+
+
+def start_order_participants(
+    cleanup: ExitStack, kafka: str, database: str, schema: str, *, prefix: str, plan: OrderPlan
+) -> Callable[[], tuple[Decimal, int]]:
+    """Runs the order participants in a thread; returns a reader of (money, stock) totals."""
+    service = ParticipantService(
+        order_participants(schema),
+        kafka={"bootstrap.servers": kafka},
+        database_url=database,
+        schema=schema,
+        group_id=f"{prefix}order-participants",
+        topic_prefix=prefix,
+        consumer=ConsumerSettings(session_timeout="PT6S"),
+        relay=RelaySettings(poll_interval="PT0.2S"),
+        application_name="demo-order-participants",
+    )
+    with service.store.transaction() as tx:
+        create_tables(tx.sql, schema)
+        stock_up(tx.sql, schema, plan.stock, plan.wallets)
+    thread = threading.Thread(target=service.run, name="order-participants", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        service.stop()
+        thread.join(15)
+        service.close()
+
+    cleanup.callback(stop)
+
+    def totals() -> tuple[Decimal, int]:
+        with service.store.transaction() as tx:
+            tx.sql.execute(f'SET LOCAL search_path TO "{schema}"')
+            money = tx.sql.execute("SELECT coalesce(sum(balance), 0) FROM wallet").fetchone()
+            held = tx.sql.execute(
+                "SELECT (SELECT coalesce(sum(available), 0) FROM stock) + (SELECT "
+                "coalesce(sum(quantity), 0) FROM reservation WHERE NOT released)"
+            ).fetchone()
+        assert money is not None
+        assert held is not None
+        return Decimal(money[0]), int(held[0])
+
+    return totals
+
+
+def publish_orders(kafka: str, prefix: str, plan: OrderPlan) -> None:
+    """Places every order of the plan."""
+    producer = Producer({"bootstrap.servers": kafka, "enable.idempotence": True})
+    for order in plan.orders:
+        producer.produce(
+            prefix + ORDER_EVENTS_TOPIC,
+            key=order.order_id.encode(),
+            value=order.model_dump_json().encode(),
+            headers={
+                HEADER_MESSAGE_ID: f"placed-{order.order_id}",
+                HEADER_MESSAGE_TYPE: "orders.OrderPlaced",
+                HEADER_SCHEMA_VERSION: "1",
+                HEADER_CORRELATION_ID: order.order_id,
+            },
+        )
+    if producer.flush(30):
+        raise RuntimeError("orders not acknowledged by the broker")
+
+
+def order_tally(database: str, schema: str) -> dict[str, int]:
+    """Ended order sagas by final machine state."""
+    with psycopg.connect(database) as conn:
+        rows = conn.execute(
+            f'SELECT machine_state, count(*) FROM "{schema}".saga_instance '
+            "WHERE saga_type = %s AND status = 'ended' GROUP BY 1 ORDER BY 1",
+            (ORDER_SAGA,),
+        ).fetchall()
+    return {str(state): int(n) for state, n in rows}

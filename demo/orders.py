@@ -1,0 +1,227 @@
+"""The order saga's participants on the participant kit: inventory, payment, fraud review, shipping.
+
+Each is a handful of SQL statements in the service's own schema; the kit runs each command once
+in effect (inbox by message id) and answers with the events the saga waits for. Business steps
+are idempotent by order too (a saga's retry is a new command with a new message id): a second
+reservation of the same order answers like the first.
+
+Money: a capture moves the order's amount from the customer's wallet to the merchant, a refund
+moves it back, so the sum of all wallets and the merchant never changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from decimal import Decimal
+
+from processor.participant import DROP, Replies, Sql, command_handler, participant
+from schemas.orders import (
+    CapturePayment,
+    FraudReviewApproved,
+    FraudReviewRejected,
+    OrderShipped,
+    PaymentCaptured,
+    PaymentDeclined,
+    PaymentRefunded,
+    RefundFailed,
+    RefundPayment,
+    ReleaseStock,
+    RequestFraudReview,
+    ReserveStock,
+    ShipmentFailed,
+    ShipOrder,
+    StockReleased,
+    StockReservationFailed,
+    StockReserved,
+    StockUnavailable,
+)
+
+__all__ = ["MERCHANT", "FraudReview", "Inventory", "Payments", "Shipping", "order_participants"]
+
+MERCHANT = "merchant"
+EXPIRED = "deadline passed before the command ran"
+
+DDL = """
+CREATE TABLE IF NOT EXISTS stock (
+    sku       text PRIMARY KEY,
+    available int  NOT NULL CHECK (available >= 0)
+);
+CREATE TABLE IF NOT EXISTS reservation (
+    order_id text PRIMARY KEY,
+    sku      text NOT NULL,
+    quantity int  NOT NULL,
+    released boolean NOT NULL DEFAULT false
+);
+CREATE TABLE IF NOT EXISTS wallet (
+    owner   text          PRIMARY KEY,
+    balance numeric(18,2) NOT NULL CHECK (balance >= 0)
+);
+CREATE TABLE IF NOT EXISTS payment (
+    order_id text          PRIMARY KEY,
+    customer text          NOT NULL,
+    amount   numeric(18,2) NOT NULL,
+    refunded boolean       NOT NULL DEFAULT false
+);
+CREATE TABLE IF NOT EXISTS shipment (order_id text PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS review (order_id text PRIMARY KEY, approved boolean NOT NULL);
+"""
+
+
+def create_tables(sql: Sql, schema: str) -> None:
+    """Creates the services' tables in ``schema`` (which must exist)."""
+    sql.execute(f'SET LOCAL search_path TO "{schema}"')
+    sql.execute(DDL)
+
+
+def stock_up(
+    sql: Sql, schema: str, stock: Mapping[str, int], wallets: Mapping[str, Decimal]
+) -> None:
+    """Sets stock levels and wallet balances (the merchant's included, at 0 when absent)."""
+    sql.execute(f'SET LOCAL search_path TO "{schema}"')
+    for sku, n in stock.items():
+        sql.execute(
+            "INSERT INTO stock VALUES (%s, %s) ON CONFLICT (sku) DO UPDATE SET available = %s",
+            (sku, n, n),
+        )
+    for owner, balance in {MERCHANT: Decimal(0), **wallets}.items():
+        sql.execute(
+            "INSERT INTO wallet VALUES (%s, %s) ON CONFLICT (owner) DO UPDATE SET balance = %s",
+            (owner, balance, balance),
+        )
+
+
+class _InSchema:
+    """Points each command's transaction at the services' schema."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+
+    def use(self, sql: Sql) -> Sql:
+        sql.execute(f'SET LOCAL search_path TO "{self.schema}"')
+        return sql
+
+
+@participant(name="inventory")
+class Inventory(_InSchema):
+    """Holds and releases stock."""
+
+    @command_handler(expired=lambda c: StockReservationFailed(order_id=c.order_id, reason=EXPIRED))
+    def reserve(self, command: ReserveStock, replies: Replies, sql: Sql) -> None:
+        self.use(sql)
+        held = sql.execute(
+            "SELECT released FROM reservation WHERE order_id = %s", (command.order_id,)
+        ).fetchone()
+        if held is not None and not held[0]:
+            replies.send(StockReserved(order_id=command.order_id))
+            return
+        taken = sql.execute(
+            "UPDATE stock SET available = available - %s WHERE sku = %s AND available >= %s",
+            (command.quantity, command.sku, command.quantity),
+        )
+        if taken.rowcount == 0:
+            replies.send(StockUnavailable(order_id=command.order_id, reason="not enough stock"))
+            return
+        sql.execute(
+            "INSERT INTO reservation VALUES (%s, %s, %s, false) ON CONFLICT (order_id) "
+            "DO UPDATE SET released = false",
+            (command.order_id, command.sku, command.quantity),
+        )
+        replies.send(StockReserved(order_id=command.order_id))
+
+    @command_handler()
+    def release(self, command: ReleaseStock, replies: Replies, sql: Sql) -> None:
+        self.use(sql)
+        row = sql.execute(
+            "UPDATE reservation SET released = true WHERE order_id = %s AND NOT released "
+            "RETURNING sku, quantity",
+            (command.order_id,),
+        ).fetchone()
+        if row is not None:
+            sql.execute(
+                "UPDATE stock SET available = available + %s WHERE sku = %s", (row[1], row[0])
+            )
+        replies.send(StockReleased(order_id=command.order_id))
+
+
+@participant(name="payment")
+class Payments(_InSchema):
+    """Captures and refunds: moves money between a customer's wallet and the merchant."""
+
+    @command_handler(expired=lambda c: PaymentDeclined(order_id=c.order_id, reason=EXPIRED))
+    def capture(self, command: CapturePayment, replies: Replies, sql: Sql) -> None:
+        self.use(sql)
+        paid = sql.execute(
+            "SELECT refunded FROM payment WHERE order_id = %s", (command.order_id,)
+        ).fetchone()
+        if paid is not None:
+            replies.send(PaymentCaptured(order_id=command.order_id))
+            return
+        taken = sql.execute(
+            "UPDATE wallet SET balance = balance - %s WHERE owner = %s AND balance >= %s",
+            (command.amount, command.customer_id, command.amount),
+        )
+        if taken.rowcount == 0:
+            replies.send(PaymentDeclined(order_id=command.order_id, reason="insufficient funds"))
+            return
+        sql.execute(
+            "UPDATE wallet SET balance = balance + %s WHERE owner = %s", (command.amount, MERCHANT)
+        )
+        sql.execute(
+            "INSERT INTO payment VALUES (%s, %s, %s, false)",
+            (command.order_id, command.customer_id, command.amount),
+        )
+        replies.send(PaymentCaptured(order_id=command.order_id))
+
+    @command_handler(expired=lambda c: RefundFailed(order_id=c.order_id, reason=EXPIRED))
+    def refund(self, command: RefundPayment, replies: Replies, sql: Sql) -> None:
+        self.use(sql)
+        row = sql.execute(
+            "UPDATE payment SET refunded = true WHERE order_id = %s AND NOT refunded "
+            "RETURNING customer, amount",
+            (command.order_id,),
+        ).fetchone()
+        if row is not None:
+            sql.execute(
+                "UPDATE wallet SET balance = balance - %s WHERE owner = %s", (row[1], MERCHANT)
+            )
+            sql.execute(
+                "UPDATE wallet SET balance = balance + %s WHERE owner = %s", (row[1], row[0])
+            )
+        replies.send(PaymentRefunded(order_id=command.order_id))
+
+
+@participant(name="fraud-review")
+class FraudReview(_InSchema):
+    """Stands in for an analyst: approves an order unless its customer is flagged."""
+
+    flagged_prefix = "fraud-"
+
+    # A review nobody started in time is the saga's to escalate: no reply.
+    @command_handler(expired=DROP)
+    def review(self, command: RequestFraudReview, replies: Replies, sql: Sql) -> None:
+        self.use(sql)
+        approved = not command.customer_id.startswith(self.flagged_prefix)
+        sql.execute(
+            "INSERT INTO review VALUES (%s, %s) ON CONFLICT DO NOTHING",
+            (command.order_id, approved),
+        )
+        if approved:
+            replies.send(FraudReviewApproved(order_id=command.order_id))
+        else:
+            replies.send(FraudReviewRejected(order_id=command.order_id, reason="flagged"))
+
+
+@participant(name="shipping")
+class Shipping(_InSchema):
+    """Hands the parcel to the carrier."""
+
+    @command_handler(expired=lambda c: ShipmentFailed(order_id=c.order_id, reason=EXPIRED))
+    def ship(self, command: ShipOrder, replies: Replies, sql: Sql) -> None:
+        self.use(sql)
+        sql.execute("INSERT INTO shipment VALUES (%s) ON CONFLICT DO NOTHING", (command.order_id,))
+        replies.send(OrderShipped(order_id=command.order_id))
+
+
+def order_participants(schema: str) -> list[object]:
+    """One instance of each order participant, using tables in ``schema``."""
+    return [Inventory(schema), Payments(schema), FraudReview(schema), Shipping(schema)]

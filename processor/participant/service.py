@@ -1,0 +1,223 @@
+"""A participant service: consumes command topics in batches, runs the kit, relays replies.
+
+Wiring only. The consumer is the processor's (:class:`processor.kafka.client.SagaConsumer`,
+positions read from the participant's tables), the relay is the processor's
+(:class:`processor.runtime.relay.Relay` over :class:`processor.postgres.outbox.PostgresOutboxStore`
+on the participant's schema), loops are supervised like the processor's, and the settings are
+the processor's settings classes.
+
+It outlives restarts of PostgreSQL and of the broker: a command that meets a lost connection is
+rolled back, its partition is rewound to it, and the loop backs off and goes on; the connection
+is opened again on the next command. A fatal failure stops every loop (exit and let the platform
+restart the process); nothing is lost, because positions, inbox and outbox commit together.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from processor.engine.records import Record
+from processor.errors import Failure, LoopDied, RuntimeFailure, classify
+from processor.kafka.client import SagaConsumer
+from processor.kafka.producer import KafkaRecordProducer, make_producer, relay_overrides
+from processor.messages import MessageRegistry, registry
+from processor.participant.kit import CommandKit
+from processor.postgres.connect import connect
+from processor.postgres.notify import PostgresWakeSource
+from processor.postgres.outbox import PostgresOutboxStore
+from processor.postgres.participant import PostgresParticipantStore
+from processor.postgres.participant_schema import migrate_participant
+from processor.postgres.schema import Tables
+from processor.runtime.relay import Relay
+from processor.runtime.supervisor import Supervisor
+from processor.settings import ConsumerSettings, KafkaSettings, RelaySettings
+from processor.wire import Topics, outbox_channel
+
+__all__ = ["ParticipantService"]
+
+log = logging.getLogger(__name__)
+
+TP = tuple[str, int]
+
+
+class ParticipantService:
+    """Runs participants against Kafka and the service's PostgreSQL database.
+
+    Args:
+        participants: Participant classes (created without arguments) or instances.
+        kafka: Client settings (the processor's ``SAGA_KAFKA__*``), or a librdkafka config.
+        database_url: The service's own database.
+        schema: Schema of the participant's inbox, outbox and positions; created on start.
+        group_id: Consumer group; defaults to ``consumer.group_id``.
+        topics: Command topics without prefix; defaults to the topics registered for the
+            handled command types.
+        topic_prefix: Prefix of every topic on the broker.
+        consumer: Batch size, timeouts and dead-letter topic (the processor's settings class).
+        relay: Relay settings (the processor's settings class).
+        settings: Values of ``Setting`` parameters.
+        dependencies: Dependencies of handlers, by type.
+        message_registry: Where the messages are registered.
+        application_name: Shown in ``pg_stat_activity``.
+    """
+
+    def __init__(
+        self,
+        participants: Sequence[object],
+        *,
+        kafka: KafkaSettings | Mapping[str, str],
+        database_url: str,
+        schema: str,
+        group_id: str | None = None,
+        topics: Sequence[str] | None = None,
+        topic_prefix: str = "",
+        consumer: ConsumerSettings | None = None,
+        relay: RelaySettings | None = None,
+        settings: Mapping[str, Any] | None = None,
+        dependencies: Mapping[type, object] | None = None,
+        message_registry: MessageRegistry = registry,
+        application_name: str = "saga-participant",
+    ) -> None:
+        self._kafka = dict(kafka.client_config() if isinstance(kafka, KafkaSettings) else kafka)
+        self._url = database_url
+        self._app = application_name
+        self.tables = Tables(schema)
+        self._cs = consumer or ConsumerSettings()
+        self._rs = relay or RelaySettings()
+        self._names = Topics(topic_prefix)
+        self.group_id = group_id or self._cs.group_id
+        self.stop_event = threading.Event()
+        with connect(database_url, application_name=application_name) as conn:
+            migrate_participant(conn, self.tables)
+        self.store = PostgresParticipantStore(self._connect, self.tables)
+        self.relay = Relay(
+            PostgresOutboxStore(self._connect, self.tables),
+            KafkaRecordProducer(
+                lambda: make_producer(self._kafka, **relay_overrides(self._rs.max_record_bytes))
+            ),
+            batch_size=self._rs.batch_size,
+            poll_interval=self._rs.poll_interval.total_seconds(),
+            flush_timeout=self._rs.flush_timeout.total_seconds(),
+            max_attempts=self._rs.max_attempts,
+            max_record_bytes=self._rs.max_record_bytes,
+        )
+        self.kit = CommandKit(
+            participants,
+            self.store,
+            group_id=self.group_id,
+            dead_letter_topic=self._names.name(self._cs.dead_letter_topic),
+            topic_prefix=topic_prefix,
+            settings=settings,
+            dependencies=dependencies,
+            message_registry=message_registry,
+            max_record_bytes=self._cs.max_record_bytes,
+            on_queued=self.relay.wake.set,
+        )
+        if topics is None:
+            found = {message_registry.of(t).topic for t in self.kit.command_types}
+            topics = sorted(t for t in found if t is not None)
+        self.topics = [self._names.name(t) for t in topics]
+        self.failed_rounds = 0
+
+    def _connect(self) -> Any:
+        return connect(self._url, application_name=self._app)
+
+    def _positions(self, tps: list[TP]) -> Mapping[TP, int | None]:
+        # Inside the consumer's rebalance callback: wait for the database rather than start
+        # from the beginning of the partition (safe with the inbox, but slow).
+        attempts = 0
+        log.info("partitions assigned: %s", sorted(tps))
+        while True:
+            try:
+                return self.store.positions(self.group_id, tps)
+            except RuntimeFailure as e:
+                if e.kind is not Failure.RETRYABLE or self.stop_event.is_set():
+                    raise
+                attempts += 1
+                log.warning("positions unavailable (%s); trying again", e)
+                self.stop_event.wait(_backoff(attempts))
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Consumes and handles commands until ``stop`` (or :attr:`stop_event`) is set.
+
+        Raises:
+            LoopDied: The relay loop or the consumer loop met a fatal failure.
+        """
+        stop = stop or self.stop_event
+        supervisor = Supervisor(stop)
+        supervisor.spawn("participant-relay", self.relay.run)
+        listener = PostgresWakeSource(self._connect, outbox_channel(self.tables.schema))
+        supervisor.spawn(
+            "participant-relay-listener", lambda s: listener.run(s, self.relay.wake.set)
+        )
+        supervisor.spawn("participant-consumer", self._consume)
+        stop.wait()
+        supervisor.join(lambda: 10.0)
+        self.store.close()
+        self.relay.close()
+        failure = supervisor.failure
+        if failure is not None:
+            raise LoopDied(failure.describe())
+
+    def _consume(self, stop: threading.Event) -> None:
+        consumer = SagaConsumer(
+            self._kafka,
+            group_id=self.group_id,
+            topics=self.topics,
+            on_assign=self._positions,
+            on_revoke=lambda tps: log.info("partitions revoked: %s", sorted(tps)),
+            session_timeout_ms=int(self._cs.session_timeout.total_seconds() * 1000),
+            max_poll_interval_ms=int(self._cs.max_poll_interval.total_seconds() * 1000),
+            max_batch_bytes=self._cs.max_batch_bytes,
+        )
+        failures = 0
+        try:
+            while not stop.is_set():
+                records = consumer.consume(
+                    self._cs.batch_size, self._cs.batch_timeout.total_seconds()
+                )
+                if self.handle_batch(consumer, records):
+                    failures = 0
+                    # PostgreSQL holds the positions; Kafka's copy only serves lag tools.
+                    consumer.commit_advisory(
+                        {(r.topic, r.partition): r.offset + 1 for r in records}
+                    )
+                    continue
+                failures += 1
+                self.failed_rounds += 1
+                stop.wait(_backoff(failures))
+        finally:
+            consumer.close()
+
+    def handle_batch(self, consumer: SagaConsumer, records: Sequence[Record]) -> bool:
+        """Handles records in order; on a transient failure rewinds and returns False."""
+        for i, record in enumerate(records):
+            try:
+                self.kit.handle(record)
+            except Exception as e:
+                if classify(e) is not Failure.RETRYABLE:
+                    raise
+                log.warning("command batch stopped (%s); rewinding to retry", e)
+                firsts: dict[TP, int] = {}
+                for r in records[i:]:
+                    firsts.setdefault((r.topic, r.partition), r.offset)
+                for tp, offset in firsts.items():
+                    consumer.seek(tp, offset)
+                return False
+        return True
+
+    def stop(self) -> None:
+        """Asks :meth:`run` to return."""
+        self.stop_event.set()
+
+    def close(self) -> None:
+        """Stops :meth:`run` and releases the connections (also those opened after it ended)."""
+        self.stop()
+        self.store.close()
+        self.relay.close()
+
+
+def _backoff(failures: int) -> float:
+    return float(min(5.0, 0.2 * 2 ** min(failures, 5)))

@@ -1,0 +1,219 @@
+"""The participant kit's store over PostgreSQL: inbox, outbox and positions in one transaction.
+
+The store owns one connection, opened on first use and again after it broke. Every driver
+error leaving :meth:`PostgresParticipantStore.transaction` (or a handler's statement) is
+translated into the runtime failures of :mod:`processor.errors`.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from processor.engine.records import OutboxRow
+from processor.errors import Retryable
+from processor.participant.ports import InboxEntry, Rows
+from processor.postgres.errors import translate
+from processor.postgres.schema import Tables
+from processor.postgres.store import Conn
+from processor.wire import outbox_channel
+
+__all__ = ["PostgresParticipantStore", "PostgresParticipantTx", "PostgresSql"]
+
+log = logging.getLogger(__name__)
+
+TP = tuple[str, int]
+
+
+class PostgresSql:
+    """:class:`processor.participant.ports.Sql` over a psycopg connection."""
+
+    def __init__(self, conn: Conn) -> None:
+        self._conn = conn
+
+    def execute(self, query: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> Rows:
+        try:
+            return self._conn.execute(query, params)
+        except psycopg.Error as e:
+            raise translate(e) from e
+
+
+def _to_json(row: OutboxRow) -> dict[str, Any]:
+    return {
+        "saga_type": row.saga_type,
+        "saga_id": row.saga_id,
+        "topic": row.topic,
+        "key": base64.b64encode(row.key).decode() if row.key is not None else None,
+        "headers": dict(row.headers),
+        "value": base64.b64encode(row.value).decode(),
+    }
+
+
+def _from_json(d: Mapping[str, Any]) -> OutboxRow:
+    key = d.get("key")
+    return OutboxRow(
+        saga_type=d.get("saga_type"),
+        saga_id=d.get("saga_id"),
+        topic=str(d["topic"]),
+        key=base64.b64decode(key) if key is not None else None,
+        headers=dict(d["headers"]),
+        value=base64.b64decode(d["value"]),
+    )
+
+
+class PostgresParticipantTx:
+    """:class:`processor.participant.ports.ParticipantTx` in an open transaction."""
+
+    def __init__(self, conn: Conn, tables: Tables) -> None:
+        self._conn = conn
+        self._tables = tables
+        self._inbox = f'"{tables.schema}".inbox'
+        self.sql = PostgresSql(conn)
+        self.queued = 0
+
+    def claim(
+        self, message_id: str, message_type: str, topic: str, partition: int, offset: int
+    ) -> InboxEntry | None:
+        inserted = self._conn.execute(
+            f"INSERT INTO {self._inbox} (message_id, message_type, outcome, topic, partition, "
+            '"offset") VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1',
+            (message_id, message_type, "pending", topic, partition, offset),
+        ).fetchone()
+        if inserted is not None:
+            return None
+        row = self._conn.execute(
+            f"SELECT outcome, replies FROM {self._inbox} WHERE message_id = %s", (message_id,)
+        ).fetchone()
+        # The conflicting row is visible: its inserter committed before our insert returned.
+        assert row is not None
+        return InboxEntry(message_id, str(row[0]), tuple(_from_json(r) for r in row[1]))
+
+    def finish(self, message_id: str, outcome: str, replies: Sequence[OutboxRow]) -> None:
+        self._conn.execute(
+            f"UPDATE {self._inbox} SET outcome = %s, replies = %s WHERE message_id = %s",
+            (outcome, Jsonb([_to_json(r) for r in replies]), message_id),
+        )
+        self.publish(replies)
+
+    def publish(self, rows: Sequence[OutboxRow]) -> None:
+        if not rows:
+            return
+        with self._conn.cursor() as cur:
+            cur.executemany(
+                self._tables.render(
+                    "INSERT INTO {outbox} (saga_type, saga_id, topic, partition, key, headers, "
+                    "value) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+                ),
+                [
+                    (
+                        r.saga_type,
+                        r.saga_id,
+                        r.topic,
+                        r.partition,
+                        r.key,
+                        Jsonb(dict(r.headers)),
+                        r.value,
+                    )
+                    for r in rows
+                ],
+            )
+        self.queued += len(rows)
+
+    def advance(self, group_id: str, topic: str, partition: int, next_offset: int) -> None:
+        self._conn.execute(
+            self._tables.render(
+                "INSERT INTO {offsets} AS o (group_id, topic, partition, next_offset) "
+                "VALUES (%s, %s, %s, %s) ON CONFLICT (group_id, topic, partition) DO UPDATE "
+                "SET next_offset = greatest(o.next_offset, excluded.next_offset), "
+                "updated_at = now()"
+            ),
+            (group_id, topic, partition, next_offset),
+        )
+
+
+class PostgresParticipantStore:
+    """:class:`processor.participant.ports.ParticipantStore` over one PostgreSQL connection.
+
+    Args:
+        connect: Opens a new connection (not in autocommit mode).
+        tables: The participant's schema.
+    """
+
+    def __init__(self, connect: Callable[[], Conn], tables: Tables) -> None:
+        self._connect = connect
+        self._tables = tables
+        self._conn: Conn | None = None
+        self._opened = 0
+        self._channel = outbox_channel(tables.schema)
+
+    def positions(self, group_id: str, partitions: Sequence[TP]) -> Mapping[TP, int | None]:
+        conn = self._connection()
+        try:
+            with conn.transaction():
+                rows = conn.execute(
+                    self._tables.render(
+                        "SELECT topic, partition, next_offset FROM {offsets} WHERE group_id = %s"
+                    ),
+                    (group_id,),
+                ).fetchall()
+        except psycopg.Error as e:
+            raise self._failure(conn, e) from e
+        stored = {(str(t), int(p)): (int(o) if o is not None else None) for t, p, o in rows}
+        return {tp: stored.get(tp) for tp in partitions}
+
+    @contextmanager
+    def transaction(self) -> Iterator[PostgresParticipantTx]:
+        conn = self._connection()
+        try:
+            with conn.transaction():
+                tx = PostgresParticipantTx(conn, self._tables)
+                yield tx
+                if tx.queued:
+                    # Wakes relays of other replicas; this process wakes its own directly.
+                    conn.execute("SELECT pg_notify(%s, '')", (self._channel,))
+        except psycopg.Error as e:
+            raise self._failure(conn, e) from e
+        except Retryable:
+            # A handler's statement met a lost connection (already translated).
+            if conn.broken or conn.closed:
+                self._drop()
+            raise
+
+    def _failure(self, conn: Conn, e: psycopg.Error) -> Exception:
+        failure = translate(e)
+        if conn.broken or conn.closed:
+            failure = Retryable(f"database connection lost: {failure}")
+        if isinstance(failure, Retryable):
+            self._drop()
+        return failure
+
+    def _connection(self) -> Conn:
+        if self._conn is None:
+            try:
+                self._conn = self._connect()
+            except psycopg.Error as e:
+                raise translate(e) from e
+            self._opened += 1
+        return self._conn
+
+    @property
+    def reconnects(self) -> int:
+        """Connections opened after the first one (each replaced a broken one)."""
+        return max(0, self._opened - 1)
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except psycopg.Error as e:
+                log.debug("closing a broken participant connection: %s", e)
+
+    def close(self) -> None:
+        self._drop()
