@@ -158,7 +158,12 @@ def _valid_value(schema: dict[str, Any]) -> Any:
     return {"string": "s", "integer": 1}[schema["type"]]
 
 
-@pytest.mark.parametrize("entry", registry.all(), ids=lambda e: f"{e.name}.v{e.version}")
+# The example messages only: other test modules register their own (with plain Decimal fields),
+# and which of them are imported by collection time depends on what else the run collects.
+EXAMPLES = [e for e in registry.all() if e.cls.__module__.startswith("schemas.")]
+
+
+@pytest.mark.parametrize("entry", EXAMPLES, ids=lambda e: f"{e.name}.v{e.version}")
 def test_every_payload_schema_accepts_exactly_what_its_model_accepts(entry: Any) -> None:
     # A valid payload built from the schema, then each field replaced by each probe in turn:
     # the document's validator and the processor's decoder must agree on every one.
