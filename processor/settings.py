@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -191,6 +191,25 @@ class DeadlineSettings(BaseModel):
         return self
 
 
+class HistorySettings(BaseModel):
+    """What the saga history keeps of each record (``SAGA_HISTORY__*``)."""
+
+    # full: headers and value as received; hashed: headers and the value's SHA-256 (no
+    # personal data kept); off: neither. The commands and deadlines each step produced are
+    # kept in every mode.
+    payload: Literal["full", "hashed", "off"] = "full"
+
+
+class OperatorSettings(BaseModel):
+    """Operator requests sent into sagas' partitions (``SAGA_OPERATOR__*``)."""
+
+    # Signs operator records (HMAC-SHA256); the processor applies only records signed with it.
+    # Unset: operator records are dead-lettered and the commands that send them refuse to run.
+    key: SecretStr | None = None
+    # Who asked, recorded with each request; defaults to the OS user running the command.
+    name: str | None = None
+
+
 class ProcessorSettings(BaseSettings):
     """Everything the processor needs, from `SAGA_*` variables (nested with `__`)."""
 
@@ -211,6 +230,8 @@ class ProcessorSettings(BaseSettings):
     consumer: ConsumerSettings = Field(default_factory=ConsumerSettings)
     relay: RelaySettings = Field(default_factory=RelaySettings)
     deadline: DeadlineSettings = Field(default_factory=DeadlineSettings)
+    history: HistorySettings = Field(default_factory=HistorySettings)
+    operator: OperatorSettings = Field(default_factory=OperatorSettings)
     shutdown_timeout: Duration = timedelta(seconds=20)
 
 

@@ -13,15 +13,24 @@ where it happened, never payload values.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from processor.engine.decode import Decoded, Event, FiredDeadline, Reason, Rejected, id_problem
+from processor.engine.decode import (
+    Decoded,
+    Event,
+    FiredDeadline,
+    Operator,
+    Reason,
+    Rejected,
+    id_problem,
+)
 from processor.engine.records import OutboxRow, Record
 from processor.engine.rows import (
     ACTIVE,
@@ -56,7 +65,11 @@ from processor.messages import (
     MessageRegistry,
 )
 from processor.runner import BoundSaga, DeadlineInput, EventInput, command_message_id
-from processor.wire import Topics
+from processor.wire import OperatorAction, Topics, operator_signed
+
+HistoryPayload = Literal["full", "hashed", "off"]
+"""What the history keeps of each record: headers and value; headers and the value's SHA-256;
+or neither (the commands and deadlines each step produced are kept in every mode)."""
 
 # Seeded from the OS once per process, so replicas never share a sequence.
 _random_bits = random.Random().getrandbits
@@ -72,7 +85,7 @@ def _random_id() -> str:
 class Item:
     """One unit of work for one saga: an event routed to it, or a deadline that fired."""
 
-    decoded: Event | FiredDeadline
+    decoded: Event | FiredDeadline | Operator
     bound: BoundSaga
     saga_id: str
 
@@ -81,6 +94,8 @@ class Item:
         """The id that marks this item applied: the message's, or one made from the deadline's."""
         if isinstance(self.decoded, FiredDeadline):
             return f"deadline:{self.decoded.deadline_id}"
+        if isinstance(self.decoded, Operator):
+            return self.decoded.request.message_id
         return self.decoded.metadata.message_id
 
 
@@ -115,8 +130,13 @@ class Planner:
         handler_attempts: int = 3,
         topic_prefix: str = "",
         deadline_ids: Callable[[], str] | None = None,
+        history_payload: HistoryPayload = "full",
+        operator_key: bytes | None = None,
     ) -> None:
         self._sagas = dict(sagas)
+        self._history_payload = history_payload
+        # Without a key no operator record is accepted: they are dead-lettered, unauthenticated.
+        self._operator_key = operator_key
         # A virtual clock (the saga fixture) passes ids that grow in scheduling order, so equal
         # due times fire in that order; in production the order of ties is unspecified.
         self._deadline_ids = deadline_ids or _random_id
@@ -152,6 +172,8 @@ class Planner:
                 out.append(Item(d, bound, d.saga_id))
                 wants.saga_keys.add((d.saga_type, d.saga_id))
                 wants.deadline_ids.add(d.deadline_id)
+            elif isinstance(d, Operator):
+                out.append(self._route_operator(d, wants))
             else:
                 routes = self._routes.get(type(d.message), [])
                 items: list[Item | Rejected] = []
@@ -173,6 +195,20 @@ class Planner:
                         wants.message_keys.add((*key, item.message_id))
                 out.extend(items)
         return out, wants
+
+    def _route_operator(self, d: Operator, wants: Wants) -> Item | Rejected:
+        req = d.request
+        if self._operator_key is None or not operator_signed(
+            self._operator_key, d.record.value or b"", d.signature
+        ):
+            return Rejected(d.record, Reason.UNAUTHENTICATED, "bad or missing operator-auth")
+        bound = self._sagas.get(req.saga_type)
+        if bound is None:
+            return Rejected(d.record, Reason.UNKNOWN_TYPE, f"no saga type {req.saga_type!r}")
+        key = (req.saga_type, req.saga_id)
+        wants.saga_keys.add(key)
+        wants.message_keys.add((*key, req.message_id))
+        return Item(d, bound, req.saga_id)
 
     def plan(
         self,
@@ -211,11 +247,13 @@ class Planner:
                 w = working[key] = self._load(item.bound, item.saga_id, loaded.sagas.get(key))
             if isinstance(item.decoded, FiredDeadline):
                 self._fire(ws, w, item, item.decoded, loaded, now, replay)
+                continue
+            mkey = (*key, item.message_id)
+            if mkey in seen:
+                self._history(ws, w, item, Outcome.DUPLICATE)
+            elif isinstance(item.decoded, Operator):
+                self._operate(ws, w, item, item.decoded, now, seen, mkey)
             else:
-                mkey = (*key, item.message_id)
-                if mkey in seen:
-                    self._history(ws, w, item, Outcome.DUPLICATE)
-                    continue
                 self._event(ws, w, item, item.decoded, now, seen, mkey)
         for w in working.values():
             self._flush(ws, w)
@@ -265,6 +303,56 @@ class Planner:
             self._run(ws, w, item, lambda: w.bound.handle_event(w.state, w.saga_id, inp, now), now)
             if w.status != PARKED:
                 seen.add(mkey)
+
+    def _operate(
+        self,
+        ws: WriteSet,
+        w: _Working,
+        item: Item,
+        op: Operator,
+        now: datetime,
+        seen: set[tuple[str, str, str]],
+        mkey: tuple[str, str, str],
+    ) -> None:
+        """Applies an operator's request in the saga's log order, like one of its events."""
+        req = op.request
+        label = f"operator {req.action} by {req.by}: {req.reason}"[:1000]
+        if w.status == PARKED:
+            # Held in order with the rest; a retry of the saga replays it.
+            self._park(ws, w, item, "behind a parked saga", Outcome.PARKED_BEHIND)
+            return
+        if w.status == ENDED:
+            self._history(ws, w, item, Outcome.IGNORED_ENDED, detail=label)
+            return
+        if w.status is None:
+            self._history(ws, w, item, Outcome.NO_SAGA, detail=label)
+            return
+        if w.load_error is not None:
+            self._fail(ws, w, item, w.load_error)
+            return
+        if req.action == OperatorAction.CANCEL:
+            state = w.state
+            call = lambda: w.bound.handle_cancel(state, w.saga_id, label, req.reason, now)  # noqa: E731
+            if self._run(ws, w, item, call, now):
+                seen.add(mkey)
+            return
+        if req.name is None:
+            self._history(ws, w, item, Outcome.OPERATOR_REFUSED, detail=f"{label} (no name)")
+            return
+        effects: dict[str, Any]
+        if req.action == OperatorAction.DEADLINE_CANCEL:
+            w.deadline_ops[req.name] = None
+            effects = {"deadlines": [{"op": "cancel", "name": req.name}]}
+        else:
+            ws.deadline_fire_now.append((w.bound.saga_type, w.saga_id, req.name))
+            ws.wake_deadlines = True
+            effects = {"deadlines": [{"op": "fire-now", "name": req.name}]}
+        w.version += 1
+        w.dirty = True
+        seen.add(mkey)
+        self._history(
+            ws, w, item, Outcome.APPLIED, version=w.version, detail=label, effects=effects
+        )
 
     def _fire(
         self,
@@ -366,23 +454,42 @@ class Planner:
         w.dirty = True
         w.status = ENDED if outcome.ended else ACTIVE
         ws.outbox.extend(rows)
+        effects: dict[str, Any] = {}
+        if rows:
+            effects["commands"] = [
+                {
+                    "message_id": r.headers[HEADER_MESSAGE_ID],
+                    "type": r.headers[HEADER_MESSAGE_TYPE],
+                    "topic": r.topic,
+                }
+                for r in rows
+            ]
         if outcome.ended:
             w.cleared = True
             w.deadline_ops.clear()
-        else:
-            for op in outcome.deadlines:
-                self._deadline(w, op, item)
-        self._history(ws, w, item, Outcome.APPLIED, version=w.version, detail=outcome.handler_name)
+            effects["ended"] = True
+        elif outcome.deadlines:
+            effects["deadlines"] = [self._deadline(w, op, item) for op in outcome.deadlines]
+        self._history(
+            ws,
+            w,
+            item,
+            Outcome.APPLIED,
+            version=w.version,
+            detail=outcome.handler_name,
+            effects=effects or None,
+        )
         ws.counts["ended" if outcome.ended else "applied"] += 1
         return True
 
-    def _deadline(self, w: _Working, op: DeadlineOp, item: Item) -> None:
+    def _deadline(self, w: _Working, op: DeadlineOp, item: Item) -> dict[str, Any]:
+        """Records the deadline operation; returns its entry for the history's effects."""
         if isinstance(op, CancelDeadline):
             w.deadline_ops[op.name] = None
-            return
+            return {"op": "cancel", "name": op.name}
         assert isinstance(op, ScheduleDeadline)
         record = item.decoded.record
-        w.deadline_ops[op.name] = DeadlineInsert(
+        insert = w.deadline_ops[op.name] = DeadlineInsert(
             id=self._deadline_ids(),
             saga_type=w.bound.saga_type,
             saga_id=w.saga_id,
@@ -393,6 +500,12 @@ class Planner:
             topic=record.topic,
             partition=record.partition,
         )
+        return {
+            "op": "schedule",
+            "name": op.name,
+            "id": insert.id,
+            "due_at": op.due_at.isoformat(),
+        }
 
     def _park(self, ws: WriteSet, w: _Working, item: Item, reason: str, outcome: Outcome) -> None:
         w.status = PARKED
@@ -412,12 +525,32 @@ class Planner:
         *,
         version: int | None = None,
         detail: str | None = None,
+        effects: Mapping[str, Any] | None = None,
     ) -> None:
         record = item.decoded.record
-        if isinstance(item.decoded, FiredDeadline):
-            kind, message_type = "deadline", f"deadline:{item.decoded.name}"
+        decoded = item.decoded
+        headers: Mapping[str, str] | None
+        if isinstance(decoded, FiredDeadline):
+            kind, message_type = "deadline", f"deadline:{decoded.name}"
+            headers = None
+        elif isinstance(decoded, Operator):
+            kind, message_type = "operator", f"operator:{decoded.request.action}"
+            headers = None
         else:
-            kind, message_type = "event", item.decoded.metadata.message_type
+            kind, message_type = "event", decoded.metadata.message_type
+            # The dict decode built once from the record: shared, not copied.
+            headers = decoded.metadata.headers
+        payload = digest = None
+        mode = self._history_payload
+        if mode == "off":
+            headers = None
+        else:
+            if headers is None:
+                headers = record.headers_text()
+            if mode == "full":
+                payload = record.value  # the record's own bytes, stored as they came
+            else:
+                digest = hashlib.sha256(record.value or b"").digest()
         ws.history.append(
             HistoryRow(
                 w.bound.saga_type,
@@ -431,6 +564,10 @@ class Planner:
                 record.partition,
                 record.offset,
                 detail,
+                headers,
+                payload,
+                digest,
+                effects,
             )
         )
         if outcome is not Outcome.APPLIED:

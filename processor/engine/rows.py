@@ -42,6 +42,8 @@ class Outcome(StrEnum):
     DEADLINE_STALE = "deadline-stale"
     DEADLINE_NO_HANDLER = "deadline-no-handler"  # older rows only: such a fire now parks
     DEADLINE_REJECTED = "deadline-rejected"
+    # An operator record that could not apply (e.g. a retry of a saga that is not parked).
+    OPERATOR_REFUSED = "operator-refused"
 
 
 SagaKey = tuple[str, str]
@@ -113,6 +115,13 @@ class HistoryRow:
     partition: int
     offset: int
     detail: str | None = None
+    # The audit trail (see `history.payload`): the record's headers and value as received (the
+    # value's bytes are the record's own, never re-encoded), or the value's SHA-256 only.
+    headers: Mapping[str, str] | None = None
+    payload: bytes | None = None
+    payload_sha256: bytes | None = None
+    # What the step produced: commands (message id, type, topic) and deadline operations.
+    effects: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +164,8 @@ class WriteSet:
     deadline_resets: list[tuple[str, int]] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     parked: list[ParkedMessage] = field(default_factory=list)
+    # (saga type, saga id, name): deadlines an operator asked to fire now.
+    deadline_fire_now: list[tuple[str, str, str]] = field(default_factory=list)
     # Wake the deadline poller even without new deadlines (a parked saga's retry).
     wake_deadlines: bool = False
     counts: Counter[str] = field(default_factory=Counter)

@@ -53,6 +53,8 @@ class MemoryTables:
     # Rows made due again by a consumer (deadline id, token); the memory store keeps no
     # dispatch state, so tests read them here.
     deadline_resets: list[tuple[str, int]] = field(default_factory=list)
+    # An operator's fire-now requests, (saga type, saga id, name), for tests to inspect.
+    deadline_fire_now: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 class MemoryBatchStore:
@@ -160,6 +162,7 @@ class MemoryBatchStore:
             did = _uuid_text(d.id)
             t.deadlines[did] = StoredDeadline(ref, did, d.topic, d.partition)
         t.deadline_resets.extend(ws.deadline_resets)
+        t.deadline_fire_now.extend(ws.deadline_fire_now)
         t.dead_letters.extend(ws.dead_letters)
         t.parked.extend(ws.parked)
         for o in offsets:

@@ -193,6 +193,17 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX ON {failed_outbox} (saga_type, saga_id, id);
     """,
+    # console11
+    # 5: the audit trail (what each record held, what each step produced) and the operator
+    # console's indexes: sagas by type and status in age order, dead letters by reason.
+    """
+    ALTER TABLE {history} ADD COLUMN headers        jsonb,
+                          ADD COLUMN payload        bytea,
+                          ADD COLUMN payload_sha256 bytea,
+                          ADD COLUMN effects        jsonb;
+    CREATE INDEX ON {instance} (saga_type, status, updated_at);
+    CREATE INDEX ON {dead_letter} (created_at);
+    """,
 )
 
 

@@ -102,10 +102,11 @@ class BatchStore:
         self._insert_history = r(
             """
             INSERT INTO {history} (saga_type, saga_id, message_id, message_type, kind, outcome,
-                                   version, topic, partition, "offset", detail)
+                                   version, topic, partition, "offset", detail, headers,
+                                   payload, payload_sha256, effects)
             SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::text[],
                                  %b::text[], %b::bigint[], %b::text[], %b::int[], %b::bigint[],
-                                 %b::text[])
+                                 %b::text[], %b::jsonb[], %b::bytea[], %b::bytea[], %b::jsonb[])
             """
         )
         self._insert_outbox = r(
@@ -148,6 +149,14 @@ class BatchStore:
             UPDATE {deadline} AS d SET dispatched_at = NULL
               FROM unnest(%b::uuid[], %b::bigint[]) AS u(i, t)
              WHERE d.id = u.i AND d.dispatch_token = u.t
+            """
+        )
+        # An operator's fire-now: due at once and undispatched, so the leader fires it next.
+        self._fire_now = r(
+            """
+            UPDATE {deadline} AS d SET due_at = now(), dispatched_at = NULL, dispatch_token = NULL
+              FROM unnest(%b::text[], %b::text[], %b::text[]) AS u(t, i, n)
+             WHERE d.saga_type = u.t AND d.saga_id = u.i AND d.name = u.n
             """
         )
         self._insert_parked = r(
@@ -306,6 +315,10 @@ class BatchStore:
                     [x.partition for x in h],
                     [x.offset for x in h],
                     [x.detail for x in h],
+                    [_json(x.headers) for x in h],
+                    [x.payload for x in h],
+                    [x.payload_sha256 for x in h],
+                    [_json(x.effects) for x in h],
                 ),
             )
         if ws.outbox:
@@ -339,6 +352,9 @@ class BatchStore:
         if ws.deadline_resets:
             rs = ws.deadline_resets
             conn.execute(self._reset_deadlines, ([x[0] for x in rs], [x[1] for x in rs]))
+        if ws.deadline_fire_now:
+            f = ws.deadline_fire_now
+            conn.execute(self._fire_now, ([x[0] for x in f], [x[1] for x in f], [x[2] for x in f]))
         if ws.dead_letters:
             dl = ws.dead_letters
             conn.execute(

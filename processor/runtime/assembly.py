@@ -21,7 +21,7 @@ from processor.runner import BoundSaga, bind_all
 from processor.settings import ProcessorSettings
 from processor.wire import Topics
 
-__all__ = ["BoundSagas", "bind_sagas", "load_saga_classes", "tables_for"]
+__all__ = ["BoundSagas", "bind_sagas", "load_saga_classes", "operator_key", "tables_for"]
 
 
 def load_saga_classes(specs: Iterable[str]) -> list[type[Any]]:
@@ -47,6 +47,12 @@ def tables_for(settings: ProcessorSettings) -> Tables:
         deadline=settings.deadline.table,
         deadline_lock=settings.deadline.lock_table,
     )
+
+
+def operator_key(settings: ProcessorSettings) -> bytes | None:
+    """The key that signs operator records, or None when none is configured."""
+    key = settings.operator.key
+    return key.get_secret_value().encode() if key is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,5 +113,7 @@ def bind_sagas(
         dead_letter_topic=Topics(settings.topic_prefix).name(settings.consumer.dead_letter_topic),
         handler_attempts=settings.consumer.handler_attempts,
         topic_prefix=settings.topic_prefix,
+        history_payload=settings.history.payload,
+        operator_key=operator_key(settings),
     )
     return BoundSagas(sagas, registry, planner)
