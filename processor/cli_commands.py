@@ -274,8 +274,19 @@ def retry(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     return 0
 
 
-def retry_from_settings(settings: ProcessorSettings, saga_type: str, saga_id: str) -> RetryResult:
-    """Retries a parked saga with the sagas `settings.sagas` names, as the processor binds them."""
+def retry_from_settings(
+    settings: ProcessorSettings,
+    saga_type: str,
+    saga_id: str,
+    *,
+    skip: int = 0,
+    by: str | None = None,
+    reason: str | None = None,
+) -> RetryResult:
+    """Retries a parked saga with the sagas `settings.sagas` names, as the processor binds them.
+
+    ``skip``, ``by`` and ``reason`` are those of :func:`processor.ops.parked.retry_parked_saga`.
+    """
     from processor.runtime.assembly import bind_sagas
 
     bound = bind_sagas(settings)
@@ -287,6 +298,9 @@ def retry_from_settings(settings: ProcessorSettings, saga_type: str, saga_id: st
             saga_id,
             registry=bound.registry,
             max_record_bytes=settings.consumer.max_record_bytes,
+            skip=skip,
+            by=by,
+            reason=reason,
         )
 
 

@@ -29,10 +29,10 @@ __all__ = [
     "HEADER_MESSAGE_TYPE",
     "HEADER_OCCURRED_AT",
     "HEADER_OPERATOR_AUTH",
-    "OPERATOR_COMMAND",
     "HEADER_SAGA_ID",
     "HEADER_SAGA_TYPE",
     "HEADER_SCHEMA_VERSION",
+    "OPERATOR_COMMAND",
     "FiredRecord",
     "OperatorAction",
     "OperatorRecord",
@@ -219,9 +219,7 @@ def operator_signature(key: bytes, value: bytes) -> str:
 
 def operator_signed(key: bytes, value: bytes, signature: str | None) -> bool:
     """Whether ``signature`` is the operator signature of ``value`` under ``key``."""
-    return signature is not None and hmac.compare_digest(
-        operator_signature(key, value), signature
-    )
+    return signature is not None and hmac.compare_digest(operator_signature(key, value), signature)
 
 
 def dead_letter_headers(

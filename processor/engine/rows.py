@@ -44,6 +44,8 @@ class Outcome(StrEnum):
     DEADLINE_REJECTED = "deadline-rejected"
     # An operator record that could not apply (e.g. a retry of a saga that is not parked).
     OPERATOR_REFUSED = "operator-refused"
+    # A held message an operator dropped instead of replaying (`parked skip`).
+    SKIPPED = "skipped"
 
 
 SagaKey = tuple[str, str]

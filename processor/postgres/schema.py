@@ -202,6 +202,9 @@ MIGRATIONS: tuple[str, ...] = (
                           ADD COLUMN payload_sha256 bytea,
                           ADD COLUMN effects        jsonb;
     CREATE INDEX ON {instance} (saga_type, status, updated_at);
+    CREATE INDEX ON {instance} (saga_id);
+    CREATE INDEX ON {instance} ((coalesce(machine_state_since, updated_at)))
+     WHERE status <> 'ended';
     CREATE INDEX ON {dead_letter} (created_at);
     """,
 )
