@@ -115,6 +115,12 @@ COMMANDS: tuple[Command, ...] = (
         i.dead_letters,
     ),
     Command(
+        "console",
+        "serve the web console (read-only unless --enable-actions and a token)",
+        i.console_arguments,
+        i.console,
+    ),
+    Command(
         "outbox",
         "outbox rows the relay set aside: `outbox failed list|retry|discard`",
         c.outbox_arguments,

@@ -425,3 +425,35 @@ def parked(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     )
     _emit(args, result, text)
     return EXIT_OK if result.ok else EXIT_PROBLEM
+
+
+# -- the web console ----------------------------------------------------------------------------
+
+
+def console_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--host`, `--port`, `--enable-actions`."""
+    parser.add_argument("--host", default=None, help="default: SAGA_CONSOLE__HOST (127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="default: SAGA_CONSOLE__PORT")
+    parser.add_argument(
+        "--enable-actions",
+        action="store_true",
+        help="show and accept actions; each needs SAGA_CONSOLE__TOKEN",
+    )
+
+
+def console(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    """Serves the console until interrupted; exit code 0, 2 when actions lack a token."""
+    import uvicorn
+
+    from processor.console import Backend, create_app
+
+    token = settings.console.token.get_secret_value() if settings.console.token else None
+    if args.enable_actions and not token:
+        print("saga-processor: --enable-actions needs SAGA_CONSOLE__TOKEN", file=sys.stderr)
+        return EXIT_REFUSED
+    app = create_app(Backend(settings), actions=args.enable_actions, token=token)
+    host = args.host or settings.console.host
+    port = args.port if args.port is not None else settings.console.port
+    print(f"saga console on http://{host}:{port}/", flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+    return EXIT_OK

@@ -210,6 +210,15 @@ class OperatorSettings(BaseModel):
     name: str | None = None
 
 
+class ConsoleSettings(BaseModel):
+    """The web console (``SAGA_CONSOLE__*``); see `saga-processor console`."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8088, ge=0, le=65535)
+    # Every action (retry, cancel, replay, ...) must carry it; without one, actions stay off.
+    token: SecretStr | None = None
+
+
 class ProcessorSettings(BaseSettings):
     """Everything the processor needs, from `SAGA_*` variables (nested with `__`)."""
 
@@ -232,6 +241,7 @@ class ProcessorSettings(BaseSettings):
     deadline: DeadlineSettings = Field(default_factory=DeadlineSettings)
     history: HistorySettings = Field(default_factory=HistorySettings)
     operator: OperatorSettings = Field(default_factory=OperatorSettings)
+    console: ConsoleSettings = Field(default_factory=ConsoleSettings)
     shutdown_timeout: Duration = timedelta(seconds=20)
 
 
