@@ -258,6 +258,7 @@ def create_app(backend: Backend, *, actions: bool = False, token: str | None = N
         Route("/failed-outbox", failed_outbox),
         Route("/failed-outbox/{row_id:int}/{action}", outbox_action, methods=["POST"]),
     ]
+
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         yield

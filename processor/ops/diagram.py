@@ -65,8 +65,8 @@ def svg(spec: MachineSpec, current: str | None = None) -> str:
     width = 40 + len(columns) * (w + gap_x)
     height = 40 + max(len(n) for n in columns.values()) * (h + gap_y)
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="machine" width="{width}" '
-        f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="machine" width="100%" '
+        f'style="max-width: {width}px" viewBox="0 0 {width} {height}" role="img" '
         f'aria-label="state machine of {escape(spec.name)}">',
         '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" '
         'markerHeight="7" orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" '

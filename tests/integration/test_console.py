@@ -28,12 +28,16 @@ from schemas.orders import StockReserved
 from tests.integration.test_parking import (
     COMMANDS,
     EVENTS,
-    SAGA_TYPE as PACKING,
     ItemAdded,
     OrderClosed,
-    OrderPlaced as PackingPlaced,
     PackingSaga,
     Warehouse,
+)
+from tests.integration.test_parking import (
+    SAGA_TYPE as PACKING,
+)
+from tests.integration.test_parking import (
+    OrderPlaced as PackingPlaced,
 )
 from tests.support.browser import chromium, screenshot
 from tests.support.harness import Publisher, create_topics, query, running, settings_for, wait_until
@@ -45,7 +49,7 @@ TOKEN = "console-test-token"
 
 
 @pytest.fixture
-def world(kafka_bootstrap: str, database_url: str, pg_schema: str) -> Iterator[Orders]:
+def world(kafka_bootstrap: str, database_url: str, pg_schema: str) -> Orders:
     prefix = f"t{uuid.uuid4().hex[:8]}."
     names = ("order-events", "order-commands", "escalations", "saga-dead-letters", EVENTS, COMMANDS)
     create_topics(kafka_bootstrap, [prefix + n for n in names])
@@ -58,7 +62,7 @@ def world(kafka_bootstrap: str, database_url: str, pg_schema: str) -> Iterator[O
         settings={"order.payment-timeout": "PT10M"},
         operator={"key": "k", "name": "console-test"},
     )
-    yield Orders(settings, Publisher(kafka_bootstrap))
+    return Orders(settings, Publisher(kafka_bootstrap))
 
 
 def _free_port() -> int:
@@ -112,8 +116,9 @@ def test_an_operator_finds_a_saga_and_retries_a_parked_one_in_the_browser(
         o.pub.raw(packing_events, b"junk", b"\xff not json", [("message-type", b"nope")])
         o.pub.flush()
         wait_until(
-            lambda: _db(o, "SELECT count(*) FROM parked_message WHERE saga_id = %s", packing)[0][0]
-            == 2,
+            lambda: (
+                _db(o, "SELECT count(*) FROM parked_message WHERE saga_id = %s", packing)[0][0] == 2
+            ),
             timeout=60,
             what="packing saga parked with two held messages",
         )

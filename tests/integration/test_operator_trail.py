@@ -29,10 +29,15 @@ from schemas.orders import (
     StockReserved,
 )
 from tests.support.harness import running
-from tests.support.orders import OPERATOR_KEY, SAGA_TYPE, Orders, orders  # noqa: F401
+from tests.support.orders import OPERATOR_KEY, SAGA_TYPE, Orders, make_orders
 from tests.support.procs import settings_env
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def orders(kafka_bootstrap: str, database_url: str, pg_schema: str) -> Orders:
+    return make_orders(kafka_bootstrap, database_url, pg_schema)
 
 
 def _show(o: Orders, order: str, capsys: pytest.CaptureFixture[str], mp: pytest.MonkeyPatch) -> Any:
@@ -66,7 +71,8 @@ def test_show_json_lists_a_timed_out_and_compensated_order_step_by_step(
     steps = [(t["message_type"], t["outcome"], t["version"]) for t in shown["timeline"]]
     assert steps[0] == ("orders.OrderPlaced", "applied", 1)
     assert steps[1] == ("orders.StockReserved", "applied", 2)
-    assert steps[2][0].startswith("deadline:") and steps[2][1:] == ("applied", 3)
+    assert steps[2][0].startswith("deadline:")
+    assert steps[2][1:] == ("applied", 3)
     assert [s[0] for s in steps[3:]] == [
         "orders.StockReleased",
         "orders.PaymentCaptured",
@@ -86,9 +92,12 @@ def test_show_json_lists_a_timed_out_and_compensated_order_step_by_step(
     assert [c["type"] for c in late["effects"]["commands"]] == ["orders.RefundPayment"]
     assert shown["timeline"][-1]["effects"]["ended"] is True
     # The command ids in the trail are those the participants received.
-    sent = o.db("SELECT count(*) FROM saga_history WHERE saga_id = %s AND effects IS NOT NULL", order)
+    sent = o.db(
+        "SELECT count(*) FROM saga_history WHERE saga_id = %s AND effects IS NOT NULL", order
+    )
     assert sent[0][0] >= 4
-    assert shown["deadlines"] == [] and shown["parked_messages"] == []
+    assert shown["deadlines"] == []
+    assert shown["parked_messages"] == []
 
 
 def wait_until_state(o: Orders, order: str, state: str, timeout: float = 60) -> None:
@@ -113,9 +122,7 @@ def test_a_cancel_racing_the_last_reply_is_applied_in_log_order(orders: Orders) 
         # The parcel is with the carrier; its reply and an operator's cancel race.
         url = o.settings.database.url.get_secret_value()
         with open_inspect_queries(url, tables_for(o.settings)) as queries:
-            producer = KafkaRecordProducer(
-                lambda: make_producer(o.settings.kafka.client_config())
-            )
+            producer = KafkaRecordProducer(lambda: make_producer(o.settings.kafka.client_config()))
             go = threading.Barrier(2)
 
             def cancel() -> None:
@@ -139,7 +146,7 @@ def test_a_cancel_racing_the_last_reply_is_applied_in_log_order(orders: Orders) 
             producer.close(5)
         wait_until_both(o, order)
         rows = o.db(
-            "SELECT kind, message_type, outcome, detail, \"offset\" FROM saga_history "
+            'SELECT kind, message_type, outcome, detail, "offset" FROM saga_history '
             "WHERE saga_id = %s AND message_type IN ('orders.OrderShipped', 'operator:cancel') "
             "ORDER BY id",
             order,
@@ -157,7 +164,8 @@ def test_a_cancel_racing_the_last_reply_is_applied_in_log_order(orders: Orders) 
         assert state[1] != "COMPLETED"
     else:
         # The reply won: the order completed and ended; the cancel found nothing to cancel.
-        assert first[2] == "applied" and second[2] == "ignored-ended"
+        assert first[2] == "applied"
+        assert second[2] == "ignored-ended"
         assert state[:2] == ("ended", "COMPLETED")
 
 
@@ -165,12 +173,14 @@ def wait_until_both(o: Orders, order: str) -> None:
     from tests.support.harness import wait_until
 
     wait_until(
-        lambda: o.db(
-            "SELECT count(*) FROM saga_history WHERE saga_id = %s AND message_type IN "
-            "('orders.OrderShipped', 'operator:cancel')",
-            order,
-        )[0][0]
-        == 2,
+        lambda: (
+            o.db(
+                "SELECT count(*) FROM saga_history WHERE saga_id = %s AND message_type IN "
+                "('orders.OrderShipped', 'operator:cancel')",
+                order,
+            )[0][0]
+            == 2
+        ),
         timeout=60,
         what="the reply and the cancel recorded",
     )

@@ -7,12 +7,9 @@ knows exactly which records are in the log and in which order.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
-
-import pytest
 
 from processor.messages import Message
 from processor.settings import ProcessorSettings
@@ -70,12 +67,15 @@ class Orders:
         )
 
 
-@pytest.fixture
-def orders(kafka_bootstrap: str, database_url: str, pg_schema: str) -> Iterator[Orders]:
+def make_orders(kafka_bootstrap: str, database_url: str, pg_schema: str) -> Orders:
+    """Topics of their own and settings for the order saga (payment timeout 2 s)."""
     prefix = f"t{uuid.uuid4().hex[:8]}."
     create_topics(
         kafka_bootstrap,
-        [prefix + t for t in ("order-events", "order-commands", "escalations", "saga-dead-letters")],
+        [
+            prefix + t
+            for t in ("order-events", "order-commands", "escalations", "saga-dead-letters")
+        ],
     )
     settings = settings_for(
         kafka_bootstrap,
@@ -86,4 +86,4 @@ def orders(kafka_bootstrap: str, database_url: str, pg_schema: str) -> Iterator[
         settings={"order.payment-timeout": "PT2S"},
         operator={"key": OPERATOR_KEY, "name": "test-operator"},
     )
-    yield Orders(settings, Publisher(kafka_bootstrap))
+    return Orders(settings, Publisher(kafka_bootstrap))

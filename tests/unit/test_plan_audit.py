@@ -66,7 +66,8 @@ def test_full_history_keeps_the_records_own_bytes_headers_and_effects() -> None:
     opened, noted = ws.history
     # The very bytes object the record carried: nothing was serialised again.
     assert opened.payload is records[0].value
-    assert opened.headers is not None and opened.headers["message-type"] == "unit.plan.Opened"
+    assert opened.headers is not None
+    assert opened.headers["message-type"] == "unit.plan.Opened"
     assert opened.effects is not None
     [schedule] = opened.effects["deadlines"]
     assert (schedule["op"], schedule["name"]) == ("schedule", "remind")
@@ -87,7 +88,8 @@ def test_hashed_history_keeps_the_digest_only_and_off_keeps_neither() -> None:
     [off] = _plan(_planner("off"), [record], _loaded()).history
     assert (off.payload, off.payload_sha256, off.headers) == (None, None, None)
     # What the step produced is kept in every mode.
-    assert off.effects is not None and off.effects["deadlines"][0]["name"] == "remind"
+    assert off.effects is not None
+    assert off.effects["deadlines"][0]["name"] == "remind"
 
 
 def test_an_operator_cancel_ends_a_plain_saga_and_names_who_and_why() -> None:
@@ -136,7 +138,8 @@ def test_an_operator_record_without_the_processors_key_is_dead_lettered(
     record = _operator(log, OperatorAction.CANCEL, key=b"forged")
     items, wants = _planner(key=key).route([decode(record, REG, 1 << 20)])
     [rejected] = items
-    assert isinstance(rejected, Rejected) and rejected.reason == Reason.UNAUTHENTICATED
+    assert isinstance(rejected, Rejected)
+    assert rejected.reason == Reason.UNAUTHENTICATED
     assert not wants.saga_keys
 
 
