@@ -180,6 +180,8 @@ class Overview:
     overdue_deadlines: int
     dead_letters: int
     parked: int
+    # Counts stop at this many (the page reads indexes up to it, never whole tables).
+    cap: int = 10_000
 
 
 def payload_text(value: bytes | None) -> str | None:

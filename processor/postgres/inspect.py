@@ -53,18 +53,19 @@ _FAILED = """
     SELECT id, headers->>'message-id', topic, reason, attempts, held_behind, failed_at
       FROM {failed_outbox} WHERE saga_type = %s AND saga_id = %s ORDER BY id
 """
-# Age order by the (saga_type, status, updated_at) and (status, updated_at) indexes; the
+# Age order, served by (saga_type, status, updated_at), (status, updated_at) or
+# (updated_at, saga_type, saga_id) depending on the filters; the statement is built with only the
+# filters given (a catch-all `%s IS NULL OR ...` would keep the planner off those indexes). The
 # cursor is the last row's (updated_at, saga_type, saga_id).
-_LIST = f"""
-    SELECT {_SUMMARY} FROM {{instance}}
-     WHERE (%(type)s::text IS NULL OR saga_type = %(type)s::text)
-       AND (%(status)s::text IS NULL OR status = %(status)s::text)
-       AND (%(state)s::text IS NULL OR machine_state = %(state)s::text)
-       AND (%(older)s::interval IS NULL OR updated_at <= now() - %(older)s::interval)
-       AND (%(after_at)s::timestamptz IS NULL
-            OR (updated_at, saga_type, saga_id) > (%(after_at)s, %(after_type)s, %(after_id)s))
-     ORDER BY updated_at, saga_type, saga_id LIMIT %(limit)s
-"""
+_LIST_HEAD = f"SELECT {_SUMMARY} FROM {{instance}}"
+_LIST_FILTERS = {
+    "type": "saga_type = %(type)s",
+    "status": "status = %(status)s",
+    "state": "machine_state = %(state)s",
+    "older": "updated_at <= now() - %(older)s::interval",
+    "after_at": "(updated_at, saga_type, saga_id) > (%(after_at)s, %(after_type)s, %(after_id)s)",
+}
+_LIST_TAIL = " ORDER BY updated_at, saga_type, saga_id LIMIT %(limit)s"
 # Stalest first by time in the current machine state (or since the last change, for sagas
 # that are not machines): the expression index over unfinished sagas serves the order.
 _STUCK = f"""
@@ -74,16 +75,33 @@ _STUCK = f"""
        AND (%(type)s::text IS NULL OR saga_type = %(type)s::text)
      ORDER BY coalesce(machine_state_since, updated_at) LIMIT %(limit)s
 """
+# The (type, status) pairs by a skip scan of the (saga_type, status, updated_at) index, then per
+# pair a count that stops at the cap and the oldest row: index work bounded by the cap, not by
+# the number of sagas (a plain GROUP BY reads every row).
 _OVERVIEW = """
-    SELECT saga_type, status, count(*), now() - min(updated_at) FROM {instance}
-     GROUP BY saga_type, status ORDER BY saga_type, status
+    WITH RECURSIVE pairs AS (
+        (SELECT saga_type, status FROM {instance} ORDER BY saga_type, status LIMIT 1)
+        UNION ALL
+        SELECT n.saga_type, n.status FROM pairs AS p, LATERAL (
+            SELECT saga_type, status FROM {instance}
+             WHERE (saga_type, status) > (p.saga_type, p.status)
+             ORDER BY saga_type, status LIMIT 1) AS n
+    )
+    SELECT p.saga_type, p.status,
+           (SELECT count(*) FROM (SELECT 1 FROM {instance} AS i
+             WHERE i.saga_type = p.saga_type AND i.status = p.status LIMIT %(cap)s) AS c),
+           now() - (SELECT min(updated_at) FROM {instance} AS i
+                     WHERE i.saga_type = p.saga_type AND i.status = p.status)
+      FROM pairs AS p ORDER BY p.saga_type, p.status
 """
 _COUNTS = """
-    SELECT (SELECT count(*) FROM {outbox}),
-           (SELECT count(*) FROM {failed_outbox}),
-           (SELECT count(*) FROM {deadline} WHERE due_at <= now() AND dispatched_at IS NULL),
-           (SELECT count(*) FROM {dead_letter}),
-           (SELECT count(*) FROM {instance} WHERE status = 'parked')
+    SELECT (SELECT count(*) FROM (SELECT 1 FROM {outbox} LIMIT %(cap)s) AS x),
+           (SELECT count(*) FROM (SELECT 1 FROM {failed_outbox} LIMIT %(cap)s) AS x),
+           (SELECT count(*) FROM (SELECT 1 FROM {deadline}
+             WHERE due_at <= now() AND dispatched_at IS NULL LIMIT %(cap)s) AS x),
+           (SELECT count(*) FROM (SELECT 1 FROM {dead_letter} LIMIT %(cap)s) AS x),
+           (SELECT count(*) FROM (SELECT 1 FROM {instance}
+             WHERE status = 'parked' LIMIT %(cap)s) AS x)
 """
 _DL_COLUMNS = """
     id, topic, partition, "offset", reason, detail, headers->>'message-id',
@@ -117,6 +135,7 @@ class InspectQueries:
     def __init__(self, conn: Conn, tables: Tables) -> None:
         self.conn = conn
         r = tables.render
+        self._render = r
         self._sql = {
             name: r(text)
             for name, text in (
@@ -126,7 +145,6 @@ class InspectQueries:
                 ("deadlines", _DEADLINES),
                 ("held", _HELD),
                 ("failed", _FAILED),
-                ("list", _LIST),
                 ("stuck", _STUCK),
                 ("overview", _OVERVIEW),
                 ("counts", _COUNTS),
@@ -202,7 +220,10 @@ class InspectQueries:
             "after_id": after[2] if after else None,
             "limit": limit,
         }
-        return [SagaSummary(*r) for r in self._all("list", params)]
+        where = [sql for key, sql in _LIST_FILTERS.items() if params[key] is not None]
+        text = _LIST_HEAD + (" WHERE " + " AND ".join(where) if where else "") + _LIST_TAIL
+        rows = self.conn.execute(self._render(text), params).fetchall()
+        return [SagaSummary(*r) for r in rows]
 
     def stuck(
         self, *, older_than: timedelta, saga_type: str | None = None, limit: int = 50
@@ -211,12 +232,16 @@ class InspectQueries:
         params = {"older": older_than, "type": saga_type, "limit": limit}
         return [SagaSummary(*r) for r in self._all("stuck", params)]
 
-    def overview(self) -> Overview:
-        """Counts for the console's front page."""
-        sagas = [TypeStatusCount(t, s, int(n), age) for t, s, n, age in self._all("overview", ())]
-        counts = self.conn.execute(self._sql["counts"]).fetchone()
+    def overview(self, cap: int = 10_000) -> Overview:
+        """Counts for the console's front page; a count that reaches ``cap`` stops there."""
+        sagas = [
+            TypeStatusCount(t, s, int(n), age)
+            for t, s, n, age in self._all("overview", {"cap": cap})
+        ]
+        counts = self.conn.execute(self._sql["counts"], {"cap": cap}).fetchone()
         assert counts is not None
-        return Overview(sagas, *(int(c) for c in counts))
+        outbox, failed, overdue, dead, parked = (int(c) for c in counts)
+        return Overview(sagas, outbox, failed, overdue, dead, parked, cap)
 
     # -- dead letters --------------------------------------------------------------------------
 

@@ -202,6 +202,7 @@ MIGRATIONS: tuple[str, ...] = (
                           ADD COLUMN payload_sha256 bytea,
                           ADD COLUMN effects        jsonb;
     CREATE INDEX ON {instance} (saga_type, status, updated_at);
+    CREATE INDEX ON {instance} (updated_at, saga_type, saga_id);
     CREATE INDEX ON {instance} (saga_id);
     CREATE INDEX ON {instance} ((coalesce(machine_state_since, updated_at)))
      WHERE status <> 'ended';
