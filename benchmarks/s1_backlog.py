@@ -482,7 +482,7 @@ def _history_bytes(found: Services, tables: Tables) -> float:
     schema = tables.schema
     with psycopg.connect(found.database_url, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT pg_total_relation_size(format('%I.saga_history', %s::text))", (schema,)
+            "SELECT pg_total_relation_size(format('%%I.saga_history', %s::text))", (schema,)
         ).fetchone()
     return float(row[0]) if row else 0.0
 
