@@ -14,9 +14,10 @@ import sys
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from processor.engine.decode import Rejected, decode
-from processor.engine.plan import Item, Planner
+from processor.engine.plan import TOO_NEW, Item, Planner
 from processor.engine.rows import (
     ACTIVE,
     PARKED,
@@ -272,7 +273,14 @@ class _Replay:
             return
         ws.sagas.append(
             SagaWrite(
-                row.saga_type, row.saga_id, row.state, ACTIVE, row.version + 1, row.version, None
+                row.saga_type,
+                row.saga_id,
+                row.state,
+                ACTIVE,
+                row.version + 1,
+                row.version,
+                None,
+                state_version=row.state_version,
             )
         )
 
@@ -327,3 +335,31 @@ def _operator_rows(
 def _failure(h: HeldMessage, reason: str) -> RetryFailure:
     r = h.record
     return RetryFailure(h.parked_id, r.header("message-id"), r.topic, r.partition, r.offset, reason)
+
+
+class ResumeStore(ParkedStore, OperatorStore, Protocol):
+    """Lists parked sagas and retries them (the PostgreSQL `OperatorQueries` does both)."""
+
+
+def resume_too_new(
+    store: ResumeStore,
+    planner: Planner,
+    *,
+    registry: MessageRegistry,
+    limit: int = 10_000,
+) -> list[RetryResult]:
+    """Retries the sagas parked only because an event was newer than the code then knew.
+
+    A processor runs this when it starts, so a rollout in the wrong order (producers before
+    processors) heals by itself once the new code is deployed. A saga whose held event is still
+    too new for this code stays parked as it was.
+    """
+    results = []
+    for parked in store.parked_sagas(limit):
+        if parked.reason is not None and TOO_NEW in parked.reason:
+            results.append(
+                retry_parked_saga(
+                    store, planner, parked.saga_type, parked.saga_id, registry=registry
+                )
+            )
+    return results

@@ -1,4 +1,7 @@
-"""Assembles a processor from settings: consumer loop, relay, notify listener, deadline poller."""
+"""Assembles a processor from settings: the consumer loop and the background loops.
+
+The background loops are the outbox relay, its notify listener, the deadline poller and retention.
+"""
 
 from __future__ import annotations
 
@@ -19,11 +22,14 @@ from processor.kafka.client import SagaConsumer
 from processor.kafka.producer import KafkaRecordProducer, make_producer, relay_overrides
 from processor.messages import MessageRegistry
 from processor.messages import registry as default_registry
+from processor.ops.parked import resume_too_new
 from processor.postgres.batch import PostgresBatchStore
 from processor.postgres.connect import connect, ensure_schema
 from processor.postgres.deadlines import PostgresDeadlineStore
 from processor.postgres.notify import PostgresWakeSource
+from processor.postgres.operator import open_operator_queries
 from processor.postgres.outbox import PostgresOutboxStore
+from processor.postgres.retention import PostgresRetentionStore
 from processor.postgres.store import Conn
 from processor.postgres.tls import warn_unverified_tls
 from processor.runner import BoundSaga
@@ -32,6 +38,7 @@ from processor.runtime.hooks import Hooks
 from processor.runtime.poller import DeadlinePoller
 from processor.runtime.relay import Relay
 from processor.runtime.report import report_committed
+from processor.runtime.retention import Retention
 from processor.runtime.supervisor import LoopFailure, Supervisor
 from processor.runtime.worker import Worker
 from processor.settings import ProcessorSettings
@@ -71,6 +78,7 @@ class Processor:
         self.worker: Worker | None = None
         self.relay: Relay | None = None
         self.poller: DeadlinePoller | None = None
+        self.retention: Retention | None = None
 
     # -- wiring ----------------------------------------------------------------------------
 
@@ -100,6 +108,7 @@ class Processor:
         warn_unverified_tls(self.settings.database.url.get_secret_value())
         if self.settings.deadline.schema_.auto:
             ensure_schema(self.settings.database.url.get_secret_value(), self.tables)
+        self._resume_too_new()
         kafka = self.settings.kafka.client_config()
         cs = self.settings.consumer
         # Once this replica's partitions go to another (its session timed out while frozen, or
@@ -155,6 +164,14 @@ class Processor:
                 hooks=self.hooks,
             )
             self._spawn("deadline-poller", self.poller.run)
+        if self.settings.retention.enabled:
+            self.retention = Retention(
+                # A frozen replica must not keep the retention lock (or its row locks) for long.
+                PostgresRetentionStore(lambda: self.connect(idle_limit), self.tables),
+                self.settings.retention,
+                hooks=self.hooks,
+            )
+            self._spawn("retention", self.retention.run)
         self.worker.on_commit = self._committed
         self.worker.consumer = SagaConsumer(
             kafka,
@@ -167,6 +184,19 @@ class Processor:
             max_batch_bytes=cs.max_batch_bytes,
         )
         log.info("processor %s started: sagas %s", self.instance_id, sorted(self.sagas))
+
+    def _resume_too_new(self) -> None:
+        """Sagas parked behind events newer than older code knew go on if this code knows them."""
+        url = self.settings.database.url.get_secret_value()
+        with open_operator_queries(url, self.tables) as queries:
+            results = resume_too_new(queries, self.planner, registry=self.registry)
+        resumed = sum(1 for r in results if r.ok)
+        if results:
+            log.info(
+                "%d of %d sagas held by events newer than earlier code knew went on",
+                resumed,
+                len(results),
+            )
 
     def _committed(self, ws: WriteSet) -> None:
         report_committed(ws)
@@ -185,7 +215,8 @@ class Processor:
         """Consumes until `stop()`; the batch in hand is committed or abandoned, never split.
 
         Raises:
-            LoopDied: A loop (the consumer, the relay, its listener or the deadline poller)
+            LoopDied: A loop (the consumer, the relay, its listener, the deadline poller or
+                retention)
                 ended on an error; the others were shut down first. The process should exit
                 non-zero so that the platform restarts it.
         """

@@ -53,9 +53,11 @@ PURE = (
     "ports.py",
     "wire.py",
     # The authoring core.
+    "application.py",
     "__init__.py",
     "binding.py",
     "definition.py",
+    "upcasting.py",
     "errors.py",
     "handles.py",
     "messages.py",
@@ -72,6 +74,7 @@ EDGES = (
     "cli.py",
     "cli_commands.py",
     "cli_inspect.py",
+    "cli_preflight.py",
     "__main__.py",
 )
 # Where the pure runtime is wired to the real adapters.
