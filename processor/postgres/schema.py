@@ -220,8 +220,9 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE {instance} ADD COLUMN state_version int NOT NULL DEFAULT 1;
     """,
-    # 7 (console11): the audit trail (what each record held, what each step produced) and the operator
-    # console's indexes: sagas by type and status in age order (dead letters by time: 5).
+    # 7 (console11): the audit trail (what each record held, what each step produced) and the
+    # operator console's indexes: sagas by type and status in age order (dead letters by time
+    # are indexed by 5).
     """
     ALTER TABLE {history} ADD COLUMN headers        jsonb,
                           ADD COLUMN payload        bytea,
