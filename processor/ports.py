@@ -22,7 +22,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from processor.engine.records import OffsetCommit, OutboxRow, Record
-from processor.engine.rows import Loaded, SagaRow, Wants, WriteSet
+from processor.engine.rows import HeldMessage, Loaded, SagaRow, Wants, WriteSet
 from processor.errors import SendFailure
 from processor.ops.views import (
     DeadLetterRow,
@@ -396,14 +396,6 @@ class ParkedSaga:
     held: int
     version: int
     parked_at: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class HeldMessage:
-    """A record held behind a parked saga: its ``parked_message`` row id and the record."""
-
-    parked_id: int
-    record: Record
 
 
 class OperatorStore(Protocol):

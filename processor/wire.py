@@ -138,6 +138,10 @@ class OperatorAction(StrEnum):
     CANCEL = "cancel"
     DEADLINE_FIRE_NOW = "deadline-fire-now"
     DEADLINE_CANCEL = "deadline-cancel"
+    # Replay a parked saga's held records in order (skip: drop the first one, the one that
+    # keeps failing, then replay the rest).
+    PARKED_RETRY = "parked-retry"
+    PARKED_SKIP = "parked-skip"
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from processor.engine.decode import (
 )
 from processor.engine.operate import OperatorSteps
 from processor.engine.output import HistoryPayload
-from processor.engine.rows import Loaded, Outcome, SagaKey, Wants, WriteSet
+from processor.engine.rows import Loaded, SagaKey, Wants, WriteSet
 from processor.engine.steps import TOO_NEW
 from processor.engine.working import Item, Working, describe_error, storable
 from processor.messages import Message, MessageRegistry
@@ -206,18 +206,7 @@ class Planner(OperatorSteps):
                 w = working[key] = self._load(
                     item.bound, item.saga_id, loaded.sagas.get(key), key in loaded.tombstones
                 )
-            if isinstance(item.decoded, FiredDeadline):
-                self._fire(ws, w, item, item.decoded, loaded, now, replay)
-                continue
-            mkey = (*key, item.message_id)
-            if mkey in seen:
-                self._history(ws, w, item, Outcome.DUPLICATE)
-            elif isinstance(item.decoded, Operator):
-                self._operate(ws, w, item, item.decoded, now, seen, mkey)
-            elif isinstance(item.decoded, TooNew):
-                self._too_new(ws, w, item, item.decoded)
-            else:
-                self._event(ws, w, item, item.decoded, now, seen, mkey)
+            self._step(ws, w, item, loaded, now, seen, replay=replay)
         for w in working.values():
             self._flush(ws, w)
         return ws

@@ -7,7 +7,7 @@ way in its tables.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -87,6 +87,17 @@ class Loaded:
     # Wanted sagas that ended and whose rows retention purged: they count as ended, so a late
     # or redelivered start event is recorded and ignored, never starts a second saga.
     tombstones: AbstractSet[SagaKey] = frozenset()
+    # For the sagas in ``Wants.held_keys``: the records held behind each, in arrival order.
+    # Their deadline rows are in ``deadlines`` too, for the held fired deadlines.
+    held: Mapping[SagaKey, Sequence[HeldMessage]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class HeldMessage:
+    """A record held behind a parked saga: its ``parked_message`` row id and the record."""
+
+    parked_id: int
+    record: Record
 
 
 @dataclass(frozen=True)
@@ -94,6 +105,8 @@ class Wants:
     saga_keys: set[SagaKey]
     message_keys: set[tuple[str, str, str]]
     deadline_ids: set[str]
+    # Parked sagas an operator's retry in this batch replays: load their held records.
+    held_keys: set[SagaKey] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -176,4 +189,6 @@ class WriteSet:
     deadline_fire_now: list[tuple[str, str, str]] = field(default_factory=list)
     # Wake the deadline poller even without new deadlines (a parked saga's retry).
     wake_deadlines: bool = False
+    # Ids of held records an operator's retry replayed (or skipped): deleted with the batch.
+    held_releases: list[int] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
