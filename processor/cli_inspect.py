@@ -18,16 +18,17 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from processor.cli_commands import retry_from_settings, text_table
+from processor.cli_commands import app_of, text_table
 from processor.ops.inspect import (
     OperatorRefused,
     replay_dead_letter,
     send_operator_request,
     show_saga,
+    wait_for_outcome,
 )
 from processor.ops.views import SagaSummary, SagaView, jsonable
 from processor.settings import ProcessorSettings, parse_duration
-from processor.wire import OperatorAction
+from processor.wire import OperatorAction, OperatorRecord
 
 if TYPE_CHECKING:
     from processor.ports import RecordProducer
@@ -310,6 +311,25 @@ def request(
     name: str | None = None,
 ) -> int:
     """Sends one operator request; exit code 0 once the broker has it, 3 if it did not."""
+    sent = send(args, settings, action, name)
+    if isinstance(sent, int):
+        return sent
+    _emit(
+        args,
+        sent,
+        f"{action} of {args.saga_type} {args.saga_id} sent as {sent.message_id}; "
+        "`show` lists it once applied",
+    )
+    return EXIT_OK
+
+
+def send(
+    args: argparse.Namespace,
+    settings: ProcessorSettings,
+    action: OperatorAction,
+    name: str | None = None,
+) -> OperatorRecord | int:
+    """Sends one operator request; the request once the broker has it, else exit code 3."""
     from processor.runtime.assembly import operator_key
 
     with inspect_queries(settings) as queries, producer(settings) as out:
@@ -330,13 +350,7 @@ def request(
                 raise
             print(f"saga-processor: {e}", file=sys.stderr)
             return EXIT_NOT_SENT
-    _emit(
-        args,
-        sent,
-        f"{action} of {args.saga_type} {args.saga_id} sent as {sent.message_id}; "
-        "`show` lists it once applied",
-    )
-    return EXIT_OK
+    return sent
 
 
 def saga(args: argparse.Namespace, settings: ProcessorSettings) -> int:
@@ -387,13 +401,21 @@ def parked_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("words", nargs="*", metavar="[retry|skip SAGA_TYPE SAGA_ID]")
     parser.add_argument("--limit", type=int, default=100, help="at most this many sagas")
     parser.add_argument("--reason", default=None, help="why (required for retry and skip)")
+    parser.add_argument(
+        "--wait", type=float, default=60.0, help="seconds to wait for the processor's outcome"
+    )
     _json_flag(parser)
 
 
 def parked(args: argparse.Namespace, settings: ProcessorSettings) -> int:
-    """Lists parked sagas, or replays one (retry) or drops its failing message first (skip).
+    """Lists parked sagas, or asks the processor to retry (or skip) one and waits for it.
 
-    Exit code 0; 1 when the replay failed again (nothing changed); 2 when refused.
+    A retry replays the held messages; a skip drops the failing one first.
+
+    The request goes as an operator record into the saga's partition, so the processor applies
+    it in the saga's log order, fenced and deduplicated, and records who asked and why. Exit
+    code 0 once applied; 1 when the replay failed again (nothing changed); 2 when refused; 3 when
+    not sent, or not applied within ``--wait`` seconds.
     """
     from processor import cli_commands
 
@@ -409,22 +431,24 @@ def parked(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     if words[0] not in ("retry", "skip") or len(words) != 3 or not args.reason:
         print("saga-processor: parked retry|skip SAGA_TYPE SAGA_ID --reason WHY", file=sys.stderr)
         return EXIT_REFUSED
-    result = retry_from_settings(
-        settings,
-        words[1],
-        words[2],
-        skip=1 if words[0] == "skip" else 0,
-        by=operator_name(settings),
-        reason=args.reason,
-    )
-    text = (
-        f"saga {result.saga_type} {result.saga_id}: {result.held} held messages, now "
-        f"{result.status}"
-        if result.ok
-        else f"replay failed again: {result.failure.reason if result.failure else '?'}"
-    )
-    _emit(args, result, text)
-    return EXIT_OK if result.ok else EXIT_PROBLEM
+    action = OperatorAction.PARKED_SKIP if words[0] == "skip" else OperatorAction.PARKED_RETRY
+    args.saga_type, args.saga_id = words[1], words[2]
+    sent_code = send(args, settings, action)
+    if isinstance(sent_code, int):
+        return sent_code
+    with inspect_queries(settings) as queries:
+        entry = wait_for_outcome(
+            queries, args.saga_type, args.saga_id, sent_code.message_id, args.wait
+        )
+    if entry is None:
+        print(
+            f"saga-processor: {sent_code.message_id} sent; no processor applied it within "
+            f"{args.wait:g} s (`show` lists it once applied)",
+            file=sys.stderr,
+        )
+        return EXIT_NOT_SENT
+    _emit(args, entry, f"{entry.outcome}: {entry.detail or ''}")
+    return EXIT_OK if entry.outcome in ("applied", "duplicate") else EXIT_PROBLEM
 
 
 # -- the web console ----------------------------------------------------------------------------
@@ -451,7 +475,8 @@ def console(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     if args.enable_actions and not token:
         print("saga-processor: --enable-actions needs SAGA_CONSOLE__TOKEN", file=sys.stderr)
         return EXIT_REFUSED
-    app = create_app(Backend(settings), actions=args.enable_actions, token=token)
+    backend = Backend(settings, app=app_of(args))
+    app = create_app(backend, actions=args.enable_actions, token=token)
     host = args.host or settings.console.host
     port = args.port if args.port is not None else settings.console.port
     print(f"saga console on http://{host}:{port}/", flush=True)

@@ -188,13 +188,15 @@ def create_app(backend: Backend, *, actions: bool = False, token: str | None = N
         reason = form["reason"]
         try:
             if action in ("retry", "skip"):
-                result = await run_in_threadpool(
+                entry, status = await run_in_threadpool(
                     backend.retry_parked, saga_type, saga_id, reason, 1 if action == "skip" else 0
                 )
                 notice = (
-                    f"{action}: {result.held} held messages replayed, now {result.status}"
-                    if result.ok
-                    else f"{action} failed again: {result.failure.reason if result.failure else ''}"
+                    f"{action} sent; no processor applied it yet (see the timeline)"
+                    if entry is None
+                    else f"{action} {entry.outcome}, now {status}"
+                    if entry.outcome == "applied"
+                    else f"{action} {entry.outcome}: {entry.detail or ''}"
                 )
             else:
                 op = {

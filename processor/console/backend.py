@@ -12,18 +12,20 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cached_property
+from typing import Any
 
-from processor.errors import SagaError
+from processor.application import SagaApp
+from processor.definition import definition_of
+from processor.errors import SagaDefinitionError, SagaError
 from processor.machine import MachineSaga, MachineSpec
-from processor.ops.inspect import replay_dead_letter, send_operator_request
+from processor.ops.inspect import replay_dead_letter, send_operator_request, wait_for_outcome
 from processor.ops.outbox import discard_failed_rows, retry_failed_rows
-from processor.ops.parked import RetryResult, retry_parked_saga
+from processor.ops.views import TimelineEntry
 from processor.ports import FailedOutboxRow, RecordProducer
 from processor.postgres.connect import connect
 from processor.postgres.failed_outbox import PostgresFailedOutbox
 from processor.postgres.inspect import InspectQueries, open_inspect_queries
-from processor.postgres.operator import open_operator_queries
-from processor.runtime.assembly import BoundSagas, bind_sagas, operator_key, tables_for
+from processor.runtime.assembly import load_saga_classes, operator_key, tables_for
 from processor.settings import ProcessorSettings
 from processor.wire import OperatorAction
 
@@ -36,10 +38,14 @@ class Backend:
     Args:
         settings: The processor's settings (database, broker, sagas, operator key).
         by: The name recorded as who asked, next to the person's own note.
+        app: The application object, whose sagas the diagrams draw (else `SAGA_SAGAS`).
     """
 
-    def __init__(self, settings: ProcessorSettings, by: str | None = None) -> None:
+    def __init__(
+        self, settings: ProcessorSettings, by: str | None = None, app: SagaApp | None = None
+    ) -> None:
         self.settings = settings
+        self.app = app
         self.by = by or settings.operator.name or getpass.getuser()
         self._url = settings.database.url.get_secret_value()
         self._tables = tables_for(settings)
@@ -53,17 +59,23 @@ class Backend:
             yield queries
 
     @cached_property
-    def bound(self) -> BoundSagas:
-        """The sagas the processor runs, bound as it binds them."""
-        return bind_sagas(self.settings)
+    def saga_classes(self) -> list[type[Any]]:
+        """The saga classes the processor runs: the app's, else those `SAGA_SAGAS` names."""
+        if self.app is not None:
+            return list(self.app.sagas)
+        return load_saga_classes(self.settings.sagas)
 
     def machine(self, saga_type: str) -> MachineSpec | None:
         """The state machine of ``saga_type``, or None when it is not a machine saga."""
-        bound = self.bound.sagas.get(saga_type)
-        if bound is None:
-            return None
-        cls = bound.definition.state_cls
-        return cls.machine_spec() if issubclass(cls, MachineSaga) else None
+        for cls in self.saga_classes:
+            if not (isinstance(cls, type) and issubclass(cls, MachineSaga)):
+                continue
+            try:
+                if definition_of(cls).saga_type == saga_type:
+                    return cls.machine_spec()
+            except SagaDefinitionError:
+                continue
+        return None
 
     def producer(self) -> RecordProducer:
         """One producer for the console's operator records, made on first use."""
@@ -107,20 +119,24 @@ class Backend:
             )
         return sent.message_id
 
-    def retry_parked(self, saga_type: str, saga_id: str, reason: str, skip: int) -> RetryResult:
-        """Replays a parked saga's held messages (after dropping ``skip`` of them)."""
-        with open_operator_queries(self._url, self._tables) as queries:
-            return retry_parked_saga(
-                queries,
-                self.bound.planner,
-                saga_type,
-                saga_id,
-                registry=self.bound.registry,
-                max_record_bytes=self.settings.consumer.max_record_bytes,
-                skip=skip,
-                by=self.by,
-                reason=reason,
-            )
+    def retry_parked(
+        self, saga_type: str, saga_id: str, reason: str, skip: int, timeout: float = 30.0
+    ) -> tuple[TimelineEntry | None, str | None]:
+        """Asks the processor to replay a parked saga (``skip``: drop its failing message first).
+
+        The request is an operator record in the saga's partition, like a cancel; this waits up
+        to ``timeout`` seconds for the processor's outcome.
+
+        Returns:
+            The request's timeline entry (None if no processor applied it in time) and the
+            saga's status afterwards.
+        """
+        action = OperatorAction.PARKED_SKIP if skip else OperatorAction.PARKED_RETRY
+        message_id = self.request(action, saga_type, saga_id, reason)
+        with self.inspect() as queries:
+            entry = wait_for_outcome(queries, saga_type, saga_id, message_id, timeout)
+            summary, _ = queries.saga(saga_type, saga_id)
+        return entry, summary.status
 
     def replay_dead_letter(self, row_id: int) -> None:
         """Sends a dead letter back to its source partition and deletes it."""

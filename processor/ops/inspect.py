@@ -8,11 +8,12 @@ the saga's history shows who asked and why.
 
 from __future__ import annotations
 
+import time
 import uuid
 
 from processor.engine.records import OutboxRow
 from processor.errors import SagaError
-from processor.ops.views import DeadLetterRow, SagaView
+from processor.ops.views import DeadLetterRow, SagaView, TimelineEntry
 from processor.ports import InspectStore, RecordProducer
 from processor.wire import (
     HEADER_DEAD_LETTER_DETAIL,
@@ -30,6 +31,7 @@ __all__ = [
     "replay_dead_letter",
     "send_operator_request",
     "show_saga",
+    "wait_for_outcome",
 ]
 
 _DEAD_LETTER_HEADERS = frozenset(
@@ -119,6 +121,40 @@ def send_operator_request(
     if failures:
         raise OperatorRefused(f"the broker did not take the request: {failures[0]}")
     return request
+
+
+def wait_for_outcome(
+    store: InspectStore,
+    saga_type: str,
+    saga_id: str,
+    message_id: str,
+    timeout: float,
+    poll: float = 0.2,
+) -> TimelineEntry | None:
+    """The timeline entry a processor wrote for ``message_id``, once it is there.
+
+    Args:
+        store: Read queries.
+        saga_type: The saga's type.
+        saga_id: The saga's id.
+        message_id: The request's message id (``operator:<command id>``).
+        timeout: Seconds to wait at most.
+        poll: Seconds between two reads of the new timeline rows.
+
+    Returns:
+        The entry (``applied``, ``operator-refused``, ``duplicate``, ...), or None on timeout.
+    """
+    deadline = time.monotonic() + timeout
+    after = 0
+    while True:
+        for entry in store.timeline(saga_type, saga_id, after=after):
+            after = entry.id
+            # A request held behind a parked saga is applied later, by a retry's replay.
+            if entry.message_id == message_id and entry.outcome != "parked-behind":
+                return entry
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(poll)
 
 
 def replay_dead_letter(
