@@ -378,6 +378,9 @@ def outbox_arguments(parser: argparse.ArgumentParser) -> None:
             sub.add_argument("--id", dest="row_id", type=int, default=None, help="one row's id")
         if name == "discard":
             sub.add_argument("--reason", required=True, help="why; logged with every row")
+        sub.add_argument(
+            "--json", action="store_true", help="print one JSON document: the action and its rows"
+        )
 
 
 @contextmanager
@@ -410,6 +413,13 @@ def outbox(args: argparse.Namespace, settings: ProcessorSettings) -> int:
                 saga_id=args.saga_id,
                 row_id=args.row_id,
             )
+    if args.json:
+        from processor.ops.views import jsonable
+
+        document = {"action": args.action, "rows": jsonable(rows)}
+        json.dump(document, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+        return 0
     if not rows:
         print("no failed outbox rows")
         return 0
