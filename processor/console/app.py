@@ -9,6 +9,7 @@ POST that must carry that token and a reason.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hmac
 import json
 from collections.abc import AsyncIterator
@@ -74,6 +75,7 @@ def create_app(backend: Backend, *, actions: bool = False, token: str | None = N
     def overview(request: Request) -> Response:
         with backend.inspect() as q:
             data = q.overview()
+        data = dataclasses.replace(data, lag=backend.consumer_lag())
         return render(request, "overview.html", overview=data, title="Overview")
 
     def sagas(request: Request) -> Response:

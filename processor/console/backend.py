@@ -20,7 +20,7 @@ from processor.errors import SagaDefinitionError, SagaError
 from processor.machine import MachineSaga, MachineSpec
 from processor.ops.inspect import replay_dead_letter, send_operator_request, wait_for_outcome
 from processor.ops.outbox import discard_failed_rows, retry_failed_rows
-from processor.ops.views import TimelineEntry
+from processor.ops.views import ConsumerLag, TimelineEntry, consumer_lag
 from processor.ports import FailedOutboxRow, RecordProducer
 from processor.postgres.connect import connect
 from processor.postgres.failed_outbox import PostgresFailedOutbox
@@ -76,6 +76,15 @@ class Backend:
             except SagaDefinitionError:
                 continue
         return None
+
+    def consumer_lag(self, timeout: float = 3.0) -> ConsumerLag | None:
+        """Stored positions against the broker's high watermarks; None if the broker is away."""
+        from processor.kafka.watermarks import watermarks
+
+        with self.inspect() as queries:
+            stored = queries.stored_offsets(self.settings.consumer.group_id)
+        marks = watermarks(self.settings.kafka.client_config(), stored, timeout)
+        return None if marks is None else consumer_lag(stored, marks)
 
     def producer(self) -> RecordProducer:
         """One producer for the console's operator records, made on first use."""

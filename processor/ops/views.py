@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any
@@ -182,6 +183,55 @@ class Overview:
     parked: int
     # Counts stop at this many (the page reads indexes up to it, never whole tables).
     cap: int = 10_000
+    # None when the broker could not be asked (the page shows "unknown").
+    lag: ConsumerLag | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PartitionLag:
+    """How far the processor's stored position is behind one partition's end.
+
+    Attributes:
+        topic: The topic.
+        partition: The partition.
+        stored: The next offset the processor will read (None: nothing consumed yet).
+        high: The broker's high watermark (the offset the next record will get).
+        lag: Records not consumed yet.
+    """
+
+    topic: str
+    partition: int
+    stored: int | None
+    high: int
+    lag: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ConsumerLag:
+    """The consumer group's lag: the total and each partition's, largest first."""
+
+    total: int
+    partitions: list[PartitionLag]
+
+
+def consumer_lag(
+    stored: Mapping[tuple[str, int], int | None],
+    marks: Mapping[tuple[str, int], tuple[int, int]],
+) -> ConsumerLag:
+    """Lag from stored positions and the broker's (low, high) watermarks.
+
+    A partition with no stored position counts from its low watermark (everything retained is
+    still to be read); one the broker did not report is left out.
+    """
+    rows = []
+    for tp, position in stored.items():
+        if tp not in marks:
+            continue
+        low, high = marks[tp]
+        start = position if position is not None else low
+        rows.append(PartitionLag(tp[0], tp[1], position, high, max(0, high - start)))
+    rows.sort(key=lambda r: (-r.lag, r.topic, r.partition))
+    return ConsumerLag(sum(r.lag for r in rows), rows)
 
 
 def payload_text(value: bytes | None) -> str | None:

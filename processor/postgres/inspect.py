@@ -119,6 +119,10 @@ _PURGE = """
      WHERE (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
        AND (%(older)s::interval IS NULL OR created_at <= now() - %(older)s::interval)
 """
+_OFFSETS = """
+    SELECT topic, partition, next_offset FROM {offsets} WHERE group_id = %s
+"""
+
 _INPUT = """
     SELECT topic, partition FROM {history}
      WHERE saga_type = %s AND saga_id = %s AND kind = 'event' AND topic IS NOT NULL
@@ -152,6 +156,7 @@ class InspectQueries:
                 ("dead_letter", _DEAD_LETTER),
                 ("purge", _PURGE),
                 ("input", _INPUT),
+                ("offsets", _OFFSETS),
             )
         }
 
@@ -242,6 +247,13 @@ class InspectQueries:
         assert counts is not None
         outbox, failed, overdue, dead, parked = (int(c) for c in counts)
         return Overview(sagas, outbox, failed, overdue, dead, parked, cap)
+
+    def stored_offsets(self, group_id: str) -> dict[tuple[str, int], int | None]:
+        """The consumer group's stored positions: the next offset of each partition it owns."""
+        return {
+            (str(t), int(p)): int(n) if n is not None else None
+            for t, p, n in self._all("offsets", (group_id,))
+        }
 
     # -- dead letters --------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -74,8 +75,15 @@ def _free_port() -> int:
 @pytest.fixture
 def console(world: Orders) -> Iterator[str]:
     """The console, actions on, served by uvicorn in a thread; yields its base URL."""
+    with _serve(
+        create_app(Backend(world.settings, by="browser"), actions=True, token=TOKEN)
+    ) as base:
+        yield base
+
+
+@contextmanager
+def _serve(app: Any) -> Iterator[str]:
     port = _free_port()
-    app = create_app(Backend(world.settings, by="browser"), actions=True, token=TOKEN)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="console", daemon=True)
     thread.start()
@@ -133,6 +141,14 @@ def test_an_operator_finds_a_saga_and_retries_a_parked_one_in_the_browser(
             wait = WebDriverWait(b, 20)
             b.get(console + "/")
             assert b.find_element(By.ID, "parked-count").text == "1"
+            # The processor keeps up: its stored positions are at the broker's watermarks.
+
+            def lag() -> str:
+                b.get(console + "/")
+                return str(b.find_element(By.ID, "consumer-lag").text)
+
+            wait_until(lambda: lag() == "0", timeout=30, what="no consumer lag")
+            assert b.find_elements(By.CSS_SELECTOR, "#lag tr")
             screenshot(b, "overview")
 
             # Search by id: one match opens the saga.
@@ -195,3 +211,19 @@ def test_actions_need_the_token(world: Orders, console: str) -> None:
     assert refused.status_code == 403
     page = httpx.get(f"{console}/saga/{PACKING}/nobody")
     assert page.status_code == 404
+
+
+def test_consumer_lag_is_unknown_when_the_broker_is_unreachable(world: Orders) -> None:
+    from processor.postgres.connect import ensure_schema
+    from processor.runtime.assembly import tables_for
+
+    ensure_schema(world.settings.database.url.get_secret_value(), tables_for(world.settings))
+    # Nothing listens on port 1: the broker cannot be asked.
+    kafka = world.settings.kafka.model_copy(update={"bootstrap_servers": "127.0.0.1:1"})
+    away = world.settings.model_copy(update={"kafka": kafka})
+    backend = Backend(away, by="browser")
+    assert backend.consumer_lag(timeout=1.0) is None
+    with _serve(create_app(backend)) as base:
+        page = httpx.get(base + "/", timeout=30)
+    assert page.status_code == 200
+    assert '<b id="consumer-lag">unknown</b>' in page.text
