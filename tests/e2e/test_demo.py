@@ -40,3 +40,5 @@ def test_quick_demo_fires_a_timeout_and_conserves_money(services: Services) -> N
     assert "timed out" in out, out
     assert "money conserved: sum of balances before" in out, out
     assert "2 processor replicas" in out, out
+    # The console answered while the demo ran (its URL is printed only then).
+    assert any(x.startswith("console: http://127.0.0.1:") for x in out.splitlines()), out
