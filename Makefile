@@ -11,13 +11,14 @@ $(STAMP): pyproject.toml
 	@t0=$$(date +%s); \
 	$(PYTHON) -m venv $(VENV) && \
 	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip && \
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,lint]' && \
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,lint,console,browser-test]' && \
 	touch $@ && echo "[venv] ready in $$(( $$(date +%s) - t0 )) s"
 
 venv: $(STAMP)
 
 ## Full suite against real Kafka and PostgreSQL (started here unless SAGA_TEST_* point elsewhere).
 test: venv
+	deploy/local/browser.sh
 	$(BIN)/pytest
 
 test-unit: venv

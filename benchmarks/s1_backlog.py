@@ -98,11 +98,16 @@ def preload(kafka: str, topic: str, events: int, run_id: str) -> None:
 
 
 def settings(
-    found: Services, tables: Tables, prefix: str, group: str = "group"
+    found: Services,
+    tables: Tables,
+    prefix: str,
+    group: str = "group",
+    history_payload: str = "full",
 ) -> ProcessorSettings:
     """Production defaults, except the scratch names and a consumer session short enough to
     leave the group promptly when the run ends."""
     return ProcessorSettings(
+        history={"payload": history_payload},
         kafka={"bootstrap_servers": found.kafka, "config": {"log_level": "3"}},
         database={"url": found.database_url, "schema_name": tables.schema},
         consumer={
@@ -280,8 +285,9 @@ def run_engine(
     *,
     profile: bool = False,
     group: str = "group",
+    history_payload: str = "full",
 ) -> dict[str, Any]:
-    proc = Processor(settings(found, tables, prefix, group), [TransferSaga])
+    proc = Processor(settings(found, tables, prefix, group, history_payload), [TransferSaga])
     proc.start()
     assert proc.worker is not None
     assert proc.relay is not None
@@ -389,11 +395,24 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
             )
             sides["quix"] = {**_side(peer), "version": peer.note}
         before = sum(end_offsets(found.kafka, commands).values())
-        engine = run_engine(
-            found, box.schema(f"engine{n}"), box.prefix, source, events, group=f"group{n}"
-        )
+        engine_tables = box.schema(f"engine{n}")
+        engine = run_engine(found, engine_tables, box.prefix, source, events, group=f"group{n}")
         engine["commands_delivered"] = sum(end_offsets(found.kafka, commands).values()) - before
         sides["engine"] = engine
+        # The audit trail's cost: the same drain with `history.payload = off`.
+        off_tables = box.schema(f"engineoff{n}")
+        trail_off = run_engine(
+            found,
+            off_tables,
+            box.prefix,
+            source,
+            events,
+            group=f"groupoff{n}",
+            history_payload="off",
+        )
+        sides["engine_trail_off"] = trail_off
+        engine["history_bytes_per_event"] = _history_bytes(found, engine_tables) / events
+        trail_off["history_bytes_per_event"] = _history_bytes(found, off_tables) / events
         rate = engine["events_per_s"]
         ratios = {
             "raw_e2e": rate / e2e.rate,
@@ -430,7 +449,7 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
             "events_per_s": _median(rounds, side, "events_per_s"),
             "cpu_us": _median(rounds, side, "cpu_us"),
         }
-        for side in ("raw_kafka", "raw_sql", "raw_e2e", "quix", "engine")
+        for side in ("raw_kafka", "raw_sql", "raw_e2e", "quix", "engine", "engine_trail_off")
         if side in rounds[0]
     }
     ratio = {
@@ -456,6 +475,18 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
     }
 
 
+def _history_bytes(found: Services, tables: Tables) -> float:
+    """Size of the history table (with its indexes and TOAST) in the run's schema."""
+    import psycopg
+
+    schema = tables.schema
+    with psycopg.connect(found.database_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT pg_total_relation_size(format('%%I.saga_history', %s::text))", (schema,)
+        ).fetchone()
+    return float(row[0]) if row else 0.0
+
+
 def _median(rounds: list[dict[str, Any]], side: str, key: str) -> float:
     return float(statistics.median(r[side][key] for r in rounds))
 
@@ -466,6 +497,7 @@ _NAMES = {
     "raw_e2e": "raw end-to-end loop",
     "quix": "Quix Streams exactly-once",
     "engine": "engine drain",
+    "engine_trail_off": "engine drain, history.payload=off",
 }
 
 
@@ -480,6 +512,18 @@ def summary(result: dict[str, Any]) -> list[tuple[str, str, str]]:
     ]
     if "quix" not in result["median"]:
         rows.append(("S1", "Quix Streams", "skipped: no .venv-bench (make bench installs it)"))
+    last = result["rounds"][-1]
+    if "engine_trail_off" in last:
+        rows.append(
+            (
+                "S1",
+                "audit trail (full vs off)",
+                f"history {last['engine']['history_bytes_per_event']:,.0f} vs "
+                f"{last['engine_trail_off']['history_bytes_per_event']:,.0f} bytes/event; "
+                f"{last['engine']['events_per_s']:,.0f} vs "
+                f"{last['engine_trail_off']['events_per_s']:,.0f} events/s",
+            )
+        )
     phases = result["engine_phases_us"]
     rows.append(
         (

@@ -1,8 +1,11 @@
 """Orchestrates the demo: services, topics, processor replicas, accounts service, traffic, display.
 
-Everything it starts it stops, in reverse order, whatever happens: replicas first (SIGTERM, then
-SIGKILL past a deadline), then the accounts service, then its topics and schemas, then the services
-this run started (see `devstack`).
+It also serves the read-only web console over the run's schema and prints its URL; with `--keep`
+the console stays up after the run until Ctrl-C.
+
+Everything it starts it stops, in reverse order, whatever happens: the console and the replicas
+first (SIGTERM, then SIGKILL past a deadline), then the accounts service, then its topics and
+schemas, then the services this run started (see `devstack`).
 """
 
 from __future__ import annotations
@@ -11,10 +14,12 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -116,14 +121,16 @@ def _replica_env(kafka: str, database: str, schema: str, prefix: str, n: int) ->
 
 
 class Replica:
-    """One `python -m processor` process, its output in a log file."""
+    """One `python -m processor` process (a replica, or the console), its output in a log file."""
 
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+    def __init__(
+        self, env: dict[str, str], log_path: Path, command: Sequence[str] = ("run",)
+    ) -> None:
         self.log_path = log_path
         self._log: IO[bytes] = log_path.open("ab")
         self._terminated = False
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "processor", "run"],
+            [sys.executable, "-m", "processor", *command],
             cwd=REPO,
             env=env,
             stdout=self._log,
@@ -158,6 +165,31 @@ def _stop_all(replicas: Sequence[Replica]) -> None:
         r.terminate()
     for r in replicas:
         r.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_console(
+    cleanup: ExitStack, env: dict[str, str], logs: Path, port: int
+) -> tuple[Replica, str]:
+    """The read-only web console over this run's schema, as `saga-processor console` serves it."""
+    port = port or _free_port()
+    env = {**env, "SAGA_INSTANCE_ID": "demo-console"}
+    console = Replica(env, logs / "console.log", ("console", "--port", str(port)))
+    cleanup.callback(console.stop)
+    return console, f"http://127.0.0.1:{port}/"
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            return int(reply.status) == 200
+    except (OSError, ValueError):
+        return False
 
 
 def _start_accounts(
@@ -211,6 +243,9 @@ def run(args: argparse.Namespace) -> int:
             env = _replica_env(kafka, database, schema, prefix, n)
             replicas.append(Replica(env, logs / f"replica-{n}.log"))
         cleanup.callback(_stop_all, replicas)
+        console, console_url = _start_console(
+            cleanup, _replica_env(kafka, database, schema, prefix, 0), logs, args.console_port
+        )
         service = _start_accounts(
             cleanup, kafka, database, accounts_schema, prefix=prefix, plan=plan
         )
@@ -233,6 +268,15 @@ def run(args: argparse.Namespace) -> int:
             f"({len(plan.lost)} with lost debit replies; payment timeout {PAYMENT_TIMEOUT_S} s), "
             f"{orders.expected()} orders for the order saga's participants"
         )
+        # The console starts beside the replicas; its URL is printed once it answers.
+        up_by = time.monotonic() + 20
+        while console.alive() and not _answers(console_url) and time.monotonic() < up_by:
+            time.sleep(0.2)  # polling the console's port, with a deadline
+        console_up = console.alive() and _answers(console_url)
+        if console_up:
+            say(f"console: {console_url} (read-only; up while the demo runs)")
+        else:
+            say(f"the console did not start; see {console.log_path}")
         show = _printer()
         finished = False
         while time.monotonic() - started < args.timeout:
@@ -282,8 +326,20 @@ def run(args: argparse.Namespace) -> int:
             f"stock before {orders_before[1]}, after {orders_after[1]}"
         )
         ok = conserved and parked == 0 and snap.dead_letters == 0 and snap.deadlines_fired > 0
+        if args.keep and console_up:
+            _keep(console, console_url)
         return 0 if ok else 1
     return 1  # pragma: no cover - the with block always returns
+
+
+def _keep(console: Replica, url: str) -> None:
+    """Keeps the console up after the run until Ctrl-C (or until it exits by itself)."""
+    say(f"console stays up at {url}; Ctrl-C stops it and cleans up")
+    try:
+        while console.alive():
+            time.sleep(1.0)  # waiting for the person, not a synchronisation
+    except KeyboardInterrupt:
+        say("stopping the console")
 
 
 def _printer() -> Callable[[str], None]:
@@ -313,6 +369,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--keep-data", action="store_true", help="keep the run's topics and schemas")
     p.add_argument("--replicas", type=int, default=2, help="processor processes (default 2)")
     p.add_argument("--timeout", type=float, default=120.0, help="hard cap in seconds")
+    p.add_argument(
+        "--keep", action="store_true", help="keep the web console up after the run, until Ctrl-C"
+    )
+    p.add_argument(
+        "--console-port", type=int, default=0, help="the console's port (default: a free one)"
+    )
     try:
         return run(p.parse_args(argv))
     except KeyboardInterrupt:

@@ -16,6 +16,7 @@ from importlib import metadata
 from typing import cast
 
 from processor import cli_commands as c
+from processor import cli_inspect as i
 from processor import cli_preflight as p
 from processor.errors import SagaError
 from processor.ops import contract
@@ -62,10 +63,28 @@ COMMANDS: tuple[Command, ...] = (
         p.check,
     ),
     Command(
+        "show",
+        "one saga in full: status, state, deadlines, held and failed rows, timeline",
+        i.show_arguments,
+        i.show,
+    ),
+    Command(
+        "sagas",
+        "`sagas list` with filters, `sagas stuck` (longest in their state first)",
+        i.sagas_arguments,
+        i.sagas,
+    ),
+    Command(
+        "saga",
+        "`saga cancel SAGA_TYPE SAGA_ID --reason WHY`: run its cancel path, in log order",
+        i.saga_arguments,
+        i.saga,
+    ),
+    Command(
         "deadlines",
-        "list the deadlines still scheduled for one saga instance",
-        c.saga_key_arguments,
-        c.deadlines,
+        "list one saga's deadlines; `deadlines fire-now|cancel SAGA_TYPE SAGA_ID NAME`",
+        i.deadline_arguments,
+        i.deadlines,
     ),
     Command(
         "overdue",
@@ -101,9 +120,21 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "parked",
-        "list parked sagas with their reason and how many messages they hold",
-        c.limit_arguments("sagas"),
-        c.parked,
+        "list parked sagas; `parked retry|skip SAGA_TYPE SAGA_ID --reason WHY`",
+        i.parked_arguments,
+        i.parked,
+    ),
+    Command(
+        "dead-letters",
+        "`dead-letters list|show|replay|purge`",
+        i.dead_letter_arguments,
+        i.dead_letters,
+    ),
+    Command(
+        "console",
+        "serve the web console (read-only unless --enable-actions and a token)",
+        i.console_arguments,
+        i.console,
     ),
     Command(
         "outbox",

@@ -301,9 +301,18 @@ def retry(args: argparse.Namespace, settings: ProcessorSettings) -> int:
 
 
 def retry_from_settings(
-    settings: ProcessorSettings, saga_type: str, saga_id: str, *, app: SagaApp | None = None
+    settings: ProcessorSettings,
+    saga_type: str,
+    saga_id: str,
+    *,
+    app: SagaApp | None = None,
+    skip: int = 0,
+    by: str | None = None,
+    reason: str | None = None,
 ) -> RetryResult:
     """Retries a parked saga with the app's sagas and dependencies (else `settings.sagas`).
+
+    ``skip``, ``by`` and ``reason`` are those of :func:`processor.ops.parked.retry_parked_saga`.
 
     The sagas are bound as the processor binds them; the app's dependency factories run once
     and are closed when the retry is over.
@@ -322,6 +331,9 @@ def retry_from_settings(
             saga_id,
             registry=bound.registry,
             max_record_bytes=settings.consumer.max_record_bytes,
+            skip=skip,
+            by=by,
+            reason=reason,
         )
 
 
@@ -366,6 +378,9 @@ def outbox_arguments(parser: argparse.ArgumentParser) -> None:
             sub.add_argument("--id", dest="row_id", type=int, default=None, help="one row's id")
         if name == "discard":
             sub.add_argument("--reason", required=True, help="why; logged with every row")
+        sub.add_argument(
+            "--json", action="store_true", help="print one JSON document: the action and its rows"
+        )
 
 
 @contextmanager
@@ -398,6 +413,13 @@ def outbox(args: argparse.Namespace, settings: ProcessorSettings) -> int:
                 saga_id=args.saga_id,
                 row_id=args.row_id,
             )
+    if args.json:
+        from processor.ops.views import jsonable
+
+        document = {"action": args.action, "rows": jsonable(rows)}
+        json.dump(document, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+        return 0
     if not rows:
         print("no failed outbox rows")
         return 0

@@ -22,8 +22,16 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from processor.engine.records import OffsetCommit, OutboxRow, Record
-from processor.engine.rows import Loaded, SagaRow, Wants, WriteSet
+from processor.engine.rows import HeldMessage, Loaded, SagaRow, Wants, WriteSet
 from processor.errors import SendFailure
+from processor.ops.views import (
+    DeadLetterRow,
+    FailedRow,
+    HeldRow,
+    PendingDeadline,
+    SagaSummary,
+    TimelineEntry,
+)
 
 __all__ = [
     "TP",
@@ -34,6 +42,7 @@ __all__ = [
     "FailedOutboxRow",
     "FailedOutboxStore",
     "HeldMessage",
+    "InspectStore",
     "OperatorStore",
     "OutboxEntry",
     "OutboxStore",
@@ -389,14 +398,6 @@ class ParkedSaga:
     parked_at: datetime
 
 
-@dataclass(frozen=True, slots=True)
-class HeldMessage:
-    """A record held behind a parked saga: its ``parked_message`` row id and the record."""
-
-    parked_id: int
-    record: Record
-
-
 class OperatorStore(Protocol):
     """Read-only views for operators. Every time is the database's clock."""
 
@@ -458,6 +459,35 @@ class ParkedStore(Protocol):
             ConcurrentUpdate: A saga row's version moved.
         """
         ...
+
+
+class InspectStore(Protocol):
+    """What `show`, the saga lists, the dead-letter commands and the console read.
+
+    Implemented by ``processor.postgres.inspect.InspectQueries``.
+    """
+
+    def saga(self, saga_type: str, saga_id: str) -> tuple[SagaSummary, dict[str, Any] | None]:
+        """The saga's row and state; raises LookupError when there is none."""
+        ...
+
+    def timeline(
+        self, saga_type: str, saga_id: str, after: int = 0, limit: int = 1000
+    ) -> list[TimelineEntry]: ...
+
+    def deadlines(self, saga_type: str, saga_id: str) -> list[PendingDeadline]: ...
+
+    def held(self, saga_type: str, saga_id: str) -> list[HeldRow]: ...
+
+    def failed(self, saga_type: str, saga_id: str) -> list[FailedRow]: ...
+
+    def input_partition(self, saga_type: str, saga_id: str) -> tuple[str, int] | None: ...
+
+    def dead_letter(self, row_id: int) -> tuple[DeadLetterRow, bytes | None, bytes | None]: ...
+
+    def purge_dead_letters(
+        self, ids: Sequence[int] | None = None, older_than: timedelta | None = None
+    ) -> int: ...
 
 
 class Purge(StrEnum):

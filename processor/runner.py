@@ -210,6 +210,46 @@ class BoundSaga:
             raise SagaError(f"saga {self.saga_type!r} has no handler for deadline {inp.name!r}")
         return self._run(handler, state, saga_id, now, deadline=inp)
 
+    def handle_cancel(
+        self, state: SagaState, saga_id: str, label: str, reason: str, now: datetime
+    ) -> Outcome:
+        """Run the saga's declared cancel path (``operator_cancel``), or end it.
+
+        A saga state class with an ``operator_cancel(reason, commands, deadlines, lifecycle)``
+        method (every orchestrated saga: it compensates) decides what a cancel means; any other
+        saga simply ends, which also drops its deadlines.
+
+        Args:
+            state: The current state.
+            saga_id: The saga instance id.
+            label: Recorded as the handler's name in the history (who asked, and why).
+            reason: Passed to the saga's cancel path.
+            now: Clock reading.
+
+        Raises:
+            HandlerError: The cancel path raised.
+        """
+        working = state.model_copy(deep=True)
+        commands = SagaCommands(saga_id, registry=self._registry)
+        deadlines = SagaDeadlines(now)
+        lifecycle = SagaLifecycle()
+        cancel = getattr(working, "operator_cancel", None)
+        try:
+            if callable(cancel):
+                cancel(reason, commands, deadlines, lifecycle)
+            else:
+                lifecycle.end()
+            working = self.definition.state_cls.model_validate(working.__dict__)
+        except Exception as e:
+            raise HandlerError(self.saga_type, saga_id, "operator_cancel", e) from e
+        return Outcome(
+            state=working,
+            commands=commands.intents,
+            deadlines=deadlines.operations,
+            ended=lifecycle.ended,
+            handler_name=label,
+        )
+
     def _run(
         self,
         handler: HandlerDef,

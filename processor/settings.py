@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -191,6 +191,34 @@ class DeadlineSettings(BaseModel):
         return self
 
 
+class HistorySettings(BaseModel):
+    """What the saga history keeps of each record (``SAGA_HISTORY__*``)."""
+
+    # full: headers and value as received; hashed: headers and the value's SHA-256 (no
+    # personal data kept); off: neither. The commands and deadlines each step produced are
+    # kept in every mode.
+    payload: Literal["full", "hashed", "off"] = "full"
+
+
+class OperatorSettings(BaseModel):
+    """Operator requests sent into sagas' partitions (``SAGA_OPERATOR__*``)."""
+
+    # Signs operator records (HMAC-SHA256); the processor applies only records signed with it.
+    # Unset: operator records are dead-lettered and the commands that send them refuse to run.
+    key: SecretStr | None = None
+    # Who asked, recorded with each request; defaults to the OS user running the command.
+    name: str | None = None
+
+
+class ConsoleSettings(BaseModel):
+    """The web console (``SAGA_CONSOLE__*``); see `saga-processor console`."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8088, ge=0, le=65535)
+    # Every action (retry, cancel, replay, ...) must carry it; without one, actions stay off.
+    token: SecretStr | None = None
+
+
 class RetentionSettings(BaseModel):
     """Built-in retention: which old rows the processor deletes, and when (`SAGA_RETENTION__*`).
 
@@ -251,6 +279,9 @@ class ProcessorSettings(BaseSettings):
     consumer: ConsumerSettings = Field(default_factory=ConsumerSettings)
     relay: RelaySettings = Field(default_factory=RelaySettings)
     deadline: DeadlineSettings = Field(default_factory=DeadlineSettings)
+    history: HistorySettings = Field(default_factory=HistorySettings)
+    operator: OperatorSettings = Field(default_factory=OperatorSettings)
+    console: ConsoleSettings = Field(default_factory=ConsoleSettings)
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
     shutdown_timeout: Duration = timedelta(seconds=20)
 

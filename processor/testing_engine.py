@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from processor.definition import SagaState
-from processor.engine.decode import Event, FiredDeadline, Rejected, TooNew, decode
+from processor.engine.decode import Event, FiredDeadline, Operator, Rejected, TooNew, decode
 from processor.engine.plan import Planner
 from processor.engine.records import Record
 from processor.engine.rows import Outcome as RowOutcome
@@ -195,6 +195,8 @@ class Engine:
         decoded = decode(record, self.registry, _MAX_RECORD_BYTES)
         if isinstance(decoded, Rejected):
             raise AssertionError(f"the processor would dead-letter this input: {decoded.detail}")
+        if isinstance(decoded, Operator):
+            raise AssertionError("the saga fixture sends no operator records")
         return decoded
 
     def run(self, inputs: Sequence[Event | FiredDeadline | TooNew], now: datetime) -> Batch:

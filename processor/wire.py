@@ -9,10 +9,13 @@ the headers of dead letters, and how a topic prefix applies. Pure: no client imp
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 
 __all__ = [
     "DEADLINE_FIRED",
@@ -25,11 +28,15 @@ __all__ = [
     "HEADER_MESSAGE_ID",
     "HEADER_MESSAGE_TYPE",
     "HEADER_OCCURRED_AT",
+    "HEADER_OPERATOR_AUTH",
     "HEADER_SAGA_ID",
     "HEADER_SAGA_TYPE",
     "HEADER_SCHEMA_VERSION",
     "HEADER_TRACEPARENT",
+    "OPERATOR_COMMAND",
     "FiredRecord",
+    "OperatorAction",
+    "OperatorRecord",
     "Topics",
     "dead_letter_headers",
     "deadline_channel",
@@ -54,6 +61,10 @@ DEADLINE_FIRED = "saga.deadline-fired"
 HEADER_DEADLINE_ID = "deadline-id"
 HEADER_DEADLINE_NAME = "deadline-name"
 HEADER_FENCING_TOKEN = "fencing-token"
+
+# -- operator records -----------------------------------------------------------------------
+OPERATOR_COMMAND = "saga.operator-command"
+HEADER_OPERATOR_AUTH = "operator-auth"
 
 # -- dead letters ---------------------------------------------------------------------------
 HEADER_DEAD_LETTER_REASON = "dead-letter-reason"
@@ -122,6 +133,100 @@ class FiredRecord:
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError("malformed deadline-fired record") from e
+
+
+class OperatorAction(StrEnum):
+    """What an operator record asks of one saga instance."""
+
+    CANCEL = "cancel"
+    DEADLINE_FIRE_NOW = "deadline-fire-now"
+    DEADLINE_CANCEL = "deadline-cancel"
+    # Replay a parked saga's held records in order (skip: drop the first one, the one that
+    # keeps failing, then replay the rest).
+    PARKED_RETRY = "parked-retry"
+    PARKED_SKIP = "parked-skip"
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorRecord:
+    """An operator's request, sent into the saga's own input partition like its events.
+
+    Riding the saga's partition orders the request with the saga's events and fired deadlines,
+    and the consumer applies it with the same fencing and duplicate detection. The
+    ``operator-auth`` header is an HMAC-SHA256 of the value under the processor's operator key,
+    so only holders of that key can produce one; others are dead-lettered.
+
+    Attributes:
+        action: What to do.
+        saga_type: The saga's type.
+        saga_id: The saga's id.
+        command_id: Unique per request; a resend of the same request is a duplicate.
+        by: Who asked.
+        reason: Why; recorded in the saga's history.
+        name: The deadline's name, for deadline actions.
+    """
+
+    action: OperatorAction
+    saga_type: str
+    saga_id: str
+    command_id: str
+    by: str
+    reason: str
+    name: str | None = None
+
+    @property
+    def message_id(self) -> str:
+        return f"operator:{self.command_id}"
+
+    def value(self) -> bytes:
+        body = {
+            "action": str(self.action),
+            "saga_type": self.saga_type,
+            "saga_id": self.saga_id,
+            "command_id": self.command_id,
+            "by": self.by,
+            "reason": self.reason,
+            "name": self.name,
+        }
+        return json.dumps(body, sort_keys=True).encode()
+
+    def headers(self, key: bytes) -> dict[str, str]:
+        """The record's headers, signed with ``key``."""
+        return {
+            HEADER_MESSAGE_TYPE: OPERATOR_COMMAND,
+            HEADER_MESSAGE_ID: self.message_id,
+            HEADER_SAGA_TYPE: self.saga_type,
+            HEADER_SAGA_ID: self.saga_id,
+            HEADER_OPERATOR_AUTH: operator_signature(key, self.value()),
+        }
+
+    @classmethod
+    def parse(cls, value: bytes | None) -> OperatorRecord:
+        """Reads an operator record's value; raises ValueError when it is malformed."""
+        try:
+            body = json.loads(value or b"")
+            name = body.get("name")
+            return cls(
+                action=OperatorAction(body["action"]),
+                saga_type=str(body["saga_type"]),
+                saga_id=str(body["saga_id"]),
+                command_id=str(body["command_id"]),
+                by=str(body["by"]),
+                reason=str(body["reason"]),
+                name=str(name) if name is not None else None,
+            )
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError("malformed operator record") from e
+
+
+def operator_signature(key: bytes, value: bytes) -> str:
+    """The ``operator-auth`` header for ``value``: hex HMAC-SHA256 under ``key``."""
+    return hmac.new(key, value, hashlib.sha256).hexdigest()
+
+
+def operator_signed(key: bytes, value: bytes, signature: str | None) -> bool:
+    """Whether ``signature`` is the operator signature of ``value`` under ``key``."""
+    return signature is not None and hmac.compare_digest(operator_signature(key, value), signature)
 
 
 def dead_letter_headers(

@@ -26,8 +26,11 @@ from processor.wire import (
     HEADER_MESSAGE_ID,
     HEADER_MESSAGE_TYPE,
     HEADER_OCCURRED_AT,
+    HEADER_OPERATOR_AUTH,
     HEADER_SCHEMA_VERSION,
+    OPERATOR_COMMAND,
     FiredRecord,
+    OperatorRecord,
 )
 
 __all__ = [
@@ -36,6 +39,7 @@ __all__ = [
     "Decoded",
     "Event",
     "FiredDeadline",
+    "Operator",
     "Reason",
     "Rejected",
     "TooNew",
@@ -66,6 +70,7 @@ class Reason(StrEnum):
     INVALID_HEADER = "invalid-header"
     INVALID_TEXT = "invalid-text"
     REFUSED_BY_DATABASE = "refused-by-database"
+    UNAUTHENTICATED = "unauthenticated"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +92,15 @@ class FiredDeadline:
     deadline_id: str
     name: str
     token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Operator:
+    """An operator's request for one saga; its signature is checked when it is routed."""
+
+    record: Record
+    request: OperatorRecord
+    signature: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +138,7 @@ class TooNew:
     data: object
 
 
-Decoded = Event | FiredDeadline | TooNew | Rejected
+Decoded = Event | FiredDeadline | Operator | TooNew | Rejected
 
 
 def decode(record: Record, registry: MessageRegistry, max_bytes: int) -> Decoded:
@@ -143,6 +157,8 @@ def decode(record: Record, registry: MessageRegistry, max_bytes: int) -> Decoded
     type_name = headers.get(HEADER_MESSAGE_TYPE)
     if type_name == DEADLINE_FIRED:
         return _fired(record)
+    if type_name == OPERATOR_COMMAND:
+        return _operator(record, headers.get(HEADER_OPERATOR_AUTH))
     if not record.value:
         return Rejected(record, Reason.UNPARSEABLE, "the record has no value")
     if type_name is None:
@@ -253,6 +269,18 @@ def _fired(record: Record) -> Decoded:
         name=fired.name,
         token=fired.token,
     )
+
+
+def _operator(record: Record, signature: str | None) -> Decoded:
+    try:
+        request = OperatorRecord.parse(record.value)
+    except ValueError:
+        return Rejected(record, Reason.SCHEMA_VIOLATION, "malformed operator record")
+    for what, text in (("saga id", request.saga_id), ("command id", request.command_id)):
+        problem = id_problem(text)
+        if problem is not None:
+            return Rejected(record, Reason.INVALID_ID, f"the operator record's {what} {problem}")
+    return Operator(record, request, signature)
 
 
 def id_problem(text: str) -> str | None:

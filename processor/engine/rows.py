@@ -7,7 +7,7 @@ way in its tables.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -42,6 +42,10 @@ class Outcome(StrEnum):
     DEADLINE_STALE = "deadline-stale"
     DEADLINE_NO_HANDLER = "deadline-no-handler"  # older rows only: such a fire now parks
     DEADLINE_REJECTED = "deadline-rejected"
+    # An operator record that could not apply (e.g. a retry of a saga that is not parked).
+    OPERATOR_REFUSED = "operator-refused"
+    # A held message an operator dropped instead of replaying (`parked skip`).
+    SKIPPED = "skipped"
 
 
 SagaKey = tuple[str, str]
@@ -83,6 +87,17 @@ class Loaded:
     # Wanted sagas that ended and whose rows retention purged: they count as ended, so a late
     # or redelivered start event is recorded and ignored, never starts a second saga.
     tombstones: AbstractSet[SagaKey] = frozenset()
+    # For the sagas in ``Wants.held_keys``: the records held behind each, in arrival order.
+    # Their deadline rows are in ``deadlines`` too, for the held fired deadlines.
+    held: Mapping[SagaKey, Sequence[HeldMessage]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class HeldMessage:
+    """A record held behind a parked saga: its ``parked_message`` row id and the record."""
+
+    parked_id: int
+    record: Record
 
 
 @dataclass(frozen=True)
@@ -90,6 +105,8 @@ class Wants:
     saga_keys: set[SagaKey]
     message_keys: set[tuple[str, str, str]]
     deadline_ids: set[str]
+    # Parked sagas an operator's retry in this batch replays: load their held records.
+    held_keys: set[SagaKey] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -119,6 +136,13 @@ class HistoryRow:
     partition: int
     offset: int
     detail: str | None = None
+    # The audit trail (see `history.payload`): the record's headers and value as received (the
+    # value's bytes are the record's own, never re-encoded), or the value's SHA-256 only.
+    headers: Mapping[str, str] | None = None
+    payload: bytes | None = None
+    payload_sha256: bytes | None = None
+    # What the step produced: commands (message id, type, topic) and deadline operations.
+    effects: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +185,10 @@ class WriteSet:
     deadline_resets: list[tuple[str, int]] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     parked: list[ParkedMessage] = field(default_factory=list)
+    # (saga type, saga id, name): deadlines an operator asked to fire now.
+    deadline_fire_now: list[tuple[str, str, str]] = field(default_factory=list)
     # Wake the deadline poller even without new deadlines (a parked saga's retry).
     wake_deadlines: bool = False
+    # Ids of held records an operator's retry replayed (or skipped): deleted with the batch.
+    held_releases: list[int] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)

@@ -228,6 +228,26 @@ class OrchestratedSaga(MachineSaga):
         else:
             self._compensate(io, "saga deadline passed")
 
+    def operator_cancel(
+        self,
+        reason: str,
+        commands: SagaCommands,
+        deadlines: SagaDeadlines,
+        lifecycle: SagaLifecycle,
+    ) -> None:
+        """An operator cancelled the saga: undo what was done, as a failed step would.
+
+        A step in flight is in doubt (its command may have been carried out), so a late success
+        is still undone. A saga already compensating or finished is left as it is.
+        """
+        io = _Io(commands, deadlines, lifecycle)
+        if self.machine_state not in (_S.RUNNING, _S.WAITING):
+            return
+        p = self.progress
+        if p.step is not None:
+            self._mark_in_doubt(self.orchestration.step(p.step))
+        self._compensate(io, f"cancelled by an operator: {reason}")
+
     # -- forward -------------------------------------------------------------------------
 
     def _current_forward(self, name: str) -> Step | None:

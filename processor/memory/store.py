@@ -13,6 +13,7 @@ from processor.engine.records import OffsetCommit, OutboxRow
 from processor.engine.rows import (
     DeadLetter,
     DeadlineRef,
+    HeldMessage,
     HistoryRow,
     Loaded,
     Outcome,
@@ -49,10 +50,15 @@ class MemoryTables:
     deadlines: dict[str, StoredDeadline] = field(default_factory=dict)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     parked: list[ParkedMessage] = field(default_factory=list)
+    # The row id of each entry of ``parked`` (same positions), as the parked table's id column.
+    parked_ids: list[int] = field(default_factory=list)
+    next_parked_id: int = 1
     lease_token: int | None = None
     # Rows made due again by a consumer (deadline id, token); the memory store keeps no
     # dispatch state, so tests read them here.
     deadline_resets: list[tuple[str, int]] = field(default_factory=list)
+    # An operator's fire-now requests, (saga type, saga id, name), for tests to inspect.
+    deadline_fire_now: list[tuple[str, str, str]] = field(default_factory=list)
     # Ended sagas whose rows retention purged, with when they ended.
     tombstones: dict[SagaKey, datetime] = field(default_factory=dict)
 
@@ -92,7 +98,30 @@ class MemoryBatchStore:
         deadlines = {i: t.deadlines[i].ref for i in ids if i in t.deadlines}
         lease = t.lease_token if wants.deadline_ids else None
         tombstones = {k for k in wants.saga_keys if k in t.tombstones}
-        return Loaded(sagas, applied, deadlines, lease, self.clock(), tombstones=tombstones)
+        held: dict[SagaKey, list[HeldMessage]] = {}
+        for pid, p in zip(self._parked_ids(), t.parked, strict=True):
+            key = (p.saga_type, p.saga_id)
+            if key in wants.held_keys:
+                held.setdefault(key, []).append(HeldMessage(pid, p.record))
+        if wants.held_keys:
+            # The held fired deadlines of a replayed saga look up their rows.
+            deadlines.update(
+                (i, d.ref)
+                for i, d in t.deadlines.items()
+                if (d.ref.saga_type, d.ref.saga_id) in wants.held_keys
+            )
+            lease = t.lease_token
+        return Loaded(
+            sagas, applied, deadlines, lease, self.clock(), tombstones=tombstones, held=held
+        )
+
+    def _parked_ids(self) -> list[int]:
+        """``tables.parked_ids``, first extended with ids for rows a test appended directly."""
+        t = self.tables
+        while len(t.parked_ids) < len(t.parked):
+            t.parked_ids.append(t.next_parked_id)
+            t.next_parked_id += 1
+        return t.parked_ids
 
     def purge_ended(self) -> int:
         """Purges every ended saga as retention would: its row and history go, a tombstone stays.
@@ -185,8 +214,18 @@ class MemoryBatchStore:
             did = _uuid_text(d.id)
             t.deadlines[did] = StoredDeadline(ref, did, d.topic, d.partition)
         t.deadline_resets.extend(ws.deadline_resets)
+        t.deadline_fire_now.extend(ws.deadline_fire_now)
         t.dead_letters.extend(ws.dead_letters)
+        if ws.held_releases:
+            gone = set(ws.held_releases)
+            kept = [
+                (i, p) for i, p in zip(self._parked_ids(), t.parked, strict=True) if i not in gone
+            ]
+            t.parked_ids = [i for i, _ in kept]
+            t.parked = [p for _, p in kept]
+        self._parked_ids()
         t.parked.extend(ws.parked)
+        self._parked_ids()
         for o in offsets:
             t.offsets[(o.topic, o.partition)] = (o.epoch, o.next_offset)
 

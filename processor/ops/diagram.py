@@ -1,4 +1,4 @@
-"""Finds a state machine saga, for `diagram TARGET` and `lint-saga TARGET`.
+"""Finds a state machine saga, for `diagram TARGET` and `lint-saga TARGET`; draws it as SVG.
 
 TARGET is `MODULE:CLASS`, or the application object `MODULE:ATTR` (then `--saga` picks one of its
 state machine sagas, unless it has only one). Neither command needs the database or Kafka: they
@@ -8,6 +8,7 @@ read the saga class only.
 from __future__ import annotations
 
 import importlib
+from html import escape
 from typing import Any
 
 from processor.application import SagaApp
@@ -15,7 +16,7 @@ from processor.definition import definition_of
 from processor.errors import SagaDefinitionError, SagaError
 from processor.machine import MachineSaga, MachineSpec
 
-__all__ = ["load_spec"]
+__all__ = ["load_spec", "svg"]
 
 
 def load_spec(target: str, saga: str | None = None) -> MachineSpec:
@@ -71,3 +72,70 @@ def _saga_type(cls: type[Any]) -> str:
         return definition_of(cls).saga_type
     except SagaDefinitionError:
         return cls.__name__
+
+
+def svg(spec: MachineSpec, current: str | None = None) -> str:
+    """The machine as an SVG drawing, ``current`` highlighted (for the web console).
+
+    States are laid out in columns by their distance from the initial state, so the drawing
+    reads left to right the way a saga runs; each state is a ``<g class="state">`` with a
+    ``data-state`` attribute, and the current one has the class ``current`` as well.
+    """
+    states = spec.transitions.states
+    depth = {spec.transitions.initial: 0}
+    todo = [spec.transitions.initial]
+    while todo:
+        s = todo.pop(0)
+        for t in sorted(spec.transitions.targets(s)):
+            if t not in depth:
+                depth[t] = depth[s] + 1
+                todo.append(t)
+    for s in sorted(states):
+        depth.setdefault(s, max(depth.values(), default=0) + 1)
+    columns: dict[int, list[str]] = {}
+    for s in sorted(depth, key=lambda x: (depth[x], str(x))):
+        columns.setdefault(depth[s], []).append(str(s))
+    w, h, gap_x, gap_y = 170, 40, 60, 30
+    pos: dict[str, tuple[int, int]] = {}
+    for col, names in columns.items():
+        for row, name in enumerate(names):
+            pos[name] = (20 + col * (w + gap_x), 20 + row * (h + gap_y))
+    width = 40 + len(columns) * (w + gap_x)
+    height = 40 + max(len(n) for n in columns.values()) * (h + gap_y)
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="machine" width="100%" '
+        f'style="max-width: {width}px" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="state machine of {escape(spec.name)}">',
+        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" '
+        'markerHeight="7" orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" '
+        'fill="#667"/></marker></defs>',
+    ]
+    for source in sorted(states):
+        for target in sorted(spec.transitions.targets(source)):
+            (x1, y1), (x2, y2) = pos[str(source)], pos[str(target)]
+            sx, sy = x1 + w, y1 + h // 2
+            tx, ty = x2, y2 + h // 2
+            if x2 <= x1:  # backwards or within a column: leave from the bottom, arrive below
+                sx, sy, tx, ty = x1 + w // 2, y1 + h, x2 + w // 2, y2 + h
+            out.append(
+                f'<line x1="{sx}" y1="{sy}" x2="{tx}" y2="{ty}" stroke="#99a" '
+                'stroke-width="1.5" marker-end="url(#arrow)"/>'
+            )
+    for name, (x, y) in pos.items():
+        is_current = name == current
+        classes = "state current" if is_current else "state"
+        fill, stroke, color = (
+            ("#ffd54f", "#e65100", "#000") if is_current else ("#eef", "#556", "#223")
+        )
+        ending = " ending" if name in {str(s) for s in spec.ending} else ""
+        weight = ' font-weight="bold"' if is_current else ""
+        out.append(
+            f'<g class="{classes}{ending}" data-state="{escape(name)}">'
+            f'<rect x="{x}" y="{y}" width="{w}" height="{h}" rx="8" fill="{fill}" '
+            f'stroke="{stroke}" stroke-width="{3 if is_current else 1}"/>'
+            f'<text x="{x + w // 2}" y="{y + h // 2 + 5}" text-anchor="middle" '
+            f'font-family="sans-serif" font-size="13" fill="{color}"{weight}>'
+            f"{escape(name)}</text></g>"
+        )
+    out.append("</svg>")
+    return "\n".join(out)

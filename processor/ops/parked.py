@@ -11,13 +11,23 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from processor.engine.decode import Rejected, decode
 from processor.engine.plan import TOO_NEW, Item, Planner
-from processor.engine.rows import ACTIVE, PARKED, SagaRow, SagaWrite, Wants, WriteSet
+from processor.engine.rows import (
+    ACTIVE,
+    PARKED,
+    HistoryRow,
+    Outcome,
+    SagaRow,
+    SagaWrite,
+    Wants,
+    WriteSet,
+)
 from processor.errors import SagaError
 from processor.messages import MessageRegistry
 from processor.ports import HeldMessage, OperatorStore, ParkedSaga, ParkedStore
@@ -136,6 +146,9 @@ def retry_parked_saga(
     *,
     registry: MessageRegistry,
     max_record_bytes: int = sys.maxsize,
+    skip: int = 0,
+    by: str | None = None,
+    reason: str | None = None,
 ) -> RetryResult:
     """Replays a parked saga's held messages in arrival order, all or nothing.
 
@@ -154,6 +167,10 @@ def retry_parked_saga(
         registry: Message types, to decode the held records; the planner's own.
         max_record_bytes: Size limit applied when decoding; held records already passed the
             consumer's limit once, so the default does not check again.
+        skip: How many of the first held messages to drop instead of replaying (``parked
+            skip``: the message that keeps failing); each is recorded as ``skipped``.
+        by: Who asked; with ``reason``, recorded in the saga's history.
+        reason: Why.
 
     Returns:
         What happened; `result.failure` names the message that failed again, if one did.
@@ -172,7 +189,9 @@ def retry_parked_saga(
                 raise NotParked(f"saga {saga_type} {saga_id} is not parked ({status})")
             held = store.held_messages(saga_type, saga_id)
             ctx = _Replay(store, planner, registry, max_record_bytes)
-            ws = ctx.plan(dataclasses.replace(found, status=ACTIVE), held)
+            ws = ctx.plan(dataclasses.replace(found, status=ACTIVE), held[skip:])
+            if by is not None or skip:
+                ws.history[:0] = _operator_rows(saga_type, saga_id, held, skip, by, reason)
             if held:
                 store.release_held([h.parked_id for h in held])
             # The poller skipped this saga's deadlines while it was parked: wake it, so the
@@ -264,6 +283,53 @@ class _Replay:
                 state_version=row.state_version,
             )
         )
+
+
+def _operator_rows(
+    saga_type: str,
+    saga_id: str,
+    held: Sequence[HeldMessage],
+    skip: int,
+    by: str | None,
+    reason: str | None,
+) -> list[HistoryRow]:
+    """The timeline's record of the operator's retry (or skip), and of each skipped message."""
+    action = "parked-skip" if skip else "parked-retry"
+    label = f"operator {action} by {by or 'unknown'}: {reason or '-'}"[:1000]
+    first = held[0].record if held else None
+    rows = [
+        HistoryRow(
+            saga_type,
+            saga_id,
+            f"operator:{uuid.uuid4().hex}",
+            f"operator:{action}",
+            "operator",
+            Outcome.APPLIED,
+            None,
+            first.topic if first else "",
+            first.partition if first else -1,
+            first.offset if first else -1,
+            label,
+        )
+    ]
+    for h in held[:skip]:
+        r = h.record
+        rows.append(
+            HistoryRow(
+                saga_type,
+                saga_id,
+                r.header("message-id") or f"parked:{h.parked_id}",
+                r.header("message-type") or "unknown",
+                "event",
+                Outcome.SKIPPED,
+                None,
+                r.topic,
+                r.partition,
+                r.offset,
+                label,
+            )
+        )
+    return rows
 
 
 def _failure(h: HeldMessage, reason: str) -> RetryFailure:

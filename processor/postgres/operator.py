@@ -6,19 +6,17 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 
-from processor.engine.records import Record
 from processor.engine.rows import Loaded, SagaRow, Wants, WriteSet
 from processor.ports import DeadlineRow, HeldMessage, ParkedSaga, StateCount
 from processor.postgres.connect import connect
 from processor.postgres.schema import Tables
-from processor.postgres.store import BatchStore, Conn
+from processor.postgres.store import BatchStore, Conn, held_message
 
 __all__ = ["OperatorQueries", "open_operator_queries"]
 
@@ -175,16 +173,4 @@ def open_operator_queries(url: str, tables: Tables) -> OperatorQueries:
 
 
 def _held(row: tuple[Any, ...]) -> HeldMessage:
-    parked_id, topic, partition, offset, key, value, headers = row
-    pairs = headers.items() if isinstance(headers, Mapping) else json.loads(headers).items()
-    return HeldMessage(
-        int(parked_id),
-        Record(
-            topic=topic,
-            partition=int(partition),
-            offset=int(offset),
-            key=bytes(key) if key is not None else None,
-            value=bytes(value),
-            headers=tuple((str(k), str(v).encode()) for k, v in pairs),
-        ),
-    )
+    return held_message(row)

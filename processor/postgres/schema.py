@@ -220,6 +220,20 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE {instance} ADD COLUMN state_version int NOT NULL DEFAULT 1;
     """,
+    # 7 (console11): the audit trail (what each record held, what each step produced) and the
+    # operator console's indexes: sagas by type and status in age order (dead letters by time
+    # are indexed by 5).
+    """
+    ALTER TABLE {history} ADD COLUMN headers        jsonb,
+                          ADD COLUMN payload        bytea,
+                          ADD COLUMN payload_sha256 bytea,
+                          ADD COLUMN effects        jsonb;
+    CREATE INDEX ON {instance} (saga_type, status, updated_at);
+    CREATE INDEX ON {instance} (updated_at, saga_type, saga_id);
+    CREATE INDEX ON {instance} (saga_id);
+    CREATE INDEX ON {instance} ((coalesce(machine_state_since, updated_at)))
+     WHERE status <> 'ended';
+    """,
 )
 
 

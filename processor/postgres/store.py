@@ -8,15 +8,25 @@ than the statements themselves on JSON-heavy rows.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
 from psycopg.rows import TupleRow
 from pydantic_core import to_json
 
-from processor.engine.records import OffsetCommit
-from processor.engine.rows import DeadlineRef, Loaded, SagaRow, SagaStatus, Wants, WriteSet
+from processor.engine.records import OffsetCommit, Record
+from processor.engine.rows import (
+    DeadlineRef,
+    HeldMessage,
+    Loaded,
+    SagaKey,
+    SagaRow,
+    SagaStatus,
+    Wants,
+    WriteSet,
+)
 from processor.errors import ConcurrentUpdate, FencedOut
 from processor.postgres.deadlines import LEASE_NAME
 from processor.postgres.schema import Tables
@@ -110,10 +120,11 @@ class BatchStore:
         self._insert_history = r(
             """
             INSERT INTO {history} (saga_type, saga_id, message_id, message_type, kind, outcome,
-                                   version, topic, partition, "offset", detail)
+                                   version, topic, partition, "offset", detail, headers,
+                                   payload, payload_sha256, effects)
             SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::text[],
                                  %b::text[], %b::bigint[], %b::text[], %b::int[], %b::bigint[],
-                                 %b::text[])
+                                 %b::text[], %b::jsonb[], %b::bytea[], %b::bytea[], %b::jsonb[])
             """
         )
         self._insert_outbox = r(
@@ -156,6 +167,32 @@ class BatchStore:
             UPDATE {deadline} AS d SET dispatched_at = NULL
               FROM unnest(%b::uuid[], %b::bigint[]) AS u(i, t)
              WHERE d.id = u.i AND d.dispatch_token = u.t
+            """
+        )
+        # An operator's retry replays the records held behind the saga, with the deadline rows
+        # its held fired deadlines name.
+        self._load_held = r(
+            """
+            SELECT saga_type, saga_id, id, topic, partition, "offset", key, value, headers
+              FROM {parked}
+             WHERE (saga_type, saga_id) IN (SELECT * FROM unnest(%b::text[], %b::text[]))
+             ORDER BY id
+            """
+        )
+        self._load_saga_deadlines = r(
+            """
+            SELECT id::text, saga_type, saga_id, name, due_at, payload, dispatch_token
+              FROM {deadline}
+             WHERE (saga_type, saga_id) IN (SELECT * FROM unnest(%b::text[], %b::text[]))
+            """
+        )
+        self._release_held = r("DELETE FROM {parked} WHERE id = ANY(%s::bigint[])")
+        # An operator's fire-now: due at once and undispatched, so the leader fires it next.
+        self._fire_now = r(
+            """
+            UPDATE {deadline} AS d SET due_at = now(), dispatched_at = NULL, dispatch_token = NULL
+              FROM unnest(%b::text[], %b::text[], %b::text[]) AS u(t, i, n)
+             WHERE d.saga_type = u.t AND d.saga_id = u.i AND d.name = u.n
             """
         )
         self._insert_parked = r(
@@ -225,7 +262,11 @@ class BatchStore:
                 else None
             )
             c3 = self.conn.execute(self._load_deadlines, (ids,)) if ids else None
-            c4 = self.conn.execute(self._load_lease, (LEASE_NAME,)) if ids else None
+            hk = sorted(wants.held_keys)
+            hargs = ([k[0] for k in hk], [k[1] for k in hk])
+            c4 = self.conn.execute(self._load_lease, (LEASE_NAME,)) if ids or hk else None
+            c6 = self.conn.execute(self._load_held, hargs) if hk else None
+            c7 = self.conn.execute(self._load_saga_deadlines, hargs) if hk else None
         sagas = {
             (t, i): SagaRow(t, i, state, SagaStatus(status), version, reason, sv)
             for t, i, state, status, version, reason, sv in c1.fetchall()
@@ -243,6 +284,14 @@ class BatchStore:
         now_row = c0.fetchone()
         assert now_row is not None
         tombstones = {(t, i) for t, i in c5.fetchall()}
+        held: dict[SagaKey, list[HeldMessage]] = {}
+        if c6 is not None and c7 is not None:
+            for t, i, *rest in c6.fetchall():
+                held.setdefault((t, i), []).append(held_message(rest))
+            deadlines.update(
+                (did, DeadlineRef(t, i, n, due, payload, token))
+                for did, t, i, n, due, payload, token in c7.fetchall()
+            )
         return Loaded(
             sagas,
             applied,
@@ -250,6 +299,7 @@ class BatchStore:
             int(lease[0]) if lease else None,
             now_row[0],
             tombstones=tombstones,
+            held=held,
         )
 
     def write(self, ws: WriteSet, offsets: Sequence[OffsetCommit]) -> None:
@@ -330,6 +380,10 @@ class BatchStore:
                     [x.partition for x in h],
                     [x.offset for x in h],
                     [x.detail for x in h],
+                    [_json(x.headers) for x in h],
+                    [x.payload for x in h],
+                    [x.payload_sha256 for x in h],
+                    [_json(x.effects) for x in h],
                 ),
             )
         if ws.outbox:
@@ -363,6 +417,9 @@ class BatchStore:
         if ws.deadline_resets:
             rs = ws.deadline_resets
             conn.execute(self._reset_deadlines, ([x[0] for x in rs], [x[1] for x in rs]))
+        if ws.deadline_fire_now:
+            f = ws.deadline_fire_now
+            conn.execute(self._fire_now, ([x[0] for x in f], [x[1] for x in f], [x[2] for x in f]))
         if ws.dead_letters:
             dl = ws.dead_letters
             conn.execute(
@@ -378,6 +435,8 @@ class BatchStore:
                     [x.detail for x in dl],
                 ),
             )
+        if ws.held_releases:
+            conn.execute(self._release_held, (ws.held_releases,))
         if ws.parked:
             self.insert_parked(ws.parked)
         if ws.outbox:
@@ -421,3 +480,20 @@ class BatchStore:
 def _json(value: Any) -> str | None:
     # pydantic-core's encoder: several times faster than json.dumps on the per-row hot path.
     return None if value is None else to_json(value).decode()
+
+
+def held_message(row: Sequence[Any]) -> HeldMessage:
+    """A ``parked_message`` row (id, topic, partition, offset, key, value, headers) as held."""
+    parked_id, topic, partition, offset, key, value, headers = row
+    pairs = headers.items() if isinstance(headers, Mapping) else json.loads(headers).items()
+    return HeldMessage(
+        int(parked_id),
+        Record(
+            topic=topic,
+            partition=int(partition),
+            offset=int(offset),
+            key=bytes(key) if key is not None else None,
+            value=bytes(value),
+            headers=tuple((str(k), str(v).encode()) for k, v in pairs),
+        ),
+    )

@@ -34,6 +34,7 @@ __all__ = [
     "load_app",
     "load_saga_classes",
     "open_sagas",
+    "operator_key",
     "tables_for",
 ]
 
@@ -61,6 +62,12 @@ def tables_for(settings: ProcessorSettings) -> Tables:
         deadline=settings.deadline.table,
         deadline_lock=settings.deadline.lock_table,
     )
+
+
+def operator_key(settings: ProcessorSettings) -> bytes | None:
+    """The key that signs operator records, or None when none is configured."""
+    key = settings.operator.key
+    return key.get_secret_value().encode() if key is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +130,8 @@ def bind_sagas(
         dead_letter_topic=Topics(settings.topic_prefix).name(settings.consumer.dead_letter_topic),
         handler_attempts=settings.consumer.handler_attempts,
         topic_prefix=settings.topic_prefix,
+        history_payload=settings.history.payload,
+        operator_key=operator_key(settings),
     )
     return BoundSagas(sagas, registry, planner)
 

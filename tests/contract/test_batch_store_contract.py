@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from processor.engine.records import OffsetCommit, OutboxRow
+from processor.engine.records import OffsetCommit, OutboxRow, Record
 from processor.engine.rows import (
     ACTIVE,
     ENDED,
@@ -24,6 +24,7 @@ from processor.engine.rows import (
     DeadlineRef,
     HistoryRow,
     Outcome,
+    ParkedMessage,
     SagaRow,
     SagaWrite,
     Wants,
@@ -495,3 +496,41 @@ def test_a_purged_ended_saga_loads_as_a_tombstone_and_a_running_one_keeps_its_id
     # Purging again changes nothing, and the saga still reads as a tombstone.
     backing.purge_ended()
     assert set(store.load(Wants({(SAGA, "s1")}, set(), set())).tombstones) == {(SAGA, "s1")}
+
+
+# -- records held behind a parked saga -------------------------------------------------------------
+
+
+def test_held_records_load_in_arrival_order_with_the_sagas_deadlines_and_release_by_id(
+    backing: Backing,
+) -> None:
+    store = backing.store()
+    first = Record(A[0], A[1], 5, b"s1", b'{"n": 1}', (("message-id", b"m-5"),))
+    second = Record(A[0], A[1], 6, b"s1", b'{"n": 2}', (("message-id", b"m-6"),))
+    other = Record(A[0], A[1], 7, b"s2", b"{}", (("message-id", b"m-7"),))
+    timeout = deadline("s1", "timeout")
+    store.write(
+        WriteSet(
+            parked=[
+                ParkedMessage(SAGA, "s1", first, "boom"),
+                ParkedMessage(SAGA, "s2", other, "boom"),
+                ParkedMessage(SAGA, "s1", second, "behind a parked saga"),
+            ],
+            deadline_inserts=[timeout],
+        ),
+        [],
+    )
+    # Without held keys nothing held is loaded: the consumer's batches pay nothing for it.
+    assert store.load(Wants({(SAGA, "s1")}, set(), set())).held == {}
+
+    loaded = store.load(Wants({(SAGA, "s1")}, set(), set(), {(SAGA, "s1")}))
+    held = loaded.held[(SAGA, "s1")]
+    assert [h.record for h in held] == [first, second]
+    assert set(loaded.held) == {(SAGA, "s1")}
+    assert loaded.deadlines[timeout.id] == DeadlineRef(SAGA, "s1", "timeout", DUE, None, None)
+
+    store.write(WriteSet(held_releases=[held[0].parked_id]), [])
+    again = store.load(Wants(set(), set(), set(), {(SAGA, "s1"), (SAGA, "s2")}))
+    assert [h.record for h in again.held[(SAGA, "s1")]] == [second]
+    assert [h.record for h in again.held[(SAGA, "s2")]] == [other]
+    assert again.held[(SAGA, "s1")][0].parked_id == held[1].parked_id

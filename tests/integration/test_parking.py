@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from pydantic import Field
+from pydantic import Field, SecretStr
 
 from processor import (
     Message,
@@ -31,7 +31,7 @@ from processor import (
 from processor.ops.parked import RetryResult, list_parked, retry_parked_saga
 from processor.postgres.operator import OperatorQueries, open_operator_queries
 from processor.runtime.assembly import bind_sagas, tables_for
-from processor.settings import ProcessorSettings
+from processor.settings import OperatorSettings, ProcessorSettings
 from tests.support.harness import (
     Publisher,
     Reader,
@@ -338,3 +338,47 @@ def test_an_operator_lists_and_retries_a_parked_saga_from_the_command_line(env: 
         assert missing.returncode == 2
         assert "not parked" in missing.stderr
         assert _cli(env, "parked").stdout.strip() == "no parked sagas"
+
+
+@pytest.mark.slow
+def test_parked_retry_is_an_operator_record_the_running_processor_applies(env: Env) -> None:
+    order, healthy = f"o-{uuid.uuid4().hex[:6]}", f"h-{uuid.uuid4().hex[:6]}"
+    operator = OperatorSettings(key=SecretStr("operator-key"), name="ops")
+    env = Env(env.settings.model_copy(update={"operator": operator}), env.pub, env.packed)
+    warehouse = Warehouse("glass")
+    with running(env.settings, [PackingSaga], dependencies={Warehouse: warehouse}):
+        _park_order(env, order, healthy)
+        version = env.db("SELECT version FROM saga_instance WHERE saga_id = %s", order)
+
+        # Not fixed yet: the processor's replay fails again, nothing changes, and it says where.
+        again = _cli(env, "parked", "retry", SAGA_TYPE, order, "--reason", "try", "--json")
+        assert again.returncode == 1, again.stderr
+        refused = json.loads(again.stdout)
+        assert refused["outcome"] == "operator-refused"
+        assert "warehouse cannot take glass" in refused["detail"]
+        assert env.status(order) == "parked"
+        assert len(env.held(order)) == 4
+        assert env.db("SELECT version FROM saga_instance WHERE saga_id = %s", order) == version
+
+        # The fix is deployed in the running processor: the next request replays in order.
+        warehouse.broken.clear()
+        done = _cli(env, "parked", "retry", SAGA_TYPE, order, "--reason", "fixed", "--json")
+        assert done.returncode == 0, done.stderr
+        applied = json.loads(done.stdout)
+        assert applied["outcome"] == "applied"
+        assert applied["detail"] == "operator parked-retry by ops: fixed"
+        assert env.status(order) == "ended"
+        assert env.held(order) == []
+        env.packed.wait_for(
+            lambda rs: len(env.packed_items(order)) >= 4, timeout=90, what="every item packed"
+        )
+        assert env.packed_items(order) == [("cup", 1), ("glass", 2), ("plate", 3), ("bowl", 4)]
+        tail = env.db(
+            "SELECT message_type, outcome FROM saga_history WHERE saga_id = %s ORDER BY id", order
+        )[-6:]
+        assert tail == [
+            ("operator:parked-retry", "operator-refused"),
+            ("operator:parked-retry", "applied"),
+            *[("tests.parking.ItemAdded", "applied")] * 3,
+            ("tests.parking.OrderClosed", "applied"),
+        ]

@@ -8,6 +8,7 @@ order. A dead letter of a near-1 MB input goes out cut to fit.
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -68,6 +69,7 @@ def test_unpublishable_rows_are_set_aside_while_other_sagas_flow_and_retry_publi
     make_topic: Callable[..., str],
     relay_env: tuple[Tables, Relay],
     monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     tables, relay = relay_env
     commands = make_topic("commands", partitions=3)
@@ -160,22 +162,17 @@ def test_unpublishable_rows_are_set_aside_while_other_sagas_flow_and_retry_publi
     monkeypatch.setenv("SAGA_DATABASE__URL", database_url)
     monkeypatch.setenv("SAGA_DATABASE__SCHEMA_NAME", pg_schema)
     assert main(["outbox", "failed", "list", "--saga-type", "transfer", "--saga-id", "big"]) == 0
-    assert (
-        main(
-            [
-                "outbox",
-                "failed",
-                "discard",
-                "--saga-type",
-                "transfer",
-                "--saga-id",
-                "big",
-                "--reason",
-                "sent by hand",
-            ]
-        )
-        == 0
-    )
+    capsys.readouterr()
+    big = ["--saga-type", "transfer", "--saga-id", "big"]
+    assert main(["outbox", "failed", "list", *big, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["action"] == "list"
+    assert [r["row"]["headers"]["message-id"] for r in listed["rows"]] == ["big-1", "big-2"]
+    assert listed["rows"][1]["held_behind"] == listed["rows"][0]["id"]
+    assert main(["outbox", "failed", "discard", *big, "--reason", "sent by hand", "--json"]) == 0
+    discarded = json.loads(capsys.readouterr().out)
+    assert discarded["action"] == "discard"
+    assert [r["id"] for r in discarded["rows"]] == [r["id"] for r in listed["rows"]]
     assert main(["outbox", "failed", "retry", "--id", "1"]) == 2
     with connect(database_url, autocommit=True) as admin:
         assert PostgresFailedOutbox(admin, tables).list_failed() == []

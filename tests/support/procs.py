@@ -24,6 +24,8 @@ def settings_env(settings: ProcessorSettings) -> dict[str, str]:
     data["kafka"]["config"] = {
         k: v for k, v in settings.kafka.client_config().items() if k in settings.kafka.config
     }
+    if settings.operator.key is not None:
+        data["operator"]["key"] = settings.operator.key.get_secret_value()
     env: dict[str, str] = {}
     for key, value in data.items():
         if value is None:

@@ -70,7 +70,16 @@ PURE = (
     "testing.py",
     "testing_engine.py",
 )
-EDGES = ("postgres/", "kafka/", "cli.py", "cli_commands.py", "cli_preflight.py", "__main__.py")
+EDGES = (
+    "postgres/",
+    "kafka/",
+    "console/",
+    "cli.py",
+    "cli_commands.py",
+    "cli_inspect.py",
+    "cli_preflight.py",
+    "__main__.py",
+)
 # Where the pure runtime is wired to the real adapters.
 ASSEMBLY_POINTS = {"runtime/processor.py", "runtime/assembly.py", "participant/service.py"}
 CLI_ENTRIES = {"cli.py", "__main__.py"}

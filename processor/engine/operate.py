@@ -1,0 +1,235 @@
+"""Operator records in the planner: routed by their signature, applied in the saga's log order.
+
+An operator's retry (or skip) of a parked saga replays the records held behind it within the
+batch that consumes the request: the held records come with the loaded rows, and the replay runs
+through the same steps as the consumer's, so it is ordered with the saga's other input, fenced
+by the batch's offsets, deduplicated by the request's message id and recorded in the timeline.
+It applies all or nothing: if a held record fails again, the saga stays parked as it was and the
+request is recorded as refused, with the record and the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from processor.engine.decode import (
+    Decoded,
+    FiredDeadline,
+    Operator,
+    Reason,
+    Rejected,
+    TooNew,
+    decode,
+)
+from processor.engine.records import Record
+from processor.engine.rows import ACTIVE, ENDED, PARKED, Loaded, Outcome, Wants, WriteSet
+from processor.engine.steps import Steps
+from processor.engine.working import Item, Working
+from processor.messages import HEADER_MESSAGE_ID
+from processor.wire import OperatorAction, operator_signed
+
+
+class OperatorSteps(Steps):
+    """Routes and applies operator records (a base of ``Planner``)."""
+
+    def route(self, decoded: Iterable[Decoded]) -> tuple[list[Item | Rejected], Wants]:
+        """Routes records to sagas; ``Planner.route``, which a retry's replay routes with."""
+        raise NotImplementedError
+
+    def _route_operator(self, d: Operator, wants: Wants) -> Item | Rejected:
+        req = d.request
+        if self._operator_key is None or not operator_signed(
+            self._operator_key, d.record.value or b"", d.signature
+        ):
+            return Rejected(d.record, Reason.UNAUTHENTICATED, "bad or missing operator-auth")
+        bound = self._sagas.get(req.saga_type)
+        if bound is None:
+            return Rejected(d.record, Reason.UNKNOWN_TYPE, f"no saga type {req.saga_type!r}")
+        key = (req.saga_type, req.saga_id)
+        wants.saga_keys.add(key)
+        wants.message_keys.add((*key, req.message_id))
+        if req.action in _REPLAYS:
+            wants.held_keys.add(key)
+        return Item(d, bound, req.saga_id)
+
+    def _step(
+        self,
+        ws: WriteSet,
+        w: Working,
+        item: Item,
+        loaded: Loaded,
+        now: datetime,
+        seen: set[tuple[str, str, str]],
+        *,
+        replay: bool,
+    ) -> None:
+        """Plans one routed item against its saga (the consumer's batch and a retry's replay)."""
+        if isinstance(item.decoded, FiredDeadline):
+            self._fire(ws, w, item, item.decoded, loaded, now, replay)
+            return
+        mkey = (w.bound.saga_type, w.saga_id, item.message_id)
+        if mkey in seen:
+            self._history(ws, w, item, Outcome.DUPLICATE)
+        elif isinstance(item.decoded, Operator):
+            self._operate(ws, w, item, item.decoded, loaded, now, seen, mkey)
+        elif isinstance(item.decoded, TooNew):
+            self._too_new(ws, w, item, item.decoded)
+        else:
+            self._event(ws, w, item, item.decoded, now, seen, mkey)
+
+    def _operate(
+        self,
+        ws: WriteSet,
+        w: Working,
+        item: Item,
+        op: Operator,
+        loaded: Loaded,
+        now: datetime,
+        seen: set[tuple[str, str, str]],
+        mkey: tuple[str, str, str],
+    ) -> None:
+        """Applies an operator's request in the saga's log order, like one of its events."""
+        req = op.request
+        label = f"operator {req.action} by {req.by}: {req.reason}"[:1000]
+        if req.action in _REPLAYS:
+            if w.status != PARKED:
+                detail = f"{label} (the saga is not parked)"
+                self._history(ws, w, item, Outcome.OPERATOR_REFUSED, detail=detail)
+                return
+            self._replay_held(ws, w, item, loaded, now, seen, label)
+            return
+        if w.status == PARKED:
+            # Held in order with the rest; a retry of the saga replays it.
+            self._park(ws, w, item, "behind a parked saga", Outcome.PARKED_BEHIND)
+            return
+        if w.status == ENDED:
+            self._history(ws, w, item, Outcome.IGNORED_ENDED, detail=label)
+            return
+        if w.status is None:
+            self._history(ws, w, item, Outcome.NO_SAGA, detail=label)
+            return
+        if w.load_error is not None:
+            self._fail(ws, w, item, w.load_error)
+            return
+        if req.action == OperatorAction.CANCEL:
+            state = w.state
+            call = lambda: w.bound.handle_cancel(state, w.saga_id, label, req.reason, now)  # noqa: E731
+            if self._run(ws, w, item, call, now):
+                seen.add(mkey)
+            return
+        if req.name is None:
+            self._history(ws, w, item, Outcome.OPERATOR_REFUSED, detail=f"{label} (no name)")
+            return
+        effects: dict[str, Any]
+        if req.action == OperatorAction.DEADLINE_CANCEL:
+            w.deadline_ops[req.name] = None
+            effects = {"deadlines": [{"op": "cancel", "name": req.name}]}
+        else:
+            ws.deadline_fire_now.append((w.bound.saga_type, w.saga_id, req.name))
+            ws.wake_deadlines = True
+            effects = {"deadlines": [{"op": "fire-now", "name": req.name}]}
+        w.version += 1
+        w.dirty = True
+        seen.add(mkey)
+        self._history(
+            ws, w, item, Outcome.APPLIED, version=w.version, detail=label, effects=effects
+        )
+
+    def _replay_held(
+        self,
+        ws: WriteSet,
+        w: Working,
+        item: Item,
+        loaded: Loaded,
+        now: datetime,
+        seen: set[tuple[str, str, str]],
+        label: str,
+    ) -> None:
+        """Replays the records held behind parked ``w`` in arrival order, all or nothing."""
+        assert isinstance(item.decoded, Operator)
+        key = (w.bound.saga_type, w.saga_id)
+        stored = list(loaded.held.get(key, ()))
+        # Records this very batch held behind the saga are not stored yet: they follow.
+        in_batch = [p for p in ws.parked if (p.saga_type, p.saga_id) == key]
+        records = [h.record for h in stored] + [p.record for p in in_batch]
+        skip = 1 if item.decoded.request.action == OperatorAction.PARKED_SKIP else 0
+        # Planned on copies: a failure leaves the batch and the saga as they were.
+        trial = WriteSet()
+        trial_seen = set(seen)
+        replayed = dataclasses.replace(
+            w,
+            # As if never parked; as not yet started when its start handler was the one failing.
+            status=ACTIVE if w.state is not None else None,
+            parked_reason=None,
+            version=w.version + 1,
+            dirty=True,
+            deadline_ops=dict(w.deadline_ops),
+        )
+        self._history(
+            trial, replayed, item, Outcome.APPLIED, version=replayed.version, detail=label
+        )
+        for n, record in enumerate(records):
+            routed, _ = self.route([decode(record, self._registry, sys.maxsize)])
+            # An event may also feed sagas of other types: those saw it when it was consumed.
+            mine = [
+                x
+                for x in routed
+                if isinstance(x, Rejected) or (x.bound.saga_type, x.saga_id) == key
+            ]
+            if not mine:
+                self._refuse(ws, w, item, label, record, "it no longer routes to this saga")
+                return
+            for x in mine:
+                if isinstance(x, Rejected):
+                    self._dead_letter(trial, x.record, x.reason, x.detail)
+                elif n < skip:
+                    self._history(trial, replayed, x, Outcome.SKIPPED, detail=label)
+                else:
+                    self._step(trial, replayed, x, loaded, now, trial_seen, replay=True)
+                    if trial.parked:
+                        self._refuse(ws, w, item, label, record, trial.parked[0].reason)
+                        return
+        if replayed.status is None:
+            # Nothing started the saga (its start was skipped or a duplicate); a row without
+            # state would make later events look like they belong to a started saga.
+            self._refuse(ws, w, item, label, None, "nothing left would start the saga")
+            return
+        for f in dataclasses.fields(WriteSet):
+            value = getattr(trial, f.name)
+            if isinstance(value, list):
+                getattr(ws, f.name).extend(value)
+        ws.counts.update(trial.counts)
+        ws.parked = [p for p in ws.parked if not any(p is q for q in in_batch)]
+        ws.held_releases.extend(h.parked_id for h in stored)
+        # The poller skipped this saga's deadlines while it was parked: the ones that came due
+        # meanwhile fire now rather than at its next polling interval.
+        ws.wake_deadlines = True
+        seen.update(trial_seen)
+        seen.add((*key, item.message_id))
+        for f in dataclasses.fields(Working):
+            setattr(w, f.name, getattr(replayed, f.name))
+
+    def _refuse(
+        self,
+        ws: WriteSet,
+        w: Working,
+        item: Item,
+        label: str,
+        record: Record | None,
+        reason: str,
+    ) -> None:
+        where = f" at {_where(record)}" if record is not None else ""
+        detail = f"{label}; replay failed{where}: {reason}; the saga stays parked"[:2000]
+        self._history(ws, w, item, Outcome.OPERATOR_REFUSED, detail=detail)
+
+
+_REPLAYS = (OperatorAction.PARKED_RETRY, OperatorAction.PARKED_SKIP)
+
+
+def _where(record: Record) -> str:
+    message_id = record.header(HEADER_MESSAGE_ID) or "-"
+    return f"{message_id} ({record.topic}[{record.partition}]@{record.offset})"

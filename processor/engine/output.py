@@ -1,0 +1,218 @@
+"""The rows a planned batch writes.
+
+History (with the audit trail), commands, dead letters, and each saga's row and deadline changes
+at the end of the batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any, Literal
+
+from processor.engine.decode import (
+    Event,
+    FiredDeadline,
+    Operator,
+)
+from processor.engine.records import OutboxRow, Record
+from processor.engine.rows import (
+    PARKED,
+    DeadLetter,
+    HistoryRow,
+    Outcome,
+    SagaWrite,
+    WriteSet,
+)
+from processor.engine.working import Item, Working, storable
+from processor.handles import CommandIntent
+from processor.messages import (
+    HEADER_CAUSATION_ID,
+    HEADER_CORRELATION_ID,
+    HEADER_DEADLINE_UNIX_MS,
+    HEADER_MESSAGE_ID,
+    HEADER_MESSAGE_TYPE,
+    HEADER_OCCURRED_AT,
+    HEADER_SAGA_ID,
+    HEADER_SAGA_TYPE,
+    HEADER_SCHEMA_VERSION,
+    MessageRegistry,
+)
+from processor.runner import BoundSaga, command_message_id
+from processor.wire import Topics
+
+HistoryPayload = Literal["full", "hashed", "off"]
+"""What the history keeps of each record: headers and value; headers and the value's SHA-256;
+or neither (the commands and deadlines each step produced are kept in every mode)."""
+
+
+class Output:
+    """Turns the planner's decisions into a ``WriteSet``'s rows (a base of ``Planner``)."""
+
+    # Set by Planner.__init__; declared here for the steps that read them.
+    _sagas: dict[str, BoundSaga]
+    _history_payload: HistoryPayload
+    _operator_key: bytes | None
+    _deadline_ids: Callable[[], str]
+    _registry: MessageRegistry
+    _dead_letter_topic: str
+    _attempts: int
+    _topics: Topics
+    _now_text: tuple[datetime | None, str]
+
+    def _history(
+        self,
+        ws: WriteSet,
+        w: Working,
+        item: Item,
+        outcome: Outcome,
+        *,
+        version: int | None = None,
+        detail: str | None = None,
+        effects: Mapping[str, Any] | None = None,
+    ) -> None:
+        record = item.decoded.record
+        decoded = item.decoded
+        headers: Mapping[str, str] | None
+        if isinstance(decoded, FiredDeadline):
+            kind, message_type = "deadline", f"deadline:{decoded.name}"
+            headers = None
+        elif isinstance(decoded, Operator):
+            kind, message_type = "operator", f"operator:{decoded.request.action}"
+            headers = None
+        else:
+            kind, message_type = "event", decoded.metadata.message_type
+            # The dict decode built once from the record: shared, not copied.
+            headers = decoded.metadata.headers
+        payload = digest = None
+        mode = self._history_payload
+        if mode == "off":
+            headers = None
+        else:
+            if headers is None:
+                headers = record.headers_text()
+            if mode == "full":
+                payload = record.value  # the record's own bytes, stored as they came
+            else:
+                digest = hashlib.sha256(record.value or b"").digest()
+        ws.history.append(
+            HistoryRow(
+                w.bound.saga_type,
+                w.saga_id,
+                item.message_id,
+                message_type,
+                kind,
+                outcome,
+                version,
+                record.topic,
+                record.partition,
+                record.offset,
+                detail,
+                headers,
+                payload,
+                digest,
+                effects,
+            )
+        )
+        if outcome is not Outcome.APPLIED:
+            ws.counts[outcome] += 1
+
+    def _correlation(self, item: Item) -> str:
+        if isinstance(item.decoded, Event) and item.decoded.metadata.correlation_id:
+            return item.decoded.metadata.correlation_id
+        return item.saga_id
+
+    def _command(
+        self,
+        w: Working,
+        intent: CommandIntent,
+        index: int,
+        causation: str,
+        correlation: str,
+        now: datetime,
+    ) -> OutboxRow:
+        mtype = self._registry.of(type(intent.message))
+        for name, text in intent.headers.items():
+            if "\x00" in name or "\x00" in text:
+                raise ValueError(f"header {name[:64]!r} holds a NUL character")
+        # Version and position make the id stable if this input is ever planned again; the
+        # version is the one this input's handler produces.
+        seq = ((w.version + 1) << 16) | index
+        headers = {
+            **intent.headers,
+            HEADER_MESSAGE_ID: command_message_id(w.bound.saga_type, w.saga_id, seq),
+            HEADER_MESSAGE_TYPE: mtype.name,
+            HEADER_SCHEMA_VERSION: str(mtype.version),
+            HEADER_CORRELATION_ID: correlation,
+            HEADER_CAUSATION_ID: causation,
+            HEADER_OCCURRED_AT: self._occurred_at(now),
+            HEADER_SAGA_TYPE: w.bound.saga_type,
+            HEADER_SAGA_ID: w.saga_id,
+        }
+        if intent.deadline_unix_ms is not None:
+            headers[HEADER_DEADLINE_UNIX_MS] = str(intent.deadline_unix_ms)
+        return OutboxRow(
+            saga_type=w.bound.saga_type,
+            saga_id=w.saga_id,
+            topic=self._topics.name(intent.topic),
+            key=intent.key.encode(),
+            headers=headers,
+            value=intent.message.model_dump_json().encode(),
+        )
+
+    def _occurred_at(self, now: datetime) -> str:
+        # One batch shares one clock reading; format it once rather than once per command.
+        if self._now_text[0] is not now:
+            self._now_text = (now, now.isoformat())
+        return self._now_text[1]
+
+    def _dead_letter(self, ws: WriteSet, record: Record, reason: str, detail: str) -> None:
+        record = storable(record)
+        ws.dead_letters.append(DeadLetter(record, reason, detail))
+        headers = {
+            **record.headers_text(),
+            "dead-letter-reason": reason,
+            "dead-letter-detail": detail,
+            "source-topic": record.topic,
+            "source-partition": str(record.partition),
+            "source-offset": str(record.offset),
+        }
+        ws.outbox.append(
+            OutboxRow(None, None, self._dead_letter_topic, record.key, headers, record.value or b"")
+        )
+        ws.counts["dead-lettered"] += 1
+
+    def _flush(self, ws: WriteSet, w: Working) -> None:
+        if not w.dirty:
+            return
+        raw = w.load_error is not None and w.row is not None
+        ws.sagas.append(
+            SagaWrite(
+                saga_type=w.bound.saga_type,
+                saga_id=w.saga_id,
+                state=(
+                    w.row.state
+                    if raw and w.row is not None
+                    else w.bound.state_to_json(w.state)
+                    if w.state is not None
+                    else None
+                ),
+                status=w.status or PARKED,
+                version=w.version,
+                expected_version=w.row.version if w.row is not None else None,
+                parked_reason=w.parked_reason if w.status == PARKED else None,
+                machine_state=w.bound.machine_state(w.state),
+                # A state that did not load is written back as it was, at its own version.
+                state_version=(
+                    w.row.state_version if raw and w.row is not None else w.bound.state_version
+                ),
+            )
+        )
+        key = (w.bound.saga_type, w.saga_id)
+        if w.cleared:
+            ws.deadline_clears.append(key)
+        for name, insert in w.deadline_ops.items():
+            ws.deadline_deletes.append((*key, name))
+            if insert is not None:
+                ws.deadline_inserts.append(insert)

@@ -1,0 +1,96 @@
+"""What the planner works on: the items a batch routes, and each saga's state while it runs.
+
+Also the two helpers every step shares: how an error is described in a parked reason (never
+with payload values), and how a record is made storable as JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from processor.engine.decode import (
+    Event,
+    FiredDeadline,
+    Operator,
+    TooNew,
+)
+from processor.engine.records import Record
+from processor.engine.rows import (
+    DeadlineInsert,
+    SagaRow,
+    SagaStatus,
+)
+from processor.runner import BoundSaga
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One unit of work for one saga: an event routed to it, or a deadline that fired."""
+
+    decoded: Event | FiredDeadline | Operator | TooNew
+    bound: BoundSaga
+    saga_id: str
+
+    @property
+    def message_id(self) -> str:
+        """The id that marks this item applied: the message's, or one made from the deadline's."""
+        if isinstance(self.decoded, FiredDeadline):
+            return f"deadline:{self.decoded.deadline_id}"
+        if isinstance(self.decoded, Operator):
+            return self.decoded.request.message_id
+        return self.decoded.metadata.message_id
+
+
+@dataclass(slots=True)
+class Working:
+    """A saga's in-memory state while the batch runs over it."""
+
+    bound: BoundSaga
+    saga_id: str
+    row: SagaRow | None
+    state: Any  # SagaState | None
+    status: SagaStatus | None
+    version: int
+    parked_reason: str | None = None
+    # Why the stored state does not load; the row's JSON is then written back untouched.
+    load_error: str | None = None
+    dirty: bool = False
+    # Net deadline changes: name -> new row, or None for "delete only".
+    deadline_ops: dict[str, DeadlineInsert | None] = field(default_factory=dict)
+    cleared: bool = False
+
+
+def describe_error(error: BaseException) -> str:
+    """The error's type and where it happened, without the values it was given.
+
+    A pydantic ``ValidationError`` is reduced to its field locations and messages (its text
+    echoes the input, which may hold personal data); other errors keep their message, which is
+    the code's own text.
+    """
+    if isinstance(error, ValidationError):
+        details = error.errors(include_input=False, include_url=False, include_context=False)
+        where = "; ".join(
+            f"{'.'.join(map(str, d['loc'])) or '<root>'}: {d['msg']}" for d in details[:10]
+        )
+        more = f" (+{len(details) - 10} more)" if len(details) > 10 else ""
+        return f"ValidationError at {where}{more}"
+    return f"{type(error).__name__}: {error}"
+
+
+def storable(record: Record) -> Record:
+    """``record`` with NUL characters in its header names and values replaced, for jsonb.
+
+    The key and value are stored as bytes and kept exactly; only the headers, stored as JSON,
+    are changed, and only when they hold a NUL.
+    """
+    if not any("\x00" in k or b"\x00" in v for k, v in record.headers):
+        return record
+    headers = tuple(
+        (k.replace("\x00", "\ufffd"), v.replace(b"\x00", "\ufffd".encode()))
+        for k, v in record.headers
+    )
+    return dataclasses.replace(record, headers=headers)

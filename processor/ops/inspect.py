@@ -1,0 +1,182 @@
+"""`show`, operator requests and dead-letter replay: the services behind the CLI and console.
+
+Operator requests that change a saga (cancel it, fire or cancel a deadline) are not written
+to its row: they are signed records sent into the saga's own input partition, so the consumer
+applies them in log order with the saga's events, fenced and deduplicated like any record, and
+the saga's history shows who asked and why.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from processor.engine.records import OutboxRow
+from processor.errors import SagaError
+from processor.ops.views import DeadLetterRow, SagaView, TimelineEntry
+from processor.ports import InspectStore, RecordProducer
+from processor.wire import (
+    HEADER_DEAD_LETTER_DETAIL,
+    HEADER_DEAD_LETTER_REASON,
+    HEADER_SOURCE_OFFSET,
+    HEADER_SOURCE_PARTITION,
+    HEADER_SOURCE_TOPIC,
+    OperatorAction,
+    OperatorRecord,
+)
+
+__all__ = [
+    "NoSuchSaga",
+    "OperatorRefused",
+    "replay_dead_letter",
+    "send_operator_request",
+    "show_saga",
+    "wait_for_outcome",
+]
+
+_DEAD_LETTER_HEADERS = frozenset(
+    {
+        HEADER_DEAD_LETTER_REASON,
+        HEADER_DEAD_LETTER_DETAIL,
+        HEADER_SOURCE_TOPIC,
+        HEADER_SOURCE_PARTITION,
+        HEADER_SOURCE_OFFSET,
+    }
+)
+
+
+class NoSuchSaga(SagaError):
+    """No saga instance (or dead letter) has that key."""
+
+
+class OperatorRefused(SagaError):
+    """An operator request could not be sent (no key, no partition known, delivery failed)."""
+
+
+def show_saga(store: InspectStore, saga_type: str, saga_id: str, limit: int = 1000) -> SagaView:
+    """Everything known about one saga: row, state, deadlines, held and failed rows, timeline.
+
+    Raises:
+        NoSuchSaga: There is no such saga instance.
+    """
+    try:
+        summary, state = store.saga(saga_type, saga_id)
+    except LookupError as e:
+        raise NoSuchSaga(str(e)) from e
+    return SagaView(
+        saga=summary,
+        state=state,
+        deadlines=store.deadlines(saga_type, saga_id),
+        parked_messages=store.held(saga_type, saga_id),
+        failed_outbox=store.failed(saga_type, saga_id),
+        timeline=store.timeline(saga_type, saga_id, limit=limit),
+    )
+
+
+def send_operator_request(
+    store: InspectStore,
+    producer: RecordProducer,
+    key: bytes | None,
+    *,
+    action: OperatorAction,
+    saga_type: str,
+    saga_id: str,
+    by: str,
+    reason: str,
+    name: str | None = None,
+    timeout: float = 30.0,
+) -> OperatorRecord:
+    """Signs the request and sends it into the saga's input partition; returns it once acked.
+
+    The partition is the one the saga's latest event came from (fired deadlines go there too),
+    so the request is ordered with whatever the saga receives next.
+
+    Raises:
+        OperatorRefused: No operator key is configured, no reason was given, the saga has no
+            event on record, or the broker did not acknowledge the record.
+        NoSuchSaga: There is no such saga instance.
+    """
+    if key is None:
+        raise OperatorRefused("no operator key: set SAGA_OPERATOR__KEY to the processor's key")
+    if not reason.strip():
+        raise OperatorRefused("a reason is required")
+    try:
+        store.saga(saga_type, saga_id)
+    except LookupError as e:
+        raise NoSuchSaga(str(e)) from e
+    where = store.input_partition(saga_type, saga_id)
+    if where is None:
+        raise OperatorRefused(f"saga {saga_type} {saga_id} has no event on record to follow")
+    request = OperatorRecord(action, saga_type, saga_id, uuid.uuid4().hex, by, reason, name)
+    row = OutboxRow(
+        saga_type=saga_type,
+        saga_id=saga_id,
+        topic=where[0],
+        key=saga_id.encode(),
+        headers=request.headers(key),
+        value=request.value(),
+        partition=where[1],
+    )
+    failures = producer.send([row], timeout)
+    if failures:
+        raise OperatorRefused(f"the broker did not take the request: {failures[0]}")
+    return request
+
+
+def wait_for_outcome(
+    store: InspectStore,
+    saga_type: str,
+    saga_id: str,
+    message_id: str,
+    timeout: float,
+    poll: float = 0.2,
+) -> TimelineEntry | None:
+    """The timeline entry a processor wrote for ``message_id``, once it is there.
+
+    Args:
+        store: Read queries.
+        saga_type: The saga's type.
+        saga_id: The saga's id.
+        message_id: The request's message id (``operator:<command id>``).
+        timeout: Seconds to wait at most.
+        poll: Seconds between two reads of the new timeline rows.
+
+    Returns:
+        The entry (``applied``, ``operator-refused``, ``duplicate``, ...), or None on timeout.
+    """
+    deadline = time.monotonic() + timeout
+    after = 0
+    while True:
+        for entry in store.timeline(saga_type, saga_id, after=after):
+            after = entry.id
+            # A request held behind a parked saga is applied later, by a retry's replay.
+            if entry.message_id == message_id and entry.outcome != "parked-behind":
+                return entry
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(poll)
+
+
+def replay_dead_letter(
+    store: InspectStore, producer: RecordProducer, row_id: int, timeout: float = 30.0
+) -> DeadLetterRow:
+    """Sends a dead letter back to its source topic and partition, then deletes it.
+
+    The record goes back with its key, value and original headers (the dead-letter headers
+    dropped); a record that is still bad is dead-lettered again, with a new row.
+
+    Raises:
+        NoSuchSaga: There is no such dead letter.
+        OperatorRefused: The broker did not acknowledge the record (the row is kept).
+    """
+    try:
+        row, key, value = store.dead_letter(row_id)
+    except LookupError as e:
+        raise NoSuchSaga(str(e)) from e
+    headers = {k: v for k, v in (row.headers or {}).items() if k not in _DEAD_LETTER_HEADERS}
+    out = OutboxRow(None, None, row.topic, key, headers, value or b"", partition=row.partition)
+    failures = producer.send([out], timeout)
+    if failures:
+        raise OperatorRefused(f"the broker did not take dead letter {row_id}: {failures[0]}")
+    store.purge_dead_letters([row_id])
+    return row

@@ -1,0 +1,330 @@
+"""SQL behind `show`, `sagas list|stuck`, `dead-letters ...` and the web console.
+
+Every query is served by an index (see migration 5) and bounded by a limit; lists page by key
+(`after`/`before` cursors), never by offset, so a page costs the same on a million sagas.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any
+
+from processor.ops.views import (
+    DeadLetterRow,
+    FailedRow,
+    HeldRow,
+    Overview,
+    PendingDeadline,
+    SagaSummary,
+    TimelineEntry,
+    TypeStatusCount,
+    payload_text,
+)
+from processor.postgres.connect import connect
+from processor.postgres.schema import Tables
+from processor.postgres.store import Conn
+
+__all__ = ["InspectQueries", "open_inspect_queries"]
+
+_SUMMARY = """
+    saga_type, saga_id, status, machine_state, coalesce(machine_state_since, updated_at), version,
+    created_at, updated_at, parked_reason
+"""
+_SAGA = f"SELECT {_SUMMARY}, state FROM {{instance}} WHERE saga_type = %s AND saga_id = %s"
+_FIND = f"SELECT {_SUMMARY} FROM {{instance}} WHERE saga_id = %s ORDER BY saga_type LIMIT %s"
+_TIMELINE = """
+    SELECT id, at, kind, message_id, message_type, outcome, version, topic, partition, "offset",
+           detail, headers, payload, payload_sha256, effects
+      FROM {history} WHERE saga_type = %s AND saga_id = %s AND id > %s ORDER BY id LIMIT %s
+"""
+_DEADLINES = """
+    SELECT id::text, name, due_at, dispatched_at FROM {deadline}
+     WHERE saga_type = %s AND saga_id = %s ORDER BY due_at, name
+"""
+_HELD = """
+    SELECT id, headers->>'message-id', headers->>'message-type', topic, partition, "offset",
+           reason, created_at
+      FROM {parked} WHERE saga_type = %s AND saga_id = %s ORDER BY id
+"""
+_FAILED = """
+    SELECT id, headers->>'message-id', topic, reason, attempts, held_behind, failed_at
+      FROM {failed_outbox} WHERE saga_type = %s AND saga_id = %s ORDER BY id
+"""
+# Age order, served by (saga_type, status, updated_at), (status, updated_at) or
+# (updated_at, saga_type, saga_id) depending on the filters; the statement is built with only the
+# filters given (a catch-all `%s IS NULL OR ...` would keep the planner off those indexes). The
+# cursor is the last row's (updated_at, saga_type, saga_id).
+_LIST_HEAD = f"SELECT {_SUMMARY} FROM {{instance}}"
+_LIST_FILTERS = {
+    "type": "saga_type = %(type)s",
+    "status": "status = %(status)s",
+    "state": "machine_state = %(state)s",
+    "older": "updated_at <= now() - %(older)s::interval",
+    "after_at": "(updated_at, saga_type, saga_id) > (%(after_at)s, %(after_type)s, %(after_id)s)",
+}
+_LIST_TAIL = " ORDER BY updated_at, saga_type, saga_id LIMIT %(limit)s"
+# Stalest first by time in the current machine state (or since the last change, for sagas
+# that are not machines): the expression index over unfinished sagas serves the order.
+_STUCK = f"""
+    SELECT {_SUMMARY} FROM {{instance}}
+     WHERE status <> 'ended'
+       AND coalesce(machine_state_since, updated_at) <= now() - %(older)s::interval
+       AND (%(type)s::text IS NULL OR saga_type = %(type)s::text)
+     ORDER BY coalesce(machine_state_since, updated_at) LIMIT %(limit)s
+"""
+# The (type, status) pairs by a skip scan of the (saga_type, status, updated_at) index, then per
+# pair a count that stops at the cap and the oldest row: index work bounded by the cap, not by
+# the number of sagas (a plain GROUP BY reads every row).
+_OVERVIEW = """
+    WITH RECURSIVE pairs AS (
+        (SELECT saga_type, status FROM {instance} ORDER BY saga_type, status LIMIT 1)
+        UNION ALL
+        SELECT n.saga_type, n.status FROM pairs AS p, LATERAL (
+            SELECT saga_type, status FROM {instance}
+             WHERE (saga_type, status) > (p.saga_type, p.status)
+             ORDER BY saga_type, status LIMIT 1) AS n
+    )
+    SELECT p.saga_type, p.status,
+           (SELECT count(*) FROM (SELECT 1 FROM {instance} AS i
+             WHERE i.saga_type = p.saga_type AND i.status = p.status LIMIT %(cap)s) AS c),
+           now() - (SELECT min(updated_at) FROM {instance} AS i
+                     WHERE i.saga_type = p.saga_type AND i.status = p.status)
+      FROM pairs AS p ORDER BY p.saga_type, p.status
+"""
+_COUNTS = """
+    SELECT (SELECT count(*) FROM (SELECT 1 FROM {outbox} LIMIT %(cap)s) AS x),
+           (SELECT count(*) FROM (SELECT 1 FROM {failed_outbox} LIMIT %(cap)s) AS x),
+           (SELECT count(*) FROM (SELECT 1 FROM {deadline}
+             WHERE due_at <= now() AND dispatched_at IS NULL LIMIT %(cap)s) AS x),
+           (SELECT count(*) FROM (SELECT 1 FROM {dead_letter} LIMIT %(cap)s) AS x),
+           (SELECT count(*) FROM (SELECT 1 FROM {instance}
+             WHERE status = 'parked' LIMIT %(cap)s) AS x)
+"""
+_DL_COLUMNS = """
+    id, topic, partition, "offset", reason, detail, headers->>'message-id',
+    headers->>'message-type', created_at
+"""
+_DEAD_LETTERS = f"""
+    SELECT {_DL_COLUMNS} FROM {{dead_letter}}
+     WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+       AND (%(reason)s::text IS NULL OR reason = %(reason)s::text)
+     ORDER BY id DESC LIMIT %(limit)s
+"""
+_DEAD_LETTER = f"SELECT {_DL_COLUMNS}, key, value, headers FROM {{dead_letter}} WHERE id = %s"
+_PURGE = """
+    DELETE FROM {dead_letter}
+     WHERE (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+       AND (%(older)s::interval IS NULL OR created_at <= now() - %(older)s::interval)
+"""
+_OFFSETS = """
+    SELECT topic, partition, next_offset FROM {offsets} WHERE group_id = %s
+"""
+
+_INPUT = """
+    SELECT topic, partition FROM {history}
+     WHERE saga_type = %s AND saga_id = %s AND kind = 'event' AND topic IS NOT NULL
+     ORDER BY id DESC LIMIT 1
+"""
+
+
+class InspectQueries:
+    """Read-mostly queries over the processor's tables, on one connection the caller owns.
+
+    The connection is expected in autocommit mode; closing this object closes it.
+    """
+
+    def __init__(self, conn: Conn, tables: Tables) -> None:
+        self.conn = conn
+        r = tables.render
+        self._render = r
+        self._sql = {
+            name: r(text)
+            for name, text in (
+                ("saga", _SAGA),
+                ("find", _FIND),
+                ("timeline", _TIMELINE),
+                ("deadlines", _DEADLINES),
+                ("held", _HELD),
+                ("failed", _FAILED),
+                ("stuck", _STUCK),
+                ("overview", _OVERVIEW),
+                ("counts", _COUNTS),
+                ("dead_letters", _DEAD_LETTERS),
+                ("dead_letter", _DEAD_LETTER),
+                ("purge", _PURGE),
+                ("input", _INPUT),
+                ("offsets", _OFFSETS),
+            )
+        }
+
+    def _all(self, name: str, params: Sequence[Any] | Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        return self.conn.execute(self._sql[name], params).fetchall()
+
+    # -- one saga ------------------------------------------------------------------------------
+
+    def saga(self, saga_type: str, saga_id: str) -> tuple[SagaSummary, dict[str, Any] | None]:
+        """The saga's row and its state; raises LookupError when there is none."""
+        found = self.conn.execute(self._sql["saga"], (saga_type, saga_id)).fetchone()
+        if found is None:
+            raise LookupError(f"no saga {saga_type} {saga_id}")
+        return SagaSummary(*found[:-1]), found[-1]
+
+    def timeline(
+        self, saga_type: str, saga_id: str, after: int = 0, limit: int = 1000
+    ) -> list[TimelineEntry]:
+        """History rows in the order they were written, after row id ``after``."""
+        return [
+            _timeline_entry(row)
+            for row in self._all("timeline", (saga_type, saga_id, after, limit))
+        ]
+
+    def deadlines(self, saga_type: str, saga_id: str) -> list[PendingDeadline]:
+        """Deadlines still scheduled, soonest first."""
+        return [PendingDeadline(*r) for r in self._all("deadlines", (saga_type, saga_id))]
+
+    def held(self, saga_type: str, saga_id: str) -> list[HeldRow]:
+        """Messages parked behind the saga, in arrival order."""
+        return [HeldRow(*r) for r in self._all("held", (saga_type, saga_id))]
+
+    def failed(self, saga_type: str, saga_id: str) -> list[FailedRow]:
+        """The saga's failed (and held) outbox rows, in order."""
+        return [FailedRow(*r) for r in self._all("failed", (saga_type, saga_id))]
+
+    def input_partition(self, saga_type: str, saga_id: str) -> tuple[str, int] | None:
+        """The topic and partition of the saga's latest event: where its input arrives."""
+        found = self.conn.execute(self._sql["input"], (saga_type, saga_id)).fetchone()
+        return (str(found[0]), int(found[1])) if found is not None else None
+
+    # -- many sagas ----------------------------------------------------------------------------
+
+    def find(self, saga_id: str, limit: int = 50) -> list[SagaSummary]:
+        """Sagas of any type with this id."""
+        return [SagaSummary(*r) for r in self._all("find", (saga_id, limit))]
+
+    def list_sagas(
+        self,
+        *,
+        saga_type: str | None = None,
+        status: str | None = None,
+        machine_state: str | None = None,
+        older_than: timedelta | None = None,
+        after: tuple[datetime, str, str] | None = None,
+        limit: int = 50,
+    ) -> list[SagaSummary]:
+        """Sagas least recently changed first; ``after`` is the previous page's last row."""
+        params = {
+            "type": saga_type,
+            "status": status,
+            "state": machine_state,
+            "older": older_than,
+            "after_at": after[0] if after else None,
+            "after_type": after[1] if after else None,
+            "after_id": after[2] if after else None,
+            "limit": limit,
+        }
+        where = [sql for key, sql in _LIST_FILTERS.items() if params[key] is not None]
+        text = _LIST_HEAD + (" WHERE " + " AND ".join(where) if where else "") + _LIST_TAIL
+        rows = self.conn.execute(self._render(text), params).fetchall()
+        return [SagaSummary(*r) for r in rows]
+
+    def stuck(
+        self, *, older_than: timedelta, saga_type: str | None = None, limit: int = 50
+    ) -> list[SagaSummary]:
+        """Unfinished sagas that stayed in their state longer than ``older_than``, stalest first."""
+        params = {"older": older_than, "type": saga_type, "limit": limit}
+        return [SagaSummary(*r) for r in self._all("stuck", params)]
+
+    def overview(self, cap: int = 10_000) -> Overview:
+        """Counts for the console's front page; a count that reaches ``cap`` stops there."""
+        sagas = [
+            TypeStatusCount(t, s, int(n), age)
+            for t, s, n, age in self._all("overview", {"cap": cap})
+        ]
+        counts = self.conn.execute(self._sql["counts"], {"cap": cap}).fetchone()
+        assert counts is not None
+        outbox, failed, overdue, dead, parked = (int(c) for c in counts)
+        return Overview(sagas, outbox, failed, overdue, dead, parked, cap)
+
+    def stored_offsets(self, group_id: str) -> dict[tuple[str, int], int | None]:
+        """The consumer group's stored positions: the next offset of each partition it owns."""
+        return {
+            (str(t), int(p)): int(n) if n is not None else None
+            for t, p, n in self._all("offsets", (group_id,))
+        }
+
+    # -- dead letters --------------------------------------------------------------------------
+
+    def dead_letters(
+        self, *, before: int | None = None, reason: str | None = None, limit: int = 50
+    ) -> list[DeadLetterRow]:
+        """Dead letters newest first; ``before`` is the previous page's last id."""
+        params = {"before": before, "reason": reason, "limit": limit}
+        return [DeadLetterRow(*r) for r in self._all("dead_letters", params)]
+
+    def dead_letter(self, row_id: int) -> tuple[DeadLetterRow, bytes | None, bytes | None]:
+        """One dead letter with its key, value and headers; raises LookupError if missing."""
+        found = self.conn.execute(self._sql["dead_letter"], (row_id,)).fetchone()
+        if found is None:
+            raise LookupError(f"no dead letter {row_id}")
+        key = bytes(found[9]) if found[9] is not None else None
+        value = bytes(found[10]) if found[10] is not None else None
+        row = DeadLetterRow(*found[:9])
+        full = dataclasses.replace(
+            row, key=payload_text(key), value=payload_text(value), headers=found[11]
+        )
+        return full, key, value
+
+    def purge_dead_letters(
+        self, ids: Sequence[int] | None = None, older_than: timedelta | None = None
+    ) -> int:
+        """Deletes the selected dead letters; returns how many."""
+        cur = self.conn.execute(self._sql["purge"], {"ids": ids, "older": older_than})
+        return cur.rowcount
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> InspectQueries:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _timeline_entry(row: tuple[Any, ...]) -> TimelineEntry:
+    (hid, at, kind, mid, mtype, outcome, version, topic, part, offset, detail) = row[:11]
+    headers, payload, digest, effects = row[11:]
+    return TimelineEntry(
+        id=hid,
+        at=at,
+        kind=kind,
+        message_id=mid,
+        message_type=mtype,
+        outcome=outcome,
+        version=version,
+        topic=topic,
+        partition=part,
+        offset=offset,
+        detail=detail,
+        headers=headers,
+        payload=payload_text(bytes(payload)) if payload is not None else None,
+        payload_sha256=bytes(digest).hex() if digest is not None else None,
+        effects=effects,
+    )
+
+
+def open_inspect_queries(url: str, tables: Tables) -> InspectQueries:
+    """Inspect queries on a new autocommit connection of their own."""
+    return InspectQueries(
+        connect(url, application_name="saga-processor-console", autocommit=True), tables
+    )

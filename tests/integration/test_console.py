@@ -1,0 +1,229 @@
+"""The web console over data the engine produced, driven in headless Chromium.
+
+A processor runs the order saga and a packing saga whose warehouse refuses one item; the console
+serves the same database. The browser searches an order, opens it and sees its timeline and its
+current state highlighted in the diagram; then, with actions enabled, it retries the parked
+packing saga once its warehouse is fixed (the request goes to the running processor as an
+operator record) and sees it finish. Each page is saved under `.local/console/`.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from processor.console import Backend, create_app
+from processor.settings import ProcessorSettings
+from sagas.order import OrderSaga
+from schemas.orders import StockReserved
+from tests.integration.test_parking import (
+    COMMANDS,
+    EVENTS,
+    ItemAdded,
+    OrderClosed,
+    PackingSaga,
+    Warehouse,
+)
+from tests.integration.test_parking import (
+    SAGA_TYPE as PACKING,
+)
+from tests.integration.test_parking import (
+    OrderPlaced as PackingPlaced,
+)
+from tests.support.browser import chromium, screenshot
+from tests.support.harness import Publisher, create_topics, query, running, settings_for, wait_until
+from tests.support.orders import Orders
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+TOKEN = "console-test-token"
+
+
+@pytest.fixture
+def world(kafka_bootstrap: str, database_url: str, pg_schema: str) -> Orders:
+    prefix = f"t{uuid.uuid4().hex[:8]}."
+    names = ("order-events", "order-commands", "escalations", "saga-dead-letters", EVENTS, COMMANDS)
+    create_topics(kafka_bootstrap, [prefix + n for n in names])
+    settings = settings_for(
+        kafka_bootstrap,
+        database_url,
+        pg_schema,
+        prefix,
+        sagas=["sagas.order:OrderSaga", "tests.integration.test_parking:PackingSaga"],
+        settings={"order.payment-timeout": "PT10M"},
+        operator={"key": "k", "name": "console-test"},
+    )
+    return Orders(settings, Publisher(kafka_bootstrap))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def console(world: Orders) -> Iterator[str]:
+    """The console, actions on, served by uvicorn in a thread; yields its base URL."""
+    with _serve(
+        create_app(Backend(world.settings, by="browser"), actions=True, token=TOKEN)
+    ) as base:
+        yield base
+
+
+@contextmanager
+def _serve(app: Any) -> Iterator[str]:
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="console", daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    wait_until(lambda: server.started, timeout=30, what="console started")
+    try:
+        yield base
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def _db(o: Orders, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    s: ProcessorSettings = o.settings
+    return query(s.database.url.get_secret_value(), s.database.schema_name, sql, *args)
+
+
+def test_an_operator_finds_a_saga_and_retries_a_parked_one_in_the_browser(
+    world: Orders, console: str
+) -> None:
+    o = world
+    order, packing = f"ord-{uuid.uuid4().hex[:6]}", f"pack-{uuid.uuid4().hex[:6]}"
+    packing_events = o.settings.topic_prefix + EVENTS
+    warehouse = Warehouse("glass")
+    with running(o.settings, [OrderSaga, PackingSaga], dependencies={Warehouse: warehouse}):
+        o.place(order)
+        o.send(StockReserved(order_id=order), order)
+        o.wait_version(order, 2)
+        for event in (
+            PackingPlaced(order_id=packing),
+            ItemAdded(order_id=packing, item="cup"),
+            ItemAdded(order_id=packing, item="glass"),
+            OrderClosed(order_id=packing),
+        ):
+            o.pub.event(packing_events, packing, event)
+        # And one record nobody can read: a dead letter.
+        o.pub.raw(packing_events, b"junk", b"\xff not json", [("message-type", b"nope")])
+        o.pub.flush()
+        wait_until(
+            lambda: (
+                _db(o, "SELECT count(*) FROM parked_message WHERE saga_id = %s", packing)[0][0] == 2
+            ),
+            timeout=60,
+            what="packing saga parked with two held messages",
+        )
+        wait_until(
+            lambda: _db(o, "SELECT count(*) FROM dead_letter")[0][0] >= 1,
+            timeout=60,
+            what="a dead letter",
+        )
+        machine_state = _db(o, "SELECT machine_state FROM saga_instance WHERE saga_id = %s", order)
+        [(state,)] = machine_state
+
+        with chromium() as b:
+            wait = WebDriverWait(b, 20)
+            b.get(console + "/")
+            assert b.find_element(By.ID, "parked-count").text == "1"
+            # The processor keeps up: its stored positions are at the broker's watermarks.
+
+            def lag() -> str:
+                b.get(console + "/")
+                return str(b.find_element(By.ID, "consumer-lag").text)
+
+            wait_until(lambda: lag() == "0", timeout=30, what="no consumer lag")
+            assert b.find_elements(By.CSS_SELECTOR, "#lag tr")
+            screenshot(b, "overview")
+
+            # Search by id: one match opens the saga.
+            box = b.find_element(By.ID, "search")
+            box.send_keys(order)
+            box.submit()
+            wait.until(lambda d: d.find_elements(By.ID, "saga-id"))
+            assert b.find_element(By.ID, "saga-id").text == order
+            steps = b.find_elements(By.CSS_SELECTOR, "#timeline tr.step .message-type")
+            assert [s.text.splitlines()[0] for s in steps] == [
+                "orders.OrderPlaced",
+                "orders.StockReserved",
+            ]
+            assert "sent orders.CapturePayment" in b.find_element(By.ID, "timeline").text
+            current = b.find_elements(By.CSS_SELECTOR, "#diagram g.state.current")
+            assert [c.get_attribute("data-state") for c in current] == [state]
+            assert len(b.find_elements(By.CSS_SELECTOR, "#diagram g.state")) >= 6
+            screenshot(b, "saga-detail")
+
+            b.get(console + "/stuck?older_than=0s")
+            assert order in b.find_element(By.ID, "sagas").text
+            screenshot(b, "stuck")
+
+            b.get(console + "/dead-letters")
+            assert "unknown-type" in b.find_element(By.ID, "dead-letters").text
+            screenshot(b, "dead-letters")
+
+            b.get(console + "/failed-outbox")
+            b.find_element(By.ID, "failed-outbox")
+            screenshot(b, "failed-outbox")
+
+            # The parked saga: once the warehouse is fixed, retried from its page, it finishes
+            # (the retry is an operator record the running processor applies).
+            warehouse.broken.clear()
+            b.get(f"{console}/saga/{PACKING}/{packing}")
+            assert b.find_element(By.ID, "status").text == "parked"
+            assert "warehouse cannot take glass" in b.find_element(By.ID, "parked-reason").text
+            screenshot(b, "parked-saga")
+            form = b.find_element(By.ID, "form-retry")
+            form.find_element(By.NAME, "reason").send_keys("warehouse fixed")
+            form.find_element(By.NAME, "token").send_keys(TOKEN)
+            form.find_element(By.TAG_NAME, "button").click()
+            wait.until(lambda d: d.find_elements(By.ID, "notice"))
+            assert "retry applied, now ended" in b.find_element(By.ID, "notice").text
+            assert b.find_element(By.ID, "status").text == "ended"
+            timeline = b.find_element(By.ID, "timeline").text
+            assert "operator:parked-retry" in timeline
+            assert "by browser: warehouse fixed" in timeline
+            screenshot(b, "parked-saga-retried")
+
+
+def test_actions_need_the_token(world: Orders, console: str) -> None:
+    from processor.postgres.connect import ensure_schema
+    from processor.runtime.assembly import tables_for
+
+    ensure_schema(world.settings.database.url.get_secret_value(), tables_for(world.settings))
+    refused = httpx.post(
+        f"{console}/saga/{PACKING}/nobody/retry", data={"reason": "x", "token": "wrong"}
+    )
+    assert refused.status_code == 403
+    page = httpx.get(f"{console}/saga/{PACKING}/nobody")
+    assert page.status_code == 404
+
+
+def test_consumer_lag_is_unknown_when_the_broker_is_unreachable(world: Orders) -> None:
+    from processor.postgres.connect import ensure_schema
+    from processor.runtime.assembly import tables_for
+
+    ensure_schema(world.settings.database.url.get_secret_value(), tables_for(world.settings))
+    # Nothing listens on port 1: the broker cannot be asked.
+    kafka = world.settings.kafka.model_copy(update={"bootstrap_servers": "127.0.0.1:1"})
+    away = world.settings.model_copy(update={"kafka": kafka})
+    backend = Backend(away, by="browser")
+    assert backend.consumer_lag(timeout=1.0) is None
+    with _serve(create_app(backend)) as base:
+        page = httpx.get(base + "/", timeout=30)
+    assert page.status_code == 200
+    assert '<b id="consumer-lag">unknown</b>' in page.text
