@@ -46,6 +46,7 @@ $(BENCH_VENV)/.installed-stamp: pyproject.toml
 
 bench: venv $(BENCH_VENV)/.installed-stamp
 	$(BIN)/python -m benchmarks
+	$(BIN)/python -m benchmarks.console_queries
 
 ## JSON Schema per message in schemas/json, and the AsyncAPI 3 document of every topic.
 schemas: venv
