@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -191,6 +191,21 @@ class DeadlineSettings(BaseModel):
         return self
 
 
+class MetricsSettings(BaseModel):
+    """The HTTP endpoint for Prometheus and the probes (`SAGA_METRICS__*`), see deploy/METRICS.md."""
+
+    # 0 disables the endpoint (and the sampler); tests may ask for a free port with `bind_any`.
+    port: int = Field(default=9464, ge=0, le=65535)
+    host: str = "0.0.0.0"
+    # Pick a free port instead of `port` (tests: several processors in one machine).
+    bind_any: bool = False
+    # How often the database-derived gauges (outbox, deadlines, sagas, lag) are sampled.
+    sample_interval: Duration = timedelta(seconds=15)
+    # /healthz fails when the consumer loop has not stepped for this long; /readyz fails when
+    # the last successful sample of the database is older than this.
+    stale_after: Duration = timedelta(seconds=60)
+
+
 class ProcessorSettings(BaseSettings):
     """Everything the processor needs, from `SAGA_*` variables (nested with `__`)."""
 
@@ -212,6 +227,10 @@ class ProcessorSettings(BaseSettings):
     relay: RelaySettings = Field(default_factory=RelaySettings)
     deadline: DeadlineSettings = Field(default_factory=DeadlineSettings)
     shutdown_timeout: Duration = timedelta(seconds=20)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    # Read by the command line only (it configures logging): `text` for a terminal, `json` for
+    # a log pipeline. A setting, so that a misspelt value is refused like any other.
+    log_format: Literal["text", "json"] = "text"
 
 
 # `SAGA_*` variables that are not settings but belong to the tools around the processor: the

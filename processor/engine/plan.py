@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -56,7 +57,7 @@ from processor.messages import (
     MessageRegistry,
 )
 from processor.runner import BoundSaga, DeadlineInput, EventInput, command_message_id
-from processor.wire import Topics
+from processor.wire import HEADER_TRACEPARENT, HEADER_TRACESTATE, Topics, child_traceparent
 
 # Seeded from the OS once per process, so replicas never share a sequence.
 _random_bits = random.Random().getrandbits
@@ -124,6 +125,10 @@ class Planner:
         self._dead_letter_topic = dead_letter_topic
         self._attempts = handler_attempts
         self._topics = Topics(topic_prefix)
+        # Wraps each handler call (an OpenTelemetry span, see processor/observe/tracing.py).
+        self.handler_span: Callable[[str, str, Record], AbstractContextManager[object]] | None = (
+            None
+        )
         self._now_text: tuple[datetime | None, str] = (None, "")
         self._routes: dict[type[Message], list[BoundSaga]] = {}
         for bound in self._sagas.values():
@@ -337,9 +342,14 @@ class Planner:
     def _run(self, ws: WriteSet, w: _Working, item: Item, call: Any, now: datetime) -> bool:
         """Runs a handler with its retries; parks the saga and returns False if it fails."""
         error: HandlerError | None = None
+        span = self.handler_span
         for _ in range(self._attempts):
             try:
-                outcome = call()
+                if span is None:
+                    outcome = call()
+                else:
+                    with span(w.bound.saga_type, w.saga_id, item.decoded.record):
+                        outcome = call()
                 break
             except HandlerError as e:
                 error = e
@@ -352,10 +362,11 @@ class Planner:
             self._fail(ws, w, item, f"{error.handler_name}: {describe_error(cause)}"[:1000])
             return False
         correlation = self._correlation(item)
+        trace = _trace(item.decoded.record)
         rows: list[OutboxRow] = []
         for i, intent in enumerate(outcome.commands):
             try:
-                rows.append(self._command(w, intent, i, item.message_id, correlation, now))
+                rows.append(self._command(w, intent, i, item.message_id, correlation, now, trace))
             except Exception as e:  # e.g. a class nobody registered: nothing is applied
                 what = type(intent.message).__qualname__
                 reason = f"{outcome.handler_name}: command {i} ({what}): {describe_error(e)}"
@@ -382,6 +393,7 @@ class Planner:
             return
         assert isinstance(op, ScheduleDeadline)
         record = item.decoded.record
+        traceparent, tracestate = _trace(record)
         w.deadline_ops[op.name] = DeadlineInsert(
             id=self._deadline_ids(),
             saga_type=w.bound.saga_type,
@@ -392,6 +404,8 @@ class Planner:
             # Fired records go back to the partition this saga's input arrives on.
             topic=record.topic,
             partition=record.partition,
+            traceparent=traceparent,
+            tracestate=tracestate,
         )
 
     def _park(self, ws: WriteSet, w: _Working, item: Item, reason: str, outcome: Outcome) -> None:
@@ -449,6 +463,7 @@ class Planner:
         causation: str,
         correlation: str,
         now: datetime,
+        trace: tuple[str | None, str | None] = (None, None),
     ) -> OutboxRow:
         mtype = self._registry.of(type(intent.message))
         for name, text in intent.headers.items():
@@ -457,17 +472,29 @@ class Planner:
         # Version and position make the id stable if this input is ever planned again; the
         # version is the one this input's handler produces.
         seq = ((w.version + 1) << 16) | index
-        headers = {
-            **intent.headers,
-            HEADER_MESSAGE_ID: command_message_id(w.bound.saga_type, w.saga_id, seq),
-            HEADER_MESSAGE_TYPE: mtype.name,
-            HEADER_SCHEMA_VERSION: str(mtype.version),
-            HEADER_CORRELATION_ID: correlation,
-            HEADER_CAUSATION_ID: causation,
-            HEADER_OCCURRED_AT: self._occurred_at(now),
-            HEADER_SAGA_TYPE: w.bound.saga_type,
-            HEADER_SAGA_ID: w.saga_id,
-        }
+        message_id = command_message_id(w.bound.saga_type, w.saga_id, seq)
+        traceparent, tracestate = trace
+        headers: dict[str, str] = {}
+        if traceparent is not None:
+            # The command continues the event's trace, one span further (see wire).
+            child = child_traceparent(traceparent, message_id)
+            if child is not None:
+                headers[HEADER_TRACEPARENT] = child
+                if tracestate:
+                    headers[HEADER_TRACESTATE] = tracestate
+        headers.update(intent.headers)
+        headers.update(
+            {
+                HEADER_MESSAGE_ID: message_id,
+                HEADER_MESSAGE_TYPE: mtype.name,
+                HEADER_SCHEMA_VERSION: str(mtype.version),
+                HEADER_CORRELATION_ID: correlation,
+                HEADER_CAUSATION_ID: causation,
+                HEADER_OCCURRED_AT: self._occurred_at(now),
+                HEADER_SAGA_TYPE: w.bound.saga_type,
+                HEADER_SAGA_ID: w.saga_id,
+            }
+        )
         if intent.deadline_unix_ms is not None:
             headers[HEADER_DEADLINE_UNIX_MS] = str(intent.deadline_unix_ms)
         return OutboxRow(
@@ -529,6 +556,16 @@ class Planner:
             ws.deadline_deletes.append((*key, name))
             if insert is not None:
                 ws.deadline_inserts.append(insert)
+
+
+def _trace(record: Record) -> tuple[str | None, str | None]:
+    """The record's W3C trace context headers, as (traceparent, tracestate)."""
+    if not record.headers:
+        return None, None
+    state = record.header(HEADER_TRACESTATE)
+    if state is not None and ("\x00" in state or len(state) > 512):
+        state = None  # not a valid tracestate (at most 32 short members), and unstorable
+    return record.header(HEADER_TRACEPARENT), state
 
 
 def describe_error(error: BaseException) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -69,6 +70,8 @@ class SagaConsumer:
         self._on_assign = on_assign
         self._on_revoke = on_revoke
         self._topics = list(topics)
+        # Rebalances seen, by kind (assigned, revoked, lost), for the metrics endpoint.
+        self.rebalances: Counter[str] = Counter()
         self._consumer = Consumer(conf)
         self.rejoin()
 
@@ -76,11 +79,21 @@ class SagaConsumer:
     # the incremental calls, or partitions are left unconsumed.
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(p.topic, p.partition) for p in partitions]
+        self.rebalances["assigned"] += 1
         offsets = self._on_assign(tps) if tps else {}
         starts = [TopicPartition(t, p, _start(offsets.get((t, p)))) for t, p in tps]
         consumer.incremental_assign(starts)
 
     def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.rebalances["revoked"] += 1
+        self._unassign(consumer, partitions)
+
+    def _lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # The session expired: another member may own these already; forget them as revoked.
+        self.rebalances["lost"] += 1
+        self._unassign(consumer, partitions)
+
+    def _unassign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(p.topic, p.partition) for p in partitions]
         if tps:
             self._on_revoke(tps)
@@ -118,7 +131,7 @@ class SagaConsumer:
 
     def rejoin(self) -> None:
         self._consumer.subscribe(
-            self._topics, on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._revoked
+            self._topics, on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost
         )
 
     def commit_advisory(self, offsets: Mapping[TP, int]) -> None:
@@ -131,6 +144,25 @@ class SagaConsumer:
                 )
             except KafkaException as e:
                 log.debug("advisory commit skipped: %s", e)
+
+    def high_watermarks(self, tps: Sequence[TP], timeout: float = 5.0) -> dict[TP, int]:
+        """Each partition's high watermark as the broker reports it (for the lag gauge).
+
+        Safe to call from a thread other than the consuming one (librdkafka's query is); a
+        partition the broker does not answer for is left out.
+        """
+        out: dict[TP, int] = {}
+        for t, p in tps:
+            try:
+                _low, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(t, p), timeout=timeout, cached=False
+                )
+            except KafkaException as e:
+                log.debug("no watermark for %s/%d: %s", t, p, e)
+                continue
+            if high is not None and high >= 0:
+                out[(t, p)] = int(high)
+        return out
 
     def close(self) -> None:
         self._consumer.close()

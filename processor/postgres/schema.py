@@ -193,6 +193,13 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX ON {failed_outbox} (saga_type, saga_id, id);
     """,
+    # metrics10
+    # 5: the W3C trace context of the input that set a deadline, so that its fired record (and
+    # the commands that one causes) continue the same trace.
+    """
+    ALTER TABLE {deadline} ADD COLUMN traceparent text,
+                           ADD COLUMN tracestate  text;
+    """,
 )
 
 
