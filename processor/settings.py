@@ -192,7 +192,7 @@ class DeadlineSettings(BaseModel):
 
 
 class MetricsSettings(BaseModel):
-    """The HTTP endpoint for Prometheus and the probes (`SAGA_METRICS__*`), see deploy/METRICS.md."""
+    """The HTTP endpoint for Prometheus and the probes (`SAGA_METRICS__*`; deploy/METRICS.md)."""
 
     # 0 disables the endpoint (and the sampler); tests may ask for a free port with `bind_any`.
     port: int = Field(default=9464, ge=0, le=65535)

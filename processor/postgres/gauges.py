@@ -7,6 +7,7 @@ on an interval rather than per scrape.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -112,7 +113,6 @@ class PostgresGauges:
     def close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            try:
+            # Closing a broken connection may fail too.
+            with contextlib.suppress(Exception):
                 conn.close()
-            except Exception:
-                pass
