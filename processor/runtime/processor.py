@@ -19,6 +19,7 @@ from processor.kafka.client import SagaConsumer
 from processor.kafka.producer import KafkaRecordProducer, make_producer, relay_overrides
 from processor.messages import MessageRegistry
 from processor.messages import registry as default_registry
+from processor.observe.logs import set_replica
 from processor.postgres.batch import PostgresBatchStore
 from processor.postgres.connect import connect, ensure_schema
 from processor.postgres.deadlines import PostgresDeadlineStore
@@ -100,6 +101,7 @@ class Processor:
     def start(self) -> None:
         """Migrates (when enabled), then starts the background threads and the consumer."""
         _tune_gc()
+        set_replica(self.instance_id)
         warn_unverified_tls(self.settings.database.url.get_secret_value())
         if self.settings.deadline.schema_.auto:
             ensure_schema(self.settings.database.url.get_secret_value(), self.tables)

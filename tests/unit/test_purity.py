@@ -50,6 +50,7 @@ PURE = (
     "ops/",
     "memory/",
     "machine/",
+    "observe/",
     "ports.py",
     "wire.py",
     # The authoring core.
@@ -67,7 +68,7 @@ PURE = (
 )
 EDGES = ("postgres/", "kafka/", "cli.py", "cli_commands.py", "__main__.py")
 # Where the pure runtime is wired to the real adapters.
-ASSEMBLY_POINTS = {"runtime/processor.py", "runtime/assembly.py"}
+ASSEMBLY_POINTS = {"runtime/processor.py", "runtime/assembly.py", "runtime/observe.py"}
 CLI_ENTRIES = {"cli.py", "__main__.py"}
 
 
