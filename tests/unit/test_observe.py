@@ -67,7 +67,9 @@ def test_a_deadline_keeps_its_events_trace_for_the_fired_record() -> None:
     fired = FiredRecord(SAGA, "o1", "d1", "remind", 7, datetime.now(UTC))
     headers = fired.headers(deadline.traceparent, deadline.tracestate)
     parsed = parse_traceparent(headers["traceparent"])
-    assert parsed is not None and parsed[0] == TRACE and parsed[1] != "00f067aa0ba902b7"
+    assert parsed is not None
+    assert parsed[0] == TRACE
+    assert parsed[1] != "00f067aa0ba902b7"
     assert "traceparent" not in fired.headers()
 
 
