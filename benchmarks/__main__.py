@@ -1,4 +1,6 @@
-"""`python -m benchmarks [s1|s2|s4|s5|all] [--quick]`: run scenarios, write a report, print a table.
+"""`python -m benchmarks [s1|s2|s4|s5|s6|all] [--quick]`: run scenarios, write a report.
+
+A table of the results is printed at the end.
 
 The report is `.local/bench/<start time>.json`; the engine's cProfile from S1 is kept beside it
 (`<start time>-s1.prof` and the top functions as text in `<start time>-s1-profile.txt`). The
@@ -16,7 +18,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from benchmarks import s1_backlog, s2_latency, s4_deadlines, s5_resume
+from benchmarks import s1_backlog, s2_latency, s4_deadlines, s5_resume, s6_soak
 from benchmarks.common import (
     RESULTS_DIR,
     Scratch,
@@ -30,8 +32,9 @@ from benchmarks.common import (
 )
 
 # S4 preloads a large deadline table: it runs when named, or in a full (not quick) run.
-QUICK_ALL = ["s1", "s2", "s5"]
-FULL_ALL = ["s1", "s2", "s5", "s4"]
+# S6 is a soak (10 minutes unless --soak-seconds says otherwise; 45 s with --quick).
+QUICK_ALL = ["s1", "s2", "s5", "s6"]
+FULL_ALL = ["s1", "s2", "s5", "s4", "s6"]
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -40,7 +43,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         description="Engine benchmarks, reported as ratios against raw limits from the same run.",
     )
     parser.add_argument(
-        "scenario", nargs="?", default="all", choices=["s1", "s2", "s4", "s5", "all"]
+        "scenario", nargs="?", default="all", choices=["s1", "s2", "s4", "s5", "s6", "all"]
     )
     parser.add_argument("--quick", action="store_true", help="small sizes, for a quick look")
     parser.add_argument("--events", type=int, help="S1 backlog size")
@@ -51,6 +54,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=int, help="S4 length of the steady phase")
     parser.add_argument("--deadline-rate", type=int, help="S4 deadlines coming due per second")
     parser.add_argument("--burst", type=int, help="S4 deadlines due at one instant")
+    parser.add_argument("--soak-seconds", type=int, help="S6 length of the soak (default 600)")
     return parser.parse_args(argv)
 
 
@@ -74,6 +78,9 @@ def _run(
             rate = int(done["s1"]["median"]["engine"]["events_per_s"] * 0.5)
         options2 = s2_latency.Options.of(quick=args.quick, rate=rate)
         return s2_latency.run(found, box, options2), s2_latency.summary
+    if name == "s6":
+        options6 = s6_soak.Options.of(quick=args.quick, seconds=args.soak_seconds)
+        return s6_soak.run(found, box, options6), s6_soak.summary
     if name == "s5":
         return s5_resume.run(found, box, s5_resume.Options.of(quick=args.quick)), s5_resume.summary
     options4 = s4_deadlines.Options.of(

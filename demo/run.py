@@ -86,7 +86,7 @@ def _replica_env(kafka: str, database: str, schema: str, prefix: str, n: int) ->
         {
             "PYTHONPATH": str(REPO),
             "SAGA_INSTANCE_ID": f"demo-replica-{n}",
-            "SAGA_SAGAS": json.dumps(["sagas"]),
+            "SAGA_APP": "sagas.app:app",
             "SAGA_KAFKA__BOOTSTRAP_SERVERS": kafka,
             "SAGA_DATABASE__URL": database,
             "SAGA_DATABASE__SCHEMA_NAME": schema,

@@ -6,6 +6,7 @@ saga and schema modules stay cheap to import and test. The in-memory test fixtur
 :mod:`processor.testing`.
 """
 
+from processor.application import SagaApp
 from processor.definition import (
     SagaState,
     definition_of,
@@ -24,6 +25,7 @@ from processor.errors import (
 from processor.handles import SagaCommands, SagaDeadlines, SagaLifecycle, Setting
 from processor.messages import Message, MessageMetadata, message_type
 from processor.messages import registry as message_registry
+from processor.upcasting import event_upcaster, upcaster
 
 __all__ = [
     "ConfigurationError",
@@ -31,6 +33,7 @@ __all__ = [
     "IllegalTransition",
     "Message",
     "MessageMetadata",
+    "SagaApp",
     "SagaCommands",
     "SagaDeadlines",
     "SagaDefinitionError",
@@ -40,9 +43,11 @@ __all__ = [
     "Setting",
     "UnknownMessageType",
     "definition_of",
+    "event_upcaster",
     "message_registry",
     "message_type",
     "saga",
     "saga_deadline_handler",
     "saga_event_handler",
+    "upcaster",
 ]

@@ -123,7 +123,8 @@ def resolve_handler(
             else:
                 problems.append(
                     f"{where}: parameter {p.name!r} needs a dependency of type "
-                    f"{_name(p.annotation)}; register one with the processor"
+                    f"{_name(p.annotation)}; provide one in the app: "
+                    f"SagaApp(dependencies={{{_name(p.annotation)}: ...}}) or factories="
                 )
         else:
             out.append(ResolvedParam(p))

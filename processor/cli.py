@@ -1,4 +1,9 @@
-"""Command line: `saga-processor [run]`, and operator commands. Configured by SAGA_* variables."""
+"""Command line: `saga-processor [run] [MODULE:ATTR]`, and operator commands.
+
+`MODULE:ATTR` names the application object (`processor.SagaApp`): its sagas, dependencies and
+settings. Every command that needs configuration takes it as `--app MODULE:ATTR` or from
+`SAGA_APP`; `SAGA_*` variables override the app's settings.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from importlib import metadata
 from typing import cast
 
 from processor import cli_commands as c
+from processor import cli_preflight as p
 from processor.errors import SagaError
 from processor.observe.logs import configure_logging
 from processor.settings import load_settings
@@ -40,11 +46,20 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "run",
         "consume, run sagas, relay the outbox and fire deadlines (the default)",
-        c.no_arguments,
+        c.app_arguments,
         c.run,
     ),
     Command(
-        "migrate", "create or upgrade the database schema, then exit", c.no_arguments, c.migrate
+        "migrate",
+        "create or upgrade the database schema, then exit (`--sql`: print the pending DDL)",
+        p.migrate_arguments,
+        p.migrate,
+    ),
+    Command(
+        "check",
+        "preflight before a deploy: stored sagas load, handlers exist, topics and schema match",
+        p.check_arguments,
+        p.check,
     ),
     Command(
         "deadlines",
@@ -121,7 +136,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command")
     for command in COMMANDS:
-        command.arguments(sub.add_parser(command.name, help=command.help))
+        command_parser = sub.add_parser(command.name, help=command.help)
+        command.arguments(command_parser)
+        if not command.offline:
+            command_parser.add_argument(
+                "--app",
+                metavar="MODULE:ATTR",
+                default=None,
+                help="the application object (default: SAGA_APP)",
+            )
     args = parser.parse_args(argv)
     # Read before the settings, so that their own errors are logged in the chosen format; the
     # settings check the value again (a typo there is refused like any other).
@@ -134,7 +157,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = commands[args.command or DEFAULT_COMMAND]
         if command.offline:
             return cast(c.Offline, command.run)(args)
-        return cast(c.Run, command.run)(args, load_settings())
+        from processor.application import app_target, load_app
+
+        # The app is loaded before the settings: its settings lie under the environment's.
+        target = app_target(getattr(args, "target", None) or getattr(args, "app", None))
+        app = load_app(target) if target else None
+        args.saga_app = app
+        settings = load_settings(defaults=app.settings if app is not None else None)
+        return cast(c.Run, command.run)(args, settings)
     except SagaError as e:
         print(f"saga-processor: {e}", file=sys.stderr)
         return 2

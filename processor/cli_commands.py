@@ -19,7 +19,8 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from processor.machine import lint, mermaid
+from processor.errors import SagaError
+from processor.machine import MachineSpec, lint, mermaid
 from processor.ops.deadlines import DeadlineRow, overdue_deadlines, pending_deadlines
 from processor.ops.diagram import load_spec
 from processor.ops.machines import MachineSummary, machine_summary
@@ -28,6 +29,7 @@ from processor.ops.parked import RetryResult, list_parked, retry_parked_saga
 from processor.settings import ProcessorSettings
 
 if TYPE_CHECKING:
+    from processor.application import SagaApp
     from processor.postgres.failed_outbox import PostgresFailedOutbox
     from processor.postgres.operator import OperatorQueries
     from processor.runtime.processor import Processor
@@ -49,6 +51,19 @@ def no_arguments(parser: argparse.ArgumentParser) -> None:
     """For commands configured by SAGA_* variables alone."""
 
 
+def app_arguments(parser: argparse.ArgumentParser) -> None:
+    """An optional MODULE:ATTR naming the application object (else `--app` or SAGA_APP)."""
+    parser.add_argument(
+        "target", metavar="MODULE:ATTR", nargs="?", default=None, help="the application object"
+    )
+
+
+def app_of(args: argparse.Namespace) -> SagaApp | None:
+    """The application object the command line or SAGA_APP named, loaded by `cli.main`."""
+    app: SagaApp | None = getattr(args, "saga_app", None)
+    return app
+
+
 def saga_key_arguments(parser: argparse.ArgumentParser) -> None:
     """The SAGA_TYPE SAGA_ID pair that names one saga instance."""
     parser.add_argument("saga_type", metavar="SAGA_TYPE")
@@ -65,8 +80,25 @@ def limit_arguments(what: str) -> Arguments:
 
 
 def target_arguments(parser: argparse.ArgumentParser) -> None:
-    """The MODULE:SAGA that names a state machine saga class."""
-    parser.add_argument("target", metavar="MODULE:SAGA")
+    """The MODULE:SAGA naming a state machine saga class, or MODULE:ATTR an app (+ `--saga`)."""
+    parser.add_argument(
+        "target",
+        metavar="MODULE:SAGA|MODULE:ATTR",
+        nargs="?",
+        default=None,
+        help="a state machine saga class, or the application object (default: SAGA_APP)",
+    )
+    parser.add_argument("--saga", default=None, help="with an app: the saga type or class name")
+
+
+def spec_of(args: argparse.Namespace) -> MachineSpec:
+    """The state machine the `diagram`/`lint-saga` target (or SAGA_APP) names."""
+    from processor.application import app_target
+
+    target = app_target(args.target)
+    if target is None:
+        raise SagaError("name the saga as MODULE:SAGA, or the app as MODULE:ATTR (or SAGA_APP)")
+    return load_spec(target, args.saga)
 
 
 def states_arguments(parser: argparse.ArgumentParser) -> None:
@@ -105,9 +137,13 @@ def run(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     its listener or the deadline poller died on an error (logged with its traceback), so that
     the platform restarts the process; 3 when a shutdown overran its budget.
     """
+    from processor.runtime.assembly import open_sagas
     from processor.runtime.processor import Processor
 
-    return serve(Processor(settings), settings)
+    # The app's dependencies are built once for the process and closed after the processor
+    # stopped (on SIGTERM too: serve() returns once the processor has shut down).
+    with open_sagas(settings, app_of(args)) as (saga_classes, dependencies):
+        return serve(Processor(settings, saga_classes, dependencies=dependencies), settings)
 
 
 def serve(proc: Processor, settings: ProcessorSettings) -> int:
@@ -143,16 +179,6 @@ def _force_exit() -> None:
     import os
 
     os._exit(3)
-
-
-def migrate(args: argparse.Namespace, settings: ProcessorSettings) -> int:
-    """Creates or upgrades the schema and prints its version; exit code 0."""
-    from processor.postgres.connect import ensure_schema
-    from processor.runtime.assembly import tables_for
-
-    version = ensure_schema(settings.database.url.get_secret_value(), tables_for(settings))
-    print(f"schema {settings.database.schema_name} at version {version}")
-    return 0
 
 
 # -- deadlines ---------------------------------------------------------------------------------
@@ -214,17 +240,17 @@ def overdue(args: argparse.Namespace, settings: ProcessorSettings) -> int:
 
 def diagram(args: argparse.Namespace) -> int:
     """Prints the Mermaid ``stateDiagram-v2`` of the saga; exit code 0."""
-    sys.stdout.write(mermaid(load_spec(args.target)))
+    sys.stdout.write(mermaid(spec_of(args)))
     return 0
 
 
 def lint_saga(args: argparse.Namespace) -> int:
     """Prints the machine's problems; exit code 1 when there are any."""
-    problems = lint(load_spec(args.target))
+    problems = lint(spec_of(args))
     for line in problems:
         print(line)
     if not problems:
-        print(f"{args.target}: no problems found")
+        print(f"{args.target or 'the app'}: no problems found")
     return 1 if problems else 0
 
 
@@ -254,7 +280,7 @@ def states(args: argparse.Namespace, settings: ProcessorSettings) -> int:
 
 def retry(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     """Exit code 0 when the saga flows again, 1 when a message failed again (nothing changed)."""
-    result = retry_from_settings(settings, args.saga_type, args.saga_id)
+    result = retry_from_settings(settings, args.saga_type, args.saga_id, app=app_of(args))
     for o in result.outcomes:
         where = f"{o.topic}[{o.partition}]@{o.offset}"
         version = f" v{o.version}" if o.version is not None else ""
@@ -274,12 +300,21 @@ def retry(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     return 0
 
 
-def retry_from_settings(settings: ProcessorSettings, saga_type: str, saga_id: str) -> RetryResult:
-    """Retries a parked saga with the sagas `settings.sagas` names, as the processor binds them."""
-    from processor.runtime.assembly import bind_sagas
+def retry_from_settings(
+    settings: ProcessorSettings, saga_type: str, saga_id: str, *, app: SagaApp | None = None
+) -> RetryResult:
+    """Retries a parked saga with the app's sagas and dependencies (else `settings.sagas`).
 
-    bound = bind_sagas(settings)
-    with operator_queries(settings) as queries:
+    The sagas are bound as the processor binds them; the app's dependency factories run once
+    and are closed when the retry is over.
+    """
+    from processor.runtime.assembly import bind_sagas, open_sagas
+
+    with (
+        open_sagas(settings, app) as (saga_classes, dependencies),
+        operator_queries(settings) as queries,
+    ):
+        bound = bind_sagas(settings, saga_classes, dependencies=dependencies)
         return retry_parked_saga(
             queries,
             bound.planner,

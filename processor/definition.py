@@ -92,12 +92,15 @@ class SagaDefinition:
         state_cls: The saga class.
         event_handlers: Handler per event class.
         deadline_handlers: Handler per deadline name.
+        state_version: Version of the state's JSON shape; stored with each row, so upcasters
+            can bring older rows up to it on load.
     """
 
     saga_type: str
     state_cls: type[SagaState]
     event_handlers: Mapping[type[Message], HandlerDef]
     deadline_handlers: Mapping[str, HandlerDef]
+    state_version: int = 1
 
     def handles(self, event_cls: type[Message]) -> bool:
         """Return whether the saga has a handler for ``event_cls``."""
@@ -178,12 +181,17 @@ def saga_deadline_handler(name: str, *, end: bool = False) -> Callable[[_F], _F]
 _S = TypeVar("_S", bound=type[SagaState])
 
 
-def saga(*, type: str | None = None, saga_type: str | None = None) -> Callable[[_S], _S]:
+def saga(
+    *, type: str | None = None, saga_type: str | None = None, version: int = 1
+) -> Callable[[_S], _S]:
     """Class decorator declaring a saga.
 
     Args:
         type: The saga's type name, stored with each instance and sent in command headers.
         saga_type: Alias of ``type`` for callers that avoid shadowing the builtin.
+        version: The state's version. Bump it when a change to the fields would not load a
+            stored state (a rename, a removal, a new required meaning) and register an
+            upcaster from the previous version (see :func:`processor.upcasting.upcaster`).
 
     Returns:
         The decorator. It validates the class and raises :class:`SagaDefinitionError` listing
@@ -191,7 +199,7 @@ def saga(*, type: str | None = None, saga_type: str | None = None) -> Callable[[
     """
 
     def decorate(cls: _S) -> _S:
-        definition = _build(cls, type, saga_type)
+        definition = _build(cls, type, saga_type, version)
         setattr(cls, _DEFINITION, definition)
         return cls
 
@@ -211,8 +219,15 @@ def definition_of(cls: type[SagaState]) -> SagaDefinition:
     return definition
 
 
-def _build(cls: object, type_arg: str | None, alias: str | None) -> SagaDefinition:
+def _build(
+    cls: object, type_arg: str | None, alias: str | None, version: object = 1
+) -> SagaDefinition:
     problems: list[str] = []
+    state_version = 1
+    if isinstance(version, int) and not isinstance(version, bool) and version >= 1:
+        state_version = version
+    else:
+        problems.append(f"the state version must be an integer >= 1, got {version!r}")
     name = getattr(cls, "__qualname__", repr(cls))
     if type_arg is not None and alias is not None and type_arg != alias:
         problems.append("pass the saga type once: either type= or saga_type=")
@@ -278,6 +293,7 @@ def _build(cls: object, type_arg: str | None, alias: str | None) -> SagaDefiniti
         state_cls=cls,
         event_handlers=MappingProxyType(event_handlers),
         deadline_handlers=MappingProxyType(deadline_handlers),
+        state_version=state_version,
     )
 
 

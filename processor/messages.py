@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -79,6 +79,7 @@ class MessageRegistry:
     def __init__(self) -> None:
         self._by_key: dict[tuple[str, int], MessageType] = {}
         self._by_cls: dict[type[Message], MessageType] = {}
+        self._upcasters: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
 
     def register(
         self, cls: type[Message], name: str, version: int = 1, topic: str | None = None
@@ -158,6 +159,50 @@ class MessageRegistry:
         if not versions:
             raise UnknownMessageType(f"no message type {name!r} is registered")
         return max(versions, key=lambda e: e.version)
+
+    def add_upcaster(
+        self, name: str, from_version: int, func: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> None:
+        """Register ``func`` to turn a ``name`` payload at ``from_version`` into the next one.
+
+        Raises:
+            SagaDefinitionError: Invalid arguments, or another function holds the slot.
+        """
+        problems: list[str] = []
+        if not name or name != name.strip():
+            problems.append(f"message type name {name!r} must be non-empty without spaces")
+        if isinstance(from_version, bool) or not isinstance(from_version, int) or from_version < 1:
+            problems.append(f"from_version must be an integer >= 1, got {from_version!r}")
+        taken = self._upcasters.get((name, from_version))
+        if taken is not None and taken is not func:
+            problems.append(f"message type {name!r} already has an upcaster from v{from_version}")
+        if problems:
+            raise SagaDefinitionError(problems, subject="event upcaster")
+        self._upcasters[(name, from_version)] = func
+
+    def newest_version(self, name: str) -> int | None:
+        """The highest version registered under ``name``, or None when the name is unknown."""
+        versions = [v for n, v in self._by_key if n == name]
+        return max(versions) if versions else None
+
+    def upcast_path(
+        self, name: str, version: int
+    ) -> tuple[MessageType, list[Callable[[dict[str, Any]], dict[str, Any]]]] | None:
+        """The upcasters from ``version`` to the first registered version they reach.
+
+        Returns:
+            The target registration and the functions to apply in order, or None when no
+            chain of upcasters leads from ``version`` to a registered version.
+        """
+        chain: list[Callable[[dict[str, Any]], dict[str, Any]]] = []
+        v = version
+        while (name, v) not in self._by_key:
+            func = self._upcasters.get((name, v))
+            if func is None:
+                return None
+            chain.append(func)
+            v += 1
+        return self._by_key[(name, v)], chain
 
     def of(self, cls: type[Message]) -> MessageType:
         """Return the registration of ``cls``.

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any, Protocol
 
 from processor.engine.records import OffsetCommit, OutboxRow, Record
@@ -38,8 +39,10 @@ __all__ = [
     "OutboxStore",
     "ParkedSaga",
     "ParkedStore",
+    "Purge",
     "RecordConsumer",
     "RecordProducer",
+    "RetentionStore",
     "SetAside",
     "StateCount",
     "WakeSource",
@@ -458,3 +461,49 @@ class ParkedStore(Protocol):
             ConcurrentUpdate: A saga row's version moved.
         """
         ...
+
+
+class Purge(StrEnum):
+    """The kinds of rows retention deletes, in the order a round deletes them."""
+
+    ENDED_SAGAS = "ended-sagas"
+    """Ended sagas' rows and history, by end time; a tombstone of each is kept."""
+    HISTORY = "history"
+    """History rows that did not apply a message (duplicates, ignored, parked), by time."""
+    APPLIED = "applied"
+    """Every history row past the dedupe window, the applied ones (message-id dedupe) too."""
+    TOMBSTONES = "tombstones"
+    """Tombstones past the dedupe window, by the saga's end time."""
+    DEAD_LETTERS = "dead-letters"
+    """Dead-letter rows, by time."""
+    PARKED = "parked-messages"
+    """Held messages of sagas that are no longer parked, by time."""
+    FAILED_OUTBOX = "failed-outbox"
+    """Failed and held outbox rows, by when they were set aside."""
+
+
+class RetentionStore(Protocol):
+    """What the retention loop needs: one short, chunked delete per call.
+
+    Each call is its own transaction and holds a lock that only one replica's retention can
+    hold at a time; a call that finds it taken does nothing and returns None.
+    """
+
+    def purge(self, what: Purge, older_than: timedelta, limit: int) -> int | None:
+        """Deletes up to ``limit`` of the oldest rows of one kind older than ``older_than``.
+
+        Args:
+            what: The kind of rows.
+            older_than: Age by the store's clock (the database's), measured from when the row
+                ended, was written, or was set aside.
+            limit: Most rows (for ended sagas: sagas) deleted in this call.
+
+        Returns:
+            How many were deleted; None when another replica's retention holds the lock.
+
+        Raises:
+            Retryable: The store is unreachable, or a lock was not granted in time.
+        """
+        ...
+
+    def close(self) -> None: ...

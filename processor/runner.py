@@ -31,6 +31,7 @@ from processor.handles import (
 )
 from processor.messages import Message, MessageMetadata, MessageRegistry, registry
 from processor.params import NO_DEFAULT
+from processor.upcasting import StateUpcasters, state_upcasters
 
 __all__ = [
     "BoundSaga",
@@ -124,6 +125,7 @@ class BoundSaga:
     Attributes:
         definition: The saga's definition.
         saga_type: The saga's type name.
+        state_version: The version states are written at.
     """
 
     def __init__(
@@ -131,10 +133,13 @@ class BoundSaga:
         definition: SagaDefinition,
         resolved: Mapping[str, tuple[ResolvedParam, ...]],
         registry: MessageRegistry,
+        upcasters: StateUpcasters = state_upcasters,
     ) -> None:
         """Use :func:`bind` instead; it validates configuration first."""
         self.definition = definition
         self.saga_type = definition.saga_type
+        self.state_version = definition.state_version
+        self._upcasters = upcasters
         self._resolved = dict(resolved)
         self._registry = registry
         # State machines (processor.machine) expose their state for the queryable
@@ -148,8 +153,15 @@ class BoundSaga:
         value = getattr(state, "machine_state", None)
         return str(value) if isinstance(value, Enum) else None
 
-    def state_from_json(self, data: Mapping[str, Any]) -> SagaState:
-        """Load a stored state."""
+    def state_from_json(self, data: Mapping[str, Any], version: int | None = None) -> SagaState:
+        """Load a stored state written at ``version`` (None: the current version).
+
+        Raises:
+            MissingUpcaster: No chain of upcasters leads from ``version`` to the current one.
+            Exception: An upcaster raised, or the upcast state does not validate.
+        """
+        if version is not None and version != self.state_version:
+            data = self._upcasters.apply(self.saga_type, data, version, self.state_version)
         return self.definition.state_cls.model_validate(data)
 
     def state_to_json(self, state: SagaState) -> dict[str, Any]:
@@ -288,6 +300,7 @@ def bind(
     settings: Mapping[str, Any] | None = None,
     dependencies: Mapping[type, object] | None = None,
     registry: MessageRegistry = registry,
+    upcasters: StateUpcasters = state_upcasters,
 ) -> BoundSaga:
     """Resolve every setting and dependency the saga's handlers ask for.
 
@@ -296,6 +309,7 @@ def bind(
         settings: Values by key; dotted keys are also looked up through nested mappings.
         dependencies: Objects by type, injected into parameters annotated with that type.
         registry: Registry the saga's events and commands are declared in.
+        upcasters: Registry of the saga's state upcasters; its chain must be gap-free.
 
     Raises:
         ConfigurationError: Lists every missing or invalid setting and dependency.
@@ -314,9 +328,10 @@ def bind(
                 f"event {event_cls.__qualname__} is not registered, so it can never be decoded; "
                 "decorate it with @message_type(...)"
             )
+    problems.extend(upcasters.problems(definition.saga_type, definition.state_version))
     if problems:
         raise ConfigurationError(problems, subject=f"saga {definition.saga_type!r}")
-    return BoundSaga(definition, resolved, registry)
+    return BoundSaga(definition, resolved, registry, upcasters)
 
 
 def bind_all(
@@ -325,6 +340,7 @@ def bind_all(
     settings: Mapping[str, Any] | None = None,
     dependencies: Mapping[type, object] | None = None,
     registry: MessageRegistry = registry,
+    upcasters: StateUpcasters = state_upcasters,
 ) -> dict[str, BoundSaga]:
     """Bind several sagas, reporting every problem of every saga in one error.
 
@@ -347,7 +363,11 @@ def bind_all(
             continue
         try:
             bound[definition.saga_type] = bind(
-                definition, settings=settings, dependencies=dependencies, registry=registry
+                definition,
+                settings=settings,
+                dependencies=dependencies,
+                registry=registry,
+                upcasters=upcasters,
             )
         except ConfigurationError as e:
             problems.extend(f"saga {definition.saga_type!r}: {p}" for p in e.problems)

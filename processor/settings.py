@@ -206,6 +206,46 @@ class MetricsSettings(BaseModel):
     stale_after: Duration = timedelta(seconds=60)
 
 
+class RetentionSettings(BaseModel):
+    """Built-in retention: which old rows the processor deletes, and when (`SAGA_RETENTION__*`).
+
+    Ages count from when a saga ended, a message was applied or recorded, a record was
+    dead-lettered or held, or an outbox row was set aside; the database's clock measures them.
+    """
+
+    enabled: bool = True
+    # An ended saga's row and history are deleted this long after it ended; a tombstone stays.
+    ended_sagas: Duration = timedelta(days=30)
+    # History rows that applied nothing (duplicates, ignored, parked, stale deadlines).
+    history: Duration = timedelta(days=30)
+    # How long a message id (applied history rows) and an ended saga (its tombstone) are
+    # remembered, so that a redelivered message or a late start event is recognised.
+    dedupe_window: Duration = timedelta(days=90)
+    dead_letters: Duration = timedelta(days=30)
+    # Held messages of sagas that are no longer parked (a parked saga's are kept until its retry).
+    parked_messages: Duration = timedelta(days=30)
+    # Failed and held outbox rows nobody retried or discarded: deleting them drops the commands.
+    failed_outbox: Duration = timedelta(days=30)
+    # Most rows (or ended sagas) one delete removes, each in its own short transaction.
+    chunk_size: int = Field(default=1000, ge=1, le=100_000)
+    # Time between rounds; a round deletes everything that is due, chunk by chunk.
+    interval: Duration = timedelta(minutes=1)
+    # Pause between two chunks of a round, so a backlog never monopolises the database.
+    chunk_pause: Duration = timedelta(milliseconds=50)
+
+    @model_validator(mode="after")
+    def _window_covers_purges(self) -> RetentionSettings:
+        if self.dedupe_window < max(self.ended_sagas, self.history):
+            raise ValueError(
+                f"retention.dedupe-window ({self.dedupe_window}) must be at least "
+                f"retention.ended-sagas ({self.ended_sagas}) and retention.history "
+                f"({self.history}): it is how long duplicates stay recognised"
+            )
+        if self.interval <= timedelta(0):
+            raise ValueError("retention.interval must be positive")
+        return self
+
+
 class ProcessorSettings(BaseSettings):
     """Everything the processor needs, from `SAGA_*` variables (nested with `__`)."""
 
@@ -226,6 +266,7 @@ class ProcessorSettings(BaseSettings):
     consumer: ConsumerSettings = Field(default_factory=ConsumerSettings)
     relay: RelaySettings = Field(default_factory=RelaySettings)
     deadline: DeadlineSettings = Field(default_factory=DeadlineSettings)
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
     shutdown_timeout: Duration = timedelta(seconds=20)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     # Read by the command line only (it configures logging): `text` for a terminal, `json` for
@@ -244,6 +285,8 @@ ALLOWED_NAMES = frozenset(
         "SAGA_KAFKA_CONTROLLER_PORT",
         "SAGA_PG_PORT",
         "SAGA_PG_CLUSTER",
+        # The application object (`MODULE:ATTR`) the command line loads; read by processor.cli.
+        "SAGA_APP",
     }
 )
 
@@ -296,7 +339,12 @@ def _problem(err: Any) -> str:
     return f"SAGA_{'__'.join(p.upper() for p in loc)}: {err['msg']}"
 
 
-def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) -> ProcessorSettings:
+def load_settings(
+    environ: Mapping[str, str] | None = None,
+    *,
+    defaults: Mapping[str, Any] | None = None,
+    **overrides: Any,
+) -> ProcessorSettings:
     """Reads the environment once; a bad value is a ConfigurationError naming the variable.
 
     The error says where and what, never the value: pydantic's input echo may carry secrets, so
@@ -305,6 +353,8 @@ def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
     Args:
         environ: Checked for misspelt `SAGA_*` names; defaults to `os.environ` (which is also
             where the values are read from).
+        defaults: Settings the application object gives (`SagaApp(settings=...)`): the
+            environment overrides them, key by key in nested settings.
         **overrides: Settings given directly, ahead of the environment.
 
     Raises:
@@ -320,6 +370,13 @@ def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
         )
     problems: list[str]
     try:
+        if defaults:
+            from pydantic_settings import EnvSettingsSource
+
+            # pydantic-settings ranks arguments above the environment; the app's settings must
+            # rank below it, so the environment is merged over them here.
+            merged = _deep_merge(dict(defaults), EnvSettingsSource(ProcessorSettings)())
+            overrides = _deep_merge(merged, overrides)
         return ProcessorSettings(**overrides)
     except ValidationError as e:
         problems = [_problem(err) for err in e.errors()]
@@ -328,3 +385,15 @@ def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
         problems = [str(e)]
     # Raised outside the except clauses, so that the refused input is not kept as __context__.
     raise ConfigurationError(problems)
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `over` laid on top; nested mappings merge key by key."""
+    out = dict(base)
+    for key, value in over.items():
+        below = out.get(key)
+        if isinstance(value, Mapping) and isinstance(below, Mapping):
+            out[key] = _deep_merge(dict(below), value)
+        else:
+            out[key] = value
+    return out

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from processor.definition import SagaState
-from processor.engine.decode import Event, FiredDeadline, Rejected, decode
+from processor.engine.decode import Event, FiredDeadline, Rejected, TooNew, decode
 from processor.engine.plan import Planner
 from processor.engine.records import Record
 from processor.engine.rows import Outcome as RowOutcome
@@ -190,14 +190,14 @@ class Engine:
         self.store = MemoryBatchStore(clock=clock)
         self.store.tables.lease_token = FIXTURE_LEASE_TOKEN
 
-    def decode(self, record: Record) -> Event | FiredDeadline:
+    def decode(self, record: Record) -> Event | FiredDeadline | TooNew:
         """Decodes a record the fixture built; a rejection means the fixture's input is bad."""
         decoded = decode(record, self.registry, _MAX_RECORD_BYTES)
         if isinstance(decoded, Rejected):
             raise AssertionError(f"the processor would dead-letter this input: {decoded.detail}")
         return decoded
 
-    def run(self, inputs: Sequence[Event | FiredDeadline], now: datetime) -> Batch:
+    def run(self, inputs: Sequence[Event | FiredDeadline | TooNew], now: datetime) -> Batch:
         """Plans ``inputs`` as one batch at ``now`` and writes it.
 
         Raises:
@@ -211,6 +211,12 @@ class Engine:
             failure, self.saga.failure = self.saga.failure, None
             del self.saga.runs[runs_before:]
             raise failure
+        parked = [h for h in ws.history if h.outcome is RowOutcome.PARKED]
+        if parked:
+            # Not a handler's failure (those raise above): the stored state does not load, a
+            # message is newer than the code, a command cannot be encoded. A test wants the
+            # reason, not a parked row.
+            raise AssertionError(f"the processor would park the saga: {parked[0].detail}")
         self.store.write(ws, [])
         return Batch(ws, self.saga.runs[runs_before:])
 

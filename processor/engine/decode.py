@@ -6,10 +6,13 @@ instead of being re-read forever.
 
 from __future__ import annotations
 
+import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -35,6 +38,7 @@ __all__ = [
     "FiredDeadline",
     "Reason",
     "Rejected",
+    "TooNew",
     "decode",
     "id_problem",
 ]
@@ -94,7 +98,33 @@ class Rejected:
     detail: str
 
 
-Decoded = Event | FiredDeadline | Rejected
+@dataclass(frozen=True, slots=True)
+class TooNew:
+    """A record of a known message type at a schema version newer than the code knows.
+
+    It is not dead-lettered: the planner parks it behind its saga, so that a producer deployed
+    before the processor loses nothing; once code that knows the version runs, an operator's
+    retry (``saga-processor retry``) replays it in order. Without the class there is no
+    association property to read, so it is routed by rule (see ``Planner.route``): the field
+    that the newest known version's handler associates by, read from the raw JSON, else the
+    record key.
+
+    Attributes:
+        record: The record.
+        metadata: Its headers as metadata.
+        version: The record's schema version.
+        known: The newest version the code has a class for.
+        data: The value parsed as JSON (any JSON value).
+    """
+
+    record: Record
+    metadata: MessageMetadata
+    version: int
+    known: int
+    data: object
+
+
+Decoded = Event | FiredDeadline | TooNew | Rejected
 
 
 def decode(record: Record, registry: MessageRegistry, max_bytes: int) -> Decoded:
@@ -118,11 +148,22 @@ def decode(record: Record, registry: MessageRegistry, max_bytes: int) -> Decoded
     if type_name is None:
         return Rejected(record, Reason.UNKNOWN_TYPE, f"no {HEADER_MESSAGE_TYPE} header")
     version = _int(headers.get(HEADER_SCHEMA_VERSION))
+    upcasters: list[Callable[[dict[str, Any]], dict[str, Any]]] = []
+    newest: int | None = None
     try:
-        cls = registry.by_name(type_name, version).cls
+        cls: type[Message] | None = registry.by_name(type_name, version).cls
     except UnknownMessageType:
-        where = f" version {version}" if version is not None else ""
-        return Rejected(record, Reason.UNKNOWN_TYPE, f"{type_name!r}{where} is not registered")
+        cls = None
+        newest = registry.newest_version(type_name)
+        path = registry.upcast_path(type_name, version) if version is not None else None
+        if path is not None:
+            cls, upcasters = path[0].cls, path[1]
+        elif newest is None or version is None or version < newest:
+            where = f" version {version}" if version is not None else ""
+            how = "" if newest is None else " and no upcaster leads from it to a known version"
+            return Rejected(
+                record, Reason.UNKNOWN_TYPE, f"{type_name!r}{where} is not registered{how}"
+            )
     message_id = headers.get(HEADER_MESSAGE_ID)
     if not message_id:
         return Rejected(record, Reason.MISSING_MESSAGE_ID, f"no {HEADER_MESSAGE_ID} header")
@@ -133,11 +174,41 @@ def decode(record: Record, registry: MessageRegistry, max_bytes: int) -> Decoded
     # jsonb refuses the NUL character; a raw NUL byte is no valid JSON either.
     if b"\x00" in value or (b"\\u0000" in value and _escaped_nul(value)):
         return Rejected(record, Reason.INVALID_TEXT, "the value holds a NUL character")
+    if cls is None:
+        assert newest is not None
+        assert version is not None
+        try:
+            data = json.loads(value)
+        except ValueError:
+            return Rejected(record, Reason.UNPARSEABLE, "the value is not valid JSON")
+        return TooNew(
+            record, _metadata(record, type_name, message_id, headers), version, newest, data
+        )
     try:
-        message = cls.model_validate_json(value)
+        message = _upcast(cls, value, upcasters) if upcasters else cls.model_validate_json(value)
     except ValidationError as e:
         return _invalid(record, e)
-    metadata = MessageMetadata(
+    except Exception as e:  # an upcaster's own failure: the record is judged once, here
+        detail = f"upcaster of {type_name!r} v{version} failed: {type(e).__name__}: {e}"
+        return Rejected(record, Reason.SCHEMA_VIOLATION, detail[:2000])
+    return Event(record, message, _metadata(record, type_name, message_id, headers))
+
+
+def _upcast(
+    cls: type[Message], value: bytes, chain: list[Callable[[dict[str, Any]], dict[str, Any]]]
+) -> Message:
+    data = json.loads(value)
+    for func in chain:
+        data = func(data)
+    # Back through JSON, so the upcast payload is validated exactly as a current one would be
+    # (JSON mode: strings for decimals and datetimes, the same strictness).
+    return cls.model_validate_json(json.dumps(data))
+
+
+def _metadata(
+    record: Record, type_name: str, message_id: str, headers: dict[str, str]
+) -> MessageMetadata:
+    return MessageMetadata(
         message_id=message_id,
         message_type=type_name,
         correlation_id=headers.get(HEADER_CORRELATION_ID),
@@ -149,7 +220,6 @@ def decode(record: Record, registry: MessageRegistry, max_bytes: int) -> Decoded
         key=record.key.decode() if record.key is not None else None,
         headers=headers,
     )
-    return Event(record, message, metadata)
 
 
 def _invalid(record: Record, error: ValidationError) -> Rejected:

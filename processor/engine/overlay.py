@@ -24,7 +24,7 @@ def overlay(loaded: Loaded, prior: WriteSet) -> Loaded:
     sagas = dict(loaded.sagas)
     for s in prior.sagas:
         sagas[(s.saga_type, s.saga_id)] = SagaRow(
-            s.saga_type, s.saga_id, s.state, s.status, s.version, s.parked_reason
+            s.saga_type, s.saga_id, s.state, s.status, s.version, s.parked_reason, s.state_version
         )
     applied = set(loaded.applied)
     applied.update(
@@ -44,4 +44,6 @@ def overlay(loaded: Loaded, prior: WriteSet) -> Loaded:
             and (ref.saga_type, ref.saga_id) not in cleared
         )
     }
-    return Loaded(sagas, applied, deadlines, loaded.lease_token, loaded.now)
+    return Loaded(
+        sagas, applied, deadlines, loaded.lease_token, loaded.now, tombstones=loaded.tombstones
+    )

@@ -22,7 +22,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from processor.engine.decode import Decoded, Event, FiredDeadline, Reason, Rejected, id_problem
+from processor.engine.decode import (
+    Decoded,
+    Event,
+    FiredDeadline,
+    Reason,
+    Rejected,
+    TooNew,
+    id_problem,
+)
 from processor.engine.records import OutboxRow, Record
 from processor.engine.rows import (
     ACTIVE,
@@ -57,6 +65,7 @@ from processor.messages import (
     MessageRegistry,
 )
 from processor.runner import BoundSaga, DeadlineInput, EventInput, command_message_id
+from processor.upcasting import MissingUpcaster
 from processor.wire import HEADER_TRACEPARENT, HEADER_TRACESTATE, Topics, child_traceparent
 
 # Seeded from the OS once per process, so replicas never share a sequence.
@@ -73,7 +82,7 @@ def _random_id() -> str:
 class Item:
     """One unit of work for one saga: an event routed to it, or a deadline that fired."""
 
-    decoded: Event | FiredDeadline
+    decoded: Event | FiredDeadline | TooNew
     bound: BoundSaga
     saga_id: str
 
@@ -131,9 +140,22 @@ class Planner:
         )
         self._now_text: tuple[datetime | None, str] = (None, "")
         self._routes: dict[type[Message], list[BoundSaga]] = {}
+        # For records newer than the code: by wire name, the sagas that handle some version of
+        # it and the association property of the newest version they handle.
+        self._routes_by_name: dict[str, dict[str, tuple[int, BoundSaga, str]]] = {}
         for bound in self._sagas.values():
-            for event_cls in bound.definition.event_handlers:
+            for event_cls, handler in bound.definition.event_handlers.items():
                 self._routes.setdefault(event_cls, []).append(bound)
+                if event_cls in registry and handler.association_property is not None:
+                    entry = registry.of(event_cls)
+                    by_saga = self._routes_by_name.setdefault(entry.name, {})
+                    known = by_saga.get(bound.saga_type)
+                    if known is None or known[0] < entry.version:
+                        by_saga[bound.saga_type] = (
+                            entry.version,
+                            bound,
+                            handler.association_property,
+                        )
 
     @property
     def event_types(self) -> set[type[Message]]:
@@ -157,6 +179,8 @@ class Planner:
                 out.append(Item(d, bound, d.saga_id))
                 wants.saga_keys.add((d.saga_type, d.saga_id))
                 wants.deadline_ids.add(d.deadline_id)
+            elif isinstance(d, TooNew):
+                out.extend(self._route_too_new(d, wants))
             else:
                 routes = self._routes.get(type(d.message), [])
                 items: list[Item | Rejected] = []
@@ -178,6 +202,33 @@ class Planner:
                         wants.message_keys.add((*key, item.message_id))
                 out.extend(items)
         return out, wants
+
+    def _route_too_new(self, d: TooNew, wants: Wants) -> list[Item | Rejected]:
+        """Routes a record newer than the code by rule, without its class.
+
+        The saga id is the value of the field the newest known version is associated by, read
+        from the raw JSON; when the new version lacks that field, the record key (the wire
+        format's saga id). A message no saga handles in any version is not routed.
+        """
+        items: list[Item | Rejected] = []
+        for _, bound, prop in self._routes_by_name.get(d.metadata.message_type, {}).values():
+            raw = d.data.get(prop) if isinstance(d.data, dict) else None
+            if isinstance(raw, str | int) and not isinstance(raw, bool) and str(raw):
+                saga_id: str | None = str(raw)
+            else:
+                saga_id = d.metadata.key or None
+            if saga_id is None:
+                return [Rejected(d.record, Reason.MISSING_ASSOCIATION, f"{prop} is empty")]
+            problem = id_problem(saga_id)
+            if problem is not None:
+                return [Rejected(d.record, Reason.INVALID_ID, f"{prop} {problem}")]
+            items.append(Item(d, bound, saga_id))
+        for item in items:
+            assert isinstance(item, Item)
+            key = (item.bound.saga_type, item.saga_id)
+            wants.saga_keys.add(key)
+            wants.message_keys.add((*key, item.message_id))
+        return items
 
     def plan(
         self,
@@ -213,13 +264,18 @@ class Planner:
             key = (item.bound.saga_type, item.saga_id)
             w = working.get(key)
             if w is None:
-                w = working[key] = self._load(item.bound, item.saga_id, loaded.sagas.get(key))
+                w = working[key] = self._load(
+                    item.bound, item.saga_id, loaded.sagas.get(key), key in loaded.tombstones
+                )
             if isinstance(item.decoded, FiredDeadline):
                 self._fire(ws, w, item, item.decoded, loaded, now, replay)
             else:
                 mkey = (*key, item.message_id)
                 if mkey in seen:
                     self._history(ws, w, item, Outcome.DUPLICATE)
+                    continue
+                if isinstance(item.decoded, TooNew):
+                    self._too_new(ws, w, item, item.decoded)
                     continue
                 self._event(ws, w, item, item.decoded, now, seen, mkey)
         for w in working.values():
@@ -228,15 +284,29 @@ class Planner:
 
     # -- per item --------------------------------------------------------------------------
 
-    def _load(self, bound: BoundSaga, saga_id: str, row: SagaRow | None) -> _Working:
+    def _load(
+        self, bound: BoundSaga, saga_id: str, row: SagaRow | None, purged: bool = False
+    ) -> _Working:
         if row is None:
-            return _Working(bound, saga_id, None, None, None, 0)
+            # A tombstone: the saga ended and retention purged its row. It stays ended.
+            return _Working(bound, saga_id, None, None, ENDED if purged else None, 0)
         try:
-            state = bound.state_from_json(row.state) if row.state is not None else None
+            state = (
+                bound.state_from_json(row.state, row.state_version)
+                if row.state is not None
+                else None
+            )
+        except MissingUpcaster as e:
+            w = _Working(bound, saga_id, row, None, row.status, row.version, row.parked_reason)
+            w.load_error = str(e)[:1000]
+            return w
         except Exception as e:  # any error of the saga's own model (validators run user code)
             w = _Working(bound, saga_id, row, None, row.status, row.version, row.parked_reason)
             cls = bound.definition.state_cls.__qualname__
-            w.load_error = f"stored state does not load into {cls}: {describe_error(e)}"[:1000]
+            at = ""
+            if row.state_version != bound.state_version:
+                at = f" v{bound.state_version} (upcast from v{row.state_version})"
+            w.load_error = f"stored state does not load into {cls}{at}: {describe_error(e)}"[:1000]
             return w
         return _Working(bound, saga_id, row, state, row.status, row.version, row.parked_reason)
 
@@ -260,7 +330,8 @@ class Planner:
         if w.status == PARKED:
             self._park(ws, w, item, "behind a parked saga", Outcome.PARKED_BEHIND)
         elif w.status == ENDED:
-            self._history(ws, w, item, Outcome.IGNORED_ENDED)
+            detail = "ended; purged by retention" if w.row is None else None
+            self._history(ws, w, item, Outcome.IGNORED_ENDED, detail=detail)
         elif w.status is None and not handler.start:
             self._history(ws, w, item, Outcome.NO_SAGA)
         elif w.load_error is not None:
@@ -270,6 +341,22 @@ class Planner:
             self._run(ws, w, item, lambda: w.bound.handle_event(w.state, w.saga_id, inp, now), now)
             if w.status != PARKED:
                 seen.add(mkey)
+
+    def _too_new(self, ws: WriteSet, w: _Working, item: Item, d: TooNew) -> None:
+        if w.status == PARKED:
+            self._park(ws, w, item, "behind a parked saga", Outcome.PARKED_BEHIND)
+        elif w.status == ENDED:
+            # Whatever the new version says, an ended saga ignores it.
+            self._history(ws, w, item, Outcome.IGNORED_ENDED)
+        else:
+            # Also when no saga exists yet: only the new code knows whether this starts one.
+            reason = (
+                f"{d.metadata.message_type!r} schema-version {d.version} is newer than this "
+                f"code knows (v{d.known}); deploy code that knows it, then retry the saga"
+            )
+            w.parked_reason = reason
+            self._park(ws, w, item, reason, Outcome.PARKED)
+            ws.counts["too-new"] += 1
 
     def _fire(
         self,
@@ -531,13 +618,14 @@ class Planner:
     def _flush(self, ws: WriteSet, w: _Working) -> None:
         if not w.dirty:
             return
+        raw = w.load_error is not None and w.row is not None
         ws.sagas.append(
             SagaWrite(
                 saga_type=w.bound.saga_type,
                 saga_id=w.saga_id,
                 state=(
                     w.row.state
-                    if w.load_error is not None and w.row is not None
+                    if raw and w.row is not None
                     else w.bound.state_to_json(w.state)
                     if w.state is not None
                     else None
@@ -547,6 +635,10 @@ class Planner:
                 expected_version=w.row.version if w.row is not None else None,
                 parked_reason=w.parked_reason if w.status == PARKED else None,
                 machine_state=w.bound.machine_state(w.state),
+                # A state that did not load is written back as it was, at its own version.
+                state_version=(
+                    w.row.state_version if raw and w.row is not None else w.bound.state_version
+                ),
             )
         )
         key = (w.bound.saga_type, w.saga_id)

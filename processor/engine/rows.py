@@ -57,6 +57,8 @@ class SagaRow:
     status: SagaStatus | None
     version: int
     parked_reason: str | None = None
+    # The saga class's state version the JSON was written at (see processor.upcasting).
+    state_version: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +80,9 @@ class Loaded:
     deadlines: Mapping[str, DeadlineRef]
     lease_token: int | None
     now: datetime  # the database's clock, so deadlines and the poller agree on time
+    # Wanted sagas that ended and whose rows retention purged: they count as ended, so a late
+    # or redelivered start event is recorded and ignored, never starts a second saga.
+    tombstones: AbstractSet[SagaKey] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,7 @@ class SagaWrite:
     parked_reason: str | None
     # Copied to the queryable `machine_state` column; None for sagas that are not machines.
     machine_state: str | None = None
+    state_version: int = 1
 
 
 @dataclass(frozen=True, slots=True)

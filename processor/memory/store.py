@@ -53,6 +53,8 @@ class MemoryTables:
     # Rows made due again by a consumer (deadline id, token); the memory store keeps no
     # dispatch state, so tests read them here.
     deadline_resets: list[tuple[str, int]] = field(default_factory=list)
+    # Ended sagas whose rows retention purged, with when they ended.
+    tombstones: dict[SagaKey, datetime] = field(default_factory=dict)
 
 
 class MemoryBatchStore:
@@ -89,7 +91,24 @@ class MemoryBatchStore:
         ids = {_uuid_text(i) for i in wants.deadline_ids}
         deadlines = {i: t.deadlines[i].ref for i in ids if i in t.deadlines}
         lease = t.lease_token if wants.deadline_ids else None
-        return Loaded(sagas, applied, deadlines, lease, self.clock())
+        tombstones = {k for k in wants.saga_keys if k in t.tombstones}
+        return Loaded(sagas, applied, deadlines, lease, self.clock(), tombstones=tombstones)
+
+    def purge_ended(self) -> int:
+        """Purges every ended saga as retention would: its row and history go, a tombstone stays.
+
+        The memory tables keep no end times, so the tombstone takes the store's clock; this is
+        for tests, which decide themselves when a saga is old enough.
+        """
+        t = self.tables
+        ended = [k for k, row in t.sagas.items() if row.status == SagaStatus.ENDED]
+        gone = set(ended)
+        for key in ended:
+            del t.sagas[key]
+            t.tombstones[key] = self.clock()
+        t.history = [h for h in t.history if (h.saga_type, h.saga_id) not in gone]
+        t.applied = {a for a in t.applied if (a[0], a[1]) not in gone}
+        return len(ended)
 
     def write(
         self,
@@ -143,7 +162,13 @@ class MemoryBatchStore:
         for s in ws.sagas:
             status = SagaStatus(s.status)
             t.sagas[(s.saga_type, s.saga_id)] = SagaRow(
-                s.saga_type, s.saga_id, copy.deepcopy(s.state), status, s.version, s.parked_reason
+                s.saga_type,
+                s.saga_id,
+                copy.deepcopy(s.state),
+                status,
+                s.version,
+                s.parked_reason,
+                s.state_version,
             )
         t.history.extend(ws.history)
         t.applied.update(

@@ -253,7 +253,14 @@ class _Replay:
             return
         ws.sagas.append(
             SagaWrite(
-                row.saga_type, row.saga_id, row.state, ACTIVE, row.version + 1, row.version, None
+                row.saga_type,
+                row.saga_id,
+                row.state,
+                ACTIVE,
+                row.version + 1,
+                row.version,
+                None,
+                state_version=row.state_version,
             )
         )
 

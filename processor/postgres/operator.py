@@ -52,7 +52,7 @@ _PARKED = """
      LIMIT %s
 """
 _LOCK = """
-    SELECT state, status, version FROM {instance}
+    SELECT state, status, version, state_version FROM {instance}
      WHERE saga_type = %s AND saga_id = %s FOR UPDATE
 """
 _HELD = """
@@ -121,8 +121,8 @@ class OperatorQueries:
         found = self.conn.execute(self._lock, (saga_type, saga_id)).fetchone()
         if found is None:
             return None
-        state, status, version = found
-        return SagaRow(saga_type, saga_id, state, status, int(version))
+        state, status, version, state_version = found
+        return SagaRow(saga_type, saga_id, state, status, int(version), None, int(state_version))
 
     def held_messages(self, saga_type: str, saga_id: str) -> list[HeldMessage]:
         """The records held behind the saga, in arrival order."""

@@ -7,7 +7,9 @@ do not race each other.
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -38,6 +40,7 @@ class Tables:
             dead_letter=self.q("dead_letter"),
             parked=self.q("parked_message"),
             version=self.q("schema_version"),
+            tombstone=self.q("saga_tombstone"),
             schema=self.schema,
         )
 
@@ -193,14 +196,75 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX ON {failed_outbox} (saga_type, saga_id, id);
     """,
+    # 5: retention (processor/runtime/retention.py). A purged ended saga leaves a tombstone, so
+    # that a late or redelivered start event is recognised for the dedupe window instead of
+    # starting a second saga. The indexes let each chunked delete find its oldest rows without
+    # walking the rows it keeps.
+    """
+    CREATE TABLE {tombstone} (
+        saga_type  text        NOT NULL,
+        saga_id    text        NOT NULL,
+        ended_at   timestamptz NOT NULL,
+        purged_at  timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (saga_type, saga_id)
+    );
+    CREATE INDEX ON {tombstone} (ended_at);
+    CREATE INDEX ON {instance} (ended_at) WHERE status = 'ended';
+    CREATE INDEX ON {history} (at) WHERE outcome <> 'applied';
+    CREATE INDEX ON {dead_letter} (created_at);
+    CREATE INDEX ON {parked} (created_at);
+    CREATE INDEX ON {failed_outbox} (failed_at);
+    """,
+    # 6: the saga class's state version each row was written at, so a newer class can upcast
+    # older rows on load (processor.upcasting). A constant default adds no table rewrite.
+    """
+    ALTER TABLE {instance} ADD COLUMN state_version int NOT NULL DEFAULT 1;
+    """,
     # metrics10
-    # 5: the W3C trace context of the input that set a deadline, so that its fired record (and
+    # 7: the W3C trace context of the input that set a deadline, so that its fired record (and
     # the commands that one causes) continue the same trace.
     """
     ALTER TABLE {deadline} ADD COLUMN traceparent text,
                            ADD COLUMN tracestate  text;
     """,
 )
+
+
+def current_version(conn: psycopg.Connection[Any], tables: Tables) -> int:
+    """The migration the schema is at; 0 when the schema or its version table is missing."""
+    exists = conn.execute(
+        "SELECT to_regclass(%s) IS NOT NULL", (tables.q("schema_version"),)
+    ).fetchone()
+    if not exists or not exists[0]:
+        return 0
+    row = conn.execute(tables.render("SELECT coalesce(max(version), 0) FROM {version}")).fetchone()
+    return int(row[0]) if row else 0
+
+
+def pending_sql(current: int, tables: Tables) -> str:
+    """The DDL `migrate` would run on a schema at migration ``current``, for review.
+
+    The statements are those `migrate` runs, in order, each followed by the version row it
+    records; `migrate` also takes an advisory lock and runs them in one transaction.
+    """
+    parts: list[str] = []
+    if current == 0:
+        parts.append(f"CREATE SCHEMA IF NOT EXISTS {sql_identifier(tables.schema)};")
+        parts.append(
+            tables.render(
+                "CREATE TABLE IF NOT EXISTS {version} "
+                "(version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now());"
+            )
+        )
+    for number, ddl in enumerate(MIGRATIONS[current:], start=current + 1):
+        parts.append(f"-- migration {number}\n" + textwrap.dedent(tables.render(ddl)).strip())
+        parts.append(tables.render(f"INSERT INTO {{version}} (version) VALUES ({number});"))
+    return "\n\n".join(parts) + ("\n" if parts else "")
+
+
+def sql_identifier(name: str) -> str:
+    """``name`` quoted as an SQL identifier (names are validated identifiers; see settings)."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def migrate(conn: psycopg.Connection[object], tables: Tables) -> int:

@@ -56,7 +56,14 @@ class BatchStore:
         )
         self._load_sagas = r(
             """
-            SELECT saga_type, saga_id, state, status, version, parked_reason FROM {instance}
+            SELECT saga_type, saga_id, state, status, version, parked_reason, state_version
+              FROM {instance}
+             WHERE (saga_type, saga_id) IN (SELECT * FROM unnest(%b::text[], %b::text[]))
+            """
+        )
+        self._load_tombstones = r(
+            """
+            SELECT saga_type, saga_id FROM {tombstone}
              WHERE (saga_type, saga_id) IN (SELECT * FROM unnest(%b::text[], %b::text[]))
             """
         )
@@ -77,11 +84,11 @@ class BatchStore:
         self._insert_sagas = r(
             """
             INSERT INTO {instance} (saga_type, saga_id, state, status, version, parked_reason,
-                                    ended_at, machine_state, machine_state_since)
+                                    ended_at, machine_state, machine_state_since, state_version)
             SELECT t, i, s, st, v, pr, CASE WHEN st = 'ended' THEN now() END, ms,
-                   CASE WHEN ms IS NOT NULL THEN now() END
+                   CASE WHEN ms IS NOT NULL THEN now() END, sv
               FROM unnest(%b::text[], %b::text[], %b::jsonb[], %b::text[], %b::bigint[],
-                          %b::text[], %b::text[]) AS u(t, i, s, st, v, pr, ms)
+                          %b::text[], %b::text[], %b::int[]) AS u(t, i, s, st, v, pr, ms, sv)
             """
         )
         self._update_sagas = r(
@@ -92,10 +99,11 @@ class BatchStore:
                    ended_at = CASE WHEN u.st = 'ended' THEN coalesce(x.ended_at, now()) END,
                    machine_state = u.ms,
                    machine_state_since = CASE WHEN u.ms IS DISTINCT FROM x.machine_state
-                                              THEN now() ELSE x.machine_state_since END
+                                              THEN now() ELSE x.machine_state_since END,
+                   state_version = u.sv
               FROM unnest(%b::text[], %b::text[], %b::jsonb[], %b::text[], %b::bigint[],
-                          %b::text[], %b::bigint[], %b::text[])
-                   AS u(t, i, s, st, v, pr, expected, ms)
+                          %b::text[], %b::bigint[], %b::text[], %b::int[])
+                   AS u(t, i, s, st, v, pr, expected, ms, sv)
              WHERE x.saga_type = u.t AND x.saga_id = u.i AND x.version = u.expected
             """
         )
@@ -204,6 +212,12 @@ class BatchStore:
         with self.conn.pipeline():
             c0 = self.conn.execute("SELECT now()")
             c1 = self.conn.execute(self._load_sagas, ([k[0] for k in keys], [k[1] for k in keys]))
+            # After the sagas, never before: each statement reads its own snapshot, and retention
+            # deletes an instance and writes its tombstone in one transaction, so a saga purged
+            # between the two reads is seen in both, never in neither.
+            c5 = self.conn.execute(
+                self._load_tombstones, ([k[0] for k in keys], [k[1] for k in keys])
+            )
             c2 = (
                 self.conn.execute(
                     self._load_applied,
@@ -215,8 +229,8 @@ class BatchStore:
             c3 = self.conn.execute(self._load_deadlines, (ids,)) if ids else None
             c4 = self.conn.execute(self._load_lease, (LEASE_NAME,)) if ids else None
         sagas = {
-            (t, i): SagaRow(t, i, state, SagaStatus(status), version, reason)
-            for t, i, state, status, version, reason in c1.fetchall()
+            (t, i): SagaRow(t, i, state, SagaStatus(status), version, reason, sv)
+            for t, i, state, status, version, reason, sv in c1.fetchall()
         }
         applied = {(t, i, m) for t, i, m in c2.fetchall()} if c2 else set()
         deadlines = (
@@ -230,7 +244,15 @@ class BatchStore:
         lease = c4.fetchone() if c4 else None
         now_row = c0.fetchone()
         assert now_row is not None
-        return Loaded(sagas, applied, deadlines, int(lease[0]) if lease else None, now_row[0])
+        tombstones = {(t, i) for t, i in c5.fetchall()}
+        return Loaded(
+            sagas,
+            applied,
+            deadlines,
+            int(lease[0]) if lease else None,
+            now_row[0],
+            tombstones=tombstones,
+        )
 
     def write(self, ws: WriteSet, offsets: Sequence[OffsetCommit]) -> None:
         """Writes the batch; raises FencedOut or ConcurrentUpdate (the caller rolls back)."""
@@ -272,6 +294,7 @@ class BatchStore:
                     [s.version for s in new],
                     [s.parked_reason for s in new],
                     [s.machine_state for s in new],
+                    [s.state_version for s in new],
                 ),
             )
         if old:
@@ -286,6 +309,7 @@ class BatchStore:
                     [s.parked_reason for s in old],
                     [s.expected_version for s in old],
                     [s.machine_state for s in old],
+                    [s.state_version for s in old],
                 ),
             )
             if updated.rowcount != len(old):

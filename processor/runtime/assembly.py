@@ -1,16 +1,21 @@
 """Builds what a processor runs from its settings: table names, saga classes, bound sagas.
 
 The processor and the operator commands both assemble through here, so an operator's retry of a
-parked saga plans with the very sagas and planner that the consumer runs.
+parked saga plans with the very sagas and planner that the consumer runs. `load_app` finds the
+application object (`MODULE:ATTR`) that every command taking a target loads.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+# load_app and app_target live with SagaApp (no database driver, for the offline commands) and
+# are offered here too, next to the other assembly steps every command calls.
+from processor.application import APP_VARIABLE, SagaApp, app_target, load_app
 from processor.definition import definition_of
 from processor.engine.plan import Planner
 from processor.errors import ConfigurationError
@@ -21,7 +26,16 @@ from processor.runner import BoundSaga, bind_all
 from processor.settings import ProcessorSettings
 from processor.wire import Topics
 
-__all__ = ["BoundSagas", "bind_sagas", "load_saga_classes", "tables_for"]
+__all__ = [
+    "APP_VARIABLE",
+    "BoundSagas",
+    "app_target",
+    "bind_sagas",
+    "load_app",
+    "load_saga_classes",
+    "open_sagas",
+    "tables_for",
+]
 
 
 def load_saga_classes(specs: Iterable[str]) -> list[type[Any]]:
@@ -86,8 +100,9 @@ def bind_sagas(
         if not settings.sagas:
             raise ConfigurationError(
                 [
-                    "SAGA_SAGAS: no saga configured; list the sagas to run, "
-                    "e.g. SAGA_SAGAS='[\"myapp.sagas:TransferSaga\"]'"
+                    "no saga configured: name the application object "
+                    "(saga-processor run myapp.service:app, or SAGA_APP=myapp.service:app), "
+                    "or list the sagas, e.g. SAGA_SAGAS='[\"myapp.sagas:TransferSaga\"]'"
                 ]
             )
         saga_classes = load_saga_classes(settings.sagas)
@@ -100,6 +115,7 @@ def bind_sagas(
         [definition_of(c) for c in classes],
         settings=settings.settings,
         dependencies=dependencies or {},
+        registry=registry,
     )
     planner = Planner(
         sagas,
@@ -109,3 +125,31 @@ def bind_sagas(
         topic_prefix=settings.topic_prefix,
     )
     return BoundSagas(sagas, registry, planner)
+
+
+@contextmanager
+def open_sagas(
+    settings: ProcessorSettings, app: SagaApp | None
+) -> Iterator[tuple[list[type[Any]] | None, dict[type, object]]]:
+    """The saga classes and dependencies a process runs, built once and closed on leaving.
+
+    With an app: its sagas, and its dependencies with the factories' products (closed on
+    leaving, in reverse order). Without one: None (so `bind_sagas` loads `settings.sagas`) and
+    no dependencies.
+
+    Raises:
+        ConfigurationError: Both the app and `SAGA_SAGAS` name sagas, or a handler parameter is
+            provided by nothing (raised before any factory runs).
+    """
+    if app is None:
+        yield None, {}
+        return
+    if settings.sagas:
+        raise ConfigurationError(
+            [
+                f"SAGA_SAGAS: {settings.sagas} is set, but the app {app!r} names the sagas; "
+                "unset SAGA_SAGAS, or run without the app"
+            ]
+        )
+    with app.open(settings) as dependencies:
+        yield list(app.sagas), dependencies

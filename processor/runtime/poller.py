@@ -35,6 +35,9 @@ __all__ = ["DeadlinePoller"]
 
 log = logging.getLogger(__name__)
 
+# The most rows one sweep claims while a backlog drains (see DeadlinePoller._limit).
+BURST_LIMIT = 3200
+
 # How long to wait for the broker to acknowledge a sweep's fired records.
 SEND_TIMEOUT = 30.0
 # Pause before the next step after the store or the broker failed.
@@ -81,7 +84,12 @@ class DeadlinePoller:
         self.on_fired: Callable[[list[float]], None] | None = None
         self.wake = threading.Event()
         self._ttl = settings.lease_ttl.total_seconds()
+        # Each sweep claims `polling.batch-size` rows; while sweeps come back full (a burst came
+        # due) the limit doubles, up to BURST_LIMIT, so a backlog costs few round trips and
+        # flushes; the first sweep that is not full returns to the configured size.
         self._batch = settings.polling.batch_size
+        self._limit = self._batch
+        self._more = False
         # The next claim takes stale rows too: set when the token changes (rows an earlier
         # leader dispatched may never have reached Kafka).
         self._full_sweep = True
@@ -112,8 +120,13 @@ class DeadlinePoller:
         Returns:
             How many deadlines were claimed (acknowledged or not).
         """
-        rows, due = self.store.claim_due(self.holder, token, self._batch, full=self._full_sweep)
-        if len(rows) < self._batch:
+        limit = self._limit
+        rows, due = self.store.claim_due(self.holder, token, limit, full=self._full_sweep)
+        self._more = len(rows) >= limit
+        if self._more:
+            self._limit = min(2 * limit, max(BURST_LIMIT, self._batch))
+        else:
+            self._limit = self._batch
             self._full_sweep = False
             self._due = (self._monotonic(), due)
         if not rows:
@@ -163,8 +176,9 @@ class DeadlinePoller:
         token = self.acquire()
         if token is None:
             return interval
-        while self.sweep(token) == self._batch:
-            pass
+        self.sweep(token)
+        while self._more:
+            self.sweep(token)
         nxt = self.seconds_until_next(token)
         return interval if nxt is None else max(0.0, min(interval, nxt))
 

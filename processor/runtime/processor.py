@@ -1,4 +1,7 @@
-"""Assembles a processor from settings: consumer loop, relay, notify listener, deadline poller."""
+"""Assembles a processor from settings: the consumer loop and the background loops.
+
+The background loops are the outbox relay, its notify listener, the deadline poller and retention.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from processor.postgres.connect import connect, ensure_schema
 from processor.postgres.deadlines import PostgresDeadlineStore
 from processor.postgres.notify import PostgresWakeSource
 from processor.postgres.outbox import PostgresOutboxStore
+from processor.postgres.retention import PostgresRetentionStore
 from processor.postgres.store import Conn
 from processor.postgres.tls import warn_unverified_tls
 from processor.runner import BoundSaga
@@ -34,6 +38,7 @@ from processor.runtime.observe import Observability
 from processor.runtime.poller import DeadlinePoller
 from processor.runtime.relay import Relay
 from processor.runtime.report import report_committed
+from processor.runtime.retention import Retention
 from processor.runtime.supervisor import LoopFailure, Supervisor
 from processor.runtime.worker import Worker
 from processor.settings import ProcessorSettings
@@ -75,6 +80,7 @@ class Processor:
         self.poller: DeadlinePoller | None = None
         # Metrics, probes and spans (processor/runtime/observe.py), made in start().
         self.observe: Observability | None = None
+        self.retention: Retention | None = None
 
     # -- wiring ----------------------------------------------------------------------------
 
@@ -160,6 +166,14 @@ class Processor:
                 hooks=self.hooks,
             )
             self._spawn("deadline-poller", self.poller.run)
+        if self.settings.retention.enabled:
+            self.retention = Retention(
+                # A frozen replica must not keep the retention lock (or its row locks) for long.
+                PostgresRetentionStore(lambda: self.connect(idle_limit), self.tables),
+                self.settings.retention,
+                hooks=self.hooks,
+            )
+            self._spawn("retention", self.retention.run)
         self.worker.on_commit = self._committed
         self.worker.consumer = SagaConsumer(
             kafka,
@@ -192,7 +206,8 @@ class Processor:
         """Consumes until `stop()`; the batch in hand is committed or abandoned, never split.
 
         Raises:
-            LoopDied: A loop (the consumer, the relay, its listener or the deadline poller)
+            LoopDied: A loop (the consumer, the relay, its listener, the deadline poller or
+                retention)
                 ended on an error; the others were shut down first. The process should exit
                 non-zero so that the platform restarts it.
         """

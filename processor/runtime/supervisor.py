@@ -25,7 +25,8 @@ class LoopFailure:
     """Why one loop ended early.
 
     Attributes:
-        loop: The loop's name (``relay``, ``relay-listener``, ``deadline-poller``, ``consumer``).
+        loop: The loop's name (``relay``, ``relay-listener``, ``deadline-poller``, ``retention``,
+            ``consumer``).
         error: The exception that ended it; None when the loop returned without being stopped.
     """
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -37,7 +37,7 @@ from processor.errors import (
     Retryable,
 )
 from processor.memory.store import MemoryBatchStore, MemoryTables
-from processor.ports import TP, BatchStore
+from processor.ports import TP, BatchStore, Purge
 
 SAGA = "contract-saga"
 A: TP = ("contract-in", 0)
@@ -55,21 +55,30 @@ class Backing:
         outbox: How many outbox rows are stored.
         kill: Ends the server side of every open handle's connection, as an administrator or a
             failover would; None where there is no connection to lose.
+        purge_ended: Purges every ended saga as retention does once its period has passed.
     """
 
     store: Callable[[], BatchStore]
     outbox: Callable[[], int]
     kill: Callable[[], None] | None = None
+    purge_ended: Callable[[], None] | None = None
 
 
 def _memory() -> Iterator[Backing]:
     tables = MemoryTables()
-    yield Backing(lambda: MemoryBatchStore(tables), lambda: len(tables.outbox))
+
+    def purge_ended() -> None:
+        MemoryBatchStore(tables).purge_ended()
+
+    yield Backing(
+        lambda: MemoryBatchStore(tables), lambda: len(tables.outbox), purge_ended=purge_ended
+    )
 
 
 def _postgres(request: pytest.FixtureRequest) -> Iterator[Backing]:
     from processor.postgres.batch import PostgresBatchStore
     from processor.postgres.connect import connect, ensure_schema
+    from processor.postgres.retention import PostgresRetentionStore
     from processor.postgres.schema import Tables
 
     database_url: str = request.getfixturevalue("database_url")
@@ -101,8 +110,15 @@ def _postgres(request: pytest.FixtureRequest) -> Iterator[Backing]:
             ).fetchall()
             assert ended, "no connection to end"
 
+        def purge_ended() -> None:
+            retention = PostgresRetentionStore(lambda: connect(database_url), tables)
+            try:
+                retention.purge(Purge.ENDED_SAGAS, timedelta(0), 1000)
+            finally:
+                retention.close()
+
         try:
-            yield Backing(store, outbox, kill)
+            yield Backing(store, outbox, kill, purge_ended)
         finally:
             for s in opened:
                 s.close()
@@ -452,3 +468,30 @@ def test_a_connection_lost_at_commit_leaves_the_outcome_to_the_stored_offsets(
 
     assert store.read_offsets([A]) == {A: (1, None)}
     assert sagas_of(store, "s1") == {}
+
+
+# -- retention -----------------------------------------------------------------------------------
+
+
+def test_a_purged_ended_saga_loads_as_a_tombstone_and_a_running_one_keeps_its_ids(
+    backing: Backing,
+) -> None:
+    assert backing.purge_ended is not None
+    store = backing.store()
+    store.claim([A], "one")
+    store.write(started("s1", "m1", 0), [at(A, 1, None, 1)])
+    store.write(started("s2", "m2", 1), [at(A, 2, 1, 1)])
+    end = WriteSet(sagas=[saga("s1", 2, 1, ended=True)], history=[applied("s1", "m3", 2, 2)])
+    store.write(end, [at(A, 3, 2, 1)])
+
+    backing.purge_ended()
+
+    loaded = store.load(Wants({(SAGA, "s1"), (SAGA, "s2")}, set(), set()))
+    assert set(loaded.sagas) == {(SAGA, "s2")}
+    assert set(loaded.tombstones) == {(SAGA, "s1")}
+    # The ended saga's ids went with its history (its tombstone answers for it); the running
+    # saga's stay, they are its duplicate detector.
+    assert applied_of(store, [("s1", "m1"), ("s1", "m3"), ("s2", "m2")]) == {(SAGA, "s2", "m2")}
+    # Purging again changes nothing, and the saga still reads as a tombstone.
+    backing.purge_ended()
+    assert set(store.load(Wants({(SAGA, "s1")}, set(), set())).tombstones) == {(SAGA, "s1")}

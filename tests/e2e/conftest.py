@@ -30,10 +30,13 @@ from schemas.transfers import (
     TransferRequested,
 )
 from tests.support.harness import Publisher, Reader, create_topics, query, settings_for, wait_until
+from tests.support.private_stack import PrivateStack
+from tests.support.private_stack import private_stack as _private_stack
 from tests.support.procs import ProcessorProcess
 from tests.support.roles import LeastPrivilege
 
 TRANSFER_SAGA = "sagas.transfer:TransferSaga"
+TRANSFER_APP = "sagas.app:transfer_app"
 EVENT_TYPES = (
     "transfers.TransferRequested",
     "transfers.DebitConfirmed",
@@ -101,7 +104,9 @@ class E2EEnv:
     ) -> ProcessorProcess:
         """Starts a processor subprocess named `name` (its instance id and `<name>.log`)."""
         overrides.setdefault("instance_id", name)
-        proc = ProcessorProcess(self.settings(**overrides), self.logs / f"{name}.log", fault)
+        proc = ProcessorProcess(
+            self.settings(**overrides), self.logs / f"{name}.log", fault, app=TRANSFER_APP
+        )
         self.procs.append(proc)
         return proc
 
@@ -167,6 +172,13 @@ def e2e_env(
             proc.stop()
         for reader in env.readers:
             reader.close()
+
+
+@pytest.fixture
+def private_stack(tmp_path: Path) -> Iterator[PrivateStack]:
+    """A PostgreSQL cluster and a Kafka broker that only this test uses (and may restart)."""
+    with _private_stack(tmp_path) as stack:
+        yield stack
 
 
 def new_workload(count: int) -> Workload:

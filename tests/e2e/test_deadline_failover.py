@@ -30,7 +30,7 @@ from tests.support.procs import ProcessorProcess, processes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-SAGAS = "sagas.transfer:TransferSaga"
+APP = "sagas.app:transfer_app"
 REVERSE = "transfers.ReverseDebit"
 # settings_for: polling interval 1 s, lease TTL 4 s.
 INTERVAL, TTL = 1.0, 4.0
@@ -73,7 +73,7 @@ def _process(env: dict[str, Any], name: str, timeout_s: int) -> ProcessorProcess
         instance_id=name,
         settings={"transfer.payment-timeout": timeout_s},
     )
-    return ProcessorProcess(settings, env["logs"] / f"{name}.log", sagas=SAGAS)
+    return ProcessorProcess(settings, env["logs"] / f"{name}.log", app=APP)
 
 
 def _start_transfers(env: dict[str, Any], count: int) -> list[str]:

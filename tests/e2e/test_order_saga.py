@@ -63,7 +63,9 @@ class OrderEnv:
             sagas=[ORDER_SAGA],
             settings=saga_settings,
         )
-        proc = ProcessorProcess(settings, self.logs / f"processor-{len(self.procs)}.log")
+        proc = ProcessorProcess(
+            settings, self.logs / f"processor-{len(self.procs)}.log", app="sagas.app:order_app"
+        )
         self.procs.append(proc)
         return proc
 

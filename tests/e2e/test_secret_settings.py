@@ -24,7 +24,9 @@ def test_kafka_credentials_stay_out_of_the_processor_log(e2e_env: E2EEnv) -> Non
     base = e2e_env.settings(instance_id="secretive")
     kafka = KafkaSettings(bootstrap_servers=e2e_env.kafka, config=dict(SECRETS))
     proc = ProcessorProcess(
-        base.model_copy(update={"kafka": kafka}), e2e_env.logs / "secretive.log"
+        base.model_copy(update={"kafka": kafka}),
+        e2e_env.logs / "secretive.log",
+        app="sagas.app:transfer_app",
     )
     e2e_env.procs.append(proc)
     wait_until(

@@ -1,5 +1,7 @@
 """A processor process as users run it, plus optional fault injection for crash tests.
 
+The sagas come from the app SAGA_APP names (else SAGA_SAGAS), as for `saga-processor run`.
+
 SAGA_FAULT_POINT=before-write|before-commit|after-commit|after-produce
     (before-write: the batch is loaded and planned in its transaction, nothing written yet)
 SAGA_FAULT_AT=N          act on the Nth time the point is reached (default 1)
@@ -14,8 +16,10 @@ import signal
 import sys
 from collections.abc import Callable
 
+from processor.application import app_target, load_app
 from processor.cli import main as cli_main
 from processor.cli_commands import serve
+from processor.runtime.assembly import open_sagas
 from processor.runtime.hooks import Hooks
 from processor.runtime.processor import Processor
 from processor.settings import load_settings
@@ -52,8 +56,12 @@ def main() -> int:
             os.environ.get("SAGA_FAULT_ACTION", "kill"),
         ),
     )
-    settings = load_settings()
-    return serve(Processor(settings, hooks=hooks), settings)
+    target = app_target()
+    app = load_app(target) if target else None
+    settings = load_settings(defaults=app.settings if app is not None else None)
+    with open_sagas(settings, app) as (saga_classes, dependencies):
+        processor = Processor(settings, saga_classes, dependencies=dependencies, hooks=hooks)
+        return serve(processor, settings)
 
 
 if __name__ == "__main__":

@@ -39,10 +39,24 @@ class ProcessorProcess:
         log_path: Path,
         fault: Mapping[str, str] | None = None,
         sagas: str | None = None,
+        app: str | None = None,
     ) -> None:
+        """Starts `python -m tests.support.proc_main` with `settings` as SAGA_* variables.
+
+        Args:
+            settings: The processor's settings.
+            log_path: Where its stdout and stderr go.
+            fault: SAGA_FAULT_* variables (see tests.support.proc_main).
+            sagas: One SAGA_SAGAS entry instead of the settings' sagas.
+            app: The application object (MODULE:ATTR) as SAGA_APP; the settings' sagas are
+                then left out, since the app names the sagas.
+        """
         env = {**os.environ, **settings_env(settings), **(fault or {})}
         if sagas:
             env["SAGA_SAGAS"] = json.dumps([sagas])
+        if app:
+            env["SAGA_APP"] = app
+            env.pop("SAGA_SAGAS", None)
         env["PYTHONPATH"] = str(REPO)
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()

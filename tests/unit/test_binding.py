@@ -76,8 +76,8 @@ def test_every_missing_setting_and_dependency_is_listed() -> None:
     problems = info.value.problems
     assert problems == [
         "handler started: setting 'jobs.limit' is missing; configure it",
-        "handler started: parameter 'mailer' needs a dependency of type Mailer; register one "
-        "with the processor",
+        "handler started: parameter 'mailer' needs a dependency of type Mailer; provide one in "
+        "the app: SagaApp(dependencies={Mailer: ...}) or factories=",
         "handler tick: setting 'jobs.token' is missing; configure it",
         "handler tick: parameters 'ledger', 'note' are neither handles, settings nor registered "
         "dependencies; a deadline handler takes at most one payload parameter, so register the "
@@ -202,5 +202,5 @@ def test_a_processor_without_sagas_is_refused_by_name() -> None:
     from processor.settings import ProcessorSettings
 
     settings = ProcessorSettings(database={"url": "postgresql://unused"}, sagas=[])
-    with pytest.raises(ConfigurationError, match="SAGA_SAGAS: no saga configured"):
+    with pytest.raises(ConfigurationError, match="no saga configured"):
         bind_sagas(settings)

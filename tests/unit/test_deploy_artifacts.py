@@ -159,7 +159,14 @@ def test_references_between_manifests_resolve() -> None:
     assert _one("Service")["spec"]["selector"].items() <= labels.items()
     hpa = _one("HorizontalPodAutoscaler")["spec"]
     assert ("Deployment", hpa["scaleTargetRef"]["name"]) in names
-    job = _one("Job")["spec"]["template"]["spec"]["containers"][0]
+    job_spec = _one("Job")["spec"]["template"]["spec"]
+    # The schema first, then the preflight check with the new image.
+    assert [c["args"] for c in job_spec["containers"]] == [["check"]]
+    assert (
+        job_spec["containers"][0]["envFrom"]
+        == deployment["spec"]["template"]["spec"]["containers"][0]["envFrom"]
+    )
+    job = job_spec["initContainers"][0]
     assert job["args"] == ["migrate"]
     assert job["image"] == deployment["spec"]["template"]["spec"]["containers"][0]["image"]
     for env in job["env"]:

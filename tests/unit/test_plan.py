@@ -247,6 +247,29 @@ def test_events_after_the_end_are_ignored_in_the_same_batch_and_later() -> None:
     assert ws2.sagas == []
 
 
+def test_a_purged_saga_stays_ended_a_redelivered_start_event_starts_nothing() -> None:
+    log = Log()
+    loaded = dataclasses.replace(_loaded(), tombstones=frozenset({(SAGA, "o1")}))
+    records = [
+        log.event(Opened(order_id="o1"), "start-1"),  # the start event, redelivered
+        log.event(Noted(order_id="o1"), "note-1"),
+        log.fired(D1, 4, saga_id="o1"),
+        log.event(Opened(order_id="o2"), "start-2"),  # another saga starts as usual
+    ]
+    ws = _plan(_planner(), records, dataclasses.replace(loaded, lease_token=4))
+    assert _outcomes(ws) == [
+        ("o1", "ignored-ended", None),
+        ("o1", "ignored-ended", None),
+        ("o1", "deadline-stale", None),
+        ("o2", "applied", 1),
+    ]
+    assert ws.history[0].detail == "ended; purged by retention"
+    assert [(s.saga_id, s.status) for s in ws.sagas] == [("o2", ACTIVE)]
+    assert ws.outbox == []
+    assert ws.deadline_resets == []
+    assert [d.saga_id for d in ws.deadline_inserts] == ["o2"]
+
+
 def test_a_missing_association_value_is_dead_lettered_with_its_source() -> None:
     log = Log()
     record = log.event(Noted(order_id="", note="x"))

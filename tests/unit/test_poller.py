@@ -383,3 +383,31 @@ def _eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
     while not check():
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.01)
+
+
+def test_a_burst_is_claimed_in_growing_sweeps_then_the_size_returns(
+    store: MemoryDeadlineStore,
+    producer: MemoryRecordProducer,
+    clock: FakeClock,
+    make: Callable[..., DeadlinePoller],
+) -> None:
+    for i in range(1000):
+        store.add("order", f"s-{i}", "timeout", clock.now() - HOUR)
+    limits: list[int] = []
+    claim = store.claim_due
+
+    def counting(holder: str, token: int, limit: int, *, full: bool) -> object:
+        limits.append(limit)
+        return claim(holder, token, limit, full=full)
+
+    store.claim_due = counting  # type: ignore[method-assign,assignment]
+    poller = make("a")
+    poller.step()
+
+    assert len(producer.sent) == 1000
+    # 10, 20, 40, ... : a burst of 1,000 costs 7 round trips instead of 100.
+    assert limits == [10, 20, 40, 80, 160, 320, 640]
+    store.add("order", "late", "timeout", clock.now() - HOUR)
+    limits.clear()
+    poller.step()
+    assert limits == [10]

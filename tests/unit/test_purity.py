@@ -54,9 +54,11 @@ PURE = (
     "ports.py",
     "wire.py",
     # The authoring core.
+    "application.py",
     "__init__.py",
     "binding.py",
     "definition.py",
+    "upcasting.py",
     "errors.py",
     "handles.py",
     "messages.py",
@@ -66,7 +68,7 @@ PURE = (
     "testing.py",
     "testing_engine.py",
 )
-EDGES = ("postgres/", "kafka/", "cli.py", "cli_commands.py", "__main__.py")
+EDGES = ("postgres/", "kafka/", "cli.py", "cli_commands.py", "cli_preflight.py", "__main__.py")
 # Where the pure runtime is wired to the real adapters.
 ASSEMBLY_POINTS = {"runtime/processor.py", "runtime/assembly.py", "runtime/observe.py"}
 CLI_ENTRIES = {"cli.py", "__main__.py"}

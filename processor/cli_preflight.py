@@ -1,0 +1,118 @@
+"""The deploy-time subcommands: `migrate` (or its DDL with `--sql`) and the preflight `check`.
+
+Both run before new code processes anything: as a CI/CD step, or the Kubernetes Job that the
+deploy manifests run ahead of the rollout (deploy/kubernetes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from processor.ops.check import CheckReport
+from processor.settings import ProcessorSettings
+
+
+def migrate_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--sql` prints the pending DDL instead of applying it."""
+    parser.add_argument(
+        "--sql", action="store_true", help="print the DDL that would run, change nothing"
+    )
+
+
+def migrate(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    """Creates or upgrades the schema and prints its version; exit code 0.
+
+    With `--sql`, prints the statements a migration would run on the live schema and changes
+    nothing, so a reviewer (or a DBA who applies DDL by hand) sees them first.
+    """
+    from processor.postgres.connect import connect, ensure_schema
+    from processor.postgres.schema import MIGRATIONS, current_version, pending_sql
+    from processor.runtime.assembly import tables_for
+
+    url = settings.database.url.get_secret_value()
+    tables = tables_for(settings)
+    if getattr(args, "sql", False):
+        with connect(url, application_name="saga-processor-migrate", autocommit=True) as conn:
+            current = current_version(conn, tables)
+        ddl = pending_sql(current, tables)
+        target = len(MIGRATIONS)
+        where = f"schema {settings.database.schema_name} is at migration {current}"
+        if not ddl:
+            print(f"-- {where}; nothing to apply")
+        else:
+            sys.stdout.write(f"-- {where}; this brings it to {target}\n\n{ddl}")
+        return 0
+    version = ensure_schema(url, tables)
+    print(f"schema {settings.database.schema_name} at version {version}")
+    return 0
+
+
+# -- preflight ---------------------------------------------------------------------------------
+
+
+def check_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--skip-topics` leaves Kafka out (database checks only)."""
+    parser.add_argument(
+        "--skip-topics", action="store_true", help="do not compare topics with the cluster"
+    )
+
+
+def check(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    """Prints the preflight report; exit code 0 when it passed, 1 when it found problems.
+
+    A saga configuration that does not bind (e.g. a gap in a chain of upcasters) fails
+    earlier, with exit code 2, like every refused configuration.
+    """
+    report = check_from_settings(settings, topics=not args.skip_topics)
+    print(report.render())
+    return 0 if report.ok else 1
+
+
+def check_from_settings(
+    settings: ProcessorSettings,
+    saga_classes: Iterable[type[Any]] | None = None,
+    *,
+    topics: bool = True,
+) -> CheckReport:
+    """Runs the preflight check with the sagas `settings.sagas` names (or ``saga_classes``).
+
+    Reads the live database (and the cluster's topic metadata unless ``topics`` is false);
+    writes nothing.
+    """
+    from processor.kafka.admin import partition_counts
+    from processor.ops.check import Topology, command_topics, run_check
+    from processor.postgres.check import PostgresCheckSource
+    from processor.postgres.connect import connect
+    from processor.postgres.schema import MIGRATIONS
+    from processor.runtime.assembly import bind_sagas, tables_for
+    from processor.wire import Topics
+
+    bound = bind_sagas(settings, saga_classes)
+    names = Topics(settings.topic_prefix)
+    handled = bound.planner.event_types
+    if settings.consumer.topics:
+        read = {names.name(t) for t in settings.consumer.topics}
+    else:
+        read = {names.name(t) for c in handled if (t := bound.registry.of(c).topic)}
+    written = {names.name(t) for t in command_topics(bound.sagas.values(), bound.registry)}
+    written -= read
+    written.add(names.name(settings.consumer.dead_letter_topic))
+    kafka = settings.kafka.client_config()
+    topology = Topology(
+        group_id=settings.consumer.group_id,
+        read=frozenset(read),
+        written=frozenset(written),
+        partition_counts=(lambda ts: partition_counts(kafka, ts)) if topics else None,
+    )
+    url = settings.database.url.get_secret_value()
+    with connect(url, application_name="saga-processor-check", autocommit=True) as conn:
+        return run_check(
+            PostgresCheckSource(conn, tables_for(settings)),
+            bound.sagas,
+            bound.registry,
+            expected_schema=len(MIGRATIONS),
+            topology=topology,
+        )

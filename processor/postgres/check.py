@@ -1,0 +1,86 @@
+"""Read-only queries for the preflight check (`saga-processor check`); nothing here writes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+
+from processor.ops.check import StoredSaga
+from processor.postgres.schema import Tables, current_version
+
+__all__ = ["PostgresCheckSource"]
+
+
+class PostgresCheckSource:
+    """What the check reads from the processor's tables, on a connection the caller owns.
+
+    Every read runs in one read-only repeatable-read transaction per call, so a check against a
+    live database sees each table consistently and can never change a row.
+    """
+
+    def __init__(self, conn: psycopg.Connection[Any], tables: Tables) -> None:
+        self.conn = conn
+        self.tables = tables
+
+    def schema_version(self) -> int:
+        """The migration the schema is at (0: none)."""
+        with self.conn.transaction():
+            return current_version(self.conn, self.tables)
+
+    def unended_sagas(self, batch: int = 1000) -> Iterator[StoredSaga]:
+        """Every saga that has not ended (active and parked), streamed in batches."""
+        r = self.tables.render
+        with self.conn.transaction():
+            self.conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            # Before the migration that adds it, every row was written at version 1.
+            has_version = self.conn.execute(
+                "SELECT 1 FROM information_schema.columns WHERE table_schema = %s "
+                "AND table_name = 'saga_instance' AND column_name = 'state_version'",
+                (self.tables.schema,),
+            ).fetchone()
+            version = "state_version" if has_version else "1"
+            with self.conn.cursor(name="saga_check") as cur:
+                cur.itersize = batch
+                cur.execute(
+                    r(
+                        f"SELECT saga_type, saga_id, state, {version}, status, machine_state, "
+                        "parked_reason FROM {instance} WHERE status <> 'ended'"
+                    )
+                )
+                for t, i, state, sv, status, ms, reason in cur:
+                    yield StoredSaga(t, i, state, int(sv), status, ms, reason)
+
+    def pending_deadlines(self) -> list[tuple[str, str, int]]:
+        """(saga type, deadline name, count) of every deadline still scheduled."""
+        with self.conn.transaction():
+            rows = self.conn.execute(
+                self.tables.render(
+                    "SELECT saga_type, name, count(*) FROM {deadline} GROUP BY 1, 2 ORDER BY 1, 2"
+                )
+            ).fetchall()
+        return [(t, n, int(c)) for t, n, c in rows]
+
+    def parked_messages(self) -> list[tuple[str, str | None, str | None, int]]:
+        """(saga type, message-type header, schema-version header, count) of held records."""
+        with self.conn.transaction():
+            rows = self.conn.execute(
+                self.tables.render(
+                    "SELECT saga_type, headers->>'message-type', headers->>'schema-version', "
+                    "count(*) FROM {parked} GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
+                )
+            ).fetchall()
+        return [(t, m, v, int(c)) for t, m, v, c in rows]
+
+    def stored_partitions(self, group_id: str) -> dict[str, set[int]]:
+        """The partitions of each topic the consumer group has stored offsets for."""
+        with self.conn.transaction():
+            rows = self.conn.execute(
+                self.tables.render("SELECT topic, partition FROM {offsets} WHERE group_id = %s"),
+                (group_id,),
+            ).fetchall()
+        out: dict[str, set[int]] = {}
+        for topic, partition in rows:
+            out.setdefault(topic, set()).add(int(partition))
+        return out

@@ -1,0 +1,142 @@
+"""The retention loop's store: chunked deletes of old rows, one short transaction each.
+
+Every statement deletes at most ``limit`` rows found through an index in age order (ids or keys
+picked by a subquery with LIMIT), so no call holds many locks for long or bloats the latency of
+the consumer's batches. A transaction-scoped advisory lock makes one replica's retention run at
+a time; a replica that finds it taken skips its round. Ages are measured by the database's clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+
+import psycopg
+from psycopg.rows import TupleRow
+
+from processor.errors import Retryable
+from processor.ports import Purge
+from processor.postgres.errors import translate
+from processor.postgres.schema import Tables
+
+__all__ = ["PostgresRetentionStore"]
+
+log = logging.getLogger(__name__)
+
+Conn = psycopg.Connection[TupleRow]
+
+# A chunk waits at most this long for a row lock (a batch writing the same saga): it gives way
+# and the next round tries again, rather than queueing the consumer behind it.
+LOCK_TIMEOUT = "1s"
+
+_SQL: dict[Purge, str] = {
+    # The saga's row and all its history go; the tombstone keeps it ended for the dedupe window.
+    # SKIP LOCKED: a row a batch or an operator holds is left for the next round. The history
+    # of the same sagas is deleted in the same statement, through its (saga_type, saga_id) index.
+    Purge.ENDED_SAGAS: """
+        WITH victims AS (
+            SELECT saga_type, saga_id FROM {instance}
+             WHERE status = 'ended' AND ended_at < now() - %(age)s
+             ORDER BY ended_at LIMIT %(limit)s
+               FOR UPDATE SKIP LOCKED
+        ), gone AS (
+            DELETE FROM {instance} AS i USING victims AS v
+             WHERE i.saga_type = v.saga_type AND i.saga_id = v.saga_id
+            RETURNING i.saga_type, i.saga_id, i.ended_at
+        ), history AS (
+            DELETE FROM {history} AS h USING gone AS g
+             WHERE h.saga_type = g.saga_type AND h.saga_id = g.saga_id
+        )
+        INSERT INTO {tombstone} AS t (saga_type, saga_id, ended_at)
+        SELECT saga_type, saga_id, ended_at FROM gone
+        ON CONFLICT (saga_type, saga_id) DO UPDATE
+           SET ended_at = excluded.ended_at, purged_at = now()
+        """,
+    # Applied rows are the message-id detector; they stay for the dedupe window (below).
+    Purge.HISTORY: """
+        DELETE FROM {history} WHERE id IN (
+            SELECT id FROM {history}
+             WHERE outcome <> 'applied' AND at < now() - %(age)s
+             ORDER BY at LIMIT %(limit)s)
+        """,
+    Purge.APPLIED: """
+        DELETE FROM {history} WHERE id IN (
+            SELECT id FROM {history} WHERE at < now() - %(age)s ORDER BY at LIMIT %(limit)s)
+        """,
+    Purge.TOMBSTONES: """
+        DELETE FROM {tombstone} WHERE (saga_type, saga_id) IN (
+            SELECT saga_type, saga_id FROM {tombstone}
+             WHERE ended_at < now() - %(age)s ORDER BY ended_at LIMIT %(limit)s)
+        """,
+    Purge.DEAD_LETTERS: """
+        DELETE FROM {dead_letter} WHERE id IN (
+            SELECT id FROM {dead_letter}
+             WHERE created_at < now() - %(age)s ORDER BY created_at LIMIT %(limit)s)
+        """,
+    # Only a resolved saga's: a parked saga's held messages wait for its retry, however old.
+    Purge.PARKED: """
+        DELETE FROM {parked} WHERE id IN (
+            SELECT p.id FROM {parked} AS p
+             WHERE p.created_at < now() - %(age)s
+               AND NOT EXISTS (
+                   SELECT 1 FROM {instance} AS i
+                    WHERE i.saga_type = p.saga_type AND i.saga_id = p.saga_id
+                      AND i.status = 'parked')
+             ORDER BY p.created_at LIMIT %(limit)s)
+        """,
+    Purge.FAILED_OUTBOX: """
+        DELETE FROM {failed_outbox} WHERE id IN (
+            SELECT id FROM {failed_outbox}
+             WHERE failed_at < now() - %(age)s ORDER BY failed_at LIMIT %(limit)s)
+        """,
+}
+
+
+class PostgresRetentionStore:
+    """:class:`processor.ports.RetentionStore` over one connection, opened on first use.
+
+    After a psycopg error the connection is dropped if it broke, and the call raises a runtime
+    failure (``Retryable`` for a lost connection or a lock not granted in time).
+
+    Args:
+        connect: Opens a new connection (not in autocommit).
+        tables: The processor's table names.
+    """
+
+    def __init__(self, connect: Callable[[], Conn], tables: Tables) -> None:
+        self._connect = connect
+        self._conn: Conn | None = None
+        self._lock_key = f"saga-retention:{tables.schema}"
+        self._sql = {what: tables.render(text) for what, text in _SQL.items()}
+
+    def purge(self, what: Purge, older_than: timedelta, limit: int) -> int | None:
+        try:
+            conn = self._connection()
+            with conn.transaction():
+                row = conn.execute(
+                    "SELECT pg_try_advisory_xact_lock(hashtext(%s))", (self._lock_key,)
+                ).fetchone()
+                if row is None or not row[0]:
+                    return None
+                conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+                cur = conn.execute(self._sql[what], {"age": older_than, "limit": limit})
+                return max(cur.rowcount, 0)
+        except psycopg.Error as e:
+            failure = translate(e)
+            if self._conn is not None and (self._conn.broken or self._conn.closed):
+                self.close()
+                raise Retryable(f"connection lost: {failure}") from e
+            raise failure from e
+
+    def _connection(self) -> Conn:
+        if self._conn is None or self._conn.closed:
+            self._conn = self._connect()
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._conn.close()
+            self._conn = None

@@ -1,0 +1,238 @@
+"""PostgreSQL and the Kafka broker restart under load; nobody has to do anything.
+
+Three processor replicas and the demo's accounts service run against a private PostgreSQL
+cluster and Kafka broker (never the shared ones) while transfer requests keep arriving.
+PostgreSQL is stopped and started again, then the broker. Every transfer saga must end, every
+account step be applied once (money is conserved), and no replica exit.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError, Producer
+
+from demo.accounts import AccountsService
+from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC, TransferRequested
+from tests.e2e.conftest import TRANSFER_SAGA
+from tests.support.harness import create_topics, headers_for, query, settings_for, wait_until
+from tests.support.private_stack import PrivateStack
+from tests.support.procs import ProcessorProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
+
+ACCOUNTS = {f"acc{i}": Decimal("10000.00") for i in range(8)}
+REPLICAS = 3
+# Transfer requests per second while the load runs.
+RATE = 20
+SCHEMA = "restarts"
+
+
+@dataclass
+class Load:
+    """Publishes transfer requests at a steady rate until stopped; rides out broker outages."""
+
+    kafka: str
+    topic: str
+    published: list[str] = field(default_factory=list)
+    errors: list[KafkaError] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        producer = Producer(
+            {
+                "bootstrap.servers": self.kafka,
+                "enable.idempotence": True,
+                "linger.ms": 5,
+                # Longer than any outage here: a request waits for the broker instead of failing.
+                "message.timeout.ms": 600_000,
+            }
+        )
+        names = sorted(ACCOUNTS)
+        run = uuid.uuid4().hex[:6]
+        n = 0
+        while not self.stop.wait(1 / RATE):
+            tid = f"tr-{run}-{n:05d}"
+            msg = TransferRequested(
+                transfer_id=tid,
+                source_account_id=names[n % len(names)],
+                target_account_id=names[(n + 3) % len(names)],
+                amount=Decimal("1.25"),
+            )
+            producer.produce(
+                self.topic,
+                key=tid.encode(),
+                value=msg.model_dump_json().encode(),
+                headers=[*headers_for(msg)],
+                on_delivery=self._delivered,
+            )
+            producer.poll(0)
+            self.published.append(tid)
+            n += 1
+        assert producer.flush(600) == 0
+
+    def _delivered(self, err: KafkaError | None, _msg: object) -> None:
+        if err is not None:
+            self.errors.append(err)
+
+
+@dataclass
+class World:
+    stack: PrivateStack
+    prefix: str
+    logs: Path
+    procs: list[ProcessorProcess] = field(default_factory=list)
+
+    def db(self, sql: str, *args: object) -> list[tuple[object, ...]]:
+        return query(self.stack.database, SCHEMA, sql, *args)
+
+    def count(self, sql: str, *args: object) -> int:
+        """A count, or -1 while the database is down."""
+        try:
+            value = self.db(sql, *args)[0][0]
+        except Exception:  # the server is being restarted
+            return -1
+        assert isinstance(value, int)
+        return value
+
+    def ended(self) -> int:
+        return self.count("SELECT count(*) FROM saga_instance WHERE status = 'ended'")
+
+    def start(self, name: str) -> ProcessorProcess:
+        settings = settings_for(
+            self.stack.kafka,
+            self.stack.database,
+            SCHEMA,
+            self.prefix,
+            sagas=[TRANSFER_SAGA],
+            instance_id=name,
+            # Shorter than the outages, so replicas give their partitions back and rejoin.
+            consumer={"unavailable_timeout": "8s"},
+        )
+        proc = ProcessorProcess(settings, self.logs / f"{name}.log")
+        self.procs.append(proc)
+        return proc
+
+
+@pytest.fixture
+def world(private_stack: PrivateStack, tmp_path: Path) -> Iterator[World]:
+    prefix = f"rl{uuid.uuid4().hex[:6]}."
+    create_topics(private_stack.kafka, [prefix + TRANSFER_EVENTS_TOPIC], partitions=6)
+    create_topics(
+        private_stack.kafka,
+        [prefix + ACCOUNT_COMMANDS_TOPIC, prefix + "saga-dead-letters"],
+        partitions=3,
+    )
+    w = World(private_stack, prefix, tmp_path)
+    try:
+        yield w
+    finally:
+        for p in w.procs:
+            p.stop()
+
+
+def test_every_saga_ends_and_money_is_conserved_across_postgres_and_broker_restarts(
+    world: World,
+) -> None:
+    stack = world.stack
+    service = AccountsService(
+        kafka={"bootstrap.servers": stack.kafka},
+        database_url=stack.database,
+        schema="demo_accounts",
+        topic_prefix=world.prefix,
+        application_name=f"accounts-{world.prefix}",
+    )
+    service.open_accounts(ACCOUNTS)
+    before = service.total()
+    # One replica migrates the schema before the others start.
+    replicas = [world.start("r0")]
+    wait_until(
+        lambda: world.count("SELECT count(*) FROM consumer_offset") >= 0,
+        timeout=120,
+        what="the first replica's schema",
+    )
+    replicas += [world.start(f"r{i}") for i in range(1, REPLICAS)]
+    stop = threading.Event()
+    accounts = threading.Thread(target=service.run, args=(stop,), name="accounts", daemon=True)
+    load = Load(stack.kafka, world.prefix + TRANSFER_EVENTS_TOPIC)
+    loader = threading.Thread(target=load.run, name="load", daemon=True)
+    accounts.start()
+    loader.start()
+    try:
+        wait_until(lambda: world.ended() >= 50, timeout=120, what="50 sagas ended before faults")
+
+        # PostgreSQL goes away for longer than the replicas' unavailable timeout.
+        stack.down("postgres")
+        down_at = len(load.published)
+        wait_until(
+            lambda: len(load.published) >= down_at + 15 * RATE,
+            timeout=60,
+            what="15 s of requests while PostgreSQL is down",
+        )
+        stack.up("postgres")
+        mark = len(load.published)
+        wait_until(
+            lambda: world.ended() >= mark,
+            timeout=180,
+            what=f"{mark} sagas ended after the PostgreSQL restart",
+        )
+        assert all(p.alive() for p in replicas), "a replica exited after the PostgreSQL restart"
+
+        # The broker restarts with requests, commands and replies in flight.
+        stack.down("kafka")
+        stack.up("kafka")
+        mark = len(load.published)
+        wait_until(
+            lambda: len(load.published) >= mark + 5 * RATE,
+            timeout=60,
+            what="requests after the broker restart",
+        )
+    finally:
+        load.stop.set()
+        loader.join(120)
+    try:
+        total = len(load.published)
+        assert not load.errors, load.errors[:3]
+        wait_until(
+            lambda: world.ended() == total,
+            timeout=300,
+            what=f"all {total} sagas ended",
+        )
+        wait_until(
+            lambda: world.count("SELECT count(*) FROM outbox") == 0,
+            timeout=120,
+            what="outbox drained",
+        )
+        wait_until(
+            lambda: service.ledger.steps() and len(service.ledger.steps()) == 2 * total,
+            timeout=120,
+            what="every account step applied",
+        )
+    finally:
+        stop.set()
+        accounts.join(60)
+    alive = [p.alive() for p in replicas]
+    assert all(alive), [p.log()[-3000:] for p, a in zip(replicas, alive, strict=True) if not a]
+    assert not accounts.is_alive()
+
+    # Every saga completed (debit then credit), each step applied exactly once: the money
+    # moved between accounts and none was made or lost.
+    rows = world.db("SELECT saga_id, status, state FROM saga_instance")
+    assert len(rows) == total
+    for saga_id, status, state in rows:
+        assert status == "ended", (saga_id, status)
+        assert isinstance(state, dict)
+        assert state["debit_confirmed"], (saga_id, state)
+        assert state["credit_confirmed"], (saga_id, state)
+    steps = service.ledger.steps()
+    assert {outcome for _, _, outcome in steps} == {"applied"}
+    assert service.total() == before
+    for table in ("dead_letter", "parked_message", "failed_outbox"):
+        assert world.count(f"SELECT count(*) FROM {table}") == 0, table
+    service.close()

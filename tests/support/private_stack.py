@@ -1,0 +1,103 @@
+"""A PostgreSQL cluster and a Kafka broker of one test's own, for tests that restart them.
+
+The shared services are never restarted: these come from ``deploy/local`` on free ports (their
+cluster name, ports and run directory come from the ``SAGA_PG_*``, ``SAGA_KAFKA_*`` and
+``SAGA_LOCAL_DIR`` variables) and are removed afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from devstack import DEPLOY, wait_for_kafka
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _kafka_jars() -> bool:
+    cache = Path(
+        os.environ.get("SAGA_CACHE_DIR")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "saga-processor"
+    )
+    return any(cache.glob("kafka-*/libs/kafka_2.13-*.jar"))
+
+
+@dataclass
+class PrivateStack:
+    """A PostgreSQL cluster and a Kafka broker that only this test uses."""
+
+    env: dict[str, str]
+    kafka: str
+    database: str
+
+    def _script(self, service: str, action: str) -> None:
+        subprocess.run(
+            [str(DEPLOY / f"{service}.sh"), action],
+            env=self.env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def up(self, service: str) -> None:
+        self._script(service, "up")
+
+    def down(self, service: str) -> None:
+        self._script(service, "down")
+
+
+@contextmanager
+def private_stack(tmp_path: Path) -> Iterator[PrivateStack]:
+    """A private PostgreSQL cluster and Kafka broker, removed afterwards (skips if impossible)."""
+    if os.geteuid() != 0 or shutil.which("pg_createcluster") is None:
+        pytest.skip("a private PostgreSQL cluster needs root and Debian's postgresql-common")
+    if not _kafka_jars():
+        pytest.skip("the Kafka jars are not cached (deploy/local/kafka.sh fetch)")
+    cluster = f"sagat{uuid.uuid4().hex[:8]}"
+    pg_port, kafka_port, controller_port = _free_port(), _free_port(), _free_port()
+    env = {
+        **os.environ,
+        "SAGA_LOCAL_DIR": str(tmp_path / "stack"),
+        "SAGA_PG_CLUSTER": cluster,
+        "SAGA_PG_PORT": str(pg_port),
+        "SAGA_KAFKA_PORT": str(kafka_port),
+        "SAGA_KAFKA_CONTROLLER_PORT": str(controller_port),
+    }
+    stack = PrivateStack(
+        env,
+        kafka=f"127.0.0.1:{kafka_port}",
+        database=f"postgresql://saga:saga@127.0.0.1:{pg_port}/saga",
+    )
+    try:
+        stack.up("postgres")
+        stack.up("kafka")
+        wait_for_kafka(stack.kafka, timeout=120)
+        yield stack
+    finally:
+        subprocess.run([str(DEPLOY / "kafka.sh"), "down"], env=env, check=False)
+        version = sorted(
+            os.listdir("/usr/lib/postgresql"), key=lambda v: [int(p) for p in v.split(".")]
+        )[-1]
+        subprocess.run(
+            ["pg_dropcluster", "--stop", version, cluster],
+            check=False,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        # pg_dropcluster leaves the directory behind when it holds files it did not create
+        # (postgres.sh adds conf.d/saga.conf).
+        shutil.rmtree(f"/etc/postgresql/{version}/{cluster}", ignore_errors=True)

@@ -1,0 +1,95 @@
+"""The preflight check's judgement over a fake database and cluster (the real one is in
+tests/integration/test_upcasting.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from processor.messages import registry
+from processor.ops.check import StoredSaga, Topology, run_check
+from processor.postgres.schema import MIGRATIONS, Tables, pending_sql
+from processor.runner import bind_all
+from tests.unit.test_upcasting import AccountV2
+
+
+@dataclass
+class FakeSource:
+    schema: int = len(MIGRATIONS)
+    sagas: list[StoredSaga] = field(default_factory=list)
+    deadlines: list[tuple[str, str, int]] = field(default_factory=list)
+    parked: list[tuple[str, str | None, str | None, int]] = field(default_factory=list)
+    partitions: dict[str, set[int]] = field(default_factory=dict)
+
+    def schema_version(self) -> int:
+        return self.schema
+
+    def unended_sagas(self) -> Iterable[StoredSaga]:
+        return self.sagas
+
+    def pending_deadlines(self) -> list[tuple[str, str, int]]:
+        return self.deadlines
+
+    def parked_messages(self) -> list[tuple[str, str | None, str | None, int]]:
+        return self.parked
+
+    def stored_partitions(self, group_id: str) -> dict[str, set[int]]:
+        return self.partitions
+
+
+SAGAS = bind_all([AccountV2])
+TYPE = "unit-upcast-account"
+
+
+def _row(i: int, state: dict[str, object], version: int) -> StoredSaga:
+    return StoredSaga(TYPE, f"a-{i}", state, version, "active", None, None)
+
+
+def test_a_healthy_database_passes_with_notes_on_rows_to_upcast() -> None:
+    rows = [_row(1, {"account": "a-1", "balance": "1", "legacy_flag": True}, 1)]
+    report = run_check(FakeSource(sagas=rows), SAGAS, registry, expected_schema=len(MIGRATIONS))
+    assert report.ok, report.render()
+    assert report.notes == [
+        f"saga {TYPE!r}: 1 saga(s) stored at state v1 are upcast to v2 on their next change"
+    ]
+    assert report.render().endswith("check passed")
+
+
+def test_every_kind_of_problem_is_reported_at_once() -> None:
+    rows = [_row(i, {"x": 1}, 0) for i in range(5)] + [
+        StoredSaga("gone-saga", "g", {}, 1, "parked", None, None)
+    ]
+    source = FakeSource(
+        schema=len(MIGRATIONS) - 1,
+        sagas=rows,
+        deadlines=[(TYPE, "no-such-timer", 2)],
+        parked=[(TYPE, "unit.upcast.Unknown", "1", 1)],
+        partitions={"in": {0, 1}},
+    )
+
+    def counts(topics: Iterable[str]) -> Mapping[str, int | None]:
+        return {"in": 3, "out": None}
+
+    topology = Topology("g", frozenset({"in"}), frozenset({"out"}), counts)
+    report = run_check(source, SAGAS, registry, expected_schema=len(MIGRATIONS), topology=topology)
+    text = "\n".join(report.problems)
+    assert f"schema is at migration {len(MIGRATIONS) - 1}" in text
+    assert f"saga {TYPE!r} state v0: 5 unended saga(s) cannot run" in text
+    assert "e.g. a-0, a-1, a-2)" in text  # examples, not every id
+    assert "'gone-saga'" in text
+    assert "pending deadline(s) 'no-such-timer'" in text
+    assert "'unit.upcast.Unknown' v1 that this code cannot decode" in text
+    assert "topic 'out' (the processor writes it) does not exist" in text
+    assert "topic 'in' has 3 partition(s)" in text
+    assert len(report.problems) == 7
+    assert report.render().endswith("check FAILED: 7 problem(s)")
+
+
+def test_pending_sql_lists_only_the_migrations_not_yet_applied() -> None:
+    tables = Tables("s")
+    assert pending_sql(len(MIGRATIONS), tables) == ""
+    last = pending_sql(len(MIGRATIONS) - 1, tables)
+    assert f"-- migration {len(MIGRATIONS)}" in last
+    assert "CREATE TABLE" not in last
+    assert f"VALUES ({len(MIGRATIONS)});" in last
+    assert pending_sql(0, tables).startswith('CREATE SCHEMA IF NOT EXISTS "s";')
