@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -22,6 +23,9 @@ from processor.kafka.logs import client_logger
 log = logging.getLogger(__name__)
 
 TP = tuple[str, int]
+
+# Seconds between two refreshes of the high watermarks the lag gauge reads.
+_MARKS_EVERY = 1.0
 
 
 def to_record(msg: Any) -> Record:
@@ -72,6 +76,11 @@ class SagaConsumer:
         self._topics = list(topics)
         # Rebalances seen, by kind (assigned, revoked, lost), for the metrics endpoint.
         self.rebalances: Counter[str] = Counter()
+        # Partitions assigned now, and their high watermarks as of the last refresh (see
+        # high_watermarks): written on the consuming thread, read by the metrics sampler.
+        self._assigned_tps: set[TP] = set()
+        self._marks: dict[TP, int] = {}
+        self._marks_at = 0.0
         self._consumer = Consumer(conf)
         self.rejoin()
 
@@ -80,6 +89,7 @@ class SagaConsumer:
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(p.topic, p.partition) for p in partitions]
         self.rebalances["assigned"] += 1
+        self._assigned_tps.update(tps)
         offsets = self._on_assign(tps) if tps else {}
         starts = [TopicPartition(t, p, _start(offsets.get((t, p)))) for t, p in tps]
         consumer.incremental_assign(starts)
@@ -95,6 +105,7 @@ class SagaConsumer:
 
     def _unassign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(p.topic, p.partition) for p in partitions]
+        self._assigned_tps.difference_update(tps)
         if tps:
             self._on_revoke(tps)
         consumer.incremental_unassign(partitions)
@@ -110,7 +121,24 @@ class SagaConsumer:
                     # The consumer cannot go on; the process restarts (a fatal runtime failure).
                     raise RuntimeFailure(f"consumer failed: {err}")
                 log.warning("consumer error: %s", err)
+        if time.monotonic() - self._marks_at >= _MARKS_EVERY:
+            self._refresh_marks()
         return out
+
+    def _refresh_marks(self) -> None:
+        # The cached values come from the fetcher's last response (a caught-up consumer still
+        # long-polls, so they stay current); reading them is local and never blocks.
+        marks: dict[TP, int] = {}
+        for t, p in sorted(self._assigned_tps):
+            try:
+                _low, high = self._consumer.get_watermark_offsets(TopicPartition(t, p), cached=True)
+            except KafkaException as e:
+                log.debug("no watermark for %s/%d: %s", t, p, e)
+                continue
+            if high is not None and high >= 0:
+                marks[(t, p)] = int(high)
+        self._marks = marks  # replaced whole: the reader sees one refresh or the next
+        self._marks_at = time.monotonic()
 
     def seek(self, tp: TP, offset: int | None) -> None:
         try:
@@ -145,24 +173,16 @@ class SagaConsumer:
             except KafkaException as e:
                 log.debug("advisory commit skipped: %s", e)
 
-    def high_watermarks(self, tps: Sequence[TP], timeout: float = 5.0) -> dict[TP, int]:
-        """Each partition's high watermark as the broker reports it (for the lag gauge).
+    def high_watermarks(self, tps: Sequence[TP]) -> dict[TP, int]:
+        """Each partition's high watermark as of the consuming thread's last refresh (lag gauge).
 
-        Safe to call from a thread other than the consuming one (librdkafka's query is); a
-        partition the broker does not answer for is left out.
+        Safe from any thread because it does not touch the client: the consumer admits one
+        calling thread at a time, so a call from the sampler would wait (without bound) while
+        the worker polls back to back. The consuming thread refreshes these at most every
+        second; an assigned partition not fetched yet, or not assigned here, is left out.
         """
-        out: dict[TP, int] = {}
-        for t, p in tps:
-            try:
-                _low, high = self._consumer.get_watermark_offsets(
-                    TopicPartition(t, p), timeout=timeout, cached=False
-                )
-            except KafkaException as e:
-                log.debug("no watermark for %s/%d: %s", t, p, e)
-                continue
-            if high is not None and high >= 0:
-                out[(t, p)] = int(high)
-        return out
+        marks = self._marks
+        return {tp: marks[tp] for tp in tps if tp in marks}
 
     def close(self) -> None:
         self._consumer.close()

@@ -7,16 +7,19 @@ calls in (start, each committed batch, shutdown), and this module what happens t
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from processor.engine.rows import WriteSet
 from processor.observe.health import Probe, liveness, readiness
 from processor.observe.metrics import Metrics
+from processor.observe.sample import DatabaseSample
 from processor.observe.sampler import Sampler
 from processor.observe.server import ObserveServer
 from processor.observe.tracing import tracing
 from processor.postgres.gauges import PostgresGauges
 from processor.postgres.schema import MIGRATIONS
+from processor.runtime.lane import Lane, Stuck
 from processor.runtime.worker import BatchDone
 
 if TYPE_CHECKING:
@@ -63,15 +66,19 @@ class Observability:
                 processor.relay.tracing = spans
         if ms.port == 0 and not ms.bind_any:
             return
-        gauges = PostgresGauges(
-            # Bounded: a sample left idle in a transaction must not hold anything.
-            processor.connect,
-            processor.tables,
-            processor.settings.consumer.group_id,
-            processor.instance_id,
+        self._gauges = _BoundedGauges(
+            lambda: PostgresGauges(
+                processor.connect,
+                processor.tables,
+                processor.settings.consumer.group_id,
+                processor.instance_id,
+            ),
+            # A sample older than this makes /readyz fail anyway: waiting longer gains nothing.
+            bound=self._stale_after,
         )
-        self._gauges = gauges
-        self.sampler = Sampler(gauges.sample, self.metrics, ms.sample_interval.total_seconds())
+        self.sampler = Sampler(
+            self._gauges.sample, self.metrics, ms.sample_interval.total_seconds()
+        )
         self.server = ObserveServer(
             self.metrics.registry,
             self.healthz,
@@ -126,3 +133,34 @@ class Observability:
             worker=worker.health() if worker is not None else None,
             stale_after=self._stale_after,
         )
+
+
+class _BoundedGauges:
+    """Takes each sample on a lane (processor/runtime/lane.py) and waits a bounded time.
+
+    Behind a black-holed network a query never returns and never fails, and its connection
+    stays wedged after the network heals: a sampler blocked on it would stop sampling for good
+    and keep /readyz failing after the database is back. On timeout the lane is abandoned with
+    its connection, and the next sample starts on a fresh lane and a fresh connection.
+    """
+
+    def __init__(self, make: Callable[[], PostgresGauges], bound: float) -> None:
+        self._make = make
+        self._bound = bound
+        self._gauges = make()
+        self._lane = Lane("metrics-sample")
+
+    def sample(self) -> DatabaseSample:
+        try:
+            return self._lane.call(self._gauges.sample, self._bound)
+        except Stuck:
+            # The stuck call keeps the old gauges (and connection) on its abandoned thread.
+            self._lane.close()
+            self._lane = Lane("metrics-sample")
+            self._gauges = self._make()
+            raise
+
+    def close(self) -> None:
+        # Queued behind any running sample, so the connection is not closed under it.
+        self._lane.submit(self._gauges.close)
+        self._lane.close()

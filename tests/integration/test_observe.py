@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import urllib.error
 import urllib.request
 import uuid
@@ -93,11 +94,21 @@ def test_metrics_move_with_a_load_and_commands_continue_the_trace(env: dict[str,
         pub.event(events, f"load-{i}", _requested(f"load-{i}"))
     pub.raw(events, b"bad", b"not json", [("message-type", b"no.such.Type")])
     pub.flush()
+    # Until the test has seen the lag rise, each batch waits up to 50 ms before its commit: a
+    # fast machine would otherwise drain the load between two samples of the gauge.
+    seen_lag = threading.Event()
+    hooks = Hooks()
+
+    def slow_until_seen() -> None:
+        seen_lag.wait(0.05)
+
+    hooks.on("before-commit", slow_until_seen)
     try:
-        with running(settings, [TransferSaga]) as proc:
+        with running(settings, [TransferSaga], hooks=hooks) as proc:
             port = proc.metrics_port
             assert port is not None
             wait_until(lambda: _total(_metrics(port), "saga_consumer_lag_records") > 0, what="lag")
+            seen_lag.set()
             wait_until(
                 lambda: (
                     _total(m := _metrics(port), "saga_records_consumed_total") >= 402
@@ -119,6 +130,7 @@ def test_metrics_move_with_a_load_and_commands_continue_the_trace(env: dict[str,
             )
             m = _metrics(port)
             assert _total(m, "saga_dead_letters_total") == 1
+            assert m[("saga_dead_letters_total", (("reason", "unknown-type"),))] == 1
             assert _total(m, "saga_batches_total") > 0
             assert m[("saga_up", ())] == 1
             assert _get(port, "/healthz")[0] == 200
