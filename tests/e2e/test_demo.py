@@ -40,3 +40,6 @@ def test_quick_demo_fires_a_timeout_and_conserves_money(services: Services) -> N
     assert "timed out" in out, out
     assert "money conserved: sum of balances before" in out, out
     assert "2 processor replicas" in out, out
+    metrics = next(x for x in out.splitlines() if x.startswith("metrics"))
+    assert "replica 1: http://127.0.0.1:" in metrics, out
+    assert "replica 2: http://127.0.0.1:" in metrics, out
