@@ -94,7 +94,17 @@ def _drop_schemas(database: str, names: Sequence[str]) -> None:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
 
 
-def _replica_env(kafka: str, database: str, schema: str, prefix: str, n: int) -> dict[str, str]:
+def _free_port() -> int:
+    # Asked of the OS just before the replica starts: several replicas (and other demos or
+    # tests on the machine) each need their own metrics port.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _replica_env(
+    kafka: str, database: str, schema: str, prefix: str, n: int, metrics_port: int
+) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
     env.update(
         {
@@ -115,6 +125,8 @@ def _replica_env(kafka: str, database: str, schema: str, prefix: str, n: int) ->
             "SAGA_DEADLINE__REDISPATCH_AFTER": "3s",
             "SAGA_SHUTDOWN_TIMEOUT": "10s",
             "SAGA_SETTINGS": json.dumps({"transfer.payment-timeout": PAYMENT_TIMEOUT_S}),
+            "SAGA_METRICS__HOST": "127.0.0.1",
+            "SAGA_METRICS__PORT": str(metrics_port),
         }
     )
     return env
@@ -165,12 +177,6 @@ def _stop_all(replicas: Sequence[Replica]) -> None:
         r.terminate()
     for r in replicas:
         r.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _start_console(
@@ -239,13 +245,20 @@ def run(args: argparse.Namespace) -> int:
         # Migrate once up front so the display can read the tables before the replicas are up.
         ensure_schema(database, Tables(schema=schema))
         replicas: list[Replica] = []
+        endpoints: list[str] = []
         for n in range(1, args.replicas + 1):
-            env = _replica_env(kafka, database, schema, prefix, n)
+            port = _free_port()
+            env = _replica_env(kafka, database, schema, prefix, n, port)
             replicas.append(Replica(env, logs / f"replica-{n}.log"))
+            endpoints.append(f"replica {n}: http://127.0.0.1:{port}/metrics")
         cleanup.callback(_stop_all, replicas)
         console, console_url = _start_console(
-            cleanup, _replica_env(kafka, database, schema, prefix, 0), logs, args.console_port
+            cleanup,
+            _replica_env(kafka, database, schema, prefix, 0, _free_port()),
+            logs,
+            args.console_port,
         )
+        say("metrics (Prometheus; /healthz and /readyz beside them): " + ", ".join(endpoints))
         service = _start_accounts(
             cleanup, kafka, database, accounts_schema, prefix=prefix, plan=plan
         )

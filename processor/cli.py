@@ -8,7 +8,7 @@ settings. Every command that needs configuration takes it as `--app MODULE:ATTR`
 from __future__ import annotations
 
 import argparse
-import logging
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +19,7 @@ from processor import cli_commands as c
 from processor import cli_inspect as i
 from processor import cli_preflight as p
 from processor.errors import SagaError
+from processor.observe.logs import configure_logging
 from processor.ops import contract
 from processor.settings import load_settings
 
@@ -184,11 +185,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 help="the application object (default: SAGA_APP)",
             )
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(threadName)s: %(message)s",
-        stream=sys.stderr,
-    )
+    # Read before the settings, so that their own errors are logged in the chosen format; the
+    # settings check the value again (a typo there is refused like any other).
+    log_format = os.environ.get("SAGA_LOG_FORMAT", "text").strip().lower()
+    if log_format not in ("text", "json"):
+        print("saga-processor: SAGA_LOG_FORMAT: use text or json", file=sys.stderr)
+        return 2
+    configure_logging(args.log_level, "json" if log_format == "json" else "text")
     try:
         command = commands[args.command or DEFAULT_COMMAND]
         if command.offline:

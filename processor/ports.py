@@ -232,6 +232,9 @@ class Due:
     topic: str
     partition: int
     due_at: datetime
+    # The trace context of the input that set the deadline, carried to its fired record.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 class DeadlineStore(Protocol):

@@ -219,6 +219,21 @@ class ConsoleSettings(BaseModel):
     token: SecretStr | None = None
 
 
+class MetricsSettings(BaseModel):
+    """The HTTP endpoint for Prometheus and the probes (`SAGA_METRICS__*`; deploy/METRICS.md)."""
+
+    # 0 disables the endpoint (and the sampler); tests may ask for a free port with `bind_any`.
+    port: int = Field(default=9464, ge=0, le=65535)
+    host: str = "0.0.0.0"
+    # Pick a free port instead of `port` (tests: several processors in one machine).
+    bind_any: bool = False
+    # How often the database-derived gauges (outbox, deadlines, sagas, lag) are sampled.
+    sample_interval: Duration = timedelta(seconds=15)
+    # /healthz fails when the consumer loop has not stepped for this long; /readyz fails when
+    # the last successful sample of the database is older than this.
+    stale_after: Duration = timedelta(seconds=60)
+
+
 class RetentionSettings(BaseModel):
     """Built-in retention: which old rows the processor deletes, and when (`SAGA_RETENTION__*`).
 
@@ -284,6 +299,10 @@ class ProcessorSettings(BaseSettings):
     console: ConsoleSettings = Field(default_factory=ConsoleSettings)
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
     shutdown_timeout: Duration = timedelta(seconds=20)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    # Read by the command line only (it configures logging): `text` for a terminal, `json` for
+    # a log pipeline. A setting, so that a misspelt value is refused like any other.
+    log_format: Literal["text", "json"] = "text"
 
 
 # `SAGA_*` variables that are not settings but belong to the tools around the processor: the

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -33,14 +34,17 @@ __all__ = [
     "HEADER_SAGA_TYPE",
     "HEADER_SCHEMA_VERSION",
     "HEADER_TRACEPARENT",
+    "HEADER_TRACESTATE",
     "OPERATOR_COMMAND",
     "FiredRecord",
     "OperatorAction",
     "OperatorRecord",
     "Topics",
+    "child_traceparent",
     "dead_letter_headers",
     "deadline_channel",
     "outbox_channel",
+    "parse_traceparent",
 ]
 
 # -- headers of events and commands ---------------------------------------------------------
@@ -53,8 +57,10 @@ HEADER_OCCURRED_AT = "occurred-at"
 HEADER_SAGA_TYPE = "saga-type"
 HEADER_SAGA_ID = "saga-id"
 HEADER_DEADLINE_UNIX_MS = "deadline-unix-ms"
-# W3C trace context; participants copy it from a command to its replies.
+# W3C trace context (https://www.w3.org/TR/trace-context/): carried from an event to the
+# commands and fired deadlines it causes.
 HEADER_TRACEPARENT = "traceparent"
+HEADER_TRACESTATE = "tracestate"
 
 # -- deadline-fired records -----------------------------------------------------------------
 DEADLINE_FIRED = "saga.deadline-fired"
@@ -108,8 +114,17 @@ class FiredRecord:
         }
         return json.dumps(body).encode()
 
-    def headers(self) -> dict[str, str]:
+    def headers(
+        self, traceparent: str | None = None, tracestate: str | None = None
+    ) -> dict[str, str]:
+        """The fired record's headers; the trace context of the event that set the deadline."""
+        trace = {}
+        if traceparent:
+            trace[HEADER_TRACEPARENT] = child_traceparent(traceparent, self.message_id) or ""
+            if tracestate:
+                trace[HEADER_TRACESTATE] = tracestate
         return {
+            **{k: v for k, v in trace.items() if v},
             HEADER_MESSAGE_TYPE: DEADLINE_FIRED,
             HEADER_MESSAGE_ID: self.message_id,
             HEADER_SAGA_TYPE: self.saga_type,
@@ -247,6 +262,44 @@ def dead_letter_headers(
         HEADER_SOURCE_PARTITION: str(partition),
         HEADER_SOURCE_OFFSET: str(offset),
     }
+
+
+# -- trace context --------------------------------------------------------------------------
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+
+
+def parse_traceparent(value: str | None) -> tuple[str, str, str] | None:
+    """(trace id, parent span id, flags) of a valid ``traceparent``; None otherwise.
+
+    Versions other than 00 are read as 00 (as the specification asks), the all-zero ids and
+    version ff are invalid.
+    """
+    if not value:
+        return None
+    m = _TRACEPARENT.match(value.strip().lower())
+    if m is None or m.group(1) == "ff":
+        return None
+    trace_id, span_id, flags = m.group(2), m.group(3), m.group(4)
+    if trace_id == "0" * 32 or span_id == "0" * 16:
+        return None
+    return trace_id, span_id, flags
+
+
+def child_traceparent(parent: str | None, seed: str) -> str | None:
+    """A ``traceparent`` that continues ``parent``'s trace under a new span id.
+
+    The span id is derived from ``seed`` (the child message's id), so a batch planned again
+    after a failed commit gives its commands the very same headers. None when ``parent`` is
+    missing or invalid: a broken context is dropped rather than forwarded.
+    """
+    parsed = parse_traceparent(parent)
+    if parsed is None:
+        return None
+    trace_id, parent_span, flags = parsed
+    span = hashlib.blake2b(f"{parent_span}:{seed}".encode(), digest_size=8).hexdigest()
+    if span == "0" * 16:  # pragma: no cover - one chance in 2**64
+        span = "0" * 15 + "1"
+    return f"00-{trace_id}-{span}-{flags}"
 
 
 # -- NOTIFY channels ------------------------------------------------------------------------

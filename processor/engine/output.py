@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, Literal
 
@@ -40,7 +41,7 @@ from processor.messages import (
     MessageRegistry,
 )
 from processor.runner import BoundSaga, command_message_id
-from processor.wire import Topics
+from processor.wire import HEADER_TRACEPARENT, HEADER_TRACESTATE, Topics, child_traceparent
 
 HistoryPayload = Literal["full", "hashed", "off"]
 """What the history keeps of each record: headers and value; headers and the value's SHA-256;
@@ -60,6 +61,8 @@ class Output:
     _attempts: int
     _topics: Topics
     _now_text: tuple[datetime | None, str]
+    # Wraps each handler call (an OpenTelemetry span, see processor/observe/tracing.py).
+    handler_span: Callable[[str, str, Record], AbstractContextManager[object]] | None
 
     def _history(
         self,
@@ -131,6 +134,7 @@ class Output:
         causation: str,
         correlation: str,
         now: datetime,
+        trace: tuple[str | None, str | None] = (None, None),
     ) -> OutboxRow:
         mtype = self._registry.of(type(intent.message))
         for name, text in intent.headers.items():
@@ -139,17 +143,29 @@ class Output:
         # Version and position make the id stable if this input is ever planned again; the
         # version is the one this input's handler produces.
         seq = ((w.version + 1) << 16) | index
-        headers = {
-            **intent.headers,
-            HEADER_MESSAGE_ID: command_message_id(w.bound.saga_type, w.saga_id, seq),
-            HEADER_MESSAGE_TYPE: mtype.name,
-            HEADER_SCHEMA_VERSION: str(mtype.version),
-            HEADER_CORRELATION_ID: correlation,
-            HEADER_CAUSATION_ID: causation,
-            HEADER_OCCURRED_AT: self._occurred_at(now),
-            HEADER_SAGA_TYPE: w.bound.saga_type,
-            HEADER_SAGA_ID: w.saga_id,
-        }
+        message_id = command_message_id(w.bound.saga_type, w.saga_id, seq)
+        traceparent, tracestate = trace
+        headers: dict[str, str] = {}
+        if traceparent is not None:
+            # The command continues the event's trace, one span further (see wire).
+            child = child_traceparent(traceparent, message_id)
+            if child is not None:
+                headers[HEADER_TRACEPARENT] = child
+                if tracestate:
+                    headers[HEADER_TRACESTATE] = tracestate
+        headers.update(intent.headers)
+        headers.update(
+            {
+                HEADER_MESSAGE_ID: message_id,
+                HEADER_MESSAGE_TYPE: mtype.name,
+                HEADER_SCHEMA_VERSION: str(mtype.version),
+                HEADER_CORRELATION_ID: correlation,
+                HEADER_CAUSATION_ID: causation,
+                HEADER_OCCURRED_AT: self._occurred_at(now),
+                HEADER_SAGA_TYPE: w.bound.saga_type,
+                HEADER_SAGA_ID: w.saga_id,
+            }
+        )
         if intent.deadline_unix_ms is not None:
             headers[HEADER_DEADLINE_UNIX_MS] = str(intent.deadline_unix_ms)
         return OutboxRow(
@@ -216,3 +232,13 @@ class Output:
             ws.deadline_deletes.append((*key, name))
             if insert is not None:
                 ws.deadline_inserts.append(insert)
+
+
+def trace_of(record: Record) -> tuple[str | None, str | None]:
+    """The record's W3C trace context headers, as (traceparent, tracestate)."""
+    if not record.headers:
+        return None, None
+    state = record.header(HEADER_TRACESTATE)
+    if state is not None and ("\x00" in state or len(state) > 512):
+        state = None  # not a valid tracestate (at most 32 short members), and unstorable
+    return record.header(HEADER_TRACEPARENT), state

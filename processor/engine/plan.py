@@ -75,6 +75,7 @@ class Planner(OperatorSteps):
         self._dead_letter_topic = dead_letter_topic
         self._attempts = handler_attempts
         self._topics = Topics(topic_prefix)
+        self.handler_span = None
         self._now_text: tuple[datetime | None, str] = (None, "")
         self._routes: dict[type[Message], list[BoundSaga]] = {}
         # For records newer than the code: by wire name, the sagas that handle some version of

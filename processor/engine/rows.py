@@ -155,6 +155,9 @@ class DeadlineInsert:
     payload: Any
     topic: str
     partition: int
+    # The W3C trace context of the input that set it, for its fired record.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

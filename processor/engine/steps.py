@@ -14,7 +14,7 @@ from processor.engine.decode import (
     FiredDeadline,
     TooNew,
 )
-from processor.engine.output import Output
+from processor.engine.output import Output, trace_of
 from processor.engine.records import OutboxRow
 from processor.engine.rows import (
     ACTIVE,
@@ -190,9 +190,14 @@ class Steps(Output):
     def _run(self, ws: WriteSet, w: Working, item: Item, call: Any, now: datetime) -> bool:
         """Runs a handler with its retries; parks the saga and returns False if it fails."""
         error: HandlerError | None = None
+        span = self.handler_span
         for _ in range(self._attempts):
             try:
-                outcome = call()
+                if span is None:
+                    outcome = call()
+                else:
+                    with span(w.bound.saga_type, w.saga_id, item.decoded.record):
+                        outcome = call()
                 break
             except HandlerError as e:
                 error = e
@@ -205,10 +210,11 @@ class Steps(Output):
             self._fail(ws, w, item, f"{error.handler_name}: {describe_error(cause)}"[:1000])
             return False
         correlation = self._correlation(item)
+        trace = trace_of(item.decoded.record)
         rows: list[OutboxRow] = []
         for i, intent in enumerate(outcome.commands):
             try:
-                rows.append(self._command(w, intent, i, item.message_id, correlation, now))
+                rows.append(self._command(w, intent, i, item.message_id, correlation, now, trace))
             except Exception as e:  # e.g. a class nobody registered: nothing is applied
                 what = type(intent.message).__qualname__
                 reason = f"{outcome.handler_name}: command {i} ({what}): {describe_error(e)}"
@@ -254,6 +260,7 @@ class Steps(Output):
             return {"op": "cancel", "name": op.name}
         assert isinstance(op, ScheduleDeadline)
         record = item.decoded.record
+        traceparent, tracestate = trace_of(record)
         insert = w.deadline_ops[op.name] = DeadlineInsert(
             id=self._deadline_ids(),
             saga_type=w.bound.saga_type,
@@ -264,6 +271,8 @@ class Steps(Output):
             # Fired records go back to the partition this saga's input arrives on.
             topic=record.topic,
             partition=record.partition,
+            traceparent=traceparent,
+            tracestate=tracestate,
         )
         return {
             "op": "schedule",

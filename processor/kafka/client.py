@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -21,6 +23,9 @@ from processor.kafka.logs import client_logger
 log = logging.getLogger(__name__)
 
 TP = tuple[str, int]
+
+# Seconds between two refreshes of the high watermarks the lag gauge reads.
+_MARKS_EVERY = 1.0
 
 
 def to_record(msg: Any) -> Record:
@@ -69,6 +74,13 @@ class SagaConsumer:
         self._on_assign = on_assign
         self._on_revoke = on_revoke
         self._topics = list(topics)
+        # Rebalances seen, by kind (assigned, revoked, lost), for the metrics endpoint.
+        self.rebalances: Counter[str] = Counter()
+        # Partitions assigned now, and their high watermarks as of the last refresh (see
+        # high_watermarks): written on the consuming thread, read by the metrics sampler.
+        self._assigned_tps: set[TP] = set()
+        self._marks: dict[TP, int] = {}
+        self._marks_at = 0.0
         self._consumer = Consumer(conf)
         self.rejoin()
 
@@ -76,12 +88,24 @@ class SagaConsumer:
     # the incremental calls, or partitions are left unconsumed.
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(p.topic, p.partition) for p in partitions]
+        self.rebalances["assigned"] += 1
+        self._assigned_tps.update(tps)
         offsets = self._on_assign(tps) if tps else {}
         starts = [TopicPartition(t, p, _start(offsets.get((t, p)))) for t, p in tps]
         consumer.incremental_assign(starts)
 
     def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.rebalances["revoked"] += 1
+        self._unassign(consumer, partitions)
+
+    def _lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # The session expired: another member may own these already; forget them as revoked.
+        self.rebalances["lost"] += 1
+        self._unassign(consumer, partitions)
+
+    def _unassign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(p.topic, p.partition) for p in partitions]
+        self._assigned_tps.difference_update(tps)
         if tps:
             self._on_revoke(tps)
         consumer.incremental_unassign(partitions)
@@ -97,7 +121,24 @@ class SagaConsumer:
                     # The consumer cannot go on; the process restarts (a fatal runtime failure).
                     raise RuntimeFailure(f"consumer failed: {err}")
                 log.warning("consumer error: %s", err)
+        if time.monotonic() - self._marks_at >= _MARKS_EVERY:
+            self._refresh_marks()
         return out
+
+    def _refresh_marks(self) -> None:
+        # The cached values come from the fetcher's last response (a caught-up consumer still
+        # long-polls, so they stay current); reading them is local and never blocks.
+        marks: dict[TP, int] = {}
+        for t, p in sorted(self._assigned_tps):
+            try:
+                _low, high = self._consumer.get_watermark_offsets(TopicPartition(t, p), cached=True)
+            except KafkaException as e:
+                log.debug("no watermark for %s/%d: %s", t, p, e)
+                continue
+            if high is not None and high >= 0:
+                marks[(t, p)] = int(high)
+        self._marks = marks  # replaced whole: the reader sees one refresh or the next
+        self._marks_at = time.monotonic()
 
     def seek(self, tp: TP, offset: int | None) -> None:
         try:
@@ -118,7 +159,7 @@ class SagaConsumer:
 
     def rejoin(self) -> None:
         self._consumer.subscribe(
-            self._topics, on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._revoked
+            self._topics, on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost
         )
 
     def commit_advisory(self, offsets: Mapping[TP, int]) -> None:
@@ -131,6 +172,17 @@ class SagaConsumer:
                 )
             except KafkaException as e:
                 log.debug("advisory commit skipped: %s", e)
+
+    def high_watermarks(self, tps: Sequence[TP]) -> dict[TP, int]:
+        """Each partition's high watermark as of the consuming thread's last refresh (lag gauge).
+
+        Safe from any thread because it does not touch the client: the consumer admits one
+        calling thread at a time, so a call from the sampler would wait (without bound) while
+        the worker polls back to back. The consuming thread refreshes these at most every
+        second; an assigned partition not fetched yet, or not assigned here, is left out.
+        """
+        marks = self._marks
+        return {tp: marks[tp] for tp in tps if tp in marks}
 
     def close(self) -> None:
         self._consumer.close()

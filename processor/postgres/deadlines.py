@@ -95,7 +95,7 @@ class PostgresDeadlineStore:
                                 WHERE name = %(name)s AND holder = %(holder)s
                                   AND token = %(token)s AND expires_at > now())
                 RETURNING d.id::text, d.saga_type, d.saga_id, d.name, d.topic, d.partition,
-                          d.due_at
+                          d.due_at, d.traceparent, d.tracestate
                 """.replace("WHICH", which)
             )
 

@@ -234,6 +234,12 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX ON {instance} ((coalesce(machine_state_since, updated_at)))
      WHERE status <> 'ended';
     """,
+    # 8 (metrics10): the W3C trace context of the input that set a deadline, so that its fired
+    # record (and the commands that one causes) continue the same trace.
+    """
+    ALTER TABLE {deadline} ADD COLUMN traceparent text,
+                           ADD COLUMN tracestate  text;
+    """,
 )
 
 

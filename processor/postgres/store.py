@@ -149,9 +149,11 @@ class BatchStore:
         )
         self._insert_deadlines = r(
             """
-            INSERT INTO {deadline} (id, saga_type, saga_id, name, due_at, payload, topic, partition)
+            INSERT INTO {deadline} (id, saga_type, saga_id, name, due_at, payload, topic, partition,
+                                    traceparent, tracestate)
             SELECT * FROM unnest(%b::uuid[], %b::text[], %b::text[], %b::text[],
-                                 %b::timestamptz[], %b::jsonb[], %b::text[], %b::int[])
+                                 %b::timestamptz[], %b::jsonb[], %b::text[], %b::int[],
+                                 %b::text[], %b::text[])
             """
         )
         self._insert_dead_letters = r(
@@ -412,6 +414,8 @@ class BatchStore:
                     [_json(x.payload) if x.payload is not None else None for x in d2],
                     [x.topic for x in d2],
                     [x.partition for x in d2],
+                    [x.traceparent for x in d2],
+                    [x.tracestate for x in d2],
                 ),
             )
         if ws.deadline_resets:

@@ -54,3 +54,5 @@ class Planned:
 
     batch: Batch
     ws: WriteSet
+    # Seconds spent loading its rows and planning it (handlers included), for the metrics.
+    plan_seconds: float = 0.0

@@ -15,7 +15,8 @@ class Hooks:
     Points: ``before-commit`` and ``after-commit`` (worker, around a batch's COMMIT),
     ``after-produce`` (relay, acknowledged but rows not yet removed), ``relay-round`` and
     ``poller-step`` and ``retention-round`` (start of each round of those
-    loops), ``worker-step`` (each poll).
+    loops), ``worker-step`` (each poll), ``before-endpoint-close`` (processor shutdown, just
+    before the metrics endpoint closes).
     """
 
     def __init__(self) -> None:

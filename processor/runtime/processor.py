@@ -22,6 +22,7 @@ from processor.kafka.client import SagaConsumer
 from processor.kafka.producer import KafkaRecordProducer, make_producer, relay_overrides
 from processor.messages import MessageRegistry
 from processor.messages import registry as default_registry
+from processor.observe.logs import set_replica
 from processor.ops.parked import resume_too_new
 from processor.postgres.batch import PostgresBatchStore
 from processor.postgres.connect import connect, ensure_schema
@@ -35,6 +36,7 @@ from processor.postgres.tls import warn_unverified_tls
 from processor.runner import BoundSaga
 from processor.runtime.assembly import bind_sagas, tables_for
 from processor.runtime.hooks import Hooks
+from processor.runtime.observe import Observability
 from processor.runtime.poller import DeadlinePoller
 from processor.runtime.relay import Relay
 from processor.runtime.report import report_committed
@@ -78,6 +80,8 @@ class Processor:
         self.worker: Worker | None = None
         self.relay: Relay | None = None
         self.poller: DeadlinePoller | None = None
+        # Metrics, probes and spans (processor/runtime/observe.py), made in start().
+        self.observe: Observability | None = None
         self.retention: Retention | None = None
 
     # -- wiring ----------------------------------------------------------------------------
@@ -105,6 +109,7 @@ class Processor:
     def start(self) -> None:
         """Migrates (when enabled), then starts the background threads and the consumer."""
         _tune_gc()
+        set_replica(self.instance_id)
         warn_unverified_tls(self.settings.database.url.get_secret_value())
         if self.settings.deadline.schema_.auto:
             ensure_schema(self.settings.database.url.get_secret_value(), self.tables)
@@ -183,6 +188,8 @@ class Processor:
             max_poll_interval_ms=int(cs.max_poll_interval.total_seconds() * 1000),
             max_batch_bytes=cs.max_batch_bytes,
         )
+        self.observe = Observability(self)
+        self.observe.start()
         log.info("processor %s started: sagas %s", self.instance_id, sorted(self.sagas))
 
     def _resume_too_new(self) -> None:
@@ -252,6 +259,11 @@ class Processor:
         return alive
 
     @property
+    def metrics_port(self) -> int | None:
+        """The port of /metrics, /healthz and /readyz once started; None when disabled."""
+        return None if self.observe is None else self.observe.port
+
+    @property
     def failure(self) -> LoopFailure | None:
         """The first loop that died, if any."""
         return self.supervisor.failure
@@ -287,6 +299,11 @@ class Processor:
             _attempt("control store close", worker.control.close)
         if self.relay is not None:
             _attempt("relay close", self.relay.close)
+        # Last: the probes answer (unhealthy) for as long as the rest shuts down.
+        hooks = self.hooks
+        _attempt("shutdown hook", lambda: hooks.fire("before-endpoint-close"))
+        if self.observe is not None:
+            _attempt("metrics endpoint close", self.observe.close)
         log.info("processor %s stopped", self.instance_id)
 
 

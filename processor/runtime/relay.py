@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from processor.engine.records import OutboxRow
 from processor.errors import DeliveryFailed, Retryable, SendFailure
+from processor.observe.tracing import MAX_LINKS, Tracing
 from processor.ports import OutboxEntry, OutboxStore, RecordProducer, SetAside
 from processor.runtime.hooks import Hooks
 from processor.wire import HEADER_MESSAGE_ID
@@ -122,6 +123,10 @@ class Relay:
         self.wake = threading.Event()
         self.published = 0
         self.set_aside = 0
+        # Rounds that left rows in the outbox, by reason (for the metrics endpoint).
+        self.failed_rounds: Counter[str] = Counter()
+        # A span per round when OpenTelemetry is configured (observe/tracing.py).
+        self.tracing: Tracing | None = None
         self.last_failures: list[SendFailure] = []
 
     def run_once(self) -> int:
@@ -140,7 +145,12 @@ class Relay:
         with self._outbox.claim(self.batch_size) as entries:
             if not entries:
                 return 0
-            r = self._publish(entries)
+            if self.tracing is not None:
+                links = [e.row.headers for e in entries[:MAX_LINKS]]
+                with self.tracing.span("saga.relay.publish", links=links):
+                    r = self._publish(entries)
+            else:
+                r = self._publish(entries)
             if r.failures and not r.acknowledged and not r.refused:
                 # Raised inside the claim, so that the round rolls back with no attempt counted.
                 raise DeliveryFailed(r.failures)
@@ -261,12 +271,14 @@ class Relay:
             try:
                 n = self.run_once()
             except (Retryable, DeliveryFailed) as e:
+                self.failed_rounds["broker" if isinstance(e, DeliveryFailed) else "store"] += 1
                 failures += 1
                 log.warning("relay round failed (%s); rows stay in the outbox", e)
                 stop.wait(min(5.0, 0.2 * 2 ** min(failures, 5)))
                 continue
             if self.last_failures:
                 # Some rows stay for another try: never send them again in a tight loop.
+                self.failed_rounds["partial"] += 1
                 failures += 1
                 stop.wait(min(5.0, 0.2 * 2 ** min(failures, 5)))
                 continue

@@ -16,7 +16,8 @@ from collections.abc import Iterable
 
 from processor.engine.records import Record
 from processor.engine.rows import ParkedMessage, WriteSet
-from processor.wire import HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE
+from processor.observe.logs import trace_id
+from processor.wire import HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE, HEADER_TRACEPARENT
 
 __all__ = [
     "DEAD_LETTER_LINES",
@@ -64,6 +65,7 @@ def report_parked(parked: Iterable[ParkedMessage]) -> None:
             _position(p.record),
             _clip(p.reason),
             safe_traceback(error) if isinstance(error, BaseException) else "",
+            extra=_ids(p.record, p.saga_type, p.saga_id),
         )
     for (saga_type, saga_id), n in held.items():
         log.warning(
@@ -90,6 +92,7 @@ def report_dead_letters(letters: Iterable[tuple[Record, str, str]]) -> None:
                 _position(record),
                 reason,
                 _clip(detail),
+                extra=_ids(record, record.header("saga-type"), record.header("saga-id")),
             )
     skipped = sum(reasons.values()) - DEAD_LETTER_LINES
     if skipped > 0:
@@ -116,6 +119,12 @@ def report_failed_outbox(
         _clip(message_id or "-", 100),
         _clip(topic, 250),
         _clip(reason),
+        extra={
+            "saga_type": _clip(saga_type or "-", 100),
+            "saga_id": _clip(saga_id or "-", 100),
+            "message_id": _clip(message_id or "-", 100),
+            "topic": _clip(topic, 250),
+        },
     )
 
 
@@ -134,6 +143,24 @@ def safe_traceback(error: BaseException) -> str:
         if current is not None:
             lines.append("caused by:")
     return "\nTraceback (most recent call last, exception text left out):\n" + "\n".join(lines)
+
+
+def _ids(record: Record, saga_type: str | None, saga_id: str | None) -> dict[str, object]:
+    """The ``extra=`` fields of a line about ``record`` (the JSON log format emits them)."""
+    ids: dict[str, object] = {
+        "message_id": _message_id(record),
+        "topic": record.topic,
+        "partition": record.partition,
+        "offset": record.offset,
+    }
+    if saga_type:
+        ids["saga_type"] = _clip(saga_type, 100)
+    if saga_id:
+        ids["saga_id"] = _clip(saga_id, 100)
+    trace = trace_id(record.header(HEADER_TRACEPARENT))
+    if trace is not None:
+        ids["trace_id"] = trace
+    return ids
 
 
 def _message_id(record: Record) -> str:

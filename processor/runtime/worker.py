@@ -28,6 +28,7 @@ from processor.engine.records import OffsetCommit, Record
 from processor.engine.rows import WriteSet
 from processor.errors import CommitInDoubt, Failure, RecordDataError, RuntimeFailure
 from processor.messages import MessageRegistry
+from processor.observe.tracing import MAX_LINKS, Tracing, trace_headers
 from processor.ports import TP, BatchStore, RecordConsumer
 from processor.runtime.availability import Availability
 from processor.runtime.batch import Batch, Owned, Planned
@@ -45,6 +46,29 @@ class WorkerStats:
     records: int = 0
     rejected_batches: int = 0
     counts: Counter[str] = field(default_factory=Counter)
+    # Times the positions were read back from the store (fenced, failed or in-doubt commit).
+    resyncs: int = 0
+    # time.monotonic() at the start of the last poll: the liveness probe's heartbeat.
+    last_step: float = field(default_factory=time.monotonic)
+    # Seconds the last batch's write and commit took (set on the write lane, read after it).
+    last_commit_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchDone:
+    """A committed batch, as the metrics see it (one call per batch, never per record).
+
+    Attributes:
+        records: Records in the batch.
+        topics: Records per input topic.
+        plan_seconds: Time to load its rows and plan it, handlers included.
+        commit_seconds: Time to write and commit its transaction.
+    """
+
+    records: int
+    topics: Mapping[str, int]
+    plan_seconds: float
+    commit_seconds: float
 
 
 class Worker:
@@ -79,6 +103,10 @@ class Worker:
         self.max_batch_bytes = max_batch_bytes
         self.unavailable_timeout = unavailable_timeout
         self.on_commit = on_commit
+        # Called once per committed batch with its size and timings (the metrics).
+        self.on_batch: Callable[[BatchDone, WriteSet], None] | None = None
+        # Spans for batches and commits when OpenTelemetry is configured (observe/tracing.py).
+        self.tracing: Tracing | None = None
         # Named points of a batch ("before-write", "before-commit", "after-commit") where crash
         # tests inject faults.
         self.hooks = hooks or Hooks()
@@ -158,6 +186,7 @@ class Worker:
         """
         consumer = self.consumer
         assert consumer is not None
+        self.stats.last_step = time.monotonic()
         if self.detached:
             return self._step_detached(consumer)
         if self._to_pause:
@@ -284,20 +313,37 @@ class Worker:
 
     def _plan(self, batch: Batch, prior: WriteSet | None) -> Planned:
         """Loads the batch's rows (a short read on the control lane) and plans it."""
+        if self.tracing is not None:
+            links = [trace_headers(d.record.headers) for d in batch.decoded[:MAX_LINKS]]
+            with self.tracing.span("saga.batch", links=links, attributes={"records": batch.size}):
+                return self._plan_now(batch, prior)
+        return self._plan_now(batch, prior)
+
+    def _plan_now(self, batch: Batch, prior: WriteSet | None) -> Planned:
+        started = time.perf_counter()
         loaded = self._control(lambda: self.control.load(batch.wants), "load")
         if prior is not None:
             loaded = overlay(loaded, prior)
         ws = self.planner.plan(batch.items, loaded, loaded.now, unrouted=batch.unrouted)
         self.hooks.fire("before-write")
-        return Planned(batch, ws)
+        return Planned(batch, ws, time.perf_counter() - started)
 
     def _write(self, planned: Planned) -> None:
         """Writes and commits one planned batch; runs on the write lane."""
+        if self.tracing is not None:
+            with self.tracing.span("saga.commit", attributes={"records": planned.batch.size}):
+                self._write_now(planned)
+        else:
+            self._write_now(planned)
+
+    def _write_now(self, planned: Planned) -> None:
+        started = time.perf_counter()
         self.store.write(
             planned.ws,
             planned.batch.offsets,
             before_commit=lambda: self.hooks.fire("before-commit"),
         )
+        self.stats.last_commit_seconds = time.perf_counter() - started
         self.hooks.fire("after-commit")
 
     def _advance(self, batch: Batch) -> None:
@@ -312,9 +358,22 @@ class Worker:
         self.stats.batches += 1
         self.stats.records += planned.batch.size
         self.stats.counts.update(planned.ws.counts)
+        if self.on_batch is not None:
+            self.on_batch(self._done(planned), planned.ws)
         self.on_commit(planned.ws)
         if self.consumer is not None:
             self.consumer.commit_advisory(planned.batch.last)
+
+    def _done(self, planned: Planned) -> BatchDone:
+        batch = planned.batch
+        topics = {t for t, _ in batch.last}
+        if len(topics) == 1:
+            per_topic: Mapping[str, int] = {topics.pop(): batch.size}
+        else:
+            per_topic = Counter(d.record.topic for d in batch.decoded)
+        return BatchDone(
+            batch.size, per_topic, planned.plan_seconds, self.stats.last_commit_seconds
+        )
 
     def _isolate(self, batch: Batch) -> bool:
         """Dead-letters the records the database refuses, commits the rest of the batch."""
@@ -365,6 +424,8 @@ class Worker:
 
     def _resync(self, in_doubt: Planned | None = None) -> bool:
         """After a failed or in-doubt commit: trust only what the store says was committed."""
+        if not self._unsynced:
+            self.stats.resyncs += 1
         self._unsynced = True
         self._carry = []
         tps = list(self.owned)

@@ -46,3 +46,6 @@ def test_quick_demo_fires_a_timeout_and_conserves_money(services: Services) -> N
     assert "failed" in tally, out
     # The console answered while the demo ran (its URL is printed only then).
     assert any(x.startswith("console: http://127.0.0.1:") for x in out.splitlines()), out
+    metrics = next(x for x in out.splitlines() if x.startswith("metrics"))
+    assert "replica 1: http://127.0.0.1:" in metrics, out
+    assert "replica 2: http://127.0.0.1:" in metrics, out

@@ -46,6 +46,8 @@ def settings_for(
         "deadline": {"polling": {"interval": "1s"}, "lease_ttl": "4s", "redispatch_after": "3s"},
         "topic_prefix": prefix,
         "shutdown_timeout": "10s",
+        # Any free port: several processors run on one machine (see Processor.metrics_port).
+        "metrics": {"bind_any": True, "host": "127.0.0.1", "sample_interval": "300ms"},
     }
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):

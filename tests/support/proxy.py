@@ -64,9 +64,11 @@ class Proxy:
     def close(self) -> None:
         self._stopped.set()
         self._thread.join(5)
+        # _drop takes the lock itself (it is not reentrant).
         with self._lock:
-            for pair in self._pairs:
-                self._drop(pair)
+            pairs = list(self._pairs)
+        for pair in pairs:
+            self._drop(pair)
         self._listener.close()
         self._selector.close()
 

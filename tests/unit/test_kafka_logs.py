@@ -21,9 +21,27 @@ def test_the_gapless_notice_is_explained_once_and_other_warnings_pass(
             "CONFWARN [thrd:app]: Configuration property enable.gapless.guarantee is "
             "experimental: When set to `true`, any error that could result in a gap..."
         )
-    logger.warning("FAIL [thrd:broker]: Connect to ipv4#127.0.0.1:1 failed")
+    other = "SASL authentication error: Authentication failed during authentication"
+    logger.warning(other)
     lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == LOGGER_NAME]
     explained = [m for level, m in lines if m.startswith("expected client notice")]
     assert len(explained) <= 1  # once per process: an earlier test may have had it already
     assert all(level == "INFO" for level, m in lines if "gapless" in m)
-    assert ("WARNING", "FAIL [thrd:broker]: Connect to ipv4#127.0.0.1:1 failed") in lines
+    assert ("WARNING", other) in lines
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "FAIL [thrd:broker]: Connect to ipv4#127.0.0.1:1 failed: Connection refused",
+        "ERROR [thrd:app]: 1/1 brokers are down",
+    ],
+)
+def test_broker_not_up_noise_is_debug(caplog: pytest.LogCaptureFixture, line: str) -> None:
+    logger = client_logger()
+    caplog.set_level(logging.INFO, logger=LOGGER_NAME)
+    logger.error(line)
+    assert [r for r in caplog.records if r.getMessage() == line] == []
+    caplog.set_level(logging.DEBUG, logger=LOGGER_NAME)
+    logger.error(line)
+    assert [r.levelname for r in caplog.records if r.getMessage() == line] == ["DEBUG"]

@@ -53,6 +53,7 @@ PURE = (
     "machine/",
     "participant/",
     "asyncapi.py",
+    "observe/",
     "ports.py",
     "wire.py",
     # The authoring core.
@@ -81,7 +82,12 @@ EDGES = (
     "__main__.py",
 )
 # Where the pure runtime is wired to the real adapters.
-ASSEMBLY_POINTS = {"runtime/processor.py", "runtime/assembly.py", "participant/service.py"}
+ASSEMBLY_POINTS = {
+    "runtime/processor.py",
+    "runtime/assembly.py",
+    "runtime/observe.py",
+    "participant/service.py",
+}
 CLI_ENTRIES = {"cli.py", "__main__.py"}
 
 

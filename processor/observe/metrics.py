@@ -1,0 +1,290 @@
+"""The Prometheus metrics of one replica; the names and labels are deploy/METRICS.md's.
+
+Counters are not incremented on the hot path: the collector reads the loops' own tallies
+(worker stats, the consumer's rebalances, the relay's counts) when Prometheus scrapes. The
+histograms are observed once per batch (or per deadline sweep), and the dead letters and handler
+errors of a batch are tallied from its write set once it has committed. Gauges derived from the
+database come from the latest :class:`~processor.observe.sample.DatabaseSample`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from processor.engine.rows import WriteSet
+from processor.observe.sample import TP, DatabaseSample
+
+__all__ = ["Metrics", "Sources"]
+
+# The planner's reason for a message held behind an already parked saga: not a handler error.
+_BEHIND = "behind a parked saga"
+
+_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_RECORDS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+_FIRE_LAG = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
+
+
+@dataclass
+class Sources:
+    """Where the collector reads the loops' tallies; each is None until that loop exists.
+
+    Attributes:
+        worker_stats: The consumer loop's :class:`~processor.runtime.worker.WorkerStats`.
+        rebalances: The consumer's rebalances by kind.
+        relay: The relay (``published`` and ``failed_rounds``).
+        up: Whether every loop is alive.
+    """
+
+    worker_stats: Any = None
+    rebalances: Mapping[str, int] | None = None
+    relay: Any = None
+    up: Callable[[], bool] = lambda: False
+
+
+@dataclass
+class _Tallies:
+    records: Counter[str] = field(default_factory=Counter)
+    dead_letters: Counter[str] = field(default_factory=Counter)
+    handler_errors: Counter[str] = field(default_factory=Counter)
+
+
+class Metrics:
+    """The registry one replica serves on /metrics.
+
+    Each replica has its own registry (not prometheus-client's global one), so that several
+    processors in one process (tests) keep their numbers apart.
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.sources = Sources()
+        self._lock = threading.Lock()
+        self._tallies = _Tallies()
+        self._sample: DatabaseSample | None = None
+        self._lag: dict[TP, int] = {}
+        r = self.registry
+        self.batch_size = Histogram(
+            "saga_batch_size_records", "Records per committed batch.", buckets=_RECORDS, registry=r
+        )
+        self.plan_seconds = Histogram(
+            "saga_batch_plan_duration_seconds",
+            "Time to decode and plan a batch (handlers included).",
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.commit_seconds = Histogram(
+            "saga_batch_commit_duration_seconds",
+            "Time to write and commit a batch's transaction.",
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.fire_lag = Histogram(
+            "saga_deadline_fire_lag_seconds",
+            "Dispatch time minus due time of each fired deadline.",
+            buckets=_FIRE_LAG,
+            registry=r,
+        )
+        r.register(_Collector(self))
+
+    # -- fed by the loops --------------------------------------------------------------------
+
+    def batch(self, records: int, topics: Mapping[str, int], plan: float, commit: float) -> None:
+        """One committed batch: its size, per-topic records and timings."""
+        self.batch_size.observe(records)
+        self.plan_seconds.observe(plan)
+        self.commit_seconds.observe(commit)
+        with self._lock:
+            self._tallies.records.update(topics)
+
+    def committed(self, ws: WriteSet) -> None:
+        """Tallies a committed batch's dead letters and failed handlers (usually none)."""
+        if not ws.dead_letters and not ws.parked:
+            return
+        with self._lock:
+            for d in ws.dead_letters:
+                self._tallies.dead_letters[d.reason] += 1
+            for p in ws.parked:
+                if p.reason != _BEHIND:
+                    self._tallies.handler_errors[p.saga_type] += 1
+
+    def fired(self, lags: list[float]) -> None:
+        """The fire lag of each deadline a sweep dispatched."""
+        for lag in lags:
+            self.fire_lag.observe(lag)
+
+    def sampled(self, sample: DatabaseSample, high_watermarks: Mapping[TP, int]) -> None:
+        """The database's latest sample and the partitions' high watermarks."""
+        lag = {
+            tp: max(0, high - (sample.stored_offsets.get(tp) or 0))
+            for tp, high in high_watermarks.items()
+            if tp in sample.stored_offsets
+        }
+        with self._lock:
+            self._sample = sample
+            self._lag = lag
+
+    # -- read by the collector -----------------------------------------------------------------
+
+    def snapshot(self) -> tuple[_Tallies, DatabaseSample | None, dict[TP, int]]:
+        """A consistent copy of the tallies, the latest sample and the lag, for one scrape."""
+        with self._lock:
+            t = self._tallies
+            copy = _Tallies(Counter(t.records), Counter(t.dead_letters), Counter(t.handler_errors))
+            return copy, self._sample, dict(self._lag)
+
+
+class _Collector(Collector):
+    """Builds the counters and gauges from the tallies at scrape time."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._m = metrics
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._m
+        src = m.sources
+        tallies, sample, lag = m.snapshot()
+        yield _counter(
+            "saga_records_consumed",
+            "Records read from input topics.",
+            ["topic"],
+            {(t,): n for t, n in tallies.records.items()},
+        )
+        stats = src.worker_stats
+        yield _counter(
+            "saga_batches",
+            "Batches committed.",
+            [],
+            {(): stats.batches if stats is not None else 0},
+        )
+        yield _counter(
+            "saga_resyncs",
+            "Times the worker re-read its offsets from PostgreSQL.",
+            [],
+            {(): stats.resyncs if stats is not None else 0},
+        )
+        rebalances = dict(src.rebalances or {})
+        yield _counter(
+            "saga_rebalances",
+            "Consumer group rebalances seen by this replica.",
+            ["kind"],
+            {(k,): rebalances.get(k, 0) for k in ("assigned", "revoked", "lost")},
+        )
+        relay = src.relay
+        yield _counter(
+            "saga_relay_published",
+            "Outbox rows the relay published and deleted.",
+            [],
+            {(): relay.published if relay is not None else 0},
+        )
+        failed = dict(relay.failed_rounds) if relay is not None else {}
+        yield _counter(
+            "saga_relay_failed",
+            "Relay rounds that failed (rows stay).",
+            ["reason"],
+            {(r,): n for r, n in failed.items()},
+        )
+        yield _counter(
+            "saga_dead_letters",
+            "Records sent to the dead-letter topic.",
+            ["reason"],
+            {(r,): n for r, n in tallies.dead_letters.items()},
+        )
+        yield _counter(
+            "saga_handler_errors",
+            "Handler invocations that raised.",
+            ["saga_type"],
+            {(t,): n for t, n in tallies.handler_errors.items()},
+        )
+        yield _gauge(
+            "saga_up",
+            "1 while every loop of the replica is alive.",
+            [],
+            {(): 1.0 if src.up() else 0.0},
+        )
+        yield _gauge(
+            "saga_consumer_lag_records",
+            "High watermark minus the stored offset.",
+            [
+                "topic",
+                "partition",
+            ],
+            {(t, str(p)): n for (t, p), n in lag.items()},
+        )
+        yield from _sampled(sample)
+
+
+def _sampled(s: DatabaseSample | None) -> Iterator[Metric]:
+    s = s if s is not None else DatabaseSample()
+    yield _gauge("saga_outbox_depth_rows", "Rows waiting in the outbox.", [], {(): s.outbox_depth})
+    yield _gauge(
+        "saga_outbox_oldest_age_seconds",
+        "Age of the oldest outbox row.",
+        [],
+        {(): s.outbox_oldest_age},
+    )
+    yield _gauge(
+        "saga_deadlines_pending",
+        "Deadlines scheduled, not yet fired.",
+        [],
+        {(): s.deadlines_pending},
+    )
+    yield _gauge(
+        "saga_deadlines_overdue",
+        "Deadlines due, not dispatched yet.",
+        [],
+        {(): s.deadlines_overdue},
+    )
+    yield _gauge(
+        "saga_instances",
+        "Saga instances by status.",
+        ["saga_type", "status"],
+        {k: n for k, n in s.instances.items()},
+    )
+    yield _gauge(
+        "saga_parked_sagas",
+        "Parked sagas waiting for a retry.",
+        ["saga_type"],
+        {(t,): n for (t, status), n in s.instances.items() if status == "parked"},
+    )
+    yield _gauge(
+        "saga_machine_states",
+        "Sagas by machine state.",
+        ["saga_type", "state"],
+        {k: n for k, (n, _) in s.machine_states.items()},
+    )
+    yield _gauge(
+        "saga_machine_state_oldest_age_seconds",
+        "Time the oldest saga has spent in that machine state.",
+        ["saga_type", "state"],
+        {k: age for k, (_, age) in s.machine_states.items()},
+    )
+
+
+def _counter(
+    name: str, doc: str, labels: list[str], values: Mapping[tuple[str, ...], float]
+) -> Metric:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for key, value in values.items():
+        family.add_metric(list(key), value)
+    return family
+
+
+def _gauge(
+    name: str, doc: str, labels: list[str], values: Mapping[tuple[str, ...], float]
+) -> Metric:
+    family = GaugeMetricFamily(name, doc, labels=labels)
+    for key, value in values.items():
+        family.add_metric(list(key), value)
+    return family

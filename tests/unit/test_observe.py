@@ -1,0 +1,255 @@
+"""Trace context on commands and fired deadlines, probes, metrics and JSON log lines."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+from datetime import UTC, datetime
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from processor.engine.records import Record
+from processor.engine.rows import DeadLetter, ParkedMessage, WriteSet
+from processor.observe.health import Probe, liveness, readiness
+from processor.observe.logs import ContextFilter, configure_logging, set_replica
+from processor.observe.metrics import Metrics
+from processor.observe.sample import DatabaseSample
+from processor.observe.server import ObserveServer
+from processor.wire import FiredRecord, child_traceparent, parse_traceparent
+from tests.unit.test_plan import SAGA, Log, Noted, Opened, _active, _loaded, _plan, _planner
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT = f"00-{TRACE}-00f067aa0ba902b7-01"
+
+
+def _traced(record: Record, traceparent: str, tracestate: str | None = None) -> Record:
+    extra = [("traceparent", traceparent.encode())]
+    if tracestate is not None:
+        extra.append(("tracestate", tracestate.encode()))
+    return dataclasses.replace(record, headers=(*record.headers, *extra))
+
+
+def test_a_command_continues_its_events_trace_under_a_new_span() -> None:
+    log = Log()
+    event = _traced(log.event(Noted(order_id="o1", note="a")), PARENT, "vendor=x")
+    ws = _plan(_planner(), [event], _loaded(_active()))
+    [command] = ws.outbox
+    parsed = parse_traceparent(command.headers["traceparent"])
+    assert parsed is not None
+    trace_id, span_id, flags = parsed
+    assert trace_id == TRACE
+    assert span_id != "00f067aa0ba902b7"
+    assert flags == "01"
+    assert command.headers["tracestate"] == "vendor=x"
+    # Planned again (a failed commit), the command carries the very same headers.
+    again = _plan(_planner(), [event], _loaded(_active()))
+    assert again.outbox[0].headers["traceparent"] == command.headers["traceparent"]
+
+
+def test_an_event_without_or_with_a_broken_trace_context_gives_commands_none() -> None:
+    log = Log()
+    plain = log.event(Noted(order_id="o1", note="a"))
+    broken = _traced(log.event(Noted(order_id="o1", note="b")), "00-zz-00-01")
+    ws = _plan(_planner(), [plain, broken], _loaded(_active()))
+    assert [("traceparent" in o.headers) for o in ws.outbox] == [False, False]
+
+
+def test_a_deadline_keeps_its_events_trace_for_the_fired_record() -> None:
+    log = Log()
+    ws = _plan(_planner(), [_traced(log.event(Opened(order_id="o1")), PARENT)], _loaded())
+    [deadline] = ws.deadline_inserts
+    assert deadline.traceparent == PARENT
+    fired = FiredRecord(SAGA, "o1", "d1", "remind", 7, datetime.now(UTC))
+    headers = fired.headers(deadline.traceparent, deadline.tracestate)
+    parsed = parse_traceparent(headers["traceparent"])
+    assert parsed is not None
+    assert parsed[0] == TRACE
+    assert parsed[1] != "00f067aa0ba902b7"
+    assert "traceparent" not in fired.headers()
+
+
+def test_child_traceparent_refuses_invalid_parents() -> None:
+    assert child_traceparent(None, "x") is None
+    assert child_traceparent(f"00-{'0' * 32}-00f067aa0ba902b7-01", "x") is None
+    assert child_traceparent(f"ff-{TRACE}-00f067aa0ba902b7-01", "x") is None
+    assert child_traceparent(PARENT, "a") != child_traceparent(PARENT, "b")
+
+
+def test_liveness_needs_every_loop_and_a_recent_step() -> None:
+    now = time.monotonic()
+    assert liveness({"consumer": True, "relay": True}, now, 5).ok
+    assert not liveness({"consumer": True, "relay": False}, now, 5).ok
+    assert not liveness({"consumer": True}, now - 10, 5).ok
+    assert not liveness({}, now, 5).ok
+
+
+def test_readiness_needs_a_recent_sample_the_schema_and_claimed_partitions() -> None:
+    worker = {"detached": False, "unsynced": False, "owned": 2, "unclaimed": 0}
+
+    def ready(**kw: object) -> Probe:
+        args: dict[str, object] = {
+            "sample_age": 1.0,
+            "sample_error": None,
+            "schema_version": 5,
+            "expected_version": 5,
+            "worker": worker,
+            "stale_after": 10.0,
+        }
+        args.update(kw)
+        return readiness(**args)  # type: ignore[arg-type]
+
+    assert ready().ok
+    assert not ready(sample_age=None).ok
+    assert (
+        "database not reachable: OperationalError"
+        in ready(sample_age=20.0, sample_error="OperationalError").detail["problems"][0]
+    )
+    assert not ready(schema_version=4).ok
+    assert not ready(worker={**worker, "detached": True}).ok
+    assert not ready(worker={**worker, "unclaimed": 1}).ok
+    assert ready(worker={**worker, "owned": 0}).ok  # more replicas than partitions
+
+
+def _scrape(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client import generate_latest
+
+    text = generate_latest(metrics.registry).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_metrics_follow_batches_samples_and_sweeps() -> None:
+    m = Metrics()
+    stats = type("S", (), {"batches": 3, "resyncs": 1})()
+    m.sources.worker_stats = stats
+    m.sources.rebalances = {"assigned": 2}
+    m.sources.up = lambda: True
+    m.batch(4, {"in": 4}, 0.01, 0.02)
+    record = Record("in", 0, 9, b"k", b"v", ())
+    ws = WriteSet(
+        dead_letters=[DeadLetter(record, "undecodable", "x")],
+        parked=[
+            ParkedMessage(SAGA, "o1", record, "handler: ValueError"),
+            ParkedMessage(SAGA, "o1", record, "behind a parked saga"),
+        ],
+    )
+    m.committed(ws)
+    m.fired([0.2])
+    sample = DatabaseSample(
+        outbox_depth=3,
+        outbox_oldest_age=1.5,
+        instances={(SAGA, "active"): 2, (SAGA, "parked"): 1},
+        machine_states={(SAGA, "WAITING"): (2, 30.0)},
+        stored_offsets={("in", 0): 10, ("in", 1): None},
+        schema_version=5,
+    )
+    m.sampled(sample, {("in", 0): 15, ("in", 1): 4, ("other", 0): 9})
+    got = _scrape(m)
+    assert got[("saga_records_consumed_total", (("topic", "in"),))] == 4
+    assert got[("saga_batches_total", ())] == 3
+    assert got[("saga_resyncs_total", ())] == 1
+    assert got[("saga_rebalances_total", (("kind", "assigned"),))] == 2
+    assert got[("saga_batch_size_records_sum", ())] == 4
+    assert got[("saga_dead_letters_total", (("reason", "undecodable"),))] == 1
+    assert got[("saga_handler_errors_total", (("saga_type", SAGA),))] == 1
+    assert got[("saga_deadline_fire_lag_seconds_count", ())] == 1
+    assert got[("saga_outbox_depth_rows", ())] == 3
+    assert got[("saga_consumer_lag_records", (("partition", "0"), ("topic", "in")))] == 5
+    assert got[("saga_consumer_lag_records", (("partition", "1"), ("topic", "in")))] == 4
+    assert ("saga_consumer_lag_records", (("partition", "0"), ("topic", "other"))) not in got
+    assert got[("saga_parked_sagas", (("saga_type", SAGA),))] == 1
+    assert (
+        got[("saga_machine_state_oldest_age_seconds", (("saga_type", SAGA), ("state", "WAITING")))]
+        == 30
+    )
+    assert got[("saga_up", ())] == 1
+
+
+def test_every_metric_of_the_contract_is_exported() -> None:
+    from pathlib import Path
+
+    contract = Path(__file__).parents[2] / "deploy" / "METRICS.md"
+    names = {
+        line.split("`")[1]
+        for line in contract.read_text().splitlines()
+        if line.startswith("| `saga_")
+    }
+    m = Metrics()
+    m.sampled(
+        DatabaseSample(
+            instances={("t", "parked"): 1},
+            machine_states={("t", "S"): (1, 1.0)},
+            stored_offsets={("in", 0): 0},
+        ),
+        {("in", 0): 1},
+    )
+    m.committed(WriteSet(dead_letters=[DeadLetter(Record("in", 0, 0, None, None, ()), "r", "")]))
+    m.committed(WriteSet(parked=[ParkedMessage("t", "i", Record("in", 0, 0, None, None, ()), "x")]))
+    m.batch(1, {"in": 1}, 0.0, 0.0)
+    m.sources.relay = type("R", (), {"published": 0, "failed_rounds": {"broker": 1}})()
+    exported = {name for name, _ in _scrape(m)}
+    bases = {n.removesuffix(s) for n in exported for s in ("_bucket", "_sum", "_count", "")}
+    assert names - bases == set()
+
+
+def test_the_endpoint_serves_metrics_and_probes_on_a_free_port() -> None:
+    m = Metrics()
+    state = {"healthy": True}
+    server = ObserveServer(
+        m.registry,
+        lambda: Probe(state["healthy"], {"status": "x"}),
+        lambda: Probe(False, {"problems": ["database not reachable"]}),
+        host="127.0.0.1",
+        port=0,
+    )
+    server.start()
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        with urllib.request.urlopen(f"{base}/metrics", timeout=5) as r:
+            assert "saga_batches_total" in r.read().decode()
+        with urllib.request.urlopen(f"{base}/healthz", timeout=5) as r:
+            assert r.status == 200
+        state["healthy"] = False
+        for path in ("/healthz", "/readyz"):
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(f"{base}{path}", timeout=5)
+            assert e.value.code == 503
+            e.value.close()
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"{base}/nope", timeout=5)
+        assert e.value.code == 404
+        e.value.close()
+    finally:
+        server.close()
+
+
+def test_json_log_lines_carry_level_logger_replica_and_ids(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        configure_logging("INFO", "json")
+        set_replica("replica-1")
+        logging.getLogger("processor.report").warning(
+            "dead letter", extra={"saga_id": "o1", "partition": 3, "trace_id": TRACE}
+        )
+        line = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+        assert line["level"] == "WARNING"
+        assert line["logger"] == "processor.report"
+        assert line["message"] == "dead letter"
+        assert line["replica"] == "replica-1"
+        assert (line["saga_id"], line["partition"], line["trace_id"]) == ("o1", 3, TRACE)
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+        set_replica("-")
+    assert isinstance(ContextFilter(), logging.Filter)
