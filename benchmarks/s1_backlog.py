@@ -117,6 +117,8 @@ def settings(
         },
         topic_prefix=prefix,
         shutdown_timeout="10s",
+        # Several replicas on one machine: each takes a free port for its metrics endpoint.
+        metrics={"bind_any": True, "host": "127.0.0.1"},
     )
 
 

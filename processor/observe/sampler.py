@@ -82,5 +82,9 @@ class Sampler:
         """Samples until ``stop`` is set."""
         while not stop.is_set():
             self.sample_once()
-            self.wake.wait(self.interval)
+            # In short slices, so a shutdown does not wait out a whole interval.
+            until = time.monotonic() + self.interval
+            while not stop.is_set() and (left := until - time.monotonic()) > 0:
+                if self.wake.wait(min(left, 0.25)):
+                    break
             self.wake.clear()
