@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
+from processor.engine.growth import GrowthState
 from processor.engine.records import OffsetCommit, OutboxRow, Record
 from processor.engine.rows import HeldMessage, Loaded, SagaRow, Wants, WriteSet
 from processor.errors import SendFailure
@@ -41,6 +42,7 @@ __all__ = [
     "Due",
     "FailedOutboxRow",
     "FailedOutboxStore",
+    "GrowthStore",
     "HeldMessage",
     "InspectStore",
     "OperatorStore",
@@ -54,6 +56,7 @@ __all__ = [
     "RetentionStore",
     "SetAside",
     "StateCount",
+    "TopicMetadata",
     "WakeSource",
 ]
 
@@ -533,6 +536,73 @@ class RetentionStore(Protocol):
 
         Raises:
             Retryable: The store is unreachable, or a lock was not granted in time.
+        """
+        ...
+
+    def close(self) -> None: ...
+
+
+class GrowthStore(Protocol):
+    """What the growth watch keeps in the store: known partition counts and growths.
+
+    Every write is conditional, so replicas that notice the same growth together record it
+    once; every time is the store's clock (the database's).
+    """
+
+    def load(self, group_id: str) -> GrowthState:
+        """The group's known counts and recorded growths, with the store's clock."""
+        ...
+
+    def baseline(self, group_id: str, topic: str, count: int) -> None:
+        """Records ``count`` for a topic the group knows no count for yet (else nothing)."""
+        ...
+
+    def grow(
+        self, group_id: str, topic: str, old_count: int, new_count: int, grace: timedelta
+    ) -> bool:
+        """Records a growth from ``old_count`` (still the known count) to ``new_count``.
+
+        The barrier is set ``grace`` after now. Returns False when the known count is no longer
+        ``old_count`` (another replica recorded it first).
+        """
+        ...
+
+    def store_watermarks(
+        self, group_id: str, topic: str, new_count: int, watermarks: Mapping[int, int]
+    ) -> bool:
+        """Stores a growth's old-partition watermarks if none are stored and its barrier passed.
+
+        The first writer wins; returns whether this call stored them.
+        """
+        ...
+
+    def committed(self, group_id: str, topics: Sequence[str]) -> dict[TP, int | None]:
+        """The group's committed next offset of every partition it stored one for."""
+        ...
+
+    def mark_passed(self, group_id: str, topic: str, new_count: int) -> None:
+        """Records that every new partition of the growth was released (first call wins)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class TopicMetadata(Protocol):
+    """Partition counts and high watermarks, straight from the cluster."""
+
+    def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
+        """Each existing topic's partition count (missing topics are left out).
+
+        Raises:
+            Retryable: The cluster did not answer in time.
+        """
+        ...
+
+    def high_watermarks(self, topic: str, partitions: Sequence[int]) -> dict[int, int]:
+        """The high watermark of each of ``partitions``, asked of the brokers now.
+
+        Raises:
+            Retryable: A broker did not answer in time.
         """
         ...
 

@@ -126,6 +126,17 @@ class ConsumerSettings(BaseModel):
     # How long the database may fail or not answer before this replica gives its partitions
     # back to the group (to replicas that can reach it); it rejoins once the database answers.
     unavailable_timeout: Duration = timedelta(seconds=20)
+    # The partitioner the producers of the input topics key saga ids with: murmur2 (the Java
+    # clients' default) or crc32 (librdkafka's consistent partitioner, its default for keyed
+    # records). Deadlines of sagas that moved when a topic grew are fired where it sends them.
+    partitioner: Literal["murmur2", "crc32"] = "murmur2"
+    # After a growth of an input topic is noticed, how long producers may still send to the old
+    # partitions: at least their metadata refresh interval (metadata.max.age.ms in Java clients,
+    # topic.metadata.refresh.interval.ms in librdkafka). New partitions wait at least this long.
+    growth_grace: Duration = timedelta(seconds=30)
+    # How often the input topics' partition counts are read (and the consumer's metadata
+    # refreshed), so that a growth is noticed within this.
+    growth_check_interval: Duration = timedelta(seconds=5)
 
 
 class RelaySettings(BaseModel):

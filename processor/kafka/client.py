@@ -55,8 +55,12 @@ class SagaConsumer:
         session_timeout_ms: int = 45000,
         max_poll_interval_ms: int = 300000,
         max_batch_bytes: int = 16 * 1024 * 1024,
+        metadata_refresh_ms: int = 300000,
     ) -> None:
         conf: dict[str, Any] = {
+            # How soon the group sees partitions added to an input topic (and rebalances so
+            # that they are assigned); a value in the given config wins.
+            "topic.metadata.refresh.interval.ms": metadata_refresh_ms,
             **config,
             "group.id": group_id,
             "enable.auto.commit": False,

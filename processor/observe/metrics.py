@@ -208,6 +208,12 @@ class _Collector(Collector):
             {(t,): n for t, n in tallies.handler_errors.items()},
         )
         yield _gauge(
+            "saga_partitions_waiting_on_growth",
+            "Assigned partitions a topic's growth added, waiting for the old ones to drain.",
+            [],
+            {(): getattr(stats, "growth_waiting", 0)},
+        )
+        yield _gauge(
             "saga_up",
             "1 while every loop of the replica is alive.",
             [],

@@ -41,6 +41,8 @@ class Tables:
             parked=self.q("parked_message"),
             version=self.q("schema_version"),
             tombstone=self.q("saga_tombstone"),
+            partition_count=self.q("partition_count"),
+            partition_growth=self.q("partition_growth"),
             schema=self.schema,
         )
 
@@ -239,6 +241,31 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE {deadline} ADD COLUMN traceparent text,
                            ADD COLUMN tracestate  text;
+    """,
+    # 9 (grow12): input topics that grew online. The partition count each consumer group knows
+    # per topic, and each growth with its barrier: new partitions wait until the old ones are
+    # consumed past the high watermarks taken once producers have switched
+    # (processor/engine/growth.py).
+    """
+    CREATE TABLE {partition_count} (
+        group_id   text        NOT NULL,
+        topic      text        NOT NULL,
+        count      int         NOT NULL,
+        updated_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (group_id, topic)
+    );
+    CREATE TABLE {partition_growth} (
+        group_id   text        NOT NULL,
+        topic      text        NOT NULL,
+        old_count  int         NOT NULL,
+        new_count  int         NOT NULL,
+        noticed_at timestamptz NOT NULL,
+        barrier_at timestamptz NOT NULL,
+        watermarks jsonb,
+        taken_at   timestamptz,
+        passed_at  timestamptz,
+        PRIMARY KEY (group_id, topic, new_count)
+    );
     """,
 )
 

@@ -83,6 +83,9 @@ class DeadlinePoller:
         # Called with the fire lag (seconds from due to acknowledged) of each sweep's records.
         self.on_fired: Callable[[list[float]], None] | None = None
         self.wake = threading.Event()
+        # (topic, key, stored partition) -> the partition the saga's input goes to now: after a
+        # topic grew, a moved saga's deadline fires where its events arrive (runtime/growth.py).
+        self.route: Callable[[str, bytes, int], int] | None = None
         self._ttl = settings.lease_ttl.total_seconds()
         # Each sweep claims `polling.batch-size` rows; while sweeps come back full (a burst came
         # due) the limit doubles, up to BURST_LIMIT, so a backlog costs few round trips and
@@ -132,7 +135,8 @@ class DeadlinePoller:
         if not rows:
             return 0
         try:
-            failures = self.producer.send([_fired(d, token) for d in rows], SEND_TIMEOUT)
+            fired = [_fired(d, token, self.route) for d in rows]
+            failures = self.producer.send(fired, SEND_TIMEOUT)
         except Retryable:
             # None is known to be acknowledged: due again.
             self.store.unclaim([d.id for d in rows], token)
@@ -206,8 +210,10 @@ class DeadlinePoller:
             self.store.close()
 
 
-def _fired(due: Due, token: int) -> OutboxRow:
-    """The record that fires ``due``, for the saga's own input partition."""
+def _fired(
+    due: Due, token: int, route: Callable[[str, bytes, int], int] | None = None
+) -> OutboxRow:
+    """The record that fires ``due``, for the saga's own input partition (where it is now)."""
     record = FiredRecord(
         saga_type=due.saga_type,
         saga_id=due.saga_id,
@@ -216,12 +222,13 @@ def _fired(due: Due, token: int) -> OutboxRow:
         token=token,
         due_at=due.due_at,
     )
+    key = record.key()
     return OutboxRow(
         saga_type=due.saga_type,
         saga_id=due.saga_id,
         topic=due.topic,
-        key=record.key(),
+        key=key,
         headers=record.headers(due.traceparent, due.tracestate),
         value=record.value(),
-        partition=due.partition,
+        partition=due.partition if route is None else route(due.topic, key, due.partition),
     )

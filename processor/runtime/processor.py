@@ -1,6 +1,7 @@
 """Assembles a processor from settings: the consumer loop and the background loops.
 
-The background loops are the outbox relay, its notify listener, the deadline poller and retention.
+The background loops are the growth watch, the outbox relay, its notify listener, the deadline
+poller and retention.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from processor.engine.rows import WriteSet
 from processor.errors import LoopDied
 from processor.kafka.client import SagaConsumer
+from processor.kafka.metadata import KafkaTopicMetadata
 from processor.kafka.producer import KafkaRecordProducer, make_producer, relay_overrides
 from processor.messages import MessageRegistry
 from processor.messages import registry as default_registry
@@ -27,6 +29,7 @@ from processor.ops.parked import resume_too_new
 from processor.postgres.batch import PostgresBatchStore
 from processor.postgres.connect import connect, ensure_schema
 from processor.postgres.deadlines import PostgresDeadlineStore
+from processor.postgres.growth import PostgresGrowthStore
 from processor.postgres.notify import PostgresWakeSource
 from processor.postgres.operator import open_operator_queries
 from processor.postgres.outbox import PostgresOutboxStore
@@ -35,6 +38,7 @@ from processor.postgres.store import Conn
 from processor.postgres.tls import warn_unverified_tls
 from processor.runner import BoundSaga
 from processor.runtime.assembly import bind_sagas, tables_for
+from processor.runtime.growth import GrowthWatch
 from processor.runtime.hooks import Hooks
 from processor.runtime.observe import Observability
 from processor.runtime.poller import DeadlinePoller
@@ -83,6 +87,7 @@ class Processor:
         # Metrics, probes and spans (processor/runtime/observe.py), made in start().
         self.observe: Observability | None = None
         self.retention: Retention | None = None
+        self.growth: GrowthWatch | None = None
 
     # -- wiring ----------------------------------------------------------------------------
 
@@ -138,6 +143,18 @@ class Processor:
             unavailable_timeout=cs.unavailable_timeout.total_seconds(),
             hooks=self.hooks,
         )
+        topics = self.input_topics()
+        growth = self.growth = GrowthWatch(
+            PostgresGrowthStore(lambda: self.connect(idle_limit), self.tables),
+            KafkaTopicMetadata(kafka, f"{cs.group_id}.metadata"),
+            group_id=cs.group_id,
+            topics=topics,
+            partitioner=cs.partitioner,
+            grace=cs.growth_grace,
+            interval=cs.growth_check_interval.total_seconds(),
+        )
+        self.worker.gate = growth.held
+        self._spawn("growth-watch", growth.run)
         if self.settings.relay.enabled:
             rs = self.settings.relay
             relay = self.relay = Relay(
@@ -168,6 +185,7 @@ class Processor:
                 settings=self.settings.deadline,
                 hooks=self.hooks,
             )
+            self.poller.route = growth.route
             self._spawn("deadline-poller", self.poller.run)
         if self.settings.retention.enabled:
             self.retention = Retention(
@@ -181,12 +199,13 @@ class Processor:
         self.worker.consumer = SagaConsumer(
             kafka,
             group_id=cs.group_id,
-            topics=self.input_topics(),
+            topics=topics,
             on_assign=self.worker.on_assign,
             on_revoke=self.worker.on_revoke,
             session_timeout_ms=int(cs.session_timeout.total_seconds() * 1000),
             max_poll_interval_ms=int(cs.max_poll_interval.total_seconds() * 1000),
             max_batch_bytes=cs.max_batch_bytes,
+            metadata_refresh_ms=max(1000, int(cs.growth_check_interval.total_seconds() * 1000)),
         )
         self.observe = Observability(self)
         self.observe.start()

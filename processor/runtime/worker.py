@@ -52,6 +52,8 @@ class WorkerStats:
     last_step: float = field(default_factory=time.monotonic)
     # Seconds the last batch's write and commit took (set on the write lane, read after it).
     last_commit_seconds: float = 0.0
+    # Assigned partitions waiting, unclaimed, on a growth barrier (runtime/growth.py).
+    growth_waiting: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +109,8 @@ class Worker:
         self.on_batch: Callable[[BatchDone, WriteSet], None] | None = None
         # Spans for batches and commits when OpenTelemetry is configured (observe/tracing.py).
         self.tracing: Tracing | None = None
+        # True for an assigned partition that must not be claimed yet (a topic's growth).
+        self.gate: Callable[[TP], bool] | None = None
         # Named points of a batch ("before-write", "before-commit", "after-commit") where crash
         # tests inject faults.
         self.hooks = hooks or Hooks()
@@ -148,12 +152,17 @@ class Worker:
         for tp in gone:
             self.owned.pop(tp, None)
         self._unclaimed -= gone
+        self.stats.growth_waiting = min(self.stats.growth_waiting, len(self._unclaimed))
         self._to_pause -= gone
         self._carry = [r for r in self._carry if (r.topic, r.partition) not in gone]
         log.info("revoked %s", sorted(tps))
 
     def _claim(self) -> dict[TP, tuple[int, int | None]]:
-        tps = sorted(self._unclaimed)
+        # Partitions a topic's growth added wait, unclaimed and paused, until the old partitions
+        # their sagas came from are consumed far enough (processor/runtime/growth.py).
+        gate = self.gate
+        tps = sorted(tp for tp in self._unclaimed if gate is None or not gate(tp))
+        self.stats.growth_waiting = len(self._unclaimed) - len(tps)
         if not tps:
             return {}
         try:

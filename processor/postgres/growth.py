@@ -1,0 +1,188 @@
+"""The growth watch's store: partition counts a consumer group knows, and growths with barriers.
+
+Replicas notice a growth independently; every write here is conditional (an insert that does
+nothing on conflict, an update guarded by the value it expects, both under the count row's lock),
+so the growth is recorded once and its watermarks are stored once, by whoever comes first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.rows import TupleRow
+from psycopg.types.json import Jsonb
+
+from processor.engine.growth import Growth, GrowthState
+from processor.errors import Retryable
+from processor.ports import TP
+from processor.postgres.errors import translate
+from processor.postgres.schema import Tables
+
+__all__ = ["PostgresGrowthStore"]
+
+log = logging.getLogger(__name__)
+
+Conn = psycopg.Connection[TupleRow]
+_T = TypeVar("_T")
+
+
+class PostgresGrowthStore:
+    """:class:`processor.ports.GrowthStore` over one connection, opened on first use.
+
+    After a psycopg error the connection is dropped if it broke, and the call raises a runtime
+    failure (``Retryable`` for a lost connection).
+
+    Args:
+        connect: Opens a new connection (not in autocommit).
+        tables: The processor's table names.
+    """
+
+    def __init__(self, connect: Callable[[], Conn], tables: Tables) -> None:
+        self._connect = connect
+        self._conn: Conn | None = None
+        r = tables.render
+        self._now = "SELECT now()"
+        self._counts = r("SELECT topic, count FROM {partition_count} WHERE group_id = %s")
+        self._growths = r(
+            """
+            SELECT topic, old_count, new_count, noticed_at, barrier_at, watermarks, passed_at
+              FROM {partition_growth} WHERE group_id = %s ORDER BY topic, new_count
+            """
+        )
+        self._baseline = r(
+            """
+            INSERT INTO {partition_count} (group_id, topic, count) VALUES (%s, %s, %s)
+            ON CONFLICT (group_id, topic) DO NOTHING
+            """
+        )
+        self._lock_count = r(
+            "SELECT count FROM {partition_count} WHERE group_id = %s AND topic = %s FOR UPDATE"
+        )
+        self._insert_growth = r(
+            """
+            INSERT INTO {partition_growth}
+                   (group_id, topic, old_count, new_count, noticed_at, barrier_at)
+            VALUES (%(g)s, %(t)s, %(old)s, %(new)s, now(), now() + %(grace)s)
+            ON CONFLICT (group_id, topic, new_count) DO NOTHING
+            """
+        )
+        self._set_count = r(
+            """
+            UPDATE {partition_count} SET count = %(new)s, updated_at = now()
+             WHERE group_id = %(g)s AND topic = %(t)s
+            """
+        )
+        self._watermarks = r(
+            """
+            UPDATE {partition_growth} SET watermarks = %s, taken_at = now()
+             WHERE group_id = %s AND topic = %s AND new_count = %s
+               AND watermarks IS NULL AND now() >= barrier_at
+            """
+        )
+        self._committed = r(
+            """
+            SELECT topic, partition, next_offset FROM {offsets}
+             WHERE group_id = %s AND topic = ANY(%s)
+            """
+        )
+        self._passed = r(
+            """
+            UPDATE {partition_growth} SET passed_at = now()
+             WHERE group_id = %s AND topic = %s AND new_count = %s AND passed_at IS NULL
+            """
+        )
+
+    def load(self, group_id: str) -> GrowthState:
+        def run(conn: Conn) -> GrowthState:
+            now_row = conn.execute(self._now).fetchone()
+            assert now_row is not None
+            counts = {str(t): int(c) for t, c in conn.execute(self._counts, (group_id,))}
+            growths = tuple(
+                Growth(
+                    topic=t,
+                    old_count=int(old),
+                    new_count=int(new),
+                    noticed_at=noticed,
+                    barrier_at=barrier,
+                    watermarks=_marks(marks),
+                    passed_at=passed,
+                )
+                for t, old, new, noticed, barrier, marks, passed in conn.execute(
+                    self._growths, (group_id,)
+                )
+            )
+            return GrowthState(now=now_row[0], counts=counts, growths=growths)
+
+        return self._run(run)
+
+    def baseline(self, group_id: str, topic: str, count: int) -> None:
+        self._run(lambda conn: conn.execute(self._baseline, (group_id, topic, count)))
+
+    def grow(
+        self, group_id: str, topic: str, old_count: int, new_count: int, grace: timedelta
+    ) -> bool:
+        def run(conn: Conn) -> bool:
+            # The count row's lock orders replicas recording the same growth: the second one
+            # finds the count moved on and records nothing.
+            row = conn.execute(self._lock_count, (group_id, topic)).fetchone()
+            if row is None or int(row[0]) != old_count:
+                return False
+            args = {"g": group_id, "t": topic, "old": old_count, "new": new_count, "grace": grace}
+            conn.execute(self._insert_growth, args)
+            conn.execute(self._set_count, args)
+            return True
+
+        return self._run(run)
+
+    def store_watermarks(
+        self, group_id: str, topic: str, new_count: int, watermarks: Mapping[int, int]
+    ) -> bool:
+        marks = Jsonb({str(p): o for p, o in watermarks.items()})
+        return self._run(
+            lambda conn: (
+                conn.execute(self._watermarks, (marks, group_id, topic, new_count)).rowcount == 1
+            )
+        )
+
+    def committed(self, group_id: str, topics: Sequence[str]) -> dict[TP, int | None]:
+        def run(conn: Conn) -> dict[TP, int | None]:
+            rows = conn.execute(self._committed, (group_id, list(topics)))
+            return {(str(t), int(p)): (None if n is None else int(n)) for t, p, n in rows}
+
+        return self._run(run)
+
+    def mark_passed(self, group_id: str, topic: str, new_count: int) -> None:
+        self._run(lambda conn: conn.execute(self._passed, (group_id, topic, new_count)))
+
+    def _run(self, fn: Callable[[Conn], _T]) -> _T:
+        try:
+            conn = self._connection()
+            with conn.transaction():
+                return fn(conn)
+        except psycopg.Error as e:
+            failure = translate(e)
+            if self._conn is not None and (self._conn.broken or self._conn.closed):
+                self.close()
+                raise Retryable(f"connection lost: {failure}") from e
+            raise failure from e
+
+    def _connection(self) -> Conn:
+        if self._conn is None or self._conn.closed:
+            self._conn = self._connect()
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._conn.close()
+            self._conn = None
+
+
+def _marks(stored: Any) -> dict[int, int] | None:
+    # jsonb keys are strings; partitions are ints everywhere else.
+    return None if stored is None else {int(p): int(o) for p, o in stored.items()}
