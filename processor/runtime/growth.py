@@ -151,7 +151,9 @@ class GrowthWatch:
                 state = self.store.load(self.group_id)
         if self._take_watermarks(state):
             state = self.store.load(self.group_id)
-        released = self._released(state)
+        released, passed = self._released(state)
+        if passed:
+            state = self.store.load(self.group_id)
         self._publish(state, released)
         pending = any(g.passed_at is None for g in state.growths)
         return min(self.interval, PENDING_EVERY) if pending else self.interval
@@ -221,12 +223,14 @@ class GrowthWatch:
             taken = True
         return taken
 
-    def _released(self, state: GrowthState) -> frozenset[TP]:
+    def _released(self, state: GrowthState) -> tuple[frozenset[TP], bool]:
+        """New partitions whose barrier passed, and whether a whole growth passed."""
         pending = [g for g in state.growths if g.passed_at is None and g.watermarks is not None]
         if not pending:
-            return frozenset()
+            return frozenset(), False
         committed = self.store.committed(self.group_id, sorted({g.topic for g in pending}))
         released: set[TP] = set()
+        passed = False
         for g in pending:
             offsets = {p: n for (t, p), n in committed.items() if t == g.topic}
             free = {
@@ -237,13 +241,14 @@ class GrowthWatch:
             released |= free
             if len(free) == g.new_count - g.old_count:
                 self.store.mark_passed(self.group_id, g.topic, g.new_count)
+                passed = True
                 log.info(
                     "growth barrier passed: topic %s (%d -> %d), every new partition released",
                     g.topic,
                     g.old_count,
                     g.new_count,
                 )
-        return frozenset(released)
+        return frozenset(released), passed
 
     def _publish(self, state: GrowthState, released: frozenset[TP]) -> None:
         original: dict[str, int] = dict(state.counts)
