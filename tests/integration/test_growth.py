@@ -1,0 +1,139 @@
+"""Online growth against real services: librdkafka's partitioners, the growth tables, metadata."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewPartitions  # type: ignore[attr-defined]
+
+from processor.engine.partitioner import Partitioner, partition_for
+from processor.kafka.metadata import KafkaTopicMetadata
+from processor.postgres.connect import connect, ensure_schema
+from processor.postgres.growth import PostgresGrowthStore
+from processor.postgres.schema import Tables
+from tests.support.harness import wait_until
+
+pytestmark = pytest.mark.integration
+
+KEYS = [f"saga-{i}".encode() for i in range(300)] + [b"x", b"ab", b"abc", "ünï".encode()]
+
+
+@pytest.mark.parametrize(
+    ("client_partitioner", "ours"), [("murmur2_random", "murmur2"), ("consistent_random", "crc32")]
+)
+def test_our_partitioner_agrees_with_the_client_on_a_real_topic(
+    kafka_bootstrap: str,
+    make_topic: Callable[..., str],
+    client_partitioner: str,
+    ours: Partitioner,
+) -> None:
+    topic = make_topic("keys", partitions=12)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "partitioner": client_partitioner})
+    landed: dict[bytes, int] = {}
+
+    def delivered(err: object, msg: object) -> None:
+        assert err is None, err
+        landed[msg.key()] = msg.partition()  # type: ignore[attr-defined]
+
+    for key in KEYS:
+        producer.produce(topic, key=key, value=b"v", on_delivery=delivered)
+    assert producer.flush(30) == 0
+    assert landed == {k: partition_for(k, 12, ours) for k in KEYS}
+
+
+@pytest.fixture
+def tables(database_url: str, pg_schema: str) -> Tables:
+    t = Tables(schema=pg_schema)
+    ensure_schema(database_url, t)
+    return t
+
+
+def _store(database_url: str, tables: Tables) -> PostgresGrowthStore:
+    return PostgresGrowthStore(lambda: connect(database_url), tables)
+
+
+def test_a_growth_is_recorded_once_by_replicas_and_its_watermarks_by_the_first(
+    database_url: str, tables: Tables
+) -> None:
+    a, b = _store(database_url, tables), _store(database_url, tables)
+    try:
+        a.baseline("g", "in", 6)
+        b.baseline("g", "in", 8)  # a later baseline changes nothing
+        assert a.load("g").counts == {"in": 6}
+        assert a.grow("g", "in", 6, 12, timedelta(0))
+        assert not b.grow("g", "in", 6, 12, timedelta(0))
+        state = b.load("g")
+        assert state.counts == {"in": 12}
+        [g] = state.growths
+        assert (g.topic, g.old_count, g.new_count, g.watermarks, g.passed_at) == (
+            "in",
+            6,
+            12,
+            None,
+            None,
+        )
+        assert g.barrier_at == g.noticed_at
+        assert a.store_watermarks("g", "in", 12, {p: 10 + p for p in range(6)})
+        assert not b.store_watermarks("g", "in", 12, {p: 99 for p in range(6)})
+        [g] = b.load("g").growths
+        assert g.watermarks == {p: 10 + p for p in range(6)}
+        a.mark_passed("g", "in", 12)
+        [g] = b.load("g").growths
+        assert g.passed_at is not None
+        assert b.load("other").counts == {}
+    finally:
+        a.close()
+        b.close()
+
+
+def test_watermarks_are_refused_before_the_barrier_time(database_url: str, tables: Tables) -> None:
+    store = _store(database_url, tables)
+    try:
+        store.baseline("g", "in", 3)
+        assert store.grow("g", "in", 3, 6, timedelta(hours=1))
+        assert not store.store_watermarks("g", "in", 6, {0: 1, 1: 1, 2: 1})
+        [g] = store.load("g").growths
+        assert g.watermarks is None
+        assert g.barrier_at - g.noticed_at == timedelta(hours=1)
+    finally:
+        store.close()
+
+
+def test_committed_offsets_are_the_groups(database_url: str, tables: Tables) -> None:
+    with connect(database_url) as conn:
+        conn.execute(
+            tables.render(
+                "INSERT INTO {offsets} (group_id, topic, partition, next_offset, owner_epoch) "
+                "VALUES ('g', 'in', 0, 5, 1), ('g', 'in', 1, NULL, 1), ('h', 'in', 0, 9, 1)"
+            )
+        )
+        conn.commit()
+    store = _store(database_url, tables)
+    try:
+        assert store.committed("g", ["in"]) == {("in", 0): 5, ("in", 1): None}
+    finally:
+        store.close()
+
+
+def test_metadata_sees_new_partitions_and_their_watermarks(
+    kafka_bootstrap: str, make_topic: Callable[..., str]
+) -> None:
+    topic = make_topic("grows", partitions=2)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for _ in range(3):
+        producer.produce(topic, key=b"k", value=b"v", partition=1)
+    assert producer.flush(30) == 0
+    meta = KafkaTopicMetadata({"bootstrap.servers": kafka_bootstrap}, "growth-test")
+    try:
+        assert meta.partition_counts([topic, "no-such-topic-here"]) == {topic: 2}
+        assert meta.high_watermarks(topic, [0, 1]) == {0: 0, 1: 3}
+        admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+        for future in admin.create_partitions([NewPartitions(topic, 4)]).values():
+            future.result()
+        # The brokers' metadata follows within moments.
+        wait_until(lambda: meta.partition_counts([topic]) == {topic: 4}, 30, "4 partitions")
+    finally:
+        meta.close()
