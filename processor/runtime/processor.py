@@ -124,7 +124,7 @@ class Processor:
         def batch_store() -> PostgresBatchStore:
             return PostgresBatchStore(lambda: self.connect(idle_limit), self.tables, cs.group_id)
 
-        self.worker = Worker(
+        worker = self.worker = Worker(
             store=batch_store(),
             control=batch_store(),
             store_factory=batch_store,
@@ -146,6 +146,7 @@ class Processor:
                     # for as long as it stays frozen; a live round idles at most one flush.
                     lambda: self.connect(2 * rs.flush_timeout),
                     self.tables,
+                    cs.group_id,
                 ),
                 KafkaRecordProducer(
                     lambda: make_producer(kafka, **relay_overrides(rs.max_record_bytes))
@@ -156,7 +157,12 @@ class Processor:
                 max_attempts=rs.max_attempts,
                 max_record_bytes=rs.max_record_bytes,
                 hooks=self.hooks,
+                # Each replica publishes the rows of the partitions it owns (fenced by epoch);
+                # no partition waits behind another yet (online partition growth sets this).
+                owned=lambda: worker.epochs,
+                after=lambda: {},
             )
+            worker.on_owned = relay.wake.set
             listener = PostgresWakeSource(self.connect, outbox_channel(self.tables.schema))
             self._spawn("relay", relay.run)
             self._spawn("relay-listener", lambda stop: listener.run(stop, relay.wake.set))

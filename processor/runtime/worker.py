@@ -111,6 +111,10 @@ class Worker:
         # tests inject faults.
         self.hooks = hooks or Hooks()
         self.owned: dict[TP, Owned] = {}
+        # The owned partitions' epochs, replaced whole on every change: other threads (the
+        # relay) read it without a lock. on_owned is called after each gain (wakes the relay).
+        self.epochs: Mapping[TP, int] = {}
+        self.on_owned: Callable[[], None] = lambda: None
         self.stats = WorkerStats()
         self.consumer: RecordConsumer | None = None
         self._store_factory = store_factory
@@ -147,6 +151,7 @@ class Worker:
         gone = set(tps)
         for tp in gone:
             self.owned.pop(tp, None)
+        self._publish_owned()
         self._unclaimed -= gone
         self._to_pause -= gone
         self._carry = [r for r in self._carry if (r.topic, r.partition) not in gone]
@@ -171,8 +176,15 @@ class Worker:
         for tp, (epoch, nxt) in claimed.items():
             self.owned[tp] = Owned(epoch, nxt)
             self._unclaimed.discard(tp)
+        self._publish_owned()
+        if claimed:
+            # Relaying moves with the partition: its rows are ours to publish now.
+            self.on_owned()
         log.info("assigned %s", sorted(claimed))
         return claimed
+
+    def _publish_owned(self) -> None:
+        self.epochs = {tp: o.epoch for tp, o in self.owned.items()}
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -469,6 +481,7 @@ class Worker:
             if self.consumer is not None:
                 self.consumer.seek(tp, nxt)
         if lost:
+            self._publish_owned()
             log.warning("fenced out of %s: another replica owns them now", sorted(lost))
             if self.consumer is not None:
                 self.consumer.pause(lost)
@@ -485,6 +498,7 @@ class Worker:
         )
         self.detached = True
         self.owned.clear()
+        self._publish_owned()
         self._unclaimed.clear()
         self._to_pause.clear()
         self._carry = []
