@@ -219,6 +219,7 @@ class PostgresOutboxStore:
             app=[p[1] for _, p in pairs],
         )
         return self._claim_after, params
+
     def settle(self, set_aside: Sequence[SetAside], kept: Mapping[int, str | None]) -> None:
         """Within an open claim: puts ``kept`` rows back, moves ``set_aside`` ones aside.
 
