@@ -1,9 +1,9 @@
 """SQL behind the failed-outbox operator commands: list, retry and discard set-aside rows.
 
-Retry and discard take the relays' locks (waiting for every round in flight to end: the global
+Retry and discard take the relays' locks, waiting for every round in flight to end (the global
 relay's and the partition relays'), so that a row never moves while a relay decides about its
-saga. A retried row keeps its source partition, so its partition's owner publishes it again. A retried row goes back into the outbox under
-its own id: it is older than any row still there, so it is published first, in its order.
+saga. A retried row goes back into the outbox under its own id and with its source partition:
+it is older than any row still there, so its partition's owner publishes it first, in order.
 """
 
 from __future__ import annotations

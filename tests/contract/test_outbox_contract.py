@@ -332,7 +332,8 @@ def test_a_claim_takes_only_the_rows_of_its_own_partitions(outbox: Outbox) -> No
     with first.claim(10, {T0: epochs[T0]}) as mine:
         # Its partition's rows, and the rows of no source (the global path was free).
         assert _ids(mine) == [ids[0], ids[2], ids[3]]
-        assert mine is not None and mine[0].row == row("a", 1, source=T0)
+        assert mine is not None
+        assert mine[0].row == row("a", 1, source=T0)
         # Another relay publishes its own partition meanwhile, without the global rows.
         with second.claim(10, {T1: epochs[T1]}) as theirs:
             assert _ids(theirs) == [ids[1], ids[4]]
@@ -456,4 +457,5 @@ def test_a_retried_row_keeps_its_source(outbox: Outbox) -> None:
         assert global_only == []
     with store.claim(10, epochs) as again:
         assert _ids(again) == ids
-        assert again is not None and [e.row for e in again] == rows
+        assert again is not None
+        assert [e.row for e in again] == rows
