@@ -34,6 +34,9 @@ from processor.wire import deadline_channel, outbox_channel
 
 Conn = psycopg.Connection[TupleRow]
 
+# How long an ownership claim waits for the partitions' rows (the old owner's batch or relay).
+CLAIM_LOCK_TIMEOUT_MS = 5000
+
 
 def _rows(n: int) -> str:
     return ", ".join(["%s"] * n)
@@ -238,6 +241,9 @@ class BatchStore:
         """Takes ownership: bumps each partition's epoch, so older owners' commits fail."""
         topics, numbers = [t for t, _ in partitions], [p for _, p in partitions]
         with self.conn.transaction():
+            # Bounded: a claim the old owner's relay holds up (a slow flush) fails as retryable
+            # (55P03), and the worker keeps the partitions paused and tries again.
+            self.conn.execute(f"SET LOCAL lock_timeout = '{CLAIM_LOCK_TIMEOUT_MS}ms'")
             self.conn.execute(self._lock_owned, (self.group_id, topics, numbers))
             rows = self.conn.execute(
                 self._claim, (self.group_id, owner, topics, numbers)
