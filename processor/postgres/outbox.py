@@ -53,17 +53,20 @@ _RETURNING = """
             AND f.saga_type = o.saga_type AND f.saga_id = o.saga_id),
         created_at, source_topic, source_partition
 """
+# ``id = ANY(ARRAY(...))``: the delete finds the claimed ids through the primary key whatever the
+# outbox's size, where ``id IN (...)`` may be planned as a scan of the whole table.
 _CLAIM_GLOBAL = (
     """
-    DELETE FROM {outbox} AS o WHERE id IN
-        (SELECT id FROM {outbox} WHERE source_topic IS NULL ORDER BY id LIMIT %(limit)s
-            FOR UPDATE)
+    DELETE FROM {outbox} AS o WHERE id = ANY(ARRAY(
+        SELECT id FROM {outbox} WHERE source_topic IS NULL ORDER BY id LIMIT %(limit)s
+           FOR UPDATE))
     """
     + _RETURNING
 )
 # SKIP LOCKED: a partition whose new owner is bumping the epoch (FOR UPDATE) is being handed
 # over; waiting for it would only find the epoch moved, and could deadlock with a claim of
-# several partitions.
+# several partitions. Each partition's oldest rows come from its own index; the guards may
+# then leave some out (they only ever hold rows back).
 _CLAIM_OWNED = """
     WITH mine AS (
         SELECT s.topic, s.partition FROM {offsets} AS s
@@ -71,16 +74,22 @@ _CLAIM_OWNED = """
             ON s.topic = u.t AND s.partition = u.p AND s.owner_epoch = u.e
          WHERE s.group_id = %(group)s
            FOR KEY SHARE OF s SKIP LOCKED
+    ), oldest AS (
+        SELECT c.id FROM mine CROSS JOIN LATERAL (
+            SELECT x.id FROM {outbox} AS x
+             WHERE x.source_topic = mine.topic AND x.source_partition = mine.partition
+             ORDER BY x.id LIMIT %(limit)s) AS c
+         ORDER BY c.id LIMIT %(limit)s
     )
-    DELETE FROM {outbox} AS o WHERE id IN
-        (SELECT x.id FROM {outbox} AS x
-          WHERE (x.source_topic, x.source_partition) IN (SELECT topic, partition FROM mine)
-            AND NOT EXISTS (
-                SELECT 1 FROM {outbox} AS n
-                 WHERE x.saga_id IS NOT NULL AND n.source_topic IS NULL
-                   AND n.saga_type = x.saga_type AND n.saga_id = x.saga_id AND n.id < x.id)
-            AFTER
-          ORDER BY x.id LIMIT %(limit)s FOR UPDATE OF x)
+    DELETE FROM {outbox} AS o WHERE id = ANY(ARRAY(
+        SELECT x.id FROM {outbox} AS x
+         WHERE x.id = ANY(ARRAY(SELECT id FROM oldest))
+           AND NOT EXISTS (
+               SELECT 1 FROM {outbox} AS n
+                WHERE x.saga_id IS NOT NULL AND n.source_topic IS NULL
+                  AND n.saga_type = x.saga_type AND n.saga_id = x.saga_id AND n.id < x.id)
+           AFTER
+         ORDER BY x.id FOR UPDATE OF x))
 """
 # Rows of partition q only while older than every row still pending from partition p.
 _AFTER = f"""
