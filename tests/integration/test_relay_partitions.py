@@ -9,6 +9,7 @@ in order.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -111,7 +112,7 @@ def per_saga(reader: Reader) -> dict[str, list[str]]:
 def in_order(ids: list[str]) -> bool:
     """Each saga's commands in order; a command repeated (same message id) is allowed."""
     numbers = [int(m.rsplit("-", 1)[1]) for m in ids]
-    return all(a <= b for a, b in zip(numbers, numbers[1:], strict=False))
+    return all(a <= b for a, b in itertools.pairwise(numbers))
 
 
 def run_in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
