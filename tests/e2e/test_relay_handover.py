@@ -4,6 +4,7 @@ partitions are being handed over loses nothing, and each saga's commands stay in
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 import pytest
 
@@ -30,7 +31,10 @@ def test_replica_killed_in_a_relay_round_during_a_hand_over(e2e_env: E2EEnv) -> 
     # Small relay rounds, so that the replica is still relaying when the second one joins;
     # it dies in its fourth round, after the broker acknowledged it and before the DELETE.
     fault = {"SAGA_FAULT_POINT": "after-produce", "SAGA_FAULT_AT": "4", "SAGA_FAULT_ACTION": "kill"}
-    small = {"consumer": {"batch_size": 20}, "relay": {"batch_size": 10, "poll_interval": "200ms"}}
+    small: dict[str, Any] = {
+        "consumer": {"batch_size": 20},
+        "relay": {"batch_size": 10, "poll_interval": "200ms"},
+    }
     doomed = env.start("doomed", fault, **small)
     reader.wait_for(lambda rs: len(rs) > 0, timeout=60, what="the first replica's commands")
     # The second replica joins: half the partitions (and their relaying) move to it while the

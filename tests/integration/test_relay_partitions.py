@@ -138,9 +138,13 @@ def test_relays_of_different_partitions_publish_at_the_same_time(env: Env) -> No
         env.add(t1, range(SAGAS), n)
     release = threading.Event()
     hooks = Hooks()
+
     # Relay one keeps its first claim open until relay two has published all of its rows:
     # with one relay at a time across replicas, relay two would get nothing meanwhile.
-    hooks.on("after-produce", lambda: release.wait(60))
+    def hold() -> None:
+        release.wait(60)
+
+    hooks.on("after-produce", hold)
     one = env.relay(lambda: e0, hooks)
     two = env.relay(lambda: e1)
 
