@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from processor.engine.records import OffsetCommit
+from processor.engine.records import OffsetCommit, OutboxRow
 from processor.engine.rows import WriteSet
 from processor.kafka.producer import KafkaRecordProducer, make_producer, relay_overrides
 from processor.ports import TP
@@ -231,3 +231,18 @@ def test_a_handed_over_partition_waits_for_the_old_owners_claim(env: Env) -> Non
             assert sorted(set(ids)) == [f"{saga}-1", f"{saga}-2", f"{saga}-3"]
     finally:
         reader.close()
+
+
+def test_the_batch_store_writes_each_rows_source_partition(env: Env) -> None:
+    rows = [
+        OutboxRow("transfer", "s1", env.commands, b"s1", {"message-id": "a"}, b"v", None, ("e", 3)),
+        OutboxRow(None, None, "dead", None, {"message-id": "b"}, b"v", None, ("e", 4)),
+        OutboxRow(None, None, "other", None, {"message-id": "c"}, b"v"),
+    ]
+    with psycopg.connect(env.database_url) as conn:
+        BatchStore(conn, env.tables, GROUP).write(WriteSet(outbox=rows), [])
+        conn.commit()
+        stored = conn.execute(
+            env.tables.render("SELECT source_topic, source_partition FROM {outbox} ORDER BY id")
+        ).fetchall()
+    assert stored == [("e", 3), ("e", 4), (None, None)]
