@@ -26,7 +26,7 @@ from processor.engine.overlay import overlay
 from processor.engine.plan import Planner
 from processor.engine.records import OffsetCommit, Record
 from processor.engine.rows import WriteSet
-from processor.errors import CommitInDoubt, Failure, RecordDataError, RuntimeFailure
+from processor.errors import CommitInDoubt, Failure, LockBusy, RecordDataError, RuntimeFailure
 from processor.messages import MessageRegistry
 from processor.observe.tracing import MAX_LINKS, Tracing, trace_headers
 from processor.ports import TP, BatchStore, RecordConsumer
@@ -38,6 +38,8 @@ from processor.runtime.lane import Lane, Stuck, wait
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+# Seconds between tries to claim partitions whose rows another session holds.
+CLAIM_RETRY = 1.0
 
 
 @dataclass
@@ -130,6 +132,9 @@ class Worker:
         # Positions must be read back from the store before the next batch.
         self._unsynced = False
         self._availability = Availability(clock)
+        self._clock = clock
+        # No claim retry before this time: the partitions' rows were busy.
+        self._claim_after = 0.0
         self.detached = False
 
     # -- rebalance callbacks (run inside consume(), on the consuming thread) --------------------
@@ -163,6 +168,13 @@ class Worker:
             return {}
         try:
             claimed = self._control(lambda: self.control.claim(tps, self.owner), "claim")
+        except LockBusy as e:
+            # The previous owner's relay is still publishing these partitions' outbox rows (or
+            # its batch is committing): the database answers, so this is no outage. Try again
+            # shortly, without holding up the loop on every poll meanwhile.
+            self._claim_after = self._clock() + CLAIM_RETRY
+            log.info("partitions %s still busy (%s); they wait, paused", tps, e)
+            return {}
         except RuntimeFailure as e:
             if e.kind is Failure.FATAL:
                 raise
@@ -207,7 +219,7 @@ class Worker:
         if (self._unsynced or self._unclaimed) and self._availability.may_try():
             if self._unsynced:
                 self._resync()
-            if self._unclaimed and not self._unsynced:
+            if self._unclaimed and not self._unsynced and self._clock() >= self._claim_after:
                 for tp, (_, nxt) in self._claim().items():
                     consumer.seek(tp, nxt)
                     consumer.resume([tp])
