@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from confluent_kafka import KafkaException
 
 from benchmarks.common import Scratch, Services, end_offsets, kafka_config, say
 from benchmarks.raw_limits import produce, raw_producer
@@ -130,6 +131,18 @@ def raw_drain(found: Services, tables: Tables, rows: int) -> Measured:
     return Measured(sent, seconds, cpu)
 
 
+def records(kafka: str, topic: str) -> int:
+    """Records on ``topic``; a topic just made may have no partition leader for a moment."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return sum(end_offsets(kafka, topic).values())
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def _side(m: Measured) -> dict[str, float]:
     return {"events": m.count, "seconds": m.seconds, "events_per_s": m.rate, "cpu_us": m.cpu_us}
 
@@ -144,14 +157,14 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
     commands = box.topic("account-commands", PARTITIONS)
     rounds: list[dict[str, Any]] = []
     for r in range(1, options.rounds + 1):
-        before = sum(end_offsets(found.kafka, commands).values())
+        before = records(found.kafka, commands)
         raw_tables = box.schema(f"raw{r}")
         preload(found.database_url, raw_tables, commands, n)
         raw = raw_drain(found, raw_tables, n)
         engine_tables = box.schema(f"engine{r}")
         epochs = preload(found.database_url, engine_tables, commands, n)
         engine = engine_drain(found, engine_tables, epochs)
-        delivered = sum(end_offsets(found.kafka, commands).values()) - before
+        delivered = records(found.kafka, commands) - before
         ratio = engine.rate / raw.rate
         say(
             f"round {r}: raw {raw.rate:,.0f} events/s ({raw.cpu_us:.0f} us CPU/event), engine "

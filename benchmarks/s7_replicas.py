@@ -29,6 +29,7 @@ from confluent_kafka.admin import AdminClient
 from benchmarks import s1_backlog
 from benchmarks.common import RESULTS_DIR, Scratch, Services, end_offsets, kafka_config, say
 from benchmarks.live import Child, settings_env
+from benchmarks.s3_relay import records
 from processor.postgres.connect import connect
 from processor.postgres.schema import Tables
 from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC
@@ -178,9 +179,9 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
     total = sum(end_offsets(found.kafka, source).values())
     runs = []
     for k in REPLICAS:
-        before = sum(end_offsets(found.kafka, commands).values())
+        before = records(found.kafka, commands)
         result = _drain(found, box, source, k, total)
-        result["commands_delivered"] = sum(end_offsets(found.kafka, commands).values()) - before
+        result["commands_delivered"] = records(found.kafka, commands) - before
         shares = ", ".join(
             f"{r.get('published', '?')} rows ({100 * r.get('relay_cpu_share', 0):.0f}% CPU)"
             for r in result["per_replica"]
