@@ -142,8 +142,9 @@ class Processor:
             rs = self.settings.relay
             relay = self.relay = Relay(
                 PostgresOutboxStore(
-                    # A frozen relay must not keep the relay lock (and so every replica's outbox)
-                    # for as long as it stays frozen; a live round idles at most one flush.
+                    # A frozen relay must not keep the relay lock (rows of no partition) or its
+                    # partitions' offsets rows (their hand-over) for as long as it stays frozen;
+                    # a live round idles at most one flush.
                     lambda: self.connect(2 * rs.flush_timeout),
                     self.tables,
                     cs.group_id,
