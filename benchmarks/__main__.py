@@ -1,4 +1,4 @@
-"""`python -m benchmarks [s1|s2|s4|s5|s6|all] [--quick]`: run scenarios, write a report.
+"""`python -m benchmarks [s1|s2|s3|s4|s5|s6|s7|all] [--quick]`: run scenarios, write a report.
 
 A table of the results is printed at the end.
 
@@ -18,7 +18,15 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from benchmarks import s1_backlog, s2_latency, s4_deadlines, s5_resume, s6_soak
+from benchmarks import (
+    s1_backlog,
+    s2_latency,
+    s3_relay,
+    s4_deadlines,
+    s5_resume,
+    s6_soak,
+    s7_replicas,
+)
 from benchmarks.common import (
     RESULTS_DIR,
     Scratch,
@@ -33,8 +41,8 @@ from benchmarks.common import (
 
 # S4 preloads a large deadline table: it runs when named, or in a full (not quick) run.
 # S6 is a soak (10 minutes unless --soak-seconds says otherwise; 45 s with --quick).
-QUICK_ALL = ["s1", "s2", "s5", "s6"]
-FULL_ALL = ["s1", "s2", "s5", "s4", "s6"]
+QUICK_ALL = ["s1", "s2", "s3", "s5", "s7", "s6"]
+FULL_ALL = ["s1", "s2", "s3", "s5", "s7", "s4", "s6"]
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -43,7 +51,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         description="Engine benchmarks, reported as ratios against raw limits from the same run.",
     )
     parser.add_argument(
-        "scenario", nargs="?", default="all", choices=["s1", "s2", "s4", "s5", "s6", "all"]
+        "scenario",
+        nargs="?",
+        default="all",
+        choices=["s1", "s2", "s3", "s4", "s5", "s6", "s7", "all"],
     )
     parser.add_argument("--quick", action="store_true", help="small sizes, for a quick look")
     parser.add_argument("--events", type=int, help="S1 backlog size")
@@ -55,6 +66,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--deadline-rate", type=int, help="S4 deadlines coming due per second")
     parser.add_argument("--burst", type=int, help="S4 deadlines due at one instant")
     parser.add_argument("--soak-seconds", type=int, help="S6 length of the soak (default 600)")
+    parser.add_argument("--outbox-rows", type=int, help="S3 outbox rows preloaded")
+    parser.add_argument("--replica-events", type=int, help="S7 backlog size")
     return parser.parse_args(argv)
 
 
@@ -81,6 +94,12 @@ def _run(
     if name == "s6":
         options6 = s6_soak.Options.of(quick=args.quick, seconds=args.soak_seconds)
         return s6_soak.run(found, box, options6), s6_soak.summary
+    if name == "s3":
+        options3 = s3_relay.Options.of(quick=args.quick, rows=args.outbox_rows)
+        return s3_relay.run(found, box, options3), s3_relay.summary
+    if name == "s7":
+        options7 = s7_replicas.Options.of(quick=args.quick, events=args.replica_events)
+        return s7_replicas.run(found, box, options7), s7_replicas.summary
     if name == "s5":
         return s5_resume.run(found, box, s5_resume.Options.of(quick=args.quick)), s5_resume.summary
     options4 = s4_deadlines.Options.of(

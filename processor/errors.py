@@ -21,6 +21,7 @@ __all__ = [
     "FencedOut",
     "HandlerError",
     "IllegalTransition",
+    "LockBusy",
     "LoopDied",
     "RecordDataError",
     "Retryable",
@@ -150,6 +151,14 @@ class Retryable(RuntimeFailure):
     """A transient failure of the database or the broker; the same work may be tried again."""
 
     default_kind = Failure.RETRYABLE
+
+
+class LockBusy(Retryable):
+    """Rows another session holds did not come free in time; the database itself answers.
+
+    E.g. a partition's previous owner is still publishing its outbox rows: its ownership claim
+    is tried again later, and the database does not count as unavailable.
+    """
 
 
 class CommitInDoubt(Retryable):

@@ -201,12 +201,29 @@ class FailedOutboxStore(Protocol):
 class OutboxStore(Protocol):
     """The relay's side of the store."""
 
-    def claim(self, limit: int) -> AbstractContextManager[list[OutboxEntry] | None]:
+    def claim(
+        self,
+        limit: int,
+        owned: Mapping[TP, int] | None = None,
+        after: Mapping[TP, TP] | None = None,
+    ) -> AbstractContextManager[list[OutboxEntry] | None]:
         """Claims up to ``limit`` committed rows in id order, as one transaction.
 
-        Yields None when another relay is publishing. Leaving the block normally removes the
-        claimed rows, except those :meth:`settle` keeps or sets aside; leaving it with an
-        exception puts them all back.
+        A row caused by an input record carries its (topic, partition) as ``source``; it is
+        claimed only for a partition in ``owned`` whose owner epoch is still the one given
+        there, and a new owner's epoch bump waits for a claim in flight on the partition to end.
+        Rows of no source are claimed by one relay at a time, across replicas. A partition row
+        waits behind older rows of no source of its saga.
+
+        Args:
+            limit: Most rows claimed.
+            owned: The partitions this replica owns, with the owner epoch it holds for each.
+            after: ``{q: p}``: rows of source partition ``q`` are claimed only while their id is
+                lower than that of every row still pending from source partition ``p``.
+
+        Yields None when nothing may be claimed: no partition given and another relay holds
+        the rows of no source. Leaving the block normally removes the claimed rows, except those
+        :meth:`settle` keeps or sets aside; leaving it with an exception puts them all back.
         """
         ...
 

@@ -142,6 +142,8 @@ class ConsumerSettings(BaseModel):
 class RelaySettings(BaseModel):
     """The outbox relay: how much it sends per round and how it waits for work."""
 
+    # Each replica publishes the outbox rows of the input partitions it owns: a replica with
+    # its relay off leaves those rows unpublished until its partitions move.
     enabled: bool = True
     batch_size: int = Field(default=1000, ge=1)
     # The relay is woken in-process after each commit and by NOTIFY from other processes;
@@ -149,7 +151,8 @@ class RelaySettings(BaseModel):
     poll_interval: Duration = timedelta(seconds=1)
     # How long one round waits for the broker's acknowledgements before giving up (the rows
     # stay in the outbox). A round idle in its transaction for twice this is presumed frozen
-    # or cut off, and the server ends it: until then it holds the relay lock of every replica.
+    # or cut off, and the server ends it: until then it holds the relay lock of the rows of no
+    # partition, and its own partitions' offsets rows (a new owner's claim of them waits).
     flush_timeout: Duration = timedelta(seconds=15)
     # Rounds a row may fail with the same kind of transient error (while other rows go through)
     # before it is set aside in the failed outbox, with its saga's later rows held behind it.

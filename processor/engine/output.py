@@ -135,6 +135,7 @@ class Output:
         correlation: str,
         now: datetime,
         trace: tuple[str | None, str | None] = (None, None),
+        source: tuple[str, int] | None = None,
     ) -> OutboxRow:
         mtype = self._registry.of(type(intent.message))
         for name, text in intent.headers.items():
@@ -175,6 +176,7 @@ class Output:
             key=intent.key.encode(),
             headers=headers,
             value=intent.message.model_dump_json().encode(),
+            source=source,
         )
 
     def _occurred_at(self, now: datetime) -> str:
@@ -195,7 +197,15 @@ class Output:
             "source-offset": str(record.offset),
         }
         ws.outbox.append(
-            OutboxRow(None, None, self._dead_letter_topic, record.key, headers, record.value or b"")
+            OutboxRow(
+                None,
+                None,
+                self._dead_letter_topic,
+                record.key,
+                headers,
+                record.value or b"",
+                source=(record.topic, record.partition),
+            )
         )
         ws.counts["dead-lettered"] += 1
 

@@ -33,7 +33,12 @@ class Record:
 
 @dataclass(frozen=True, slots=True)
 class OutboxRow:
-    """A record to publish: a saga's command, a dead letter, or a deadline-fired record."""
+    """A record to publish: a saga's command, a dead letter, or a deadline-fired record.
+
+    ``source`` is the input (topic, partition) whose record caused the row: the relay of that
+    partition's owner publishes it. None for rows of no input partition (written by other paths
+    or before rows carried it); any relay publishes those, one at a time.
+    """
 
     saga_type: str | None
     saga_id: str | None
@@ -42,6 +47,7 @@ class OutboxRow:
     headers: Mapping[str, str]
     value: bytes
     partition: int | None = None
+    source: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

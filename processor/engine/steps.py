@@ -210,11 +210,16 @@ class Steps(Output):
             self._fail(ws, w, item, f"{error.handler_name}: {describe_error(cause)}"[:1000])
             return False
         correlation = self._correlation(item)
-        trace = trace_of(item.decoded.record)
+        record = item.decoded.record
+        trace = trace_of(record)
+        # The relay of this input partition's owner publishes what it caused (fenced by epoch).
+        source = (record.topic, record.partition)
         rows: list[OutboxRow] = []
         for i, intent in enumerate(outcome.commands):
             try:
-                rows.append(self._command(w, intent, i, item.message_id, correlation, now, trace))
+                rows.append(
+                    self._command(w, intent, i, item.message_id, correlation, now, trace, source)
+                )
             except Exception as e:  # e.g. a class nobody registered: nothing is applied
                 what = type(intent.message).__qualname__
                 reason = f"{outcome.handler_name}: command {i} ({what}): {describe_error(e)}"

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from processor.engine.records import OutboxRow
-from processor.ports import FailedOutboxRow, OutboxEntry, SetAside
+from processor.ports import TP, FailedOutboxRow, OutboxEntry, SetAside
 
 __all__ = ["MemoryOutboxStore"]
 
@@ -25,10 +26,12 @@ class MemoryOutboxStore:
 
     Rows get increasing ids as they are appended (as committed). A claim takes the lowest ids;
     they stay visible in :meth:`pending` until the claim's block ends normally, as an
-    uncommitted delete stays invisible to other sessions. One claim at a time: a second one,
-    from any thread, yields None while the first is open, as does every claim while
-    :meth:`held_elsewhere` is active. Operator calls wait for an open claim to end, as they take
-    the relay's lock in PostgreSQL.
+    uncommitted delete stays invisible to other sessions. Rows of no source are claimed by one
+    claim at a time: a second one, from any thread, does not get them while the first is open,
+    nor does any claim while :meth:`held_elsewhere` is active. Rows of a source partition are
+    claimed by claims that name the partition with its current epoch (:attr:`epochs`, moved by
+    :meth:`take_over`), several at once. Operator calls wait for every open claim to end, as
+    they take the relays' locks in PostgreSQL.
     """
 
     def __init__(self) -> None:
@@ -37,9 +40,18 @@ class MemoryOutboxStore:
         self._failed: dict[int, FailedOutboxRow] = {}
         self._next_id = 1
         self._state = threading.Lock()
+        self._changed = threading.Condition(self._state)
         # Stands for the relay's advisory lock; the relay only tries it, operators wait for it.
         self._relay_lock = threading.Lock()
-        self._settled: _Settled | None = None
+        # The owner epoch of each partition, as the offsets rows hold it.
+        self.epochs: dict[TP, int] = {}
+        # Open claims per partition (FOR KEY SHARE), partitions being taken over (FOR UPDATE).
+        self._claiming: Counter[TP] = Counter()
+        self._taking: set[TP] = set()
+        self._partition_claims = 0
+        self._operators = 0
+        self._in_flight: set[int] = set()
+        self._settled = threading.local()
         self.closed = False
 
     def append(self, rows: Iterable[OutboxRow]) -> list[int]:
@@ -58,9 +70,22 @@ class MemoryOutboxStore:
         with self._state:
             return [self._rows[i] for i in sorted(self._rows)]
 
+    def take_over(self, partitions: Iterable[TP]) -> dict[TP, int]:
+        """A new owner's claim: bumps each partition's epoch once no claim on it is open."""
+        tps = set(partitions)
+        with self._changed:
+            self._taking |= tps
+            try:
+                self._changed.wait_for(lambda: not any(self._claiming[tp] for tp in tps))
+                for tp in tps:
+                    self.epochs[tp] = self.epochs.get(tp, 0) + 1
+            finally:
+                self._taking -= tps
+            return {tp: self.epochs[tp] for tp in tps}
+
     @contextmanager
     def held_elsewhere(self) -> Iterator[None]:
-        """Within this block another relay holds the lock: every claim yields None."""
+        """Within this block another relay holds the lock of the rows of no source."""
         if not self._relay_lock.acquire(blocking=False):
             raise RuntimeError("the relay lock is already held")
         try:
@@ -69,23 +94,80 @@ class MemoryOutboxStore:
             self._relay_lock.release()
 
     @contextmanager
-    def claim(self, limit: int) -> Iterator[list[OutboxEntry] | None]:
+    def claim(
+        self,
+        limit: int,
+        owned: Mapping[TP, int] | None = None,
+        after: Mapping[TP, TP] | None = None,
+    ) -> Iterator[list[OutboxEntry] | None]:
         """Claims up to ``limit`` rows in id order; they are settled only on a normal exit."""
-        if not self._relay_lock.acquire(blocking=False):
+        global_path = self._relay_lock.acquire(blocking=False)
+        with self._state:
+            partitions = bool(owned) and not self._operators
+            mine = {
+                tp
+                for tp, epoch in (owned or {}).items()
+                if partitions and self.epochs.get(tp) == epoch and tp not in self._taking
+            }
+            if partitions:
+                self._partition_claims += 1
+                self._claiming.update(mine)
+        if not global_path and not partitions:
             yield None
             return
+        ids: list[int] = []
+        # One pending settlement per thread; a claim nested in another restores the outer one.
+        outer = getattr(self._settled, "value", None)
         try:
             with self._state:
-                ids = sorted(self._rows)[:limit]
+                ids = self._pick(limit, global_path, mine, after or {})
+                self._in_flight.update(ids)
                 entries = [replace(self._rows[i], behind=self._first_failed(i)) for i in ids]
-            self._settled = _Settled([], {})
+            self._settled.value = _Settled([], {})
             yield entries
             # Reached only when the block ended without an exception: the "commit".
             with self._state:
-                self._commit(ids, self._settled)
+                self._commit(ids, self._settled.value)
         finally:
-            self._settled = None
-            self._relay_lock.release()
+            self._settled.value = outer
+            with self._changed:
+                self._in_flight.difference_update(ids)
+                if partitions:
+                    self._partition_claims -= 1
+                    self._claiming.subtract(mine)
+                self._changed.notify_all()
+            if global_path:
+                self._relay_lock.release()
+
+    def _pick(
+        self, limit: int, global_path: bool, mine: set[TP], after: Mapping[TP, TP]
+    ) -> list[int]:
+        free = [i for i in sorted(self._rows) if i not in self._in_flight]
+        picked = [i for i in free if global_path and self._rows[i].row.source is None][:limit]
+        # Ids of rows of no source by saga: a partition row waits behind older ones.
+        unsourced: dict[tuple[str | None, str], int] = {}
+        for i in sorted(self._rows):
+            r = self._rows[i].row
+            if r.source is None and r.saga_id is not None:
+                unsourced.setdefault((r.saga_type, r.saga_id), i)
+        first: dict[TP, int] = {}
+        for i in sorted(self._rows):
+            src = self._rows[i].row.source
+            if src is not None:
+                first.setdefault(src, i)
+        for i in free:
+            if len(picked) >= limit:
+                break
+            r = self._rows[i].row
+            if r.source is None or r.source not in mine:
+                continue
+            if r.saga_id is not None and unsourced.get((r.saga_type, r.saga_id), i) < i:
+                continue
+            gate = after.get(r.source)
+            if gate is not None and i >= first.get(gate, i + 1):
+                continue
+            picked.append(i)
+        return sorted(picked)
 
     def _first_failed(self, row_id: int) -> int | None:
         row = self._rows[row_id].row
@@ -99,10 +181,11 @@ class MemoryOutboxStore:
         return min(found) if found else None
 
     def settle(self, set_aside: Sequence[SetAside], kept: Mapping[int, str | None]) -> None:
-        if self._settled is None:
+        settled: _Settled | None = getattr(self._settled, "value", None)
+        if settled is None:
             raise RuntimeError("settle() outside an open claim")
-        self._settled.set_aside.extend(set_aside)
-        self._settled.kept.update(kept)
+        settled.set_aside.extend(set_aside)
+        settled.kept.update(kept)
 
     def _commit(self, ids: list[int], settled: _Settled) -> None:
         now = datetime.now(UTC)
@@ -137,7 +220,7 @@ class MemoryOutboxStore:
     def retry_failed(
         self, *, saga_type: str | None = None, saga_id: str | None = None, row_id: int | None = None
     ) -> list[FailedOutboxRow]:
-        with self._relay_lock, self._state:
+        with self._operator():
             chosen = self._select(saga_type, saga_id, row_id)
             for f in chosen:
                 del self._failed[f.id]
@@ -147,12 +230,23 @@ class MemoryOutboxStore:
     def discard_failed(
         self, *, saga_type: str | None = None, saga_id: str | None = None, row_id: int | None = None
     ) -> list[FailedOutboxRow]:
-        with self._relay_lock, self._state:
+        with self._operator():
             chosen = [f for f in self._failed.values() if _picked(f, saga_type, saga_id, row_id)]
             for f in chosen:
                 del self._failed[f.id]
                 del self._created[f.id]
             return sorted(chosen, key=lambda f: f.id)
+
+    @contextmanager
+    def _operator(self) -> Iterator[None]:
+        """Waits for every open claim to end and keeps new partition claims out meanwhile."""
+        with self._relay_lock, self._changed:
+            self._operators += 1
+            try:
+                self._changed.wait_for(lambda: not self._partition_claims)
+                yield
+            finally:
+                self._operators -= 1
 
     def _select(
         self, saga_type: str | None, saga_id: str | None, row_id: int | None

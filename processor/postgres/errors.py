@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import psycopg
 
-from processor.errors import RecordDataError, Retryable, RuntimeFailure
+from processor.errors import LockBusy, RecordDataError, Retryable, RuntimeFailure
 
 __all__ = ["translate"]
 
@@ -33,7 +33,8 @@ def translate(e: psycopg.Error) -> RuntimeFailure:
         e: The error psycopg raised.
 
     Returns:
-        ``Retryable`` for a transient failure, ``RecordDataError`` for refused data, and a plain
+        ``Retryable`` for a transient failure (``LockBusy`` for a lock wait that timed out),
+        ``RecordDataError`` for refused data, and a plain
         ``RuntimeFailure`` (``Failure.FATAL``) for everything else.
     """
     state = e.sqlstate
@@ -43,6 +44,8 @@ def translate(e: psycopg.Error) -> RuntimeFailure:
             return Retryable(f"database unavailable: {type(e).__name__}: {e}")
         return RuntimeFailure(f"database client error: {type(e).__name__}")
     primary = e.diag.message_primary or type(e).__name__
+    if state == "55P03":
+        return LockBusy(f"rows busy ({state}): {primary}")
     if state.startswith(_RETRYABLE):
         return Retryable(f"database unavailable ({state}): {primary}")
     if state.startswith(_RECORD_DATA):

@@ -1,8 +1,9 @@
 """SQL behind the failed-outbox operator commands: list, retry and discard set-aside rows.
 
-Retry and discard take the relay's lock (waiting for a round in flight to end), so that a row
-never moves while a relay decides about its saga. A retried row goes back into the outbox under
-its own id: it is older than any row still there, so it is published first, in its order.
+Retry and discard take the relays' locks, waiting for every round in flight to end (the global
+relay's and the partition relays'), so that a row never moves while a relay decides about its
+saga. A retried row goes back into the outbox under its own id and with its source partition:
+it is older than any row still there, so its partition's owner publishes it first, in order.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 from processor.engine.records import OutboxRow
 from processor.ports import FailedOutboxRow
+from processor.postgres.outbox import partition_lock_key, relay_lock_key
 from processor.postgres.schema import Tables
 from processor.postgres.store import Conn
 
@@ -18,7 +20,7 @@ __all__ = ["PostgresFailedOutbox"]
 
 _COLUMNS = """
     id, saga_type, saga_id, topic, partition, key, headers, value, reason, attempts, held_behind,
-    created_at, failed_at
+    created_at, failed_at, source_topic, source_partition
 """
 _LIST = f"""
     SELECT {_COLUMNS} FROM {{failed_outbox}}
@@ -41,9 +43,10 @@ _SELECT = f"""
 _DELETE = "DELETE FROM {failed_outbox} WHERE id = ANY(%s::bigint[])"
 _REINSERT = """
     INSERT INTO {outbox} (id, saga_type, saga_id, topic, partition, key, headers, value,
-                          created_at)
+                          created_at, source_topic, source_partition)
     OVERRIDING SYSTEM VALUE
-    SELECT id, saga_type, saga_id, topic, partition, key, headers, value, created_at
+    SELECT id, saga_type, saga_id, topic, partition, key, headers, value, created_at,
+           source_topic, source_partition
       FROM {failed_outbox} WHERE id = ANY(%s::bigint[])
 """
 
@@ -65,7 +68,7 @@ class PostgresFailedOutbox:
         self._select = r(_SELECT)
         self._delete = r(_DELETE)
         self._reinsert = r(_REINSERT)
-        self._lock_key = f"saga-relay:{tables.schema}"
+        self._lock_keys = (relay_lock_key(tables), partition_lock_key(tables))
 
     def list_failed(
         self, saga_type: str | None = None, saga_id: str | None = None, limit: int = 100
@@ -93,8 +96,9 @@ class PostgresFailedOutbox:
             "whole_saga": retry,
         }
         with self.conn.transaction():
-            # Waits for a relay round in flight: the saga's rows must not move under it.
-            self.conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self._lock_key,))
+            # Waits for the relay rounds in flight: the saga's rows must not move under them.
+            for key in self._lock_keys:
+                self.conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (key,))
             rows = [_row(r) for r in self.conn.execute(self._select, params).fetchall()]
             ids = [r.id for r in rows]
             if retry and ids:
@@ -110,7 +114,16 @@ def _row(r: tuple[Any, ...]) -> FailedOutboxRow:
     ]
     return FailedOutboxRow(
         id=id_,
-        row=OutboxRow(saga_type, saga_id, topic, key, headers, value, partition),
+        row=OutboxRow(
+            saga_type,
+            saga_id,
+            topic,
+            key,
+            headers,
+            value,
+            partition,
+            source=(r[13], r[14]) if r[13] is not None and r[14] is not None else None,
+        ),
         reason=reason,
         attempts=attempts,
         held_behind=behind,

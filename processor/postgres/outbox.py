@@ -1,15 +1,26 @@
 """The relay's side of the store in PostgreSQL: claim committed outbox rows, in id order.
 
-A claim is one transaction on the adapter's own connection. It first takes a transaction-scoped
-advisory lock, so that one relay at a time publishes across all replicas and a saga's row n+1
-can never overtake row n in another process. It then deletes up to ``limit`` rows and returns
-them; the delete commits only when the caller's block ends normally, after every record was
-acknowledged. Rows are claimed by what is committed, never by "id > last seen", so a row that a
-slower transaction commits late is not skipped.
+A claim is one transaction on the adapter's own connection. Each row carries the input
+partition whose record caused it, and the relay of that partition's owner publishes it: the
+claim locks the offsets rows of the partitions it claims for (``FOR KEY SHARE``) where the owner
+epoch is still the one this replica holds, and takes only rows of those partitions. A new owner
+bumps the epoch under ``FOR UPDATE``, so it waits for a claim in flight to end (published and
+committed, or rolled back); afterwards the old owner's claims find the epoch moved and take
+nothing of that partition. So a saga's row n+1 never overtakes row n across replicas, while
+replicas owning different partitions publish at the same time. Rows of no partition (written
+before rows carried one, or by other paths) are claimed by whichever relay gets a
+transaction-scoped advisory lock, one relay at a time; a partition row waits behind older such
+rows of its saga.
+
+The claimed rows are deleted and returned; the delete commits only when the caller's block ends
+normally, after every record was acknowledged. Rows are claimed by what is committed, never by
+"id > last seen", so a row that a slower transaction commits late is not skipped.
 
 Rows the relay does not publish are settled in the same transaction: put back under their own
 id (one more attempt counted), or moved to the failed outbox. Each claimed row says whether its
-saga already has a row in the failed outbox, so that it is held behind it.
+saga already has a row in the failed outbox, so that it is held behind it. Operators moving
+failed rows take both advisory locks exclusively (partition claims hold the second one shared),
+so no row of the failed outbox moves while any relay decides about its saga.
 """
 
 from __future__ import annotations
@@ -17,20 +28,80 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
 
 from processor.engine.records import OutboxRow
 from processor.errors import Retryable
-from processor.ports import OutboxEntry, SetAside
+from processor.ports import TP, OutboxEntry, SetAside
 from processor.postgres.errors import translate
 from processor.postgres.schema import Tables
 from processor.postgres.store import Conn
 
-__all__ = ["PostgresOutboxStore"]
+__all__ = ["PostgresOutboxStore", "partition_lock_key", "relay_lock_key"]
 
 log = logging.getLogger(__name__)
+
+
+_MAX_ID = 9223372036854775807
+_RETURNING = """
+    RETURNING id, saga_type, saga_id, topic, partition, key, headers, value, attempts,
+        (SELECT min(f.id) FROM {failed_outbox} AS f
+          WHERE o.saga_id IS NOT NULL
+            AND f.saga_type = o.saga_type AND f.saga_id = o.saga_id),
+        created_at, source_topic, source_partition
+"""
+# ``id = ANY(ARRAY(...))``: the delete finds the claimed ids through the primary key whatever the
+# outbox's size, where ``id IN (...)`` may be planned as a scan of the whole table.
+_CLAIM_GLOBAL = (
+    """
+    DELETE FROM {outbox} AS o WHERE id = ANY(ARRAY(
+        SELECT id FROM {outbox} WHERE source_topic IS NULL ORDER BY id LIMIT %(limit)s
+           FOR UPDATE))
+    """
+    + _RETURNING
+)
+# SKIP LOCKED: a partition whose new owner is bumping the epoch (FOR UPDATE) is being handed
+# over; waiting for it would only find the epoch moved, and could deadlock with a claim of
+# several partitions. Each partition's oldest rows come from its own index; the guards may
+# then leave some out (they only ever hold rows back).
+_CLAIM_OWNED = """
+    WITH mine AS (
+        SELECT s.topic, s.partition FROM {offsets} AS s
+          JOIN unnest(%(t)s::text[], %(p)s::int[], %(e)s::bigint[]) AS u(t, p, e)
+            ON s.topic = u.t AND s.partition = u.p AND s.owner_epoch = u.e
+         WHERE s.group_id = %(group)s
+           FOR KEY SHARE OF s SKIP LOCKED
+    ), oldest AS (
+        SELECT c.id FROM mine CROSS JOIN LATERAL (
+            SELECT x.id FROM {outbox} AS x
+             WHERE x.source_topic = mine.topic AND x.source_partition = mine.partition
+             ORDER BY x.id LIMIT %(limit)s) AS c
+         ORDER BY c.id LIMIT %(limit)s
+    )
+    DELETE FROM {outbox} AS o WHERE id = ANY(ARRAY(
+        SELECT x.id FROM {outbox} AS x
+         WHERE x.id = ANY(ARRAY(SELECT id FROM oldest))
+           AND NOT EXISTS (
+               SELECT 1 FROM {outbox} AS n
+                WHERE x.saga_id IS NOT NULL AND n.source_topic IS NULL
+                  AND n.saga_type = x.saga_type AND n.saga_id = x.saga_id AND n.id < x.id)
+           AFTER
+         ORDER BY x.id FOR UPDATE OF x))
+"""
+# Rows of partition q only while older than every row still pending from partition p.
+_AFTER = f"""
+            AND NOT EXISTS (
+                SELECT 1 FROM unnest(%(aqt)s::text[], %(aqp)s::int[], %(apt)s::text[],
+                                     %(app)s::int[]) AS a(qt, qp, pt, pp)
+                 WHERE a.qt = x.source_topic AND a.qp = x.source_partition
+                   AND x.id >= coalesce(
+                       (SELECT min(y.id) FROM {{outbox}} AS y
+                         WHERE y.source_topic = a.pt AND y.source_partition = a.pp),
+                       {_MAX_ID}))
+"""
 
 
 class PostgresOutboxStore:
@@ -42,47 +113,57 @@ class PostgresOutboxStore:
     Args:
         connect: Opens a new connection (not in autocommit mode).
         tables: Where the processor's tables live.
+        group_id: The consumer group whose offsets rows hold the owner epochs; None when the
+            outbox has no partition rows (a participant's): every claim takes the global path.
     """
 
-    def __init__(self, connect: Callable[[], Conn], tables: Tables) -> None:
+    def __init__(
+        self, connect: Callable[[], Conn], tables: Tables, group_id: str | None = None
+    ) -> None:
         self._connect = connect
         self._conn: Conn | None = None
-        self._lock_key = f"saga-relay:{tables.schema}"
-        self._claim = tables.render(
-            """
-            DELETE FROM {outbox} AS o WHERE id IN
-                (SELECT id FROM {outbox} ORDER BY id LIMIT %s FOR UPDATE)
-            RETURNING id, saga_type, saga_id, topic, partition, key, headers, value, attempts,
-                (SELECT min(f.id) FROM {failed_outbox} AS f
-                  WHERE o.saga_id IS NOT NULL
-                    AND f.saga_type = o.saga_type AND f.saga_id = o.saga_id),
-                created_at
-            """
-        )
+        self._group_id = group_id
+        self._lock_key = relay_lock_key(tables)
+        self._shared_key = partition_lock_key(tables)
+        self._claim_global = tables.render(_CLAIM_GLOBAL)
+        owned = _CLAIM_OWNED + _RETURNING
+        self._claim_owned = tables.render(owned.replace("AFTER", ""))
+        self._claim_after = tables.render(owned.replace("AFTER", _AFTER.strip()))
         # A kept row goes back under its own id: its place in the commit order stays.
         self._keep = tables.render(
             """
             INSERT INTO {outbox} (id, saga_type, saga_id, topic, partition, key, headers, value,
-                                  created_at, attempts, last_error)
+                                  created_at, source_topic, source_partition, attempts,
+                                  last_error)
             OVERRIDING SYSTEM VALUE
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
             """
         )
         self._move = tables.render(
             """
             INSERT INTO {failed_outbox} (id, saga_type, saga_id, topic, partition, key, headers,
-                                         value, created_at, reason, attempts, held_behind)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                                         value, created_at, source_topic, source_partition,
+                                         reason, attempts, held_behind)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
             """
         )
         self._claimed: dict[int, tuple[OutboxEntry, object]] = {}
 
     @contextmanager
-    def claim(self, limit: int) -> Iterator[list[OutboxEntry] | None]:
+    def claim(
+        self,
+        limit: int,
+        owned: Mapping[TP, int] | None = None,
+        after: Mapping[TP, TP] | None = None,
+    ) -> Iterator[list[OutboxEntry] | None]:
         """Claims up to ``limit`` committed rows in id order, as one transaction.
 
-        Yields None when another relay holds the lock. Leaving the block normally commits the
-        delete; leaving it with an exception rolls it back and every row stays.
+        Takes the rows of no partition when no other relay holds the global lock, and the rows
+        of each partition in ``owned`` whose owner epoch is still the one given.
+
+        Yields None when there was nothing this claim may take: no partition to claim for and
+        another relay holds the global lock. Leaving the block normally commits the delete;
+        leaving it with an exception rolls it back and every row stays.
 
         Raises:
             Retryable: The database is unreachable or the connection broke; the next call
@@ -90,37 +171,28 @@ class PostgresOutboxStore:
             RuntimeFailure: Any other database error (fatal).
         """
         conn = self._connection()
+        owned = owned if owned and self._group_id is not None else {}
         try:
             with conn.transaction():
-                locked = conn.execute(
-                    "SELECT pg_try_advisory_xact_lock(hashtext(%s))", (self._lock_key,)
+                got = conn.execute(
+                    "SELECT pg_try_advisory_xact_lock(hashtext(%s)),"
+                    " CASE WHEN %s THEN pg_try_advisory_xact_lock_shared(hashtext(%s)) END",
+                    (self._lock_key, bool(owned), self._shared_key),
                 ).fetchone()
-                if not locked or not locked[0]:
+                assert got is not None
+                global_path, partitions = bool(got[0]), bool(got[1])
+                if not global_path and not partitions:
                     yield None
                     return
-                rows = conn.execute(self._claim, (limit,)).fetchall()
+                rows = []
+                if global_path:
+                    rows = conn.execute(self._claim_global, {"limit": limit}).fetchall()
+                if partitions and len(rows) < limit:
+                    query, params = self._owned_query(limit - len(rows), owned, after)
+                    rows += conn.execute(query, params).fetchall()
                 # DELETE ... RETURNING has no defined order: restore commit order by id.
                 rows.sort(key=lambda r: r[0])
-                self._claimed = {
-                    r[0]: (
-                        OutboxEntry(
-                            id=r[0],
-                            row=OutboxRow(
-                                saga_type=r[1],
-                                saga_id=r[2],
-                                topic=r[3],
-                                key=r[5],
-                                headers=r[6],
-                                value=r[7],
-                                partition=r[4],
-                            ),
-                            attempts=r[8],
-                            behind=r[9],
-                        ),
-                        r[10],
-                    )
-                    for r in rows
-                }
+                self._claimed = {r[0]: (_entry(r), r[10]) for r in rows}
                 try:
                     yield [entry for entry, _created in self._claimed.values()]
                 finally:
@@ -134,6 +206,28 @@ class PostgresOutboxStore:
             if isinstance(failure, Retryable):
                 self._drop()
             raise failure from e
+
+    def _owned_query(
+        self, limit: int, owned: Mapping[TP, int], after: Mapping[TP, TP] | None
+    ) -> tuple[str, dict[str, object]]:
+        tps = sorted(owned)
+        params: dict[str, object] = {
+            "group": self._group_id,
+            "t": [t for t, _ in tps],
+            "p": [p for _, p in tps],
+            "e": [owned[tp] for tp in tps],
+            "limit": limit,
+        }
+        if not after:
+            return self._claim_owned, params
+        pairs = sorted(after.items())
+        params.update(
+            aqt=[q[0] for q, _ in pairs],
+            aqp=[q[1] for q, _ in pairs],
+            apt=[p[0] for _, p in pairs],
+            app=[p[1] for _, p in pairs],
+        )
+        return self._claim_after, params
 
     def settle(self, set_aside: Sequence[SetAside], kept: Mapping[int, str | None]) -> None:
         """Within an open claim: puts ``kept`` rows back, moves ``set_aside`` ones aside.
@@ -175,6 +269,8 @@ class PostgresOutboxStore:
             headers,
             r.value,
             created_at,
+            r.source[0] if r.source is not None else None,
+            r.source[1] if r.source is not None else None,
         )
 
     def _connection(self) -> Conn:
@@ -196,3 +292,32 @@ class PostgresOutboxStore:
     def close(self) -> None:
         """Closes the connection; a later claim would open a new one."""
         self._drop()
+
+
+def relay_lock_key(tables: Tables) -> str:
+    """The advisory lock of the one relay publishing rows of no partition (and of operators)."""
+    return f"saga-relay:{tables.schema}"
+
+
+def partition_lock_key(tables: Tables) -> str:
+    """Held shared by partition claims, exclusively by operators moving failed rows."""
+    return f"saga-relay-partitions:{tables.schema}"
+
+
+def _entry(r: Sequence[Any]) -> OutboxEntry:
+    source = (r[11], r[12]) if r[11] is not None and r[12] is not None else None
+    return OutboxEntry(
+        id=r[0],
+        row=OutboxRow(
+            saga_type=r[1],
+            saga_id=r[2],
+            topic=r[3],
+            key=r[5],
+            headers=r[6],
+            value=r[7],
+            partition=r[4],
+            source=source,
+        ),
+        attempts=r[8],
+        behind=r[9],
+    )

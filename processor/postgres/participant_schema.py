@@ -76,6 +76,16 @@ PARTICIPANT_MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (group_id, topic, partition)
     );
     """,
+    # 2 (relay12): the processor's outbox shape gained the source partition columns (always
+    # NULL here: a participant's relay publishes every row on the one-at-a-time path).
+    """
+    ALTER TABLE {outbox} ADD COLUMN source_topic     text,
+                         ADD COLUMN source_partition int;
+    ALTER TABLE {failed_outbox} ADD COLUMN source_topic     text,
+                                ADD COLUMN source_partition int;
+    CREATE INDEX ON {outbox} (id) WHERE source_topic IS NULL;
+    CREATE INDEX ON {outbox} (saga_type, saga_id, id) WHERE source_topic IS NULL;
+    """,
 )
 
 

@@ -267,6 +267,20 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (group_id, topic, new_count)
     );
     """,
+    # 10 (relay12): the input (topic, partition) whose record caused each outbox row, so that
+    # the relay of that partition's owner publishes it, fenced by the owner's epoch. NULL for
+    # rows written before and rows of no input partition: those keep the one-relay-at-a-time
+    # path, which walks its own small index; partition rows wait behind older NULL rows of
+    # their saga (the second partial index).
+    """
+    ALTER TABLE {outbox} ADD COLUMN source_topic     text,
+                         ADD COLUMN source_partition int;
+    ALTER TABLE {failed_outbox} ADD COLUMN source_topic     text,
+                                ADD COLUMN source_partition int;
+    CREATE INDEX ON {outbox} (source_topic, source_partition, id);
+    CREATE INDEX ON {outbox} (id) WHERE source_topic IS NULL;
+    CREATE INDEX ON {outbox} (saga_type, saga_id, id) WHERE source_topic IS NULL;
+    """,
 )
 
 

@@ -34,6 +34,9 @@ from processor.wire import deadline_channel, outbox_channel
 
 Conn = psycopg.Connection[TupleRow]
 
+# How long an ownership claim waits for the partitions' rows (the old owner's batch or relay).
+CLAIM_LOCK_TIMEOUT_MS = 5000
+
 
 def _rows(n: int) -> str:
     return ", ".join(["%s"] * n)
@@ -48,6 +51,19 @@ class BatchStore:
         r = tables.render
         self.channel = outbox_channel(tables.schema)
         self.deadline_channel = deadline_channel(tables.schema)
+        # FOR UPDATE, not the FOR NO KEY UPDATE the upsert takes: it waits for a relay claim
+        # in flight on these partitions (FOR KEY SHARE at the old epoch) to end, so the old
+        # owner's relay has published and committed (or rolled back) before the epoch moves.
+        # The owner's own offset updates (FOR NO KEY UPDATE) do not wait for the relay.
+        self._lock_owned = r(
+            """
+            SELECT 1 FROM {offsets}
+             WHERE group_id = %s AND (topic, partition) IN
+                   (SELECT * FROM unnest(%b::text[], %b::int[]))
+             ORDER BY topic, partition
+               FOR UPDATE
+            """
+        )
         self._claim = r(
             """
             INSERT INTO {offsets} AS o (group_id, topic, partition, next_offset, owner_epoch, owner)
@@ -129,9 +145,10 @@ class BatchStore:
         )
         self._insert_outbox = r(
             """
-            INSERT INTO {outbox} (saga_type, saga_id, topic, partition, key, headers, value)
+            INSERT INTO {outbox} (saga_type, saga_id, topic, partition, key, headers, value,
+                                  source_topic, source_partition)
             SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::int[], %b::bytea[],
-                                 %b::jsonb[], %b::bytea[])
+                                 %b::jsonb[], %b::bytea[], %b::text[], %b::int[])
             """
         )
         self._clear_deadlines = r(
@@ -222,10 +239,14 @@ class BatchStore:
         self, partitions: Sequence[tuple[str, int]], owner: str
     ) -> dict[tuple[str, int], tuple[int, int | None]]:
         """Takes ownership: bumps each partition's epoch, so older owners' commits fail."""
+        topics, numbers = [t for t, _ in partitions], [p for _, p in partitions]
         with self.conn.transaction():
+            # Bounded: a claim the old owner's relay holds up (a slow flush) fails as retryable
+            # (55P03), and the worker keeps the partitions paused and tries again.
+            self.conn.execute(f"SET LOCAL lock_timeout = '{CLAIM_LOCK_TIMEOUT_MS}ms'")
+            self.conn.execute(self._lock_owned, (self.group_id, topics, numbers))
             rows = self.conn.execute(
-                self._claim,
-                (self.group_id, owner, [t for t, _ in partitions], [p for _, p in partitions]),
+                self._claim, (self.group_id, owner, topics, numbers)
             ).fetchall()
         return {(t, p): (epoch, nxt) for t, p, epoch, nxt in rows}
 
@@ -461,6 +482,8 @@ class BatchStore:
                 [r.key for r in rows],
                 [_json(dict(r.headers)) for r in rows],
                 [r.value for r in rows],
+                [r.source[0] if r.source is not None else None for r in rows],
+                [r.source[1] if r.source is not None else None for r in rows],
             ),
         )
 

@@ -29,6 +29,9 @@ from processor.ports import TP, GrowthStore, TopicMetadata
 __all__ = ["GrowthWatch"]
 
 log = logging.getLogger(__name__)
+# How long after a growth passed its barrier a new partition's outbox rows still wait behind the
+# older rows of the partition it grew from (see moved_from).
+RELAY_GUARD = timedelta(minutes=5)
 
 # Seconds between rounds while a barrier is pending: a released partition is claimed this soon.
 PENDING_EVERY = 0.5
@@ -132,7 +135,9 @@ class GrowthWatch:
         that passed less than the grace ago.
         """
         view = self._view
-        return rules.moved_from(view.growths, view.now, self.grace)
+        # The relay keeps a new partition's rows behind the old partition's older rows for a
+        # while after the barrier: the old owner's relay may lag behind its worker.
+        return rules.moved_from(view.growths, view.now, max(self.grace, RELAY_GUARD))
 
     # -- one round -----------------------------------------------------------------------------
 

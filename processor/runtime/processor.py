@@ -129,7 +129,7 @@ class Processor:
         def batch_store() -> PostgresBatchStore:
             return PostgresBatchStore(lambda: self.connect(idle_limit), self.tables, cs.group_id)
 
-        self.worker = Worker(
+        worker = self.worker = Worker(
             store=batch_store(),
             control=batch_store(),
             store_factory=batch_store,
@@ -159,10 +159,12 @@ class Processor:
             rs = self.settings.relay
             relay = self.relay = Relay(
                 PostgresOutboxStore(
-                    # A frozen relay must not keep the relay lock (and so every replica's outbox)
-                    # for as long as it stays frozen; a live round idles at most one flush.
+                    # A frozen relay must not keep the relay lock (rows of no partition) or its
+                    # partitions' offsets rows (their hand-over) for as long as it stays frozen;
+                    # a live round idles at most one flush.
                     lambda: self.connect(2 * rs.flush_timeout),
                     self.tables,
+                    cs.group_id,
                 ),
                 KafkaRecordProducer(
                     lambda: make_producer(kafka, **relay_overrides(rs.max_record_bytes))
@@ -173,7 +175,12 @@ class Processor:
                 max_attempts=rs.max_attempts,
                 max_record_bytes=rs.max_record_bytes,
                 hooks=self.hooks,
+                # Each replica publishes the rows of the partitions it owns (fenced by epoch); a
+                # partition added online publishes behind the older rows of the one it grew from.
+                owned=lambda: worker.epochs,
+                after=growth.moved_from,
             )
+            worker.on_owned = relay.wake.set
             listener = PostgresWakeSource(self.connect, outbox_channel(self.tables.schema))
             self._spawn("relay", relay.run)
             self._spawn("relay-listener", lambda stop: listener.run(stop, relay.wake.set))

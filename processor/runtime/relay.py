@@ -1,7 +1,9 @@
 """Publishes outbox rows to Kafka, in order per saga, at least once; one bad row stops no other.
 
-A round claims up to batch-size committed rows in id order (one relay at a time across
-replicas), sends them and settles each row in the claim's transaction:
+A round claims up to batch-size committed rows in id order: the rows caused by records of the
+input partitions this replica owns (fenced by the owner epochs, so a partition's relaying moves
+with it), and the rows of no partition when no other relay holds them. It sends them and
+settles each row in the claim's transaction:
 
 - acknowledged: removed;
 - refused for good (too large, unknown topic, not authorized), or failed with a transient error
@@ -29,13 +31,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from processor.engine.records import OutboxRow
 from processor.errors import DeliveryFailed, Retryable, SendFailure
 from processor.observe.tracing import MAX_LINKS, Tracing
-from processor.ports import OutboxEntry, OutboxStore, RecordProducer, SetAside
+from processor.ports import TP, OutboxEntry, OutboxStore, RecordProducer, SetAside
 from processor.runtime.hooks import Hooks
 from processor.wire import HEADER_MESSAGE_ID
 
@@ -92,6 +94,10 @@ class Relay:
             sent, a larger dead letter is sent with its value cut (the stored row keeps it).
         hooks: Fault points: ``relay-round`` at the start of each round, ``after-produce`` once
             every record of a round was sent but before its rows are settled.
+        owned: The input partitions this replica owns, with their owner epochs, read at the
+            start of each round (from any thread); None relays only rows of no partition.
+        after: Read with ``owned``: ``{q: p}`` holds rows of partition q back until they are
+            older than every row still pending from partition p (see ``OutboxStore.claim``).
 
     Attributes:
         wake: Set it to start the next round at once (a commit wrote outbox rows).
@@ -111,8 +117,12 @@ class Relay:
         max_attempts: int = 10,
         max_record_bytes: int = 1_000_000,
         hooks: Hooks | None = None,
+        owned: Callable[[], Mapping[TP, int]] | None = None,
+        after: Callable[[], Mapping[TP, TP]] | None = None,
     ) -> None:
         self._outbox = outbox
+        self._owned = owned
+        self._after = after
         self._producer = producer
         self.batch_size = batch_size
         self.poll_interval = poll_interval
@@ -142,7 +152,9 @@ class Relay:
         """
         self._hooks.fire("relay-round")
         self.last_failures = []
-        with self._outbox.claim(self.batch_size) as entries:
+        owned = self._owned() if self._owned is not None else None
+        after = self._after() if self._after is not None else None
+        with self._outbox.claim(self.batch_size, owned, after) as entries:
             if not entries:
                 return 0
             if self.tracing is not None:

@@ -26,7 +26,7 @@ from processor.engine.overlay import overlay
 from processor.engine.plan import Planner
 from processor.engine.records import OffsetCommit, Record
 from processor.engine.rows import WriteSet
-from processor.errors import CommitInDoubt, Failure, RecordDataError, RuntimeFailure
+from processor.errors import CommitInDoubt, Failure, LockBusy, RecordDataError, RuntimeFailure
 from processor.messages import MessageRegistry
 from processor.observe.tracing import MAX_LINKS, Tracing, trace_headers
 from processor.ports import TP, BatchStore, RecordConsumer
@@ -38,6 +38,8 @@ from processor.runtime.lane import Lane, Stuck, wait
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+# Seconds between tries to claim partitions whose rows another session holds.
+CLAIM_RETRY = 1.0
 
 
 @dataclass
@@ -115,6 +117,10 @@ class Worker:
         # tests inject faults.
         self.hooks = hooks or Hooks()
         self.owned: dict[TP, Owned] = {}
+        # The owned partitions' epochs, replaced whole on every change: other threads (the
+        # relay) read it without a lock. on_owned is called after each gain (wakes the relay).
+        self.epochs: Mapping[TP, int] = {}
+        self.on_owned: Callable[[], None] = lambda: None
         self.stats = WorkerStats()
         self.consumer: RecordConsumer | None = None
         self._store_factory = store_factory
@@ -130,6 +136,9 @@ class Worker:
         # Positions must be read back from the store before the next batch.
         self._unsynced = False
         self._availability = Availability(clock)
+        self._clock = clock
+        # No claim retry before this time: the partitions' rows were busy.
+        self._claim_after = 0.0
         self.detached = False
 
     # -- rebalance callbacks (run inside consume(), on the consuming thread) --------------------
@@ -151,6 +160,7 @@ class Worker:
         gone = set(tps)
         for tp in gone:
             self.owned.pop(tp, None)
+        self._publish_owned()
         self._unclaimed -= gone
         self.stats.growth_waiting = min(self.stats.growth_waiting, len(self._unclaimed))
         self._to_pause -= gone
@@ -167,6 +177,13 @@ class Worker:
             return {}
         try:
             claimed = self._control(lambda: self.control.claim(tps, self.owner), "claim")
+        except LockBusy as e:
+            # The previous owner's relay is still publishing these partitions' outbox rows (or
+            # its batch is committing): the database answers, so this is no outage. Try again
+            # shortly, without holding up the loop on every poll meanwhile.
+            self._claim_after = self._clock() + CLAIM_RETRY
+            log.info("partitions %s still busy (%s); they wait, paused", tps, e)
+            return {}
         except RuntimeFailure as e:
             if e.kind is Failure.FATAL:
                 raise
@@ -180,8 +197,15 @@ class Worker:
         for tp, (epoch, nxt) in claimed.items():
             self.owned[tp] = Owned(epoch, nxt)
             self._unclaimed.discard(tp)
+        self._publish_owned()
+        if claimed:
+            # Relaying moves with the partition: its rows are ours to publish now.
+            self.on_owned()
         log.info("assigned %s", sorted(claimed))
         return claimed
+
+    def _publish_owned(self) -> None:
+        self.epochs = {tp: o.epoch for tp, o in self.owned.items()}
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -204,7 +228,7 @@ class Worker:
         if (self._unsynced or self._unclaimed) and self._availability.may_try():
             if self._unsynced:
                 self._resync()
-            if self._unclaimed and not self._unsynced:
+            if self._unclaimed and not self._unsynced and self._clock() >= self._claim_after:
                 for tp, (_, nxt) in self._claim().items():
                     consumer.seek(tp, nxt)
                     consumer.resume([tp])
@@ -478,6 +502,7 @@ class Worker:
             if self.consumer is not None:
                 self.consumer.seek(tp, nxt)
         if lost:
+            self._publish_owned()
             log.warning("fenced out of %s: another replica owns them now", sorted(lost))
             if self.consumer is not None:
                 self.consumer.pause(lost)
@@ -494,6 +519,7 @@ class Worker:
         )
         self.detached = True
         self.owned.clear()
+        self._publish_owned()
         self._unclaimed.clear()
         self._to_pause.clear()
         self._carry = []

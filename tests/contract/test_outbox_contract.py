@@ -1,11 +1,13 @@
 """One set of outbox cases, run against the in-memory store and the PostgreSQL one.
 
-Both must give the same results: claims in id order, rollback puts every row back, and only one
-claim at a time across relays.
+Both must give the same results: claims in id order, rollback puts every row back, rows of no
+source partition by one claim at a time across relays, rows of a source partition only by claims
+that hold its current owner epoch (several at once), and the ``after`` guard.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -13,7 +15,7 @@ import pytest
 
 from processor.engine.records import OutboxRow
 from processor.memory.outbox import MemoryOutboxStore
-from processor.ports import FailedOutboxStore, OutboxEntry, OutboxStore, SetAside
+from processor.ports import TP, FailedOutboxStore, OutboxEntry, OutboxStore, SetAside
 
 
 @dataclass
@@ -24,12 +26,14 @@ class Outbox:
     append: Callable[[list[OutboxRow]], list[int]]
     pending: Callable[[], list[OutboxEntry]]
     failed: FailedOutboxStore
+    # A new owner's claim of partitions (bumps their epochs); returns the epochs it holds.
+    take_over: Callable[[list[TP]], dict[TP, int]]
 
 
 def _memory() -> Iterator[Outbox]:
     store = MemoryOutboxStore()
     # One object is every relay's view of the same outbox; its lock is not reentrant.
-    yield Outbox(lambda: store, store.append, store.pending, store)
+    yield Outbox(lambda: store, store.append, store.pending, store, store.take_over)
 
 
 def _postgres(request: pytest.FixtureRequest) -> Iterator[Outbox]:
@@ -39,42 +43,59 @@ def _postgres(request: pytest.FixtureRequest) -> Iterator[Outbox]:
     from processor.postgres.failed_outbox import PostgresFailedOutbox
     from processor.postgres.outbox import PostgresOutboxStore
     from processor.postgres.schema import Tables
+    from processor.postgres.store import BatchStore
 
     database_url: str = request.getfixturevalue("database_url")
     tables = Tables(schema=request.getfixturevalue("pg_schema"))
     ensure_schema(database_url, tables)
     opened: list[OutboxStore] = []
     insert = tables.render(
-        "INSERT INTO {outbox} (saga_type, saga_id, topic, partition, key, headers, value)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id"
+        "INSERT INTO {outbox} (saga_type, saga_id, topic, partition, key, headers, value,"
+        " source_topic, source_partition)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id"
     )
     select = tables.render(
-        "SELECT id, saga_type, saga_id, topic, partition, key, headers, value, attempts"
-        " FROM {outbox} ORDER BY id"
+        "SELECT id, saga_type, saga_id, topic, partition, key, headers, value, attempts,"
+        " source_topic, source_partition FROM {outbox} ORDER BY id"
     )
 
     with connect(database_url, autocommit=True) as admin:
 
         def store() -> OutboxStore:
-            opened.append(PostgresOutboxStore(lambda: connect(database_url), tables))
+            opened.append(PostgresOutboxStore(lambda: connect(database_url), tables, GROUP))
             return opened[-1]
 
         def append(rows: list[OutboxRow]) -> list[int]:
             ids = []
             for r in rows:
                 params = (r.saga_type, r.saga_id, r.topic, r.partition, r.key)
-                found = admin.execute(insert, (*params, Jsonb(dict(r.headers)), r.value))
+                source = r.source or (None, None)
+                found = admin.execute(insert, (*params, Jsonb(dict(r.headers)), r.value, *source))
                 ids.append(found.fetchone()[0])  # type: ignore[index]
             return ids
 
         def pending() -> list[OutboxEntry]:
             return [
-                OutboxEntry(i, OutboxRow(st, sid, topic, key, headers, value, partition), n)
-                for i, st, sid, topic, partition, key, headers, value, n in admin.execute(select)
+                OutboxEntry(
+                    i,
+                    OutboxRow(
+                        st, sid, topic, key, headers, value, partition, (s, sp) if s else None
+                    ),
+                    n,
+                )
+                for i, st, sid, topic, partition, key, headers, value, n, s, sp in admin.execute(
+                    select
+                )
             ]
 
+        def take_over(tps: list[TP]) -> dict[TP, int]:
+            # The worker's own ownership claim, on a connection of its own.
+            with connect(database_url) as conn:
+                claimed = BatchStore(conn, tables, GROUP).claim(tps, "owner")
+            return {tp: epoch for tp, (epoch, _) in claimed.items()}
+
         try:
-            yield Outbox(store, append, pending, PostgresFailedOutbox(admin, tables))
+            yield Outbox(store, append, pending, PostgresFailedOutbox(admin, tables), take_over)
         finally:
             for s in opened:
                 s.close()
@@ -88,7 +109,14 @@ def outbox(request: pytest.FixtureRequest) -> Iterator[Outbox]:
         yield from _postgres(request)
 
 
-def row(saga_id: str, n: int, *, partition: int | None = None) -> OutboxRow:
+GROUP = "contract-group"
+T0: TP = ("events", 0)
+T1: TP = ("events", 1)
+
+
+def row(
+    saga_id: str, n: int, *, partition: int | None = None, source: TP | None = None
+) -> OutboxRow:
     return OutboxRow(
         saga_type="transfer",
         saga_id=saga_id,
@@ -97,6 +125,7 @@ def row(saga_id: str, n: int, *, partition: int | None = None) -> OutboxRow:
         headers={"message-id": f"{saga_id}-{n}", "message-type": "Debit"},
         value=f"{saga_id}:{n}".encode(),
         partition=partition,
+        source=source,
     )
 
 
@@ -277,3 +306,156 @@ def test_retry_puts_a_sagas_rows_back_under_their_ids_and_discard_drops_them(
     with store.claim(10) as claimed:
         assert claimed is not None
         assert [e.id for e in claimed] == [ids[0], ids[1], ids[3], newer]
+
+
+# -- rows of source partitions, fenced by the owner epoch -------------------------------------
+
+
+def _ids(entries: list[OutboxEntry] | None) -> list[int]:
+    assert entries is not None
+    return [e.id for e in entries]
+
+
+def test_a_claim_takes_only_the_rows_of_its_own_partitions(outbox: Outbox) -> None:
+    epochs = outbox.take_over([T0, T1])
+    ids = outbox.append(
+        [
+            row("a", 1, source=T0),
+            row("b", 1, source=T1),
+            row("a", 2, source=T0),
+            row("c", 1),
+            row("b", 2, source=T1),
+        ]
+    )
+    first, second = outbox.store(), outbox.store()
+
+    with first.claim(10, {T0: epochs[T0]}) as mine:
+        # Its partition's rows, and the rows of no source (the global path was free).
+        assert _ids(mine) == [ids[0], ids[2], ids[3]]
+        assert mine is not None
+        assert mine[0].row == row("a", 1, source=T0)
+        # Another relay publishes its own partition meanwhile, without the global rows.
+        with second.claim(10, {T1: epochs[T1]}) as theirs:
+            assert _ids(theirs) == [ids[1], ids[4]]
+    assert outbox.pending() == []
+
+
+def test_a_claim_at_a_stale_epoch_takes_nothing_of_the_partition(outbox: Outbox) -> None:
+    old = outbox.take_over([T0])[T0]
+    ids = outbox.append([row("a", 1, source=T0), row("a", 2, source=T0)])
+    new = outbox.take_over([T0])[T0]
+    assert new > old
+    store = outbox.store()
+
+    with store.claim(10, {T0: old}) as stale:
+        assert stale == []
+    with store.claim(10, {T0: new}) as current:
+        assert _ids(current) == ids
+
+
+def test_a_take_over_waits_for_a_claim_in_flight_on_the_partition(outbox: Outbox) -> None:
+    epoch = outbox.take_over([T0, T1])
+    ids = outbox.append([row("a", 1, source=T0), row("b", 1, source=T1)])
+    store = outbox.store()
+    result: dict[TP, int] = {}
+    other = threading.Thread(target=lambda: result.update(outbox.take_over([T1])))
+
+    with store.claim(10, {T0: epoch[T0]}) as claimed:
+        assert _ids(claimed) == ids[:1]
+        # A partition no claim holds is taken over at once.
+        other.start()
+        other.join(10)
+        assert result == {T1: epoch[T1] + 1}
+        taker = threading.Thread(target=lambda: result.update(outbox.take_over([T0])))
+        taker.start()
+        taker.join(0.5)
+        assert taker.is_alive(), "the epoch bump did not wait for the claim in flight"
+    taker.join(10)
+    assert result[T0] == epoch[T0] + 1
+    # The old owner's next claim takes nothing of it; the new owner's takes the rest.
+    assert [e.id for e in outbox.pending()] == ids[1:]
+    with store.claim(10, {T1: epoch[T1]}) as stale:
+        assert stale == []
+    with store.claim(10, {T1: result[T1]}) as current:
+        assert _ids(current) == ids[1:]
+
+
+def test_after_holds_a_partition_back_behind_the_older_rows_of_another(outbox: Outbox) -> None:
+    epochs = outbox.take_over([T0, T1])
+    ids = outbox.append(
+        [
+            row("a", 1, source=T0),
+            row("b", 1, source=T1),
+            row("a", 2, source=T0),
+            row("b", 2, source=T1),
+        ]
+    )
+    store = outbox.store()
+    after = {T0: T1}
+
+    # Only the row of T0 older than every pending row of T1.
+    with store.claim(10, epochs, after) as first:
+        assert _ids(first) == [ids[0], ids[1], ids[3]]
+    with store.claim(10, epochs, after) as rest:
+        assert _ids(rest) == [ids[2]]
+    # With T1 empty, nothing holds T0 back.
+    (later,) = outbox.append([row("a", 3, source=T0)])
+    with store.claim(10, {T0: epochs[T0]}, after) as free:
+        assert _ids(free) == [later]
+
+
+def test_rows_of_no_source_go_to_one_claim_at_a_time(outbox: Outbox) -> None:
+    epochs = outbox.take_over([T0])
+    ids = outbox.append([row("a", 1), row("b", 1, source=T0), row("c", 1)])
+    first, second = outbox.store(), outbox.store()
+
+    with first.claim(10) as global_only:
+        assert _ids(global_only) == [ids[0], ids[2]]
+        # The global path is taken: a claim for no partition gets None, one for a partition
+        # gets that partition's rows only.
+        with second.claim(10) as none:
+            assert none is None
+        with second.claim(10, epochs) as partition:
+            assert _ids(partition) == [ids[1]]
+
+
+def test_a_partition_row_waits_behind_an_older_row_of_no_source_of_its_saga(
+    outbox: Outbox,
+) -> None:
+    epochs = outbox.take_over([T0])
+    ids = outbox.append(
+        [row("a", 1), row("a", 2, source=T0), row("b", 1, source=T0), row("a", 3, source=T0)]
+    )
+    first, second = outbox.store(), outbox.store()
+
+    with first.claim(10) as legacy:
+        assert _ids(legacy) == [ids[0]]
+        with second.claim(10, epochs) as partition:
+            # Saga a's rows wait for its older row of no source; saga b's go.
+            assert _ids(partition) == [ids[2]]
+    with second.claim(10, epochs) as rest:
+        assert _ids(rest) == [ids[1], ids[3]]
+
+
+def test_a_retried_row_keeps_its_source(outbox: Outbox) -> None:
+    epochs = outbox.take_over([T0])
+    rows = [row("a", 1, source=T0), row("a", 2, source=T0)]
+    ids = outbox.append(rows)
+    store = outbox.store()
+    with store.claim(10, epochs) as claimed:
+        assert _ids(claimed) == ids
+        store.settle(
+            [SetAside(ids[0], "unknown topic", 1), SetAside(ids[1], "held", 0, ids[0])], {}
+        )
+    assert [f.row for f in outbox.failed.list_failed()] == rows
+
+    back = outbox.failed.retry_failed(row_id=ids[0])
+    assert [b.row for b in back] == rows
+    assert [(e.id, e.row) for e in outbox.pending()] == list(zip(ids, rows, strict=True))
+    # Back on its partition's path: a claim for no partition does not take it.
+    with store.claim(10) as global_only:
+        assert global_only == []
+    with store.claim(10, epochs) as again:
+        assert _ids(again) == ids
+        assert again is not None
+        assert [e.row for e in again] == rows

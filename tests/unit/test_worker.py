@@ -428,3 +428,34 @@ def test_a_fired_record_with_a_malformed_deadline_id_is_dead_lettered(rig: Rig) 
 
     assert rig.tables.offsets[P0] == (1, 1)
     assert len(rig.tables.dead_letters) == 1
+
+
+def test_the_relay_sees_the_owned_epochs_and_is_woken_on_assignment(rig: Rig) -> None:
+    woken: list[dict[TP, int]] = []
+    rig.worker.on_owned = lambda: woken.append(dict(rig.worker.epochs))
+    rig.consumer.assign([P0, P1])
+    assert rig.worker.epochs == {P0: 1, P1: 1}
+    assert woken == [{P0: 1, P1: 1}]
+
+    snapshot = rig.worker.epochs
+    rig.consumer.revoke([P1])
+    assert rig.worker.epochs == {P0: 1}
+    # Replaced, never changed in place: a reader on another thread holds a consistent map.
+    assert snapshot == {P0: 1, P1: 1}
+
+    # Fenced out of P0 by a new owner: gone from the relay's view too.
+    MemoryBatchStore(rig.tables).claim([P0], "other")
+    rig.send(P0, requested("t1"), "m1")
+    rig.step()
+    assert rig.worker.epochs == {}
+    assert len(woken) == 1
+
+
+def test_commands_and_dead_letters_carry_the_partition_of_their_input(rig: Rig) -> None:
+    rig.consumer.assign([P0, P1])
+    rig.send(P1, requested("t1"), "m1")
+    rig.consumer.append(P0[0], P0[1], b"not json", key=b"t2", headers=[])
+    rig.step()
+
+    sources = {(row.saga_id or "dead letter", row.source) for row in rig.tables.outbox}
+    assert sources == {("dead letter", P0), ("t1", P1)}

@@ -16,7 +16,7 @@ import pytest
 
 from processor.engine.records import OffsetCommit
 from processor.engine.rows import Loaded, Outcome, Wants, WriteSet
-from processor.errors import RecordDataError, Retryable
+from processor.errors import LockBusy, RecordDataError, Retryable
 from processor.memory.consumer import MemoryRecordConsumer
 from processor.memory.store import MemoryBatchStore, MemoryTables
 from processor.ports import TP, Positions
@@ -47,6 +47,7 @@ class Flaky(MemoryBatchStore):
         self.silent = threading.Event()  # set: writes block until released
         self.release = threading.Event()
         self.refuse: set[str] = set()  # applied message ids the "database" refuses
+        self.busy = 0  # claims still to fail as if another session held the partitions' rows
 
     def _gate(self) -> None:
         if self.down:
@@ -54,6 +55,9 @@ class Flaky(MemoryBatchStore):
 
     def claim(self, partitions: Sequence[TP], owner: str) -> Positions:
         self._gate()
+        if self.busy:
+            self.busy -= 1
+            raise LockBusy("rows busy (55P03): canceling statement due to lock timeout")
         return super().claim(partitions, owner)
 
     def read_offsets(self, partitions: Sequence[TP]) -> Positions:
@@ -255,4 +259,26 @@ def test_partitions_that_cannot_be_claimed_wait_paused_until_they_can(live: Live
     live.step()
     live.step()
     assert P0 not in rig.consumer.paused()
+    assert rig.applied("t1") == ["m1"]
+
+
+def test_partitions_busy_with_the_previous_owners_relay_wait_without_an_outage(
+    live: Live,
+) -> None:
+    rig, store, clock = live.rig, live.store, live.clock
+    rig.send(P0, requested("t1"), "m1")
+    store.busy = 3
+    rig.consumer.assign([P0])  # busy in the rebalance callback
+    assert store.busy == 2
+    live.step()
+    # Not tried again on every poll: once per retry interval.
+    assert store.busy == 2
+    for _ in range(3):
+        clock.now += BOUND  # far longer than an outage may last: still no give-back
+        live.step()
+        assert rig.worker.health()["unavailable_for"] == 0.0
+        assert not rig.worker.detached
+    assert store.busy == 0
+    assert P0 not in rig.consumer.paused()
+    live.step()
     assert rig.applied("t1") == ["m1"]
