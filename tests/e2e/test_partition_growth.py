@@ -24,7 +24,7 @@ from confluent_kafka.admin import AdminClient, NewPartitions  # type: ignore[att
 
 from processor.engine.partitioner import partition_for
 from processor.messages import Message
-from processor.wire import DEADLINE_FIRED, HEADER_MESSAGE_TYPE
+from processor.wire import DEADLINE_FIRED, HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE
 from schemas.transfers import CreditConfirmed, DebitConfirmed, TransferRequested
 from tests.e2e.conftest import E2EEnv, log_lines
 from tests.support.harness import Reader, headers_for, wait_until
@@ -152,6 +152,38 @@ def assert_in_order(env: E2EEnv, producers: Producers, replied: list[str]) -> No
     assert len(crossed) > 100, len(crossed)
 
 
+def assert_commands_in_order(env: E2EEnv, reader: Reader, replied: list[str]) -> None:
+    """Per saga, its debit reached the command topic before its credit, each under one id.
+
+    The debit was caused on the saga's old partition and the credit, for a moved saga, on its new
+    one: two relays, possibly in two replicas. Duplicates (a killed relay round) repeat an id.
+    """
+
+    def seen(records: list[Any]) -> dict[str, list[tuple[str, str]]]:
+        out: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        for m in records:
+            h = reader.headers(m)
+            out[m.key().decode()].append((h[HEADER_MESSAGE_TYPE], h[HEADER_MESSAGE_ID]))
+        return out
+
+    def credited(records: list[Any]) -> bool:
+        by_saga = seen(records)
+        return all(
+            any(t == "transfers.CreditAccount" for t, _ in by_saga.get(tid, [])) for tid in replied
+        )
+
+    reader.wait_for(credited, 60, "every saga's credit command")
+    by_saga = seen(reader.records)
+    for tid in replied:
+        firsts: list[str] = []
+        ids: dict[str, str] = {}
+        for kind, mid in by_saga[tid]:
+            assert ids.setdefault(kind, mid) == mid, (tid, by_saga[tid])
+            if kind not in firsts:
+                firsts.append(kind)
+        assert firsts == ["transfers.DebitAccount", "transfers.CreditAccount"], (tid, firsts)
+
+
 def _assigned(proc: ProcessorProcess) -> Callable[[], list[str]]:
     return lambda: log_lines(proc, r"assigned \[\(")
 
@@ -171,6 +203,7 @@ def test_growth_under_load_keeps_per_saga_order_and_reroutes_deadlines(e2e_env: 
     # after it. They start first, so they are all on the old partitions.
     silent, replied = sagas[:150], sagas[150:]
     replicas = start_replicas(env, settings={"transfer.payment-timeout": 40})
+    commands = env.reader()
     producers = Producers(env.kafka, env.events_topic)
 
     starting = start_in_background(producers, sagas)
@@ -190,6 +223,7 @@ def test_growth_under_load_keeps_per_saga_order_and_reroutes_deadlines(e2e_env: 
         "every saga ended",
     )
     assert_in_order(env, producers, replied)
+    assert_commands_in_order(env, commands, replied)
     rows = history(env)
     for tid in silent:
         [(start, *_), (_, kind, _, partition)] = rows[tid]
@@ -231,6 +265,7 @@ def test_a_replica_killed_during_the_growth_loses_nothing(e2e_env: E2EEnv) -> No
     env = e2e_env
     sagas = [f"k-{uuid.uuid4().hex[:6]}-{i:04d}" for i in range(4000)]
     a, b = start_replicas(env, consumer={**GROWTH, "growth_grace": "8s"})
+    commands = env.reader()
     producers = Producers(env.kafka, env.events_topic)
 
     starting = start_in_background(producers, sagas)
@@ -261,6 +296,7 @@ def test_a_replica_killed_during_the_growth_loses_nothing(e2e_env: E2EEnv) -> No
         "every saga ended",
     )
     assert_in_order(env, producers, sagas)
+    assert_commands_in_order(env, commands, sagas)
     wait_until(
         lambda: env.query("SELECT passed_at IS NOT NULL FROM partition_growth") == [(True,)],
         30,
