@@ -13,7 +13,7 @@ import argparse
 import getpass
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -69,6 +69,17 @@ def inspect_queries(settings: ProcessorSettings) -> Iterator[InspectQueries]:
         settings.database.url.get_secret_value(), tables_for(settings)
     ) as queries:
         yield queries
+
+
+def operator_route(settings: ProcessorSettings) -> Callable[[str, bytes, int], int]:
+    """Routes operator records to where the saga's events go now (input topics may grow)."""
+    from processor.postgres.connect import connect
+    from processor.postgres.growth import current_router
+    from processor.runtime.assembly import tables_for
+
+    url = settings.database.url.get_secret_value()
+    cs = settings.consumer
+    return current_router(lambda: connect(url), tables_for(settings), cs.group_id, cs.partitioner)
 
 
 @contextmanager
@@ -344,6 +355,7 @@ def send(
                 by=operator_name(settings),
                 reason=args.reason,
                 name=name,
+                route=operator_route(settings),
             )
         except OperatorRefused as e:
             if "broker" not in str(e):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import getpass
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cached_property
 from typing import Any
@@ -86,6 +86,14 @@ class Backend:
         marks = watermarks(self.settings.kafka.client_config(), stored, timeout)
         return None if marks is None else consumer_lag(stored, marks)
 
+    def route(self) -> Callable[[str, bytes, int], int]:
+        """Routes operator records to where a saga's events go now (input topics may grow)."""
+        from processor.postgres.connect import connect
+        from processor.postgres.growth import current_router
+
+        cs = self.settings.consumer
+        return current_router(lambda: connect(self._url), self._tables, cs.group_id, cs.partitioner)
+
     def producer(self) -> RecordProducer:
         """One producer for the console's operator records, made on first use."""
         from processor.kafka.producer import KafkaRecordProducer, make_producer
@@ -125,6 +133,7 @@ class Backend:
                 by=self.by,
                 reason=reason,
                 name=name,
+                route=self.route(),
             )
         return sent.message_id
 

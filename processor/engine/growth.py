@@ -20,7 +20,7 @@ Everything here is pure; :mod:`processor.runtime.growth` feeds it from Kafka and
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -35,7 +35,9 @@ __all__ = [
     "growth_problem",
     "held",
     "moved_from",
+    "originals",
     "route",
+    "router",
 ]
 
 TP = tuple[str, int]
@@ -184,6 +186,25 @@ def route(
     if target % original != stored % original:
         return stored
     return target
+
+
+def originals(state: GrowthState) -> dict[str, int]:
+    """Per topic, the smallest count recorded: the count before its first growth."""
+    original: dict[str, int] = dict(state.counts)
+    for g in state.growths:
+        original[g.topic] = min(original.get(g.topic, g.old_count), g.old_count)
+    return original
+
+
+def router(state: GrowthState, partitioner: Partitioner) -> Callable[[str, bytes, int], int]:
+    """:func:`route` over ``state``: (topic, key, stored partition) -> the partition now."""
+    original = originals(state)
+    counts = dict(state.counts)
+
+    def to(topic: str, key: bytes, stored: int) -> int:
+        return route(key, stored, counts.get(topic), original.get(topic), partitioner)
+
+    return to
 
 
 def moved_from(growths: Iterable[Growth], now: datetime, keep: timedelta) -> dict[TP, TP]:

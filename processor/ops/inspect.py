@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 
 from processor.engine.records import OutboxRow
 from processor.errors import SagaError
@@ -85,11 +86,14 @@ def send_operator_request(
     reason: str,
     name: str | None = None,
     timeout: float = 30.0,
+    route: Callable[[str, bytes, int], int] | None = None,
 ) -> OperatorRecord:
     """Signs the request and sends it into the saga's input partition; returns it once acked.
 
     The partition is the one the saga's latest event came from (fired deadlines go there too),
-    so the request is ordered with whatever the saga receives next.
+    so the request is ordered with whatever the saga receives next; ``route`` moves it to where
+    the saga's events go now when its input topic grew since (see
+    :func:`processor.engine.growth.route`).
 
     Raises:
         OperatorRefused: No operator key is configured, no reason was given, the saga has no
@@ -115,7 +119,7 @@ def send_operator_request(
         key=saga_id.encode(),
         headers=request.headers(key),
         value=request.value(),
-        partition=where[1],
+        partition=where[1] if route is None else route(where[0], saga_id.encode(), where[1]),
     )
     failures = producer.send([row], timeout)
     if failures:

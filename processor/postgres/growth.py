@@ -17,13 +17,14 @@ import psycopg
 from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
 
-from processor.engine.growth import Growth, GrowthState
+from processor.engine.growth import Growth, GrowthState, router
+from processor.engine.partitioner import Partitioner
 from processor.errors import Retryable
 from processor.ports import TP
 from processor.postgres.errors import translate
 from processor.postgres.schema import Tables
 
-__all__ = ["PostgresGrowthStore"]
+__all__ = ["PostgresGrowthStore", "current_router"]
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +182,20 @@ class PostgresGrowthStore:
             with contextlib.suppress(psycopg.Error):
                 self._conn.close()
             self._conn = None
+
+
+def current_router(
+    connect: Callable[[], Conn], tables: Tables, group_id: str, partitioner: Partitioner
+) -> Callable[[str, bytes, int], int]:
+    """Where a saga's records go now, from the counts and growths the group has recorded.
+
+    For one-off senders (operator requests): the replicas' growth watch keeps its own view.
+    """
+    store = PostgresGrowthStore(connect, tables)
+    try:
+        return router(store.load(group_id), partitioner)
+    finally:
+        store.close()
 
 
 def _marks(stored: Any) -> dict[int, int] | None:

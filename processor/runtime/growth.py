@@ -256,9 +256,7 @@ class GrowthWatch:
         return frozenset(released), passed
 
     def _publish(self, state: GrowthState, released: frozenset[TP]) -> None:
-        original: dict[str, int] = dict(state.counts)
-        for g in state.growths:
-            original[g.topic] = min(original.get(g.topic, g.old_count), g.old_count)
+        original = rules.originals(state)
         view = _View(True, state.now, dict(state.counts), original, state.growths, released)
         self._view = view
         with self._lock:

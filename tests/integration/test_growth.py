@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient, NewPartitions  # type: ignore[att
 from processor.engine.partitioner import Partitioner, partition_for
 from processor.kafka.metadata import KafkaTopicMetadata
 from processor.postgres.connect import connect, ensure_schema
-from processor.postgres.growth import PostgresGrowthStore
+from processor.postgres.growth import PostgresGrowthStore, current_router
 from processor.postgres.schema import Tables
 from tests.support.harness import wait_until
 
@@ -87,6 +87,34 @@ def test_a_growth_is_recorded_once_by_replicas_and_its_watermarks_by_the_first(
     finally:
         a.close()
         b.close()
+
+
+def test_operator_records_follow_a_moved_saga_to_its_new_partition(
+    database_url: str, tables: Tables
+) -> None:
+    moved = next(k for k in KEYS if partition_for(k, 12, "murmur2") >= 6)
+    stays = next(k for k in KEYS if partition_for(k, 12, "murmur2") < 6)
+    old = partition_for(moved, 6, "murmur2")
+    store = _store(database_url, tables)
+    try:
+        store.baseline("g", "in", 6)
+        route = current_router(lambda: connect(database_url), tables, "g", "murmur2")
+        # No growth yet: a saga's latest event's partition is where its records go.
+        assert route("in", moved, old) == old
+        assert store.grow("g", "in", 6, 12, timedelta(0))
+    finally:
+        store.close()
+    route = current_router(lambda: connect(database_url), tables, "g", "murmur2")
+    assert route("in", moved, old) == partition_for(moved, 12, "murmur2")
+    assert route("in", stays, partition_for(stays, 6, "murmur2")) == partition_for(
+        stays, 12, "murmur2"
+    )
+    # Another group, or a topic with no recorded count: the stored partition stands.
+    assert (
+        current_router(lambda: connect(database_url), tables, "h", "murmur2")("in", moved, old)
+        == old
+    )
+    assert route("other", moved, old) == old
 
 
 def test_watermarks_are_refused_before_the_barrier_time(database_url: str, tables: Tables) -> None:
