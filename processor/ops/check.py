@@ -316,6 +316,15 @@ def _topics(report: CheckReport, topology: Topology, stored: Mapping[str, set[in
             continue
         partitions = stored.get(topic)
         if topic in topology.read and partitions and partitions != set(range(count)):
+            known = max(partitions) + 1
+            if partitions <= set(range(count)) and count > known and count % known == 0:
+                # Grown online to a multiple: the replicas release the new partitions behind
+                # the growth barrier (processor/engine/growth.py).
+                report.notes.append(
+                    f"topic {topic!r} grew from {known} to {count} partitions; the replicas "
+                    "take the new ones behind the growth barrier"
+                )
+                continue
             report.problems.append(
                 f"topic {topic!r} has {count} partition(s) but the group "
                 f"{topology.group_id!r} stored offsets for {len(partitions)} "

@@ -93,3 +93,27 @@ def test_pending_sql_lists_only_the_migrations_not_yet_applied() -> None:
     assert 'CREATE TABLE "s"."saga_instance"' not in last
     assert f"VALUES ({len(MIGRATIONS)});" in last
     assert pending_sql(0, tables).startswith('CREATE SCHEMA IF NOT EXISTS "s";')
+
+
+def test_a_topic_grown_to_a_multiple_is_a_note_and_any_other_count_a_problem() -> None:
+    def check(stored: set[int], count: int) -> tuple[list[str], list[str]]:
+        topology = Topology("g", frozenset({"in"}), frozenset(), lambda _: {"in": count})
+        report = run_check(
+            FakeSource(partitions={"in": stored}),
+            SAGAS,
+            registry,
+            expected_schema=len(MIGRATIONS),
+            topology=topology,
+        )
+        return report.problems, report.notes
+
+    problems, notes = check(set(range(6)), 12)
+    assert problems == []
+    assert notes == [
+        "topic 'in' grew from 6 to 12 partitions; the replicas take the new ones behind the "
+        "growth barrier"
+    ]
+    problems, _ = check(set(range(6)), 8)
+    assert len(problems) == 1
+    assert "topic 'in' has 8 partition(s)" in problems[0]
+    assert check(set(range(12)), 12) == ([], [])
