@@ -7,15 +7,15 @@ clock (the "database's" and the elapsed-time clock), so barriers pass without wa
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from processor.engine import growth as rules
-from processor.engine.growth import Growth, GrowthState
+from processor.engine.growth import Growth
 from processor.engine.partitioner import partition_for
+from processor.memory.growth import MemoryGrowthStore
 from processor.ports import TP
 from processor.runtime.growth import RELAY_GUARD, GrowthWatch
 from tests.unit.test_worker import (
@@ -130,59 +130,6 @@ class Clock:
         return self.t
 
 
-class MemoryGrowthStore:
-    """The growth tables of one database, shared by the watches of several replicas."""
-
-    def __init__(self, clock: Clock) -> None:
-        self.clock = clock
-        self.counts: dict[tuple[str, str], int] = {}
-        self.growths: dict[tuple[str, str, int], Growth] = {}
-        self.offsets: dict[TP, int | None] = {}
-
-    def load(self, group_id: str) -> GrowthState:
-        return GrowthState(
-            now=self.clock.now(),
-            counts={t: c for (g, t), c in self.counts.items() if g == group_id},
-            growths=tuple(v for (g, _, _), v in sorted(self.growths.items()) if g == group_id),
-        )
-
-    def baseline(self, group_id: str, topic: str, count: int) -> None:
-        self.counts.setdefault((group_id, topic), count)
-
-    def grow(
-        self, group_id: str, topic: str, old_count: int, new_count: int, grace: timedelta
-    ) -> bool:
-        if self.counts.get((group_id, topic)) != old_count:
-            return False
-        now = self.clock.now()
-        self.growths.setdefault(
-            (group_id, topic, new_count),
-            Growth(topic, old_count, new_count, now, now + grace),
-        )
-        self.counts[(group_id, topic)] = new_count
-        return True
-
-    def store_watermarks(
-        self, group_id: str, topic: str, new_count: int, watermarks: Mapping[int, int]
-    ) -> bool:
-        g = self.growths[(group_id, topic, new_count)]
-        if g.watermarks is not None or self.clock.now() < g.barrier_at:
-            return False
-        self.growths[(group_id, topic, new_count)] = replace(g, watermarks=dict(watermarks))
-        return True
-
-    def committed(self, group_id: str, topics: Sequence[str]) -> dict[TP, int | None]:
-        return {tp: n for tp, n in self.offsets.items() if tp[0] in topics}
-
-    def mark_passed(self, group_id: str, topic: str, new_count: int) -> None:
-        g = self.growths[(group_id, topic, new_count)]
-        if g.passed_at is None:
-            self.growths[(group_id, topic, new_count)] = replace(g, passed_at=self.clock.now())
-
-    def close(self) -> None:
-        pass
-
-
 class MemoryCluster:
     def __init__(self, counts: dict[str, int]) -> None:
         self.counts = counts
@@ -207,7 +154,7 @@ def clock() -> Clock:
 
 @pytest.fixture
 def store(clock: Clock) -> MemoryGrowthStore:
-    return MemoryGrowthStore(clock)
+    return MemoryGrowthStore(clock.now)
 
 
 @pytest.fixture
@@ -251,7 +198,7 @@ def test_a_growth_is_recorded_once_and_its_new_partitions_wait_for_the_barrier(
     b.step()
     cluster.counts[TOPIC] = 12
     cluster.marks = {(TOPIC, p): 100 + p for p in range(6)}
-    store.offsets = {(TOPIC, p): 50 for p in range(6)}
+    store.offsets = {("g", TOPIC, p): 50 for p in range(6)}
     # A partition beyond the known count wakes the watch at once.
     assert a.held((TOPIC, 7))
     assert a.wake.is_set()
@@ -271,14 +218,14 @@ def test_a_growth_is_recorded_once_and_its_new_partitions_wait_for_the_barrier(
     assert a.moved_from()[(TOPIC, 7)] == (TOPIC, 1)
 
     # Before the barrier time no watermark is read, whatever the offsets.
-    store.offsets = {(TOPIC, p): 1000 for p in range(6)}
+    store.offsets = {("g", TOPIC, p): 1000 for p in range(6)}
     clock.t = 30.0
     a.step()
     assert cluster.watermark_reads == 0
     assert a.held((TOPIC, 7))
 
     # At the barrier the watermarks are taken once; records sent later do not move them.
-    store.offsets = {(TOPIC, p): 50 for p in range(6)}
+    store.offsets = {("g", TOPIC, p): 50 for p in range(6)}
     clock.t = 31.0
     a.step()
     cluster.marks = {(TOPIC, p): 500 for p in range(6)}
@@ -288,7 +235,7 @@ def test_a_growth_is_recorded_once_and_its_new_partitions_wait_for_the_barrier(
     assert a.held((TOPIC, 7))
 
     # Old partition 1 consumed to its watermark: 7 (= 1 + 6) goes, 8 still waits on 2.
-    store.offsets[(TOPIC, 1)] = 101
+    store.offsets[("g", TOPIC, 1)] = 101
     clock.t = 40.0
     a.step()
     assert not a.held((TOPIC, 7))
@@ -297,7 +244,7 @@ def test_a_growth_is_recorded_once_and_its_new_partitions_wait_for_the_barrier(
     assert released == ["partition in/7 released after a growth (waited 40.0 s)"]
 
     for p in range(6):
-        store.offsets[(TOPIC, p)] = 100 + p
+        store.offsets[("g", TOPIC, p)] = 100 + p
     clock.t = 41.0
     assert a.step() == 5.0  # passed: back to the normal interval
     assert store.growths[("g", TOPIC, 12)].passed_at == T0 + timedelta(seconds=41)
