@@ -36,15 +36,18 @@ class Item:
     decoded: Event | FiredDeadline | Operator | TooNew
     bound: BoundSaga
     saga_id: str
+    # The id that marks this item applied: the message's, or one made from the deadline's.
+    # Worked out once: routing, deduplication, commands and history all read it.
+    message_id: str = field(init=False)
 
-    @property
-    def message_id(self) -> str:
-        """The id that marks this item applied: the message's, or one made from the deadline's."""
-        if isinstance(self.decoded, FiredDeadline):
-            return f"deadline:{self.decoded.deadline_id}"
-        if isinstance(self.decoded, Operator):
-            return self.decoded.request.message_id
-        return self.decoded.metadata.message_id
+    def __post_init__(self) -> None:
+        decoded = self.decoded
+        if isinstance(decoded, FiredDeadline):
+            self.message_id = f"deadline:{decoded.deadline_id}"
+        elif isinstance(decoded, Operator):
+            self.message_id = decoded.request.message_id
+        else:
+            self.message_id = decoded.metadata.message_id
 
 
 @dataclass(slots=True)
