@@ -46,6 +46,8 @@ __all__ = [
 
 # Fixed namespace so command ids are identical on every replica and every replay.
 _COMMAND_ID_NAMESPACE = uuid.UUID("5b0f6c2e-8d1a-4f57-9a43-2c7e1d9b6a10")
+# The namespace's bytes hashed once; each id continues a copy of this hash.
+_COMMAND_ID_HASH = hashlib.sha1(_COMMAND_ID_NAMESPACE.bytes)
 
 
 def command_message_id(saga_type: str, saga_id: str, seq: int) -> str:
@@ -58,7 +60,9 @@ def command_message_id(saga_type: str, saga_id: str, seq: int) -> str:
     name = f"{saga_type}\x1f{saga_id}\x1f{seq}".encode()
     # uuid.uuid5(namespace, name), spelled out: one id per command makes building and then
     # formatting a uuid.UUID a visible share of a batch's planning time.
-    digest = bytearray(hashlib.sha1(_COMMAND_ID_NAMESPACE.bytes + name).digest()[:16])
+    sha = _COMMAND_ID_HASH.copy()
+    sha.update(name)
+    digest = bytearray(sha.digest()[:16])
     digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
     digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
     h = digest.hex()

@@ -202,9 +202,10 @@ class Output:
 
     def _iso(self, at: datetime) -> str:
         # A batch's deadlines scheduled `after=` one timeout share one due time: format it once.
-        # Equal instants at equal offsets have equal wall-clock fields, so equal text.
+        # Equal times in the same zone object (and fold) have equal fields and offsets, so equal
+        # text.
         last, text = self._due_text
-        if last is None or last != at or last.utcoffset() != at.utcoffset():
+        if last is None or last != at or last.tzinfo is not at.tzinfo or last.fold != at.fold:
             text = at.isoformat()
             self._due_text = (at, text)
         return text
