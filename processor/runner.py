@@ -120,7 +120,10 @@ class Outcome:
 
 def state_to_json(state: SagaState) -> dict[str, Any]:
     """Return the JSON-compatible form of a saga's state."""
-    return state.model_dump(mode="json")
+    # model_dump(mode="json") without its wrapper, which only forwards default arguments: this
+    # runs once per saga and batch.
+    out: dict[str, Any] = state.__pydantic_serializer__.to_python(state, mode="json")
+    return out
 
 
 class BoundSaga:
@@ -293,8 +296,9 @@ class BoundSaga:
                     value = _payload(p, deadline)
                 kwargs[p.param.name] = value
             handler.func(working, **kwargs)
-            # Re-validates every field the handler may have set (see SagaState).
-            working = state_cls.model_validate(working.__dict__)
+            # Re-validates every field the handler may have set (see SagaState); the validator
+            # itself, as model_validate() calls it with default arguments.
+            working = state_cls.__pydantic_validator__.validate_python(working.__dict__)
             self._check_deadline_names(deadlines.operations)
         except Exception as e:
             raise HandlerError(self.saga_type, saga_id, handler.name, e) from e
