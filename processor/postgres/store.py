@@ -11,13 +11,12 @@ COPY row in C, while building and dumping one array per column costs a Python st
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from operator import attrgetter
 from typing import Any
 
 import psycopg
 from psycopg.rows import TupleRow
-from psycopg.types.json import set_json_dumps
 from pydantic_core import to_json
 
 from processor.engine.records import OffsetCommit, Record
@@ -43,8 +42,11 @@ def _rows(n: int) -> str:
     return ", ".join(["%s"] * n)
 
 
-# History rows as COPY rows: the fields in column order, read in C (see _copy_history).
-_HISTORY_COLUMNS = (
+# Rows as the JSON arrays the inserts and updates read (`x->>0`, ...): the fields in that
+# order, JSON values (a saga's state, headers, effects) nested as they are. One pydantic-core call
+# encodes a batch's rows; an array parameter per column cost a Python step per value to build
+# and another to dump. Bytes are not JSON: they go beside, as binary arrays.
+_history_fields = attrgetter(
     "saga_type",
     "saga_id",
     "message_id",
@@ -57,24 +59,8 @@ _HISTORY_COLUMNS = (
     "offset",
     "detail",
     "headers",
-    "payload",
-    "payload_sha256",
     "effects",
 )
-_HISTORY_TYPES = (
-    *("text",) * 6,
-    "int8",
-    "text",
-    "int4",
-    "int8",
-    "text",
-    "jsonb",
-    "bytea",
-    "bytea",
-    "jsonb",
-)
-_history_row = attrgetter(*_HISTORY_COLUMNS)
-# Saga rows as the insert's and the update's array parameters, in their order.
 _new_saga_fields = attrgetter(
     "saga_type",
     "saga_id",
@@ -96,23 +82,17 @@ _old_saga_fields = attrgetter(
     "machine_state",
     "state_version",
 )
-
-
-def _columns(rows: Iterable[Any], fields: attrgetter[Any]) -> list[list[Any]]:
-    """The rows' fields as one list per field (a transpose in C, no Python step per value)."""
-    return [list(column) for column in zip(*map(fields, rows), strict=True)]
-# The id goes as text: a text COPY hands it to uuid's input function, as an array of text did.
-_DEADLINE_TYPES = (
-    "text",
-    "text",
-    "text",
-    "text",
-    "timestamptz",
-    "jsonb",
-    "text",
-    "int4",
-    "text",
-    "text",
+_deadline_fields = attrgetter(
+    "id",
+    "saga_type",
+    "saga_id",
+    "name",
+    "due_at",
+    "payload",
+    "topic",
+    "partition",
+    "traceparent",
+    "tracestate",
 )
 
 
@@ -122,9 +102,6 @@ class BatchStore:
     def __init__(self, conn: Conn, tables: Tables, group_id: str) -> None:
         self.conn = conn
         self.group_id = group_id
-        # jsonb values in a binary COPY are dumped by psycopg with this function: pydantic-core's
-        # encoder, as _json uses (json.dumps is several times slower).
-        set_json_dumps(to_json, conn)
         r = tables.render
         self.channel = outbox_channel(tables.schema)
         self.deadline_channel = deadline_channel(tables.schema)
@@ -144,24 +121,29 @@ class BatchStore:
                    (SELECT * FROM unnest(%b::text[], %b::int[]))
             """
         )
+        # The batch's keys go as one JSON array of [type, id(, message id)] arrays: encoding
+        # them is one call into pydantic-core, where an array parameter per key part costs a
+        # Python step per value to build and another to dump.
         self._load_sagas = r(
             """
             SELECT saga_type, saga_id, state, status, version, parked_reason, state_version
               FROM {instance}
-             WHERE (saga_type, saga_id) IN (SELECT * FROM unnest(%b::text[], %b::text[]))
+             WHERE (saga_type, saga_id) IN
+                   (SELECT k->>0, k->>1 FROM jsonb_array_elements(%s::jsonb) AS k)
             """
         )
         self._load_tombstones = r(
             """
             SELECT saga_type, saga_id FROM {tombstone}
-             WHERE (saga_type, saga_id) IN (SELECT * FROM unnest(%b::text[], %b::text[]))
+             WHERE (saga_type, saga_id) IN
+                   (SELECT k->>0, k->>1 FROM jsonb_array_elements(%s::jsonb) AS k)
             """
         )
         self._load_applied = r(
             """
             SELECT saga_type, saga_id, message_id FROM {history}
              WHERE outcome = 'applied' AND (saga_type, saga_id, message_id) IN
-                   (SELECT * FROM unnest(%b::text[], %b::text[], %b::text[]))
+                   (SELECT k->>0, k->>1, k->>2 FROM jsonb_array_elements(%s::jsonb) AS k)
             """
         )
         self._load_deadlines = r(
@@ -177,8 +159,9 @@ class BatchStore:
                                     ended_at, machine_state, machine_state_since, state_version)
             SELECT t, i, s, st, v, pr, CASE WHEN st = 'ended' THEN now() END, ms,
                    CASE WHEN ms IS NOT NULL THEN now() END, sv
-              FROM unnest(%b::text[], %b::text[], %b::jsonb[], %b::text[], %b::bigint[],
-                          %b::text[], %b::text[], %b::int[]) AS u(t, i, s, st, v, pr, ms, sv)
+              FROM (SELECT x->>0, x->>1, nullif(x->2, 'null'), x->>3, (x->>4)::bigint, x->>5,
+                           x->>6, (x->>7)::int
+                      FROM jsonb_array_elements(%s::jsonb) AS x) AS u(t, i, s, st, v, pr, ms, sv)
             """
         )
         self._update_sagas = r(
@@ -191,18 +174,25 @@ class BatchStore:
                    machine_state_since = CASE WHEN u.ms IS DISTINCT FROM x.machine_state
                                               THEN now() ELSE x.machine_state_since END,
                    state_version = u.sv
-              FROM unnest(%b::text[], %b::text[], %b::jsonb[], %b::text[], %b::bigint[],
-                          %b::text[], %b::bigint[], %b::text[], %b::int[])
+              FROM (SELECT x->>0, x->>1, nullif(x->2, 'null'), x->>3, (x->>4)::bigint, x->>5,
+                           (x->>6)::bigint, x->>7, (x->>8)::int
+                      FROM jsonb_array_elements(%s::jsonb) AS x)
                    AS u(t, i, s, st, v, pr, expected, ms, sv)
              WHERE x.saga_type = u.t AND x.saga_id = u.i AND x.version = u.expected
             """
         )
-        self._copy_history = r(
+        # Everything but the bytes as one JSON array per row; the record's bytes as binary
+        # arrays beside it, zipped in order by ROWS FROM (ids are assigned in planning order).
+        self._insert_history = r(
             """
-            COPY {history} (saga_type, saga_id, message_id, message_type, kind, outcome, version,
-                            topic, partition, "offset", detail, headers, payload, payload_sha256,
-                            effects)
-            FROM STDIN (FORMAT BINARY)
+            INSERT INTO {history} (saga_type, saga_id, message_id, message_type, kind, outcome,
+                                   version, topic, partition, "offset", detail, headers,
+                                   payload, payload_sha256, effects)
+            SELECT x->>0, x->>1, x->>2, x->>3, x->>4, x->>5, (x->>6)::bigint, x->>7,
+                   (x->>8)::int, (x->>9)::bigint, x->>10, nullif(x->11, 'null'), p, sha,
+                   nullif(x->12, 'null')
+              FROM ROWS FROM (jsonb_array_elements(%s::jsonb), unnest(%b::bytea[]),
+                              unnest(%b::bytea[])) AS u(x, p, sha)
             """
         )
         self._insert_outbox = r(
@@ -214,23 +204,26 @@ class BatchStore:
         )
         self._clear_deadlines = r(
             """
-            DELETE FROM {deadline} AS d USING unnest(%b::text[], %b::text[]) AS u(t, i)
+            DELETE FROM {deadline} AS d
+             USING (SELECT k->>0, k->>1 FROM jsonb_array_elements(%s::jsonb) AS k) AS u(t, i)
              WHERE d.saga_type = u.t AND d.saga_id = u.i
             """
         )
         self._delete_deadlines = r(
             """
             DELETE FROM {deadline} AS d
-             USING unnest(%b::text[], %b::text[], %b::text[]) AS u(t, i, n)
+             USING (SELECT k->>0, k->>1, k->>2 FROM jsonb_array_elements(%s::jsonb) AS k)
+                   AS u(t, i, n)
              WHERE d.saga_type = u.t AND d.saga_id = u.i AND d.name = u.n
             """
         )
-        # Text, not binary: the ids are uuid strings, which psycopg's uuid dumpers do not take.
-        self._copy_deadlines = r(
+        self._insert_deadlines = r(
             """
-            COPY {deadline} (id, saga_type, saga_id, name, due_at, payload, topic, partition,
-                             traceparent, tracestate)
-            FROM STDIN
+            INSERT INTO {deadline} (id, saga_type, saga_id, name, due_at, payload, topic, partition,
+                                    traceparent, tracestate)
+            SELECT (x->>0)::uuid, x->>1, x->>2, x->>3, (x->>4)::timestamptz, nullif(x->5, 'null'),
+                   x->>6, (x->>7)::int, x->>8, x->>9
+              FROM jsonb_array_elements(%s::jsonb) AS x
             """
         )
         self._insert_dead_letters = r(
@@ -325,21 +318,13 @@ class BatchStore:
         ids = sorted(wants.deadline_ids)
         with self.conn.pipeline():
             c0 = self.conn.execute("SELECT now()")
-            c1 = self.conn.execute(self._load_sagas, ([k[0] for k in keys], [k[1] for k in keys]))
+            saga_keys = (_json(keys),)
+            c1 = self.conn.execute(self._load_sagas, saga_keys)
             # After the sagas, never before: each statement reads its own snapshot, and retention
             # deletes an instance and writes its tombstone in one transaction, so a saga purged
             # between the two reads is seen in both, never in neither.
-            c5 = self.conn.execute(
-                self._load_tombstones, ([k[0] for k in keys], [k[1] for k in keys])
-            )
-            c2 = (
-                self.conn.execute(
-                    self._load_applied,
-                    ([k[0] for k in mkeys], [k[1] for k in mkeys], [k[2] for k in mkeys]),
-                )
-                if mkeys
-                else None
-            )
+            c5 = self.conn.execute(self._load_tombstones, saga_keys)
+            c2 = self.conn.execute(self._load_applied, (_json(mkeys),)) if mkeys else None
             c3 = self.conn.execute(self._load_deadlines, (ids,)) if ids else None
             hk = sorted(wants.held_keys)
             hargs = ([k[0] for k in hk], [k[1] for k in hk])
@@ -411,48 +396,32 @@ class BatchStore:
             if lost:
                 raise FencedOut(lost)
         if new:
-            columns = _columns(new, _new_saga_fields)
-            columns[2] = [_json(state) for state in columns[2]]
-            conn.execute(self._insert_sagas, columns)
+            conn.execute(self._insert_sagas, (_json(list(map(_new_saga_fields, new))),))
         if old:
-            columns = _columns(old, _old_saga_fields)
-            columns[2] = [_json(state) for state in columns[2]]
-            updated = conn.execute(self._update_sagas, columns)
+            updated = conn.execute(self._update_sagas, (_json(list(map(_old_saga_fields, old))),))
             if updated.rowcount != len(old):
                 raise ConcurrentUpdate(
                     f"{len(old) - updated.rowcount} saga rows changed under the batch"
                 )
         if ws.history:
-            self._copy(self._copy_history, _HISTORY_TYPES, map(_history_row, ws.history))
+            h = ws.history
+            conn.execute(
+                self._insert_history,
+                (
+                    _json(list(map(_history_fields, h))),
+                    [x.payload for x in h],
+                    [x.payload_sha256 for x in h],
+                ),
+            )
         if ws.outbox:
             self.insert_outbox(ws.outbox)
         if ws.deadline_clears:
-            conn.execute(
-                self._clear_deadlines,
-                ([k[0] for k in ws.deadline_clears], [k[1] for k in ws.deadline_clears]),
-            )
+            conn.execute(self._clear_deadlines, (_json(ws.deadline_clears),))
         if ws.deadline_deletes:
-            conn.execute(self._delete_deadlines, [list(c) for c in zip(*ws.deadline_deletes)])
+            conn.execute(self._delete_deadlines, (_json(ws.deadline_deletes),))
         if ws.deadline_inserts:
-            self._copy(
-                self._copy_deadlines,
-                _DEADLINE_TYPES,
-                (
-                    (
-                        x.id,
-                        x.saga_type,
-                        x.saga_id,
-                        x.name,
-                        x.due_at,
-                        x.payload,
-                        x.topic,
-                        x.partition,
-                        x.traceparent,
-                        x.tracestate,
-                    )
-                    for x in ws.deadline_inserts
-                ),
-            )
+            rows = list(map(_deadline_fields, ws.deadline_inserts))
+            conn.execute(self._insert_deadlines, (_json(rows),))
         if ws.deadline_resets:
             rs = ws.deadline_resets
             conn.execute(self._reset_deadlines, ([x[0] for x in rs], [x[1] for x in rs]))
@@ -490,13 +459,6 @@ class BatchStore:
         elif wake_relay or wake_poller:
             channel = self.channel if wake_relay else self.deadline_channel
             conn.execute("SELECT pg_notify(%s, '')", (channel,))
-
-    def _copy(self, statement: str, types: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-        with self.conn.cursor() as cur, cur.copy(statement) as copy:
-            copy.set_types(types)
-            write = copy.write_row
-            for row in rows:
-                write(row)
 
     def insert_outbox(self, rows: Sequence[Any]) -> None:
         self.conn.execute(
