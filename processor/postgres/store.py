@@ -1,11 +1,13 @@
 """Reads and writes one batch in one transaction: sagas, history, outbox, deadlines, offsets.
 
 Every multi-row write is one set-based statement, so a batch costs a fixed number of round trips
-however many records it holds. Updates and the inserts that compute columns in SQL go over
-arrays (`unnest`), sent in binary (`%b`): in text form psycopg quotes and escapes every element
-with regular expressions, which cost more than the statements themselves on JSON-heavy rows.
-The plain inserts of the two widest tables, history and deadlines, are a COPY: psycopg formats a
-COPY row in C, while building and dumping one array per column costs a Python step per value.
+however many records it holds. The hot statements (the load's keys; saga, history, outbox and
+deadline rows) take the batch's rows as one JSON array of arrays, encoded by one typed
+pydantic-core call and read with `jsonb_array_elements`; bytes go beside as binary arrays
+(`%b`), zipped in order by `ROWS FROM`. An array parameter per column cost a Python step per
+value to build and another in psycopg to dump. The rarer statements (offsets, dead letters,
+parked records, operator changes) keep binary arrays over `unnest`: in text form psycopg would
+quote and escape every element with regular expressions.
 """
 
 from __future__ import annotations
