@@ -46,6 +46,8 @@ __all__ = [
 
 # Fixed namespace so command ids are identical on every replica and every replay.
 _COMMAND_ID_NAMESPACE = uuid.UUID("5b0f6c2e-8d1a-4f57-9a43-2c7e1d9b6a10")
+# The namespace's bytes hashed once; each id continues a copy of this hash.
+_COMMAND_ID_HASH = hashlib.sha1(_COMMAND_ID_NAMESPACE.bytes)
 
 
 def command_message_id(saga_type: str, saga_id: str, seq: int) -> str:
@@ -58,7 +60,9 @@ def command_message_id(saga_type: str, saga_id: str, seq: int) -> str:
     name = f"{saga_type}\x1f{saga_id}\x1f{seq}".encode()
     # uuid.uuid5(namespace, name), spelled out: one id per command makes building and then
     # formatting a uuid.UUID a visible share of a batch's planning time.
-    digest = bytearray(hashlib.sha1(_COMMAND_ID_NAMESPACE.bytes + name).digest()[:16])
+    sha = _COMMAND_ID_HASH.copy()
+    sha.update(name)
+    digest = bytearray(sha.digest()[:16])
     digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
     digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
     h = digest.hex()
@@ -116,7 +120,10 @@ class Outcome:
 
 def state_to_json(state: SagaState) -> dict[str, Any]:
     """Return the JSON-compatible form of a saga's state."""
-    return state.model_dump(mode="json")
+    # model_dump(mode="json") without its wrapper, which only forwards default arguments: this
+    # runs once per saga and batch.
+    out: dict[str, Any] = state.__pydantic_serializer__.to_python(state, mode="json")
+    return out
 
 
 class BoundSaga:
@@ -289,8 +296,9 @@ class BoundSaga:
                     value = _payload(p, deadline)
                 kwargs[p.param.name] = value
             handler.func(working, **kwargs)
-            # Re-validates every field the handler may have set (see SagaState).
-            working = state_cls.model_validate(working.__dict__)
+            # Re-validates every field the handler may have set (see SagaState); the validator
+            # itself, as model_validate() calls it with default arguments.
+            working = state_cls.__pydantic_validator__.validate_python(working.__dict__)
             self._check_deadline_names(deadlines.operations)
         except Exception as e:
             raise HandlerError(self.saga_type, saga_id, handler.name, e) from e

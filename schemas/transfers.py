@@ -51,10 +51,13 @@ def _wire_amount(value: Any, info: ValidationInfo) -> Any:
     return value
 
 
+# The constraints come before the wire check: placed after it, pydantic cannot hand them to
+# the core's decimal validator and checks them in Python, at several microseconds per amount.
+# The check still runs first (a before-validator wraps what precedes it).
 Amount = Annotated[
     Decimal,
-    BeforeValidator(_wire_amount),
     Field(gt=0, decimal_places=2, max_digits=18),
+    BeforeValidator(_wire_amount),
     WithJsonSchema(
         {
             "type": "string",

@@ -61,6 +61,7 @@ class Output:
     _attempts: int
     _topics: Topics
     _now_text: tuple[datetime | None, str]
+    _due_text: tuple[datetime | None, str]
     # Wraps each handler call (an OpenTelemetry span, see processor/observe/tracing.py).
     handler_span: Callable[[str, str, Record], AbstractContextManager[object]] | None
 
@@ -121,6 +122,18 @@ class Output:
         if outcome is not Outcome.APPLIED:
             ws.counts[outcome] += 1
 
+    def _trace(self, item: Item) -> tuple[str | None, str | None]:
+        """The item's W3C trace context, as (traceparent, tracestate)."""
+        decoded = item.decoded
+        if isinstance(decoded, Event):
+            # Decode already made a dict of the headers (valid UTF-8, the last repeat winning,
+            # as Record.header reads them): no second pass over the record's headers.
+            headers = decoded.metadata.headers
+            if not headers:
+                return None, None
+            return headers.get(HEADER_TRACEPARENT), _tracestate(headers.get(HEADER_TRACESTATE))
+        return trace_of(decoded.record)
+
     def _correlation(self, item: Item) -> str:
         if isinstance(item.decoded, Event) and item.decoded.metadata.correlation_id:
             return item.decoded.metadata.correlation_id
@@ -146,36 +159,40 @@ class Output:
         seq = ((w.version + 1) << 16) | index
         message_id = command_message_id(w.bound.saga_type, w.saga_id, seq)
         traceparent, tracestate = trace
-        headers: dict[str, str] = {}
-        if traceparent is not None:
-            # The command continues the event's trace, one span further (see wire).
-            child = child_traceparent(traceparent, message_id)
-            if child is not None:
-                headers[HEADER_TRACEPARENT] = child
-                if tracestate:
-                    headers[HEADER_TRACESTATE] = tracestate
-        headers.update(intent.headers)
-        headers.update(
-            {
-                HEADER_MESSAGE_ID: message_id,
-                HEADER_MESSAGE_TYPE: mtype.name,
-                HEADER_SCHEMA_VERSION: str(mtype.version),
-                HEADER_CORRELATION_ID: correlation,
-                HEADER_CAUSATION_ID: causation,
-                HEADER_OCCURRED_AT: self._occurred_at(now),
-                HEADER_SAGA_TYPE: w.bound.saga_type,
-                HEADER_SAGA_ID: w.saga_id,
-            }
-        )
+        headers = {
+            HEADER_MESSAGE_ID: message_id,
+            HEADER_MESSAGE_TYPE: mtype.name,
+            HEADER_SCHEMA_VERSION: str(mtype.version),
+            HEADER_CORRELATION_ID: correlation,
+            HEADER_CAUSATION_ID: causation,
+            HEADER_OCCURRED_AT: self._occurred_at(now),
+            HEADER_SAGA_TYPE: w.bound.saga_type,
+            HEADER_SAGA_ID: w.saga_id,
+        }
+        if traceparent is not None or intent.headers:
+            # Trace context first, then the handler's headers; the engine's own win a clash.
+            first: dict[str, str] = {}
+            if traceparent is not None:
+                # The command continues the event's trace, one span further (see wire).
+                child = child_traceparent(traceparent, message_id)
+                if child is not None:
+                    first[HEADER_TRACEPARENT] = child
+                    if tracestate:
+                        first[HEADER_TRACESTATE] = tracestate
+            first.update(intent.headers)
+            first.update(headers)
+            headers = first
         if intent.deadline_unix_ms is not None:
             headers[HEADER_DEADLINE_UNIX_MS] = str(intent.deadline_unix_ms)
+        message = intent.message
         return OutboxRow(
             saga_type=w.bound.saga_type,
             saga_id=w.saga_id,
             topic=self._topics.name(intent.topic),
             key=intent.key.encode(),
             headers=headers,
-            value=intent.message.model_dump_json().encode(),
+            # What model_dump_json() returns, as the bytes it encodes them from.
+            value=message.__pydantic_serializer__.to_json(message),
             source=source,
         )
 
@@ -184,6 +201,16 @@ class Output:
         if self._now_text[0] is not now:
             self._now_text = (now, now.isoformat())
         return self._now_text[1]
+
+    def _iso(self, at: datetime) -> str:
+        # A batch's deadlines scheduled `after=` one timeout share one due time: format it once.
+        # Equal times in the same zone object (and fold) have equal fields and offsets, so equal
+        # text.
+        last, text = self._due_text
+        if last is None or last != at or last.tzinfo is not at.tzinfo or last.fold != at.fold:
+            text = at.isoformat()
+            self._due_text = (at, text)
+        return text
 
     def _dead_letter(self, ws: WriteSet, record: Record, reason: str, detail: str) -> None:
         record = storable(record)
@@ -248,7 +275,10 @@ def trace_of(record: Record) -> tuple[str | None, str | None]:
     """The record's W3C trace context headers, as (traceparent, tracestate)."""
     if not record.headers:
         return None, None
-    state = record.header(HEADER_TRACESTATE)
+    return record.header(HEADER_TRACEPARENT), _tracestate(record.header(HEADER_TRACESTATE))
+
+
+def _tracestate(state: str | None) -> str | None:
     if state is not None and ("\x00" in state or len(state) > 512):
-        state = None  # not a valid tracestate (at most 32 short members), and unstorable
-    return record.header(HEADER_TRACEPARENT), state
+        return None  # not a valid tracestate (at most 32 short members), and unstorable
+    return state

@@ -14,7 +14,7 @@ from processor.engine.decode import (
     FiredDeadline,
     TooNew,
 )
-from processor.engine.output import Output, trace_of
+from processor.engine.output import Output
 from processor.engine.records import OutboxRow
 from processor.engine.rows import (
     ACTIVE,
@@ -211,7 +211,7 @@ class Steps(Output):
             return False
         correlation = self._correlation(item)
         record = item.decoded.record
-        trace = trace_of(record)
+        trace = self._trace(item)
         # The relay of this input partition's owner publishes what it caused (fenced by epoch).
         source = (record.topic, record.partition)
         rows: list[OutboxRow] = []
@@ -245,7 +245,7 @@ class Steps(Output):
             w.deadline_ops.clear()
             effects["ended"] = True
         elif outcome.deadlines:
-            effects["deadlines"] = [self._deadline(w, op, item) for op in outcome.deadlines]
+            effects["deadlines"] = [self._deadline(w, op, item, trace) for op in outcome.deadlines]
         self._history(
             ws,
             w,
@@ -258,14 +258,16 @@ class Steps(Output):
         ws.counts["ended" if outcome.ended else "applied"] += 1
         return True
 
-    def _deadline(self, w: Working, op: DeadlineOp, item: Item) -> dict[str, Any]:
+    def _deadline(
+        self, w: Working, op: DeadlineOp, item: Item, trace: tuple[str | None, str | None]
+    ) -> dict[str, Any]:
         """Records the deadline operation; returns its entry for the history's effects."""
         if isinstance(op, CancelDeadline):
             w.deadline_ops[op.name] = None
             return {"op": "cancel", "name": op.name}
         assert isinstance(op, ScheduleDeadline)
         record = item.decoded.record
-        traceparent, tracestate = trace_of(record)
+        traceparent, tracestate = trace
         insert = w.deadline_ops[op.name] = DeadlineInsert(
             id=self._deadline_ids(),
             saga_type=w.bound.saga_type,
@@ -283,7 +285,7 @@ class Steps(Output):
             "op": "schedule",
             "name": op.name,
             "id": insert.id,
-            "due_at": op.due_at.isoformat(),
+            "due_at": self._iso(op.due_at),
         }
 
     def _park(self, ws: WriteSet, w: Working, item: Item, reason: str, outcome: Outcome) -> None:

@@ -30,15 +30,24 @@ _MARKS_EVERY = 1.0
 
 def to_record(msg: Any) -> Record:
     ts_type, ts = msg.timestamp()
+    headers = msg.headers()
     return Record(
-        topic=msg.topic(),
-        partition=msg.partition(),
-        offset=msg.offset(),
-        key=msg.key(),
-        value=msg.value(),
-        headers=tuple((k, v if v is not None else b"") for k, v in (msg.headers() or ())),
-        timestamp_ms=ts if ts_type != 0 else None,
+        msg.topic(),
+        msg.partition(),
+        msg.offset(),
+        msg.key(),
+        msg.value(),
+        _headers(headers) if headers else (),
+        ts if ts_type != 0 else None,
     )
+
+
+def _headers(pairs: list[tuple[str, bytes | None]]) -> tuple[tuple[str, bytes], ...]:
+    # Once per record: copy the client's list as is unless a header has no value (rare).
+    for _, value in pairs:
+        if value is None:
+            return tuple((k, v if v is not None else b"") for k, v in pairs)
+    return tuple(pairs)  # type: ignore[arg-type]  # no None left, as just checked
 
 
 class SagaConsumer:

@@ -306,6 +306,31 @@ def test_saga_rows_are_loaded_back_as_written(backing: Backing) -> None:
     assert loaded.now.tzinfo is not None
 
 
+def test_text_that_json_escapes_is_stored_and_loaded_exactly(backing: Backing) -> None:
+    # The PostgreSQL store sends a batch's rows as JSON: quotes, backslashes, control and
+    # non-BMP characters must come back as they went in, in keys, states and deadline names.
+    odd = 'q"b\\s\nn\tt\u2028l\U0001f600e{}[],'
+    store = backing.store()
+    row = deadline(odd, odd, payload={"p": odd})
+    store.write(
+        WriteSet(
+            sagas=[saga(odd, 1, None, text=odd)],
+            history=[applied(odd, odd)],
+            deadline_inserts=[row],
+        ),
+        [],
+    )
+    store.write(WriteSet(sagas=[saga(odd, 2, 1, text=odd + odd)]), [])
+
+    assert sagas_of(store, odd) == {odd: (ACTIVE, 2, {"id": odd, "text": odd + odd})}
+    assert applied_of(store, [(odd, odd)]) == {(SAGA, odd, odd)}
+    assert deadlines_of(store, [row.id]) == {
+        row.id: DeadlineRef(SAGA, odd, odd, DUE, {"p": odd}, None)
+    }
+    store.write(WriteSet(deadline_deletes=[(SAGA, odd, odd)]), [])
+    assert deadlines_of(store, [row.id]) == {}
+
+
 # -- applied message ids -------------------------------------------------------------------------
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from decimal import Decimal
 
@@ -9,7 +10,7 @@ import pytest
 
 from processor.engine.decode import Event, FiredDeadline, Reason, Rejected, decode, id_problem
 from processor.engine.records import Record
-from processor.messages import Message, MessageRegistry, message_type
+from processor.messages import Message, MessageMetadata, MessageRegistry, message_type
 from processor.wire import DEADLINE_FIRED
 
 REG = MessageRegistry()
@@ -66,6 +67,19 @@ def test_a_valid_event_is_decoded_with_its_metadata() -> None:
     assert meta.occurred_at is not None
     assert meta.occurred_at.year == 2026
     assert (meta.topic, meta.partition, meta.offset, meta.key) == ("in", 2, 41, "o-1")
+
+
+def test_decoded_metadata_equals_one_built_by_its_constructor() -> None:
+    # decode fills a MessageMetadata without its __init__ (a hot path): no field may be missed,
+    # and the result must stay frozen to the handlers that receive it.
+    out = decode(_record(b'{"order_id":"o-1","amount":"2.50"}'), REG, LIMIT)
+    assert isinstance(out, Event)
+    meta = out.metadata
+    built = MessageMetadata(**{f.name: getattr(meta, f.name) for f in dataclasses.fields(meta)})
+    assert meta == built
+    assert vars(meta).keys() == vars(built).keys()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        meta.message_id = "other"  # type: ignore[misc]
 
 
 def test_schema_version_header_selects_the_class() -> None:
