@@ -296,6 +296,11 @@ class Processor:
 
     def _shutdown(self) -> None:
         self.stop_event.set()
+        # Loops that sleep on their own wake-up event (between relay rounds, between growth
+        # checks) see the stop now rather than at the end of their sleep.
+        for loop in (self.growth, self.relay):
+            if loop is not None:
+                loop.wake.set()
         # One budget for the whole shutdown, so that a platform's grace period is respected
         # however many pieces hang.
         budget = self.settings.shutdown_timeout.total_seconds()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import time
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -14,7 +17,10 @@ from processor.kafka.metadata import KafkaTopicMetadata
 from processor.postgres.connect import connect, ensure_schema
 from processor.postgres.growth import PostgresGrowthStore, current_router
 from processor.postgres.schema import Tables
-from tests.support.harness import wait_until
+from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC
+from tests.support.harness import create_topics, running, settings_for, wait_until
+
+DEAD_LETTERS = "saga-dead-letters"
 
 pytestmark = pytest.mark.integration
 
@@ -165,3 +171,33 @@ def test_metadata_sees_new_partitions_and_their_watermarks(
         wait_until(lambda: meta.partition_counts([topic]) == {topic: 4}, 30, "4 partitions")
     finally:
         meta.close()
+
+
+def test_a_processor_stops_without_sleeping_out_its_growth_checks_and_relay_polls(
+    kafka_bootstrap: str, database_url: str, pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    prefix = f"t{uuid.uuid4().hex[:8]}."
+    create_topics(
+        kafka_bootstrap,
+        [prefix + TRANSFER_EVENTS_TOPIC, prefix + ACCOUNT_COMMANDS_TOPIC, prefix + DEAD_LETTERS],
+        partitions=2,
+    )
+    # Both loops would sleep far longer than the shutdown budget.
+    settings = settings_for(
+        kafka_bootstrap,
+        database_url,
+        pg_schema,
+        prefix,
+        consumer={"growth_check_interval": "300s"},
+        relay={"poll_interval": "300s"},
+        shutdown_timeout="20s",
+    )
+    caplog.set_level(logging.WARNING, logger="processor.runtime.processor")
+    with running(settings) as proc:
+        worker = proc.worker
+        assert worker is not None
+        wait_until(lambda: len(worker.epochs) == 2, 30, "both partitions claimed")
+        stopping = time.monotonic()
+    # running() joined the processor's thread: every loop ended within the budget.
+    assert not [r for r in caplog.records if "still running" in r.getMessage()]
+    assert time.monotonic() - stopping < 20
