@@ -62,11 +62,13 @@ def command_message_id(saga_type: str, saga_id: str, seq: int) -> str:
     # formatting a uuid.UUID a visible share of a batch's planning time.
     sha = _COMMAND_ID_HASH.copy()
     sha.update(name)
-    digest = bytearray(sha.digest()[:16])
-    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
-    digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
-    h = digest.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    h = sha.hexdigest()
+    # The version nibble becomes 5 and the variant bits 10, as text: no bytes to patch.
+    return f"{h[:8]}-{h[8:12]}-5{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}"
+
+
+# A hex digit with its two high bits set to the RFC 4122 variant (10).
+_VARIANT = {f"{n:x}": f"{(n & 0x3) | 0x8:x}" for n in range(16)}
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,16 @@ class BoundSaga:
         self.state_version = definition.state_version
         self._upcasters = upcasters
         self._resolved = dict(resolved)
+        # Per handler, worked out once: the injected constants (settings, dependencies), and
+        # the other parameters by name and kind, filled per run.
+        self._constants = {
+            name: {p.param.name: p.value for p in params if p.constant}
+            for name, params in self._resolved.items()
+        }
+        self._per_run = {
+            name: tuple(p for p in params if not p.constant)
+            for name, params in self._resolved.items()
+        }
         self._registry = registry
         # State machines (processor.machine) expose their state for the queryable
         # `machine_state` column; the engine asks here, so it never imports that package.
@@ -277,12 +289,11 @@ class BoundSaga:
         deadlines = SagaDeadlines(now)
         lifecycle = SagaLifecycle()
         try:
-            kwargs: dict[str, Any] = {}
-            for p in self._resolved[handler.name]:
+            kwargs: dict[str, Any] = dict(self._constants[handler.name])
+            for p in self._per_run[handler.name]:
                 kind = p.param.kind
-                if p.constant:
-                    value = p.value
-                elif kind == "event":
+                value: Any
+                if kind == "event":
                     value = event.message if event else None
                 elif kind == "commands":
                     value = commands

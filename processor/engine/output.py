@@ -38,6 +38,7 @@ from processor.messages import (
     HEADER_SAGA_ID,
     HEADER_SAGA_TYPE,
     HEADER_SCHEMA_VERSION,
+    Message,
     MessageRegistry,
 )
 from processor.runner import BoundSaga, command_message_id
@@ -61,6 +62,8 @@ class Output:
     _attempts: int
     _topics: Topics
     _now_text: tuple[datetime | None, str]
+    # A command class's wire name and version text, looked up once per class.
+    _wire_types: dict[type[Message], tuple[str, str]]
     _due_text: tuple[datetime | None, str]
     # Wraps each handler call (an OpenTelemetry span, see processor/observe/tracing.py).
     handler_span: Callable[[str, str, Record], AbstractContextManager[object]] | None
@@ -150,10 +153,16 @@ class Output:
         trace: tuple[str | None, str | None] = (None, None),
         source: tuple[str, int] | None = None,
     ) -> OutboxRow:
-        mtype = self._registry.of(type(intent.message))
-        for name, text in intent.headers.items():
-            if "\x00" in name or "\x00" in text:
-                raise ValueError(f"header {name[:64]!r} holds a NUL character")
+        cls = type(intent.message)
+        wire = self._wire_types.get(cls)
+        if wire is None:
+            mtype = self._registry.of(cls)
+            wire = self._wire_types[cls] = (mtype.name, str(mtype.version))
+        type_name, version = wire
+        if intent.headers:
+            for name, text in intent.headers.items():
+                if "\x00" in name or "\x00" in text:
+                    raise ValueError(f"header {name[:64]!r} holds a NUL character")
         # Version and position make the id stable if this input is ever planned again; the
         # version is the one this input's handler produces.
         seq = ((w.version + 1) << 16) | index
@@ -161,8 +170,8 @@ class Output:
         traceparent, tracestate = trace
         headers = {
             HEADER_MESSAGE_ID: message_id,
-            HEADER_MESSAGE_TYPE: mtype.name,
-            HEADER_SCHEMA_VERSION: str(mtype.version),
+            HEADER_MESSAGE_TYPE: type_name,
+            HEADER_SCHEMA_VERSION: version,
             HEADER_CORRELATION_ID: correlation,
             HEADER_CAUSATION_ID: causation,
             HEADER_OCCURRED_AT: self._occurred_at(now),

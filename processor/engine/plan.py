@@ -77,6 +77,7 @@ class Planner(OperatorSteps):
         self._topics = Topics(topic_prefix)
         self.handler_span = None
         self._now_text: tuple[datetime | None, str] = (None, "")
+        self._wire_types: dict[type[Message], tuple[str, str]] = {}
         self._due_text: tuple[datetime | None, str] = (None, "")
         self._routes: dict[type[Message], list[BoundSaga]] = {}
         # For records newer than the code: by wire name, the sagas that handle some version of
