@@ -1,4 +1,7 @@
-"""Online growth against real services: librdkafka's partitioners, the growth tables, metadata."""
+"""Online growth against real services: librdkafka's partitioners, routing, metadata, shutdown.
+
+The growth tables' own rules are in tests/contract/test_growth_contract.py.
+"""
 
 from __future__ import annotations
 
@@ -61,40 +64,6 @@ def _store(database_url: str, tables: Tables) -> PostgresGrowthStore:
     return PostgresGrowthStore(lambda: connect(database_url), tables)
 
 
-def test_a_growth_is_recorded_once_by_replicas_and_its_watermarks_by_the_first(
-    database_url: str, tables: Tables
-) -> None:
-    a, b = _store(database_url, tables), _store(database_url, tables)
-    try:
-        a.baseline("g", "in", 6)
-        b.baseline("g", "in", 8)  # a later baseline changes nothing
-        assert a.load("g").counts == {"in": 6}
-        assert a.grow("g", "in", 6, 12, timedelta(0))
-        assert not b.grow("g", "in", 6, 12, timedelta(0))
-        state = b.load("g")
-        assert state.counts == {"in": 12}
-        [g] = state.growths
-        assert (g.topic, g.old_count, g.new_count, g.watermarks, g.passed_at) == (
-            "in",
-            6,
-            12,
-            None,
-            None,
-        )
-        assert g.barrier_at == g.noticed_at
-        assert a.store_watermarks("g", "in", 12, {p: 10 + p for p in range(6)})
-        assert not b.store_watermarks("g", "in", 12, {p: 99 for p in range(6)})
-        [g] = b.load("g").growths
-        assert g.watermarks == {p: 10 + p for p in range(6)}
-        a.mark_passed("g", "in", 12)
-        [g] = b.load("g").growths
-        assert g.passed_at is not None
-        assert b.load("other").counts == {}
-    finally:
-        a.close()
-        b.close()
-
-
 def test_operator_records_follow_a_moved_saga_to_its_new_partition(
     database_url: str, tables: Tables
 ) -> None:
@@ -121,35 +90,6 @@ def test_operator_records_follow_a_moved_saga_to_its_new_partition(
         == old
     )
     assert route("other", moved, old) == old
-
-
-def test_watermarks_are_refused_before_the_barrier_time(database_url: str, tables: Tables) -> None:
-    store = _store(database_url, tables)
-    try:
-        store.baseline("g", "in", 3)
-        assert store.grow("g", "in", 3, 6, timedelta(hours=1))
-        assert not store.store_watermarks("g", "in", 6, {0: 1, 1: 1, 2: 1})
-        [g] = store.load("g").growths
-        assert g.watermarks is None
-        assert g.barrier_at - g.noticed_at == timedelta(hours=1)
-    finally:
-        store.close()
-
-
-def test_committed_offsets_are_the_groups(database_url: str, tables: Tables) -> None:
-    with connect(database_url) as conn:
-        conn.execute(
-            tables.render(
-                "INSERT INTO {offsets} (group_id, topic, partition, next_offset, owner_epoch) "
-                "VALUES ('g', 'in', 0, 5, 1), ('g', 'in', 1, NULL, 1), ('h', 'in', 0, 9, 1)"
-            )
-        )
-        conn.commit()
-    store = _store(database_url, tables)
-    try:
-        assert store.committed("g", ["in"]) == {("in", 0): 5, ("in", 1): None}
-    finally:
-        store.close()
 
 
 def test_metadata_sees_new_partitions_and_their_watermarks(
