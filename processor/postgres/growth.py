@@ -7,7 +7,6 @@ so the growth is recorded once and its watermarks are stored once, by whoever co
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
@@ -19,9 +18,8 @@ from psycopg.types.json import Jsonb
 
 from processor.engine.growth import Growth, GrowthState, router
 from processor.engine.partitioner import Partitioner
-from processor.errors import Retryable
 from processor.ports import TP
-from processor.postgres.errors import translate
+from processor.postgres.held import HeldConnection
 from processor.postgres.schema import Tables
 
 __all__ = ["PostgresGrowthStore", "current_router"]
@@ -44,8 +42,7 @@ class PostgresGrowthStore:
     """
 
     def __init__(self, connect: Callable[[], Conn], tables: Tables) -> None:
-        self._connect = connect
-        self._conn: Conn | None = None
+        self._held = HeldConnection(connect)
         r = tables.render
         self._now = "SELECT now()"
         self._counts = r("SELECT topic, count FROM {partition_count} WHERE group_id = %s")
@@ -162,26 +159,15 @@ class PostgresGrowthStore:
 
     def _run(self, fn: Callable[[Conn], _T]) -> _T:
         try:
-            conn = self._connection()
+            conn = self._held.get()
             with conn.transaction():
                 return fn(conn)
         except psycopg.Error as e:
-            failure = translate(e)
-            if self._conn is not None and (self._conn.broken or self._conn.closed):
-                self.close()
-                raise Retryable(f"connection lost: {failure}") from e
-            raise failure from e
-
-    def _connection(self) -> Conn:
-        if self._conn is None or self._conn.closed:
-            self._conn = self._connect()
-        return self._conn
+            raise self._held.failure(e) from e
 
     def close(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(psycopg.Error):
-                self._conn.close()
-            self._conn = None
+        """Closes the connection; the next call opens a new one."""
+        self._held.close()
 
 
 def current_router(

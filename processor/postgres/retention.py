@@ -8,7 +8,6 @@ a time; a replica that finds it taken skips its round. Ages are measured by the 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 from datetime import timedelta
@@ -16,9 +15,8 @@ from datetime import timedelta
 import psycopg
 from psycopg.rows import TupleRow
 
-from processor.errors import Retryable
 from processor.ports import Purge
-from processor.postgres.errors import translate
+from processor.postgres.held import HeldConnection
 from processor.postgres.schema import Tables
 
 __all__ = ["PostgresRetentionStore"]
@@ -106,14 +104,13 @@ class PostgresRetentionStore:
     """
 
     def __init__(self, connect: Callable[[], Conn], tables: Tables) -> None:
-        self._connect = connect
-        self._conn: Conn | None = None
+        self._held = HeldConnection(connect)
         self._lock_key = f"saga-retention:{tables.schema}"
         self._sql = {what: tables.render(text) for what, text in _SQL.items()}
 
     def purge(self, what: Purge, older_than: timedelta, limit: int) -> int | None:
         try:
-            conn = self._connection()
+            conn = self._held.get()
             with conn.transaction():
                 row = conn.execute(
                     "SELECT pg_try_advisory_xact_lock(hashtext(%s))", (self._lock_key,)
@@ -124,19 +121,8 @@ class PostgresRetentionStore:
                 cur = conn.execute(self._sql[what], {"age": older_than, "limit": limit})
                 return max(cur.rowcount, 0)
         except psycopg.Error as e:
-            failure = translate(e)
-            if self._conn is not None and (self._conn.broken or self._conn.closed):
-                self.close()
-                raise Retryable(f"connection lost: {failure}") from e
-            raise failure from e
-
-    def _connection(self) -> Conn:
-        if self._conn is None or self._conn.closed:
-            self._conn = self._connect()
-        return self._conn
+            raise self._held.failure(e) from e
 
     def close(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(psycopg.Error):
-                self._conn.close()
-            self._conn = None
+        """Closes the connection; the next call opens a new one."""
+        self._held.close()
