@@ -32,7 +32,7 @@ class Options:
 
     @classmethod
     def of(cls, *, quick: bool, rate: int | None) -> Options:
-        return cls(rate=rate or 1000, seconds=8 if quick else 60)
+        return cls(rate=rate or 1000, seconds=6 if quick else 60)
 
 
 def wait_owned(url: str, tables: Tables, group: str, count: int, timeout: float) -> float:
