@@ -184,6 +184,30 @@ def assert_commands_in_order(env: E2EEnv, reader: Reader, replied: list[str]) ->
         assert firsts == ["transfers.DebitAccount", "transfers.CreditAccount"], (tid, firsts)
 
 
+def finish(
+    env: E2EEnv,
+    producers: Producers,
+    starting: threading.Thread,
+    commands: Reader,
+    replied: list[str],
+    total: int,
+) -> None:
+    """Once the producer switched: replies to ``replied``, every saga ends, all in order."""
+    wait_until(producers.switched, 30, "the producer sending to new partitions")
+    starting.join(60)
+    assert not starting.is_alive()
+    producers.flush()
+    send_replies(producers, replied)
+
+    wait_until(
+        lambda: env.scalar("SELECT count(*) FROM saga_instance WHERE status = 'ended'") == total,
+        90,
+        "every saga ended",
+    )
+    assert_in_order(env, producers, replied)
+    assert_commands_in_order(env, commands, replied)
+
+
 def _assigned(proc: ProcessorProcess) -> Callable[[], list[str]]:
     return lambda: log_lines(proc, r"assigned \[\(")
 
@@ -209,21 +233,7 @@ def test_growth_under_load_keeps_per_saga_order_and_reroutes_deadlines(e2e_env: 
     starting = start_in_background(producers, sagas)
     wait_until(lambda: producers.count >= 1500, 30, "1500 start events sent")
     grow(env, NEW)
-    wait_until(producers.switched, 30, "the producer sending to new partitions")
-    starting.join(60)
-    assert not starting.is_alive()
-    producers.flush()
-    send_replies(producers, replied)
-
-    wait_until(
-        lambda: (
-            env.scalar("SELECT count(*) FROM saga_instance WHERE status = 'ended'") == len(sagas)
-        ),
-        90,
-        "every saga ended",
-    )
-    assert_in_order(env, producers, replied)
-    assert_commands_in_order(env, commands, replied)
+    finish(env, producers, starting, commands, replied, len(sagas))
     rows = history(env)
     for tid in silent:
         [(start, *_), (_, kind, _, partition)] = rows[tid]
@@ -282,21 +292,7 @@ def test_a_replica_killed_during_the_growth_loses_nothing(e2e_env: E2EEnv) -> No
     wait_until(lambda: not b.alive(), 10, "the kill")
     assert env.query("SELECT passed_at FROM partition_growth") == [(None,)]
     env.start("c", consumer=GROWTH)
-    wait_until(producers.switched, 30, "the producer sending to new partitions")
-    starting.join(60)
-    assert not starting.is_alive()
-    producers.flush()
-    send_replies(producers, sagas)
-
-    wait_until(
-        lambda: (
-            env.scalar("SELECT count(*) FROM saga_instance WHERE status = 'ended'") == len(sagas)
-        ),
-        90,
-        "every saga ended",
-    )
-    assert_in_order(env, producers, sagas)
-    assert_commands_in_order(env, commands, sagas)
+    finish(env, producers, starting, commands, sagas, len(sagas))
     wait_until(
         lambda: env.query("SELECT passed_at IS NOT NULL FROM partition_growth") == [(True,)],
         30,
