@@ -7,6 +7,7 @@ clock (the "database's" and the elapsed-time clock), so barriers pass without wa
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -15,9 +16,11 @@ import pytest
 from processor.engine import growth as rules
 from processor.engine.growth import Growth
 from processor.engine.partitioner import partition_for
+from processor.errors import Retryable, RuntimeFailure
 from processor.memory.growth import MemoryGrowthStore
 from processor.ports import TP
 from processor.runtime.growth import RELAY_GUARD, GrowthWatch
+from tests.support.harness import wait_until
 from tests.unit.test_worker import (
     P0,
     Rig,
@@ -317,3 +320,42 @@ def test_a_held_partition_is_not_claimed_or_read_until_released(rig: Rig) -> Non
     assert rig.tables.offsets[P0] == (1, 1)
     assert rig.applied("t1") == ["m1"]
     assert rig.worker.stats.growth_waiting == 0
+
+
+class FlakyCluster(MemoryCluster):
+    """Fails its first reads as a broker out of reach would, then answers."""
+
+    def __init__(self, counts: dict[str, int], failures: int, error: Exception) -> None:
+        super().__init__(counts)
+        self.failures = failures
+        self.error = error
+
+    def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
+        if self.failures:
+            self.failures -= 1
+            raise self.error
+        return super().partition_counts(topics)
+
+
+def test_the_watch_outlives_an_unreachable_cluster_and_dies_of_anything_else(
+    store: MemoryGrowthStore, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="processor.runtime.growth")
+    flaky = FlakyCluster({TOPIC: 6}, 2, Retryable("cluster out of reach"))
+    w = watch(store, flaky, clock)
+    stop = threading.Event()
+    thread = threading.Thread(target=w.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: not w.held((TOPIC, 0)), 10, "the first round after two failures")
+    finally:
+        stop.set()
+        w.wake.set()
+        thread.join(10)
+    assert not thread.is_alive()
+    assert flaky.failures == 0
+    assert len([r for r in caplog.records if "growth watch retrying" in r.getMessage()]) == 2
+
+    broken = FlakyCluster({TOPIC: 6}, 1, RuntimeFailure("permission denied"))
+    with pytest.raises(RuntimeFailure, match="permission denied"):
+        watch(store, broken, clock).run(threading.Event())
