@@ -121,10 +121,15 @@ class RawStore:
             "SELECT saga_id, version FROM {instance}"
             " WHERE saga_type = %s AND saga_id = ANY(%b::text[])"
         )
+        # One index probe per pair: a LATERAL subquery behind OFFSET 0 (so the planner cannot
+        # turn it into a join) looks each up by the whole unique key. Two ANY lists search the
+        # index by saga_type alone and filter every applied row of the type; a plain join, while
+        # the statistics of a freshly filled table still say "empty", is planned as a hash or a
+        # loop over the whole history. Either makes each batch cost O(history).
         self._applied = r(
-            "SELECT saga_id, message_id FROM {history} WHERE saga_type = %s"
-            " AND saga_id = ANY(%b::text[]) AND message_id = ANY(%b::text[])"
-            " AND outcome = 'applied'"
+            "SELECT u.i, u.m FROM unnest(%b::text[], %b::text[]) AS u(i, m) CROSS JOIN LATERAL"
+            " (SELECT 1 FROM {history} AS h WHERE h.saga_type = %s AND h.saga_id = u.i"
+            " AND h.message_id = u.m AND h.outcome = 'applied' OFFSET 0) AS found"
         )
         self._insert_sagas = r(
             "INSERT INTO {instance} (saga_type, saga_id, state, status, version)"
@@ -213,7 +218,7 @@ class RawStore:
         # Pipeline outside the transaction: BEGIN and COMMIT travel with the statements.
         with conn.pipeline() as pipe, conn.transaction():
             c1 = conn.execute(self._sagas, (SAGA_TYPE, batch.saga_ids))
-            c2 = conn.execute(self._applied, (SAGA_TYPE, batch.saga_ids, batch.message_ids))
+            c2 = conn.execute(self._applied, (batch.saga_ids, batch.message_ids, SAGA_TYPE))
             pipe.sync()
             found = {sid: int(v) for sid, v in c1.fetchall()}
             applied = set(c2.fetchall())
