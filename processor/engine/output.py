@@ -274,8 +274,12 @@ class Output:
         key = (w.bound.saga_type, w.saga_id)
         if w.cleared:
             ws.deadline_clears.append(key)
+        # A saga with no row before this batch (overlay included) has no deadline rows yet: its
+        # schedules are plain inserts, without the delete that replaces a stored one.
+        stored = w.row is not None
         for name, insert in w.deadline_ops.items():
-            ws.deadline_deletes.append((*key, name))
+            if stored:
+                ws.deadline_deletes.append((*key, name))
             if insert is not None:
                 ws.deadline_inserts.append(insert)
 

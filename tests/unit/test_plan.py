@@ -195,6 +195,21 @@ def test_a_batch_starts_and_advances_a_saga_with_contiguous_versions() -> None:
     ]
 
 
+def test_a_new_sagas_schedules_are_plain_inserts_a_stored_sagas_replace_by_name() -> None:
+    log = Log()
+    fresh = [log.event(Opened(order_id="o1")), log.event(Noted(order_id="o1", note="cancel"))]
+    ws = _plan(_planner(), fresh, _loaded())
+    # Nothing stored can carry the new saga's names: no delete statement for them.
+    assert ws.deadline_deletes == []
+    assert ws.deadline_inserts == []
+    stored = [log.event(Noted(order_id="o2", note="reschedule"))]
+    ws = _plan(_planner(), stored, _loaded(_active("o2")))
+    assert ws.deadline_deletes == [(SAGA, "o2", "remind")]
+    assert [(d.saga_id, d.due_at) for d in ws.deadline_inserts] == [
+        ("o2", NOW + timedelta(minutes=10))
+    ]
+
+
 def test_a_duplicate_in_the_same_batch_is_recorded_not_applied() -> None:
     log = Log()
     records = [
