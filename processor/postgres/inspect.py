@@ -34,7 +34,24 @@ _SUMMARY = """
     created_at, updated_at, parked_reason
 """
 _SAGA = f"SELECT {_SUMMARY}, state FROM {{instance}} WHERE saga_type = %s AND saga_id = %s"
-_FIND = f"SELECT {_SUMMARY} FROM {{instance}} WHERE saga_id = %s ORDER BY saga_type LIMIT %s"
+# An id alone: the saga types by a skip scan (one index step per type, as in _OVERVIEW), then
+# one primary key lookup per type. No index of its own on saga_id: every saga write would pay
+# for it (migration 11), and saga types are few (one per saga class). LIMIT 1 (a key has one
+# row) keeps the lookup a subquery per type, which the planner cannot turn into one walk of
+# the whole primary key filtered by saga_id.
+_FIND = f"""
+    WITH RECURSIVE types AS (
+        (SELECT saga_type FROM {{instance}} ORDER BY saga_type LIMIT 1)
+        UNION ALL
+        SELECT n.saga_type FROM types AS p, LATERAL (
+            SELECT saga_type FROM {{instance}} WHERE saga_type > p.saga_type
+             ORDER BY saga_type LIMIT 1) AS n
+    )
+    SELECT s.* FROM types AS t, LATERAL (
+        SELECT {_SUMMARY} FROM {{instance}} WHERE saga_type = t.saga_type AND saga_id = %s
+         LIMIT 1) AS s
+     ORDER BY s.saga_type LIMIT %s
+"""
 _TIMELINE = """
     SELECT id, at, kind, message_id, message_type, outcome, version, topic, partition, "offset",
            detail, headers, payload, payload_sha256, effects

@@ -281,6 +281,14 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX ON {outbox} (id) WHERE source_topic IS NULL;
     CREATE INDEX ON {outbox} (saga_type, saga_id, id) WHERE source_topic IS NULL;
     """,
+    # 11: fewer index entries per saga write. Every write of a saga row (an UPDATE moves
+    # updated_at, so none is HOT) adds an entry to each of its indexes. The (saga_id) index of
+    # migration 7 only served the console's search by id alone, which now walks the primary key
+    # once per saga type (processor/postgres/inspect.py); lookups by (saga_type, saga_id) have
+    # the primary key. The name is the one PostgreSQL gave the index in migration 7.
+    """
+    DROP INDEX IF EXISTS "{schema}"."saga_instance_saga_id_idx";
+    """,
 )
 
 
