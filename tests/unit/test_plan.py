@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -208,6 +210,20 @@ def test_a_new_sagas_schedules_are_plain_inserts_a_stored_sagas_replace_by_name(
     assert [(d.saga_id, d.due_at) for d in ws.deadline_inserts] == [
         ("o2", NOW + timedelta(minutes=10))
     ]
+
+
+def test_deadline_ids_are_time_ordered_uuids() -> None:
+    log = Log()
+    records = [log.event(Opened(order_id=f"o{n}")) for n in range(50)]
+    before = time.time_ns() // 1_000_000
+    ws = _plan(_planner(), records, _loaded())
+    after = time.time_ns() // 1_000_000
+    ids = [uuid.UUID(d.id) for d in ws.deadline_inserts]
+    assert len(set(ids)) == 50
+    for u in ids:
+        assert (u.version, u.variant) == (7, uuid.RFC_4122)
+        # The leading 48 bits are the clock in milliseconds: new rows go to the index's end.
+        assert before <= u.int >> 80 <= after
 
 
 def test_a_duplicate_in_the_same_batch_is_recorded_not_applied() -> None:
