@@ -18,6 +18,7 @@ def connect(
     application_name: str = "saga-processor",
     autocommit: bool = False,
     idle_in_transaction_timeout: timedelta | None = None,
+    keyed: bool = False,
 ) -> psycopg.Connection[TupleRow]:
     """A connection with the processor's defaults (UTC session, bounded statement wait).
 
@@ -29,11 +30,19 @@ def connect(
             transaction open and idle that long. A frozen process (paused, swapped out,
             partitioned) would otherwise keep the row and advisory locks that another replica
             needs to take over its work, for as long as it stays frozen.
+        keyed: Every statement on this connection looks rows up by their keys (a batch's
+            reads and writes): the planner is told to probe an index per key. Its statistics
+            lag behind a table that fills fast (a young database, a burst of new sagas), and a
+            table that still looks empty gets a batch's keys hashed against a scan of all of it,
+            which costs each batch the whole table. Sequential scans, hash joins and merge joins
+            are then only taken where nothing else can run.
     """
     options = "-c timezone=UTC -c lock_timeout=30s"
     if idle_in_transaction_timeout is not None:
         ms = max(1, int(idle_in_transaction_timeout.total_seconds() * 1000))
         options += f" -c idle_in_transaction_session_timeout={ms}"
+    if keyed:
+        options += " -c enable_seqscan=off -c enable_hashjoin=off -c enable_mergejoin=off"
     conn = psycopg.connect(
         url,
         autocommit=autocommit,

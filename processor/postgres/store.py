@@ -145,26 +145,32 @@ class BatchStore:
         # The batch's keys go as one JSON array of [type, id(, message id)] arrays: encoding
         # them is one call into pydantic-core, where an array parameter per key part costs a
         # Python step per value to build and another to dump.
+        # Each key is one index probe: a LATERAL subquery with LIMIT 1 (a key has at most one
+        # row) cannot be turned into a join. As a join (``IN (SELECT ...)``), a table whose
+        # statistics still say "small" (a young or fast-growing one) was planned as a hash of
+        # every applied history row: each batch then read the whole history (seen at 20,000
+        # rows: 8.8 ms of a 9 ms load, growing with the table).
         self._load_sagas = r(
             """
-            SELECT saga_type, saga_id, state, status, version, parked_reason, state_version
-              FROM {instance}
-             WHERE (saga_type, saga_id) IN
-                   (SELECT k->>0, k->>1 FROM jsonb_array_elements(%s::jsonb) AS k)
+            SELECT s.* FROM jsonb_array_elements(%s::jsonb) AS k CROSS JOIN LATERAL (
+                SELECT saga_type, saga_id, state, status, version, parked_reason, state_version
+                  FROM {instance}
+                 WHERE saga_type = k->>0 AND saga_id = k->>1 LIMIT 1) AS s
             """
         )
         self._load_tombstones = r(
             """
-            SELECT saga_type, saga_id FROM {tombstone}
-             WHERE (saga_type, saga_id) IN
-                   (SELECT k->>0, k->>1 FROM jsonb_array_elements(%s::jsonb) AS k)
+            SELECT t.* FROM jsonb_array_elements(%s::jsonb) AS k CROSS JOIN LATERAL (
+                SELECT saga_type, saga_id FROM {tombstone}
+                 WHERE saga_type = k->>0 AND saga_id = k->>1 LIMIT 1) AS t
             """
         )
         self._load_applied = r(
             """
-            SELECT saga_type, saga_id, message_id FROM {history}
-             WHERE outcome = 'applied' AND (saga_type, saga_id, message_id) IN
-                   (SELECT k->>0, k->>1, k->>2 FROM jsonb_array_elements(%s::jsonb) AS k)
+            SELECT h.* FROM jsonb_array_elements(%s::jsonb) AS k CROSS JOIN LATERAL (
+                SELECT saga_type, saga_id, message_id FROM {history}
+                 WHERE outcome = 'applied' AND saga_type = k->>0 AND saga_id = k->>1
+                   AND message_id = k->>2 LIMIT 1) AS h
             """
         )
         self._load_deadlines = r(

@@ -91,11 +91,14 @@ class Processor:
 
     # -- wiring ----------------------------------------------------------------------------
 
-    def connect(self, idle_in_transaction_timeout: timedelta | None = None) -> Conn:
+    def connect(
+        self, idle_in_transaction_timeout: timedelta | None = None, *, keyed: bool = False
+    ) -> Conn:
         return connect(
             self.settings.database.url.get_secret_value(),
             application_name=f"saga:{self.instance_id}",
             idle_in_transaction_timeout=idle_in_transaction_timeout,
+            keyed=keyed,
         )
 
     def input_topics(self) -> list[str]:
@@ -127,7 +130,10 @@ class Processor:
         idle_limit = min(cs.session_timeout, cs.unavailable_timeout)
 
         def batch_store() -> PostgresBatchStore:
-            return PostgresBatchStore(lambda: self.connect(idle_limit), self.tables, cs.group_id)
+            # Keyed: a batch only reads and writes the rows of its own sagas and partitions.
+            return PostgresBatchStore(
+                lambda: self.connect(idle_limit, keyed=True), self.tables, cs.group_id
+            )
 
         worker = self.worker = Worker(
             store=batch_store(),

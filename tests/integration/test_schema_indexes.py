@@ -20,7 +20,7 @@ from processor.postgres import schema as schema_module
 from processor.postgres.connect import ensure_schema
 from processor.postgres.inspect import InspectQueries
 from processor.postgres.schema import MIGRATIONS, Tables
-from processor.postgres.store import Conn
+from processor.postgres.store import BatchStore, Conn
 
 DROPPED = ("saga_instance_saga_id_idx",)
 TABLES = ("saga_instance", "saga_history", "saga_deadline", "outbox")
@@ -106,10 +106,7 @@ def test_lookups_by_saga_id_still_use_an_index(database_url: str, pg_schema: str
             # One saga, as `show` and an operator's retry read it; the batch store's load.
             "saga": (queries._sql["saga"], ("alpha", "shared-7")),
             "load": (
-                tables.render(
-                    "SELECT state FROM {instance} WHERE (saga_type, saga_id) IN "
-                    "(SELECT k->>0, k->>1 FROM jsonb_array_elements(%s::jsonb) AS k)"
-                ),
+                BatchStore(conn, tables, "g")._load_sagas,
                 ('[["alpha", "shared-7"], ["gamma", "shared-9"]]',),
             ),
         }
