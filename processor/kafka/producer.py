@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -84,6 +85,19 @@ def relay_overrides(max_record_bytes: int) -> dict[str, Any]:
     return {"enable.gapless.guarantee": False, "message.max.bytes": max_record_bytes}
 
 
+def _delivered(
+    failures: list[SendFailure],
+    missing: list[int],
+    index: int,
+    err: KafkaError | None,
+    _msg: object,
+) -> None:
+    if err is not None:
+        failures.append(SendFailure(index, str(err), is_permanent(err)))
+        if err.code() in _UNKNOWN_TOPIC:
+            missing.append(index)
+
+
 class KafkaRecordProducer:
     """:class:`processor.ports.RecordProducer` over confluent-kafka."""
 
@@ -96,24 +110,17 @@ class KafkaRecordProducer:
         missing: list[int] = []
         producer = self._producer
 
-        def report(index: int) -> Callable[[KafkaError | None, object], None]:
-            # Binds the position now; a lambda in the loop would see only the last one.
-            def delivered(err: KafkaError | None, _msg: object) -> None:
-                if err is not None:
-                    failures.append(SendFailure(index, str(err), is_permanent(err)))
-                    if err.code() in _UNKNOWN_TOPIC:
-                        missing.append(index)
-
-            return delivered
-
         try:
             for index, row in enumerate(records):
+                headers = row.headers
                 kwargs: dict[str, Any] = {
                     "key": row.key,
                     "value": row.value,
-                    # The client encodes str header values itself, in C.
-                    "headers": dict(row.headers),
-                    "on_delivery": report(index),
+                    # The client encodes str header values itself, in C; it takes a dict as is.
+                    "headers": headers if type(headers) is dict else dict(headers),
+                    # Called only for a failed record (delivery.report.only.error), with its
+                    # position bound now.
+                    "on_delivery": partial(_delivered, failures, missing, index),
                 }
                 if row.partition is not None:
                     kwargs["partition"] = row.partition

@@ -41,7 +41,7 @@ from processor.ports import TP, OutboxEntry, OutboxStore, RecordProducer, SetAsi
 from processor.runtime.hooks import Hooks
 from processor.wire import HEADER_MESSAGE_ID
 
-__all__ = ["HEADER_DEAD_LETTER_TRUNCATED", "Relay", "record_size"]
+__all__ = ["HEADER_DEAD_LETTER_TRUNCATED", "Relay", "fits", "record_size"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,18 @@ def record_size(row: OutboxRow) -> int:
     """The bytes the producer counts against ``message.max.bytes``, with a margin per header."""
     headers = sum(len(k) + len(v.encode()) + _HEADER_OVERHEAD for k, v in row.headers.items())
     return len(row.value) + len(row.key or b"") + headers + _RECORD_OVERHEAD
+
+
+def fits(row: OutboxRow, limit: int) -> bool:
+    """Whether ``record_size(row) <= limit``, without encoding each header when it clearly is.
+
+    A character is at most 4 bytes of UTF-8, so counting each header character as 4 bytes gives
+    a bound; only a row near the limit has its headers encoded.
+    """
+    h = row.headers
+    chars = sum(map(len, h)) + sum(map(len, h.values()))
+    bound = len(row.value) + len(row.key or b"") + _RECORD_OVERHEAD
+    return bound + 4 * chars + _HEADER_OVERHEAD * len(h) <= limit or record_size(row) <= limit
 
 
 @dataclass
@@ -169,9 +181,10 @@ class Relay:
             self._hooks.fire("after-produce")
             self._outbox.settle(r.set_aside, r.kept)
         # Logged once the move committed: each failed row is logged exactly once.
-        by_id = {e.id: e for e in entries}
-        for s in sorted(r.set_aside, key=lambda s: s.id):
-            _log_set_aside(by_id[s.id].row, s)
+        if r.set_aside:
+            by_id = {e.id: e for e in entries}
+            for s in sorted(r.set_aside, key=lambda s: s.id):
+                _log_set_aside(by_id[s.id].row, s)
         published = len(entries) - len(r.set_aside) - len(r.kept)
         self.published += published
         self.set_aside += len(r.set_aside)
@@ -190,7 +203,7 @@ class Relay:
                 r.blocked.setdefault(key, e.behind)
             if self._hold(r, e, key):
                 continue
-            if record_size(e.row) > self.max_record_bytes:
+            if not fits(e.row, self.max_record_bytes):
                 if key is None and _DEAD_LETTER_REASON in e.row.headers:
                     e = replace(e, row=self._truncated(e.row))
                 else:

@@ -19,7 +19,7 @@ from processor.ops.outbox import (
     retry_failed_rows,
 )
 from processor.runtime.hooks import Hooks
-from processor.runtime.relay import HEADER_DEAD_LETTER_TRUNCATED, Relay, record_size
+from processor.runtime.relay import HEADER_DEAD_LETTER_TRUNCATED, Relay, fits, record_size
 
 
 def command(saga_id: str, n: int, topic: str = "commands") -> OutboxRow:
@@ -423,3 +423,21 @@ def test_close_closes_the_store() -> None:
     store, _producer, relay = make()
     relay.close()
     assert store.closed
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"message-id": "m" * 36, "message-type": "transfers.DebitAccount"},
+        # Multi-byte characters: the exact size is more than the characters counted once.
+        {"note": "\u00e9\u4e2d\U0001f600" * 50, "\u00e9t\u00e9": "x"},
+        {},
+    ],
+)
+def test_fits_agrees_with_the_exact_size_on_both_sides_of_the_limit(
+    headers: dict[str, str],
+) -> None:
+    row = OutboxRow("t", "s1", "cmds", b"key", headers, b"v" * 300)
+    size = record_size(row)
+    for limit in (size - 1, size, size + 1, size * 4, size // 2):
+        assert fits(row, limit) == (size <= limit), limit
