@@ -186,10 +186,12 @@ class PostgresOutboxStore:
                     return
                 rows = []
                 if global_path:
-                    rows = conn.execute(self._claim_global, {"limit": limit}).fetchall()
+                    rows = conn.execute(
+                        self._claim_global, {"limit": limit}, binary=True
+                    ).fetchall()
                 if partitions and len(rows) < limit:
                     query, params = self._owned_query(limit - len(rows), owned, after)
-                    rows += conn.execute(query, params).fetchall()
+                    rows += conn.execute(query, params, binary=True).fetchall()
                 # DELETE ... RETURNING has no defined order: restore commit order by id.
                 rows.sort(key=lambda r: r[0])
                 self._claimed = {r[0]: (_entry(r), r[10]) for r in rows}
