@@ -3,7 +3,9 @@
 An oversized command and a command to a topic that does not exist both end in the failed
 outbox with their reason, their sagas' later rows held behind them, while 1,000 other sagas'
 commands arrive in order meanwhile; once the topic exists, `retry` publishes the held rows in
-order. A dead letter of a near-1 MB input goes out cut to fit.
+order. A dead letter of a near-1 MB input goes out cut to fit. Both claim paths run it:
+rows of no input partition (one relay at a time) and rows claimed by the replica that owns
+their input partition.
 """
 
 from __future__ import annotations
@@ -32,14 +34,31 @@ pytestmark = pytest.mark.integration
 SAGAS = 1000
 
 
-@pytest.fixture
+GROUP = "relay-failures"
+SOURCE = "transfer-events"
+PARTITIONS = 3
+
+
+@pytest.fixture(params=["no-partition", "owned-partitions"])
 def relay_env(
-    kafka_bootstrap: str, database_url: str, pg_schema: str
-) -> Iterator[tuple[Tables, Relay]]:
+    kafka_bootstrap: str, database_url: str, pg_schema: str, request: pytest.FixtureRequest
+) -> Iterator[tuple[Tables, Relay, bool]]:
+    """A relay over rows of no input partition (one relay at a time), or over rows that carry
+    the input partition that caused them, claimed by the replica that owns it."""
+    owned = request.param == "owned-partitions"
     tables = Tables(schema=pg_schema)
     ensure_schema(database_url, tables)
+    if owned:
+        with connect(database_url, autocommit=True) as admin:
+            admin.execute(
+                tables.render(
+                    "INSERT INTO {offsets} (group_id, topic, partition, next_offset, owner_epoch,"
+                    " owner) SELECT %s, %s, p, NULL, 1, 'me' FROM generate_series(0, %s) AS p"
+                ),
+                (GROUP, SOURCE, PARTITIONS - 1),
+            )
     relay = Relay(
-        PostgresOutboxStore(lambda: connect(database_url), tables),
+        PostgresOutboxStore(lambda: connect(database_url), tables, GROUP if owned else None),
         KafkaRecordProducer(
             lambda: make_producer(
                 {"bootstrap.servers": kafka_bootstrap}, **relay_overrides(1_000_000)
@@ -48,12 +67,13 @@ def relay_env(
         batch_size=500,
         poll_interval=0.1,
         flush_timeout=20.0,
+        owned=(lambda: {(SOURCE, p): 1 for p in range(PARTITIONS)}) if owned else None,
     )
     stop = threading.Event()
     thread = threading.Thread(target=relay.run, args=(stop,), name="relay", daemon=True)
     thread.start()
     try:
-        yield tables, relay
+        yield tables, relay, owned
     finally:
         stop.set()
         relay.wake.set()
@@ -67,23 +87,26 @@ def test_unpublishable_rows_are_set_aside_while_other_sagas_flow_and_retry_publi
     database_url: str,
     pg_schema: str,
     make_topic: Callable[..., str],
-    relay_env: tuple[Tables, Relay],
+    relay_env: tuple[Tables, Relay, bool],
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    tables, relay = relay_env
+    tables, relay, owned = relay_env
     commands = make_topic("commands", partitions=3)
     dead = make_topic("dead")
     missing = f"{commands}.missing-{uuid.uuid4().hex[:6]}"
     insert = tables.render(
-        "INSERT INTO {outbox} (saga_type, saga_id, topic, key, headers, value)"
-        " VALUES (%s, %s, %s, %s, %s, %s)"
+        "INSERT INTO {outbox} (saga_type, saga_id, topic, key, headers, value, source_topic,"
+        " source_partition) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
     )
 
     def row(saga: str | None, n: int, topic: str, value: bytes = b"", **h: str) -> tuple[Any, ...]:
         headers = {"message-id": f"{saga}-{n}", **h}
         key = (saga or "dl").encode()
-        return ("transfer" if saga else None, saga, topic, key, Jsonb(headers), value or b"v")
+        # A saga's rows all come from the input partition its events are keyed to.
+        source = (SOURCE, sum(key) % PARTITIONS) if owned else (None, None)
+        saga_type = "transfer" if saga else None
+        return (saga_type, saga, topic, key, Jsonb(headers), value or b"v", *source)
 
     with connect(database_url, autocommit=True) as admin:
         admin.cursor().executemany(
