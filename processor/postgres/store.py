@@ -7,7 +7,8 @@ pydantic-core call and read with `jsonb_array_elements`; bytes go beside as bina
 (`%b`), zipped in order by `ROWS FROM`. An array parameter per column cost a Python step per
 value to build and another in psycopg to dump. The rarer statements (offsets, dead letters,
 parked records, operator changes) keep binary arrays over `unnest`: in text form psycopg would
-quote and escape every element with regular expressions.
+quote and escape every element with regular expressions. The statements themselves are in
+`processor.postgres.batch_sql`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from processor.engine.rows import (
     WriteSet,
 )
 from processor.errors import ConcurrentUpdate, FencedOut
+from processor.postgres import batch_sql as sql
 from processor.postgres.deadlines import LEASE_NAME
 from processor.postgres.schema import Tables
 from processor.wire import deadline_channel, outbox_channel
@@ -113,207 +115,29 @@ class BatchStore:
         r = tables.render
         self.channel = outbox_channel(tables.schema)
         self.deadline_channel = deadline_channel(tables.schema)
-        # FOR UPDATE, not the FOR NO KEY UPDATE the upsert takes: it waits for a relay claim
-        # in flight on these partitions (FOR KEY SHARE at the old epoch) to end, so the old
-        # owner's relay has published and committed (or rolled back) before the epoch moves.
-        # The owner's own offset updates (FOR NO KEY UPDATE) do not wait for the relay.
-        self._lock_owned = r(
-            """
-            SELECT 1 FROM {offsets}
-             WHERE group_id = %s AND (topic, partition) IN
-                   (SELECT * FROM unnest(%b::text[], %b::int[]))
-             ORDER BY topic, partition
-               FOR UPDATE
-            """
-        )
-        self._claim = r(
-            """
-            INSERT INTO {offsets} AS o (group_id, topic, partition, next_offset, owner_epoch, owner)
-            SELECT %s, t, p, NULL, 1, %s FROM unnest(%b::text[], %b::int[]) AS u(t, p)
-            ON CONFLICT (group_id, topic, partition) DO UPDATE
-               SET owner_epoch = o.owner_epoch + 1, owner = excluded.owner, updated_at = now()
-            RETURNING topic, partition, owner_epoch, next_offset
-            """
-        )
-        self._read_offsets = r(
-            """
-            SELECT topic, partition, owner_epoch, next_offset FROM {offsets}
-             WHERE group_id = %s AND (topic, partition) IN
-                   (SELECT * FROM unnest(%b::text[], %b::int[]))
-            """
-        )
-        # The batch's keys go as one JSON array of [type, id(, message id)] arrays: encoding
-        # them is one call into pydantic-core, where an array parameter per key part costs a
-        # Python step per value to build and another to dump.
-        # Each key is one index probe: a LATERAL subquery with LIMIT 1 (a key has at most one
-        # row) cannot be turned into a join. As a join (``IN (SELECT ...)``), a table whose
-        # statistics still say "small" (a young or fast-growing one) was planned as a hash of
-        # every applied history row: each batch then read the whole history (seen at 20,000
-        # rows: 8.8 ms of a 9 ms load, growing with the table).
-        self._load_sagas = r(
-            """
-            SELECT s.* FROM jsonb_array_elements(%s::jsonb) AS k CROSS JOIN LATERAL (
-                SELECT saga_type, saga_id, state, status, version, parked_reason, state_version
-                  FROM {instance}
-                 WHERE saga_type = k->>0 AND saga_id = k->>1 LIMIT 1) AS s
-            """
-        )
-        self._load_tombstones = r(
-            """
-            SELECT t.* FROM jsonb_array_elements(%s::jsonb) AS k CROSS JOIN LATERAL (
-                SELECT saga_type, saga_id FROM {tombstone}
-                 WHERE saga_type = k->>0 AND saga_id = k->>1 LIMIT 1) AS t
-            """
-        )
-        self._load_applied = r(
-            """
-            SELECT h.* FROM jsonb_array_elements(%s::jsonb) AS k CROSS JOIN LATERAL (
-                SELECT saga_type, saga_id, message_id FROM {history}
-                 WHERE outcome = 'applied' AND saga_type = k->>0 AND saga_id = k->>1
-                   AND message_id = k->>2 LIMIT 1) AS h
-            """
-        )
-        self._load_deadlines = r(
-            """
-            SELECT id::text, saga_type, saga_id, name, due_at, payload, dispatch_token
-              FROM {deadline} WHERE id = ANY(%b::uuid[])
-            """
-        )
-        self._load_lease = r("SELECT token FROM {deadline_lock} WHERE name = %s")
-        self._insert_sagas = r(
-            """
-            INSERT INTO {instance} (saga_type, saga_id, state, status, version, parked_reason,
-                                    ended_at, machine_state, machine_state_since, state_version)
-            SELECT t, i, s, st, v, pr, CASE WHEN st = 'ended' THEN now() END, ms,
-                   CASE WHEN ms IS NOT NULL THEN now() END, sv
-              FROM (SELECT x->>0, x->>1, nullif(x->2, 'null'), x->>3, (x->>4)::bigint, x->>5,
-                           x->>6, (x->>7)::int
-                      FROM jsonb_array_elements(%s::jsonb) AS x) AS u(t, i, s, st, v, pr, ms, sv)
-            """
-        )
-        self._update_sagas = r(
-            """
-            UPDATE {instance} AS x
-               SET state = u.s, status = u.st, version = u.v, parked_reason = u.pr,
-                   updated_at = now(),
-                   ended_at = CASE WHEN u.st = 'ended' THEN coalesce(x.ended_at, now()) END,
-                   machine_state = u.ms,
-                   machine_state_since = CASE WHEN u.ms IS DISTINCT FROM x.machine_state
-                                              THEN now() ELSE x.machine_state_since END,
-                   state_version = u.sv
-              FROM (SELECT x->>0, x->>1, nullif(x->2, 'null'), x->>3, (x->>4)::bigint, x->>5,
-                           (x->>6)::bigint, x->>7, (x->>8)::int
-                      FROM jsonb_array_elements(%s::jsonb) AS x)
-                   AS u(t, i, s, st, v, pr, expected, ms, sv)
-             WHERE x.saga_type = u.t AND x.saga_id = u.i AND x.version = u.expected
-            """
-        )
-        # Everything but the bytes as one JSON array per row; the record's bytes as binary
-        # arrays beside it, zipped in order by ROWS FROM (ids are assigned in planning order).
-        self._insert_history = r(
-            """
-            INSERT INTO {history} (saga_type, saga_id, message_id, message_type, kind, outcome,
-                                   version, topic, partition, "offset", detail, headers,
-                                   payload, payload_sha256, effects)
-            SELECT x->>0, x->>1, x->>2, x->>3, x->>4, x->>5, (x->>6)::bigint, x->>7,
-                   (x->>8)::int, (x->>9)::bigint, x->>10, nullif(x->11, 'null'), p, sha,
-                   nullif(x->12, 'null')
-              FROM ROWS FROM (jsonb_array_elements(%s::jsonb), unnest(%b::bytea[]),
-                              unnest(%b::bytea[])) AS u(x, p, sha)
-            """
-        )
-        self._insert_outbox = r(
-            """
-            INSERT INTO {outbox} (saga_type, saga_id, topic, partition, key, headers, value,
-                                  source_topic, source_partition)
-            SELECT x->>0, x->>1, x->>2, (x->>3)::int, k, x->4, v, x->5->>0, (x->5->>1)::int
-              FROM ROWS FROM (jsonb_array_elements(%s::jsonb), unnest(%b::bytea[]),
-                              unnest(%b::bytea[])) AS u(x, k, v)
-            """
-        )
-        self._clear_deadlines = r(
-            """
-            DELETE FROM {deadline} AS d
-             USING (SELECT k->>0, k->>1 FROM jsonb_array_elements(%s::jsonb) AS k) AS u(t, i)
-             WHERE d.saga_type = u.t AND d.saga_id = u.i
-            """
-        )
-        self._delete_deadlines = r(
-            """
-            DELETE FROM {deadline} AS d
-             USING (SELECT k->>0, k->>1, k->>2 FROM jsonb_array_elements(%s::jsonb) AS k)
-                   AS u(t, i, n)
-             WHERE d.saga_type = u.t AND d.saga_id = u.i AND d.name = u.n
-            """
-        )
-        self._insert_deadlines = r(
-            """
-            INSERT INTO {deadline} (id, saga_type, saga_id, name, due_at, payload, topic, partition,
-                                    traceparent, tracestate)
-            SELECT (x->>0)::uuid, x->>1, x->>2, x->>3, (x->>4)::timestamptz, nullif(x->5, 'null'),
-                   x->>6, (x->>7)::int, x->>8, x->>9
-              FROM jsonb_array_elements(%s::jsonb) AS x
-            """
-        )
-        self._insert_dead_letters = r(
-            """
-            INSERT INTO {dead_letter} (topic, partition, "offset", key, value, headers, reason,
-                                       detail)
-            SELECT * FROM unnest(%b::text[], %b::int[], %b::bigint[], %b::bytea[], %b::bytea[],
-                                 %b::jsonb[], %b::text[], %b::text[])
-            """
-        )
-        self._reset_deadlines = r(
-            """
-            UPDATE {deadline} AS d SET dispatched_at = NULL
-              FROM unnest(%b::uuid[], %b::bigint[]) AS u(i, t)
-             WHERE d.id = u.i AND d.dispatch_token = u.t
-            """
-        )
-        # An operator's retry replays the records held behind the saga, with the deadline rows
-        # its held fired deadlines name.
-        self._load_held = r(
-            """
-            SELECT saga_type, saga_id, id, topic, partition, "offset", key, value, headers
-              FROM {parked}
-             WHERE (saga_type, saga_id) IN (SELECT * FROM unnest(%b::text[], %b::text[]))
-             ORDER BY id
-            """
-        )
-        self._load_saga_deadlines = r(
-            """
-            SELECT id::text, saga_type, saga_id, name, due_at, payload, dispatch_token
-              FROM {deadline}
-             WHERE (saga_type, saga_id) IN (SELECT * FROM unnest(%b::text[], %b::text[]))
-            """
-        )
-        self._release_held = r("DELETE FROM {parked} WHERE id = ANY(%s::bigint[])")
-        # An operator's fire-now: due at once and undispatched, so the leader fires it next.
-        self._fire_now = r(
-            """
-            UPDATE {deadline} AS d SET due_at = now(), dispatched_at = NULL, dispatch_token = NULL
-              FROM unnest(%b::text[], %b::text[], %b::text[]) AS u(t, i, n)
-             WHERE d.saga_type = u.t AND d.saga_id = u.i AND d.name = u.n
-            """
-        )
-        self._insert_parked = r(
-            """
-            INSERT INTO {parked} (saga_type, saga_id, topic, partition, "offset", key, value,
-                                  headers, reason)
-            SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::int[], %b::bigint[],
-                                 %b::bytea[], %b::bytea[], %b::jsonb[], %b::text[])
-            """
-        )
-        self._commit_offsets = r(
-            """
-            UPDATE {offsets} AS o SET next_offset = u.n, updated_at = now()
-              FROM unnest(%b::text[], %b::int[], %b::bigint[], %b::bigint[], %b::bigint[])
-                   AS u(t, p, n, expected, epoch)
-             WHERE o.group_id = %s AND o.topic = u.t AND o.partition = u.p
-               AND o.owner_epoch = u.epoch AND o.next_offset IS NOT DISTINCT FROM u.expected
-            RETURNING o.topic, o.partition
-            """
-        )
+        self._lock_owned = r(sql.LOCK_OWNED)
+        self._claim = r(sql.CLAIM)
+        self._read_offsets = r(sql.READ_OFFSETS)
+        self._load_sagas = r(sql.LOAD_SAGAS)
+        self._load_tombstones = r(sql.LOAD_TOMBSTONES)
+        self._load_applied = r(sql.LOAD_APPLIED)
+        self._load_deadlines = r(sql.LOAD_DEADLINES)
+        self._load_lease = r(sql.LOAD_LEASE)
+        self._insert_sagas = r(sql.INSERT_SAGAS)
+        self._update_sagas = r(sql.UPDATE_SAGAS)
+        self._insert_history = r(sql.INSERT_HISTORY)
+        self._insert_outbox = r(sql.INSERT_OUTBOX)
+        self._clear_deadlines = r(sql.CLEAR_DEADLINES)
+        self._delete_deadlines = r(sql.DELETE_DEADLINES)
+        self._insert_deadlines = r(sql.INSERT_DEADLINES)
+        self._insert_dead_letters = r(sql.INSERT_DEAD_LETTERS)
+        self._reset_deadlines = r(sql.RESET_DEADLINES)
+        self._load_held = r(sql.LOAD_HELD)
+        self._load_saga_deadlines = r(sql.LOAD_SAGA_DEADLINES)
+        self._release_held = r(sql.RELEASE_HELD)
+        self._fire_now = r(sql.FIRE_NOW)
+        self._insert_parked = r(sql.INSERT_PARKED)
+        self._commit_offsets = r(sql.COMMIT_OFFSETS)
 
     # -- partitions --------------------------------------------------------------------------
 
