@@ -17,6 +17,7 @@ from typing import cast
 
 from processor import cli_commands as c
 from processor import cli_inspect as i
+from processor import cli_operate as o
 from processor import cli_preflight as p
 from processor.errors import SagaError
 from processor.observe.logs import configure_logging
@@ -78,14 +79,14 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "saga",
         "`saga cancel SAGA_TYPE SAGA_ID --reason WHY`: run its cancel path, in log order",
-        i.saga_arguments,
-        i.saga,
+        o.saga_arguments,
+        o.saga,
     ),
     Command(
         "deadlines",
         "list one saga's deadlines; `deadlines fire-now|cancel SAGA_TYPE SAGA_ID NAME`",
-        i.deadline_arguments,
-        i.deadlines,
+        o.deadline_arguments,
+        o.deadlines,
     ),
     Command(
         "overdue",
@@ -122,8 +123,8 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "parked",
         "list parked sagas; `parked retry|skip SAGA_TYPE SAGA_ID --reason WHY`",
-        i.parked_arguments,
-        i.parked,
+        o.parked_arguments,
+        o.parked,
     ),
     Command(
         "dead-letters",
@@ -134,8 +135,8 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "console",
         "serve the web console (read-only unless --enable-actions and a token)",
-        i.console_arguments,
-        i.console,
+        o.console_arguments,
+        o.console,
     ),
     Command(
         "outbox",

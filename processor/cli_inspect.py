@@ -1,4 +1,4 @@
-"""Operator commands: `show`, `sagas`, `dead-letters`, `saga cancel`, deadline and parked actions.
+"""Operator commands that read: `show`, `sagas`, `dead-letters` (and its replay).
 
 Every command takes `--json` (one JSON document on stdout, the same data the web console shows).
 Exit codes: 0 done; 1 the command ran but found a problem the operator asked about (a retry that
@@ -10,25 +10,20 @@ an operator request.
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from processor.cli_commands import app_of, text_table
+from processor.cli_commands import text_table
 from processor.ops.inspect import (
-    OperatorRefused,
     replay_dead_letter,
-    send_operator_request,
     show_saga,
-    wait_for_outcome,
 )
 from processor.ops.views import SagaSummary, SagaView, jsonable
 from processor.settings import ProcessorSettings, parse_duration
-from processor.wire import OperatorAction, OperatorRecord
 
 if TYPE_CHECKING:
     from processor.ports import RecordProducer
@@ -40,18 +35,21 @@ EXIT_REFUSED = 2
 EXIT_NOT_SENT = 3
 
 
-def _duration(text: str) -> timedelta:
+def duration_arg(text: str) -> timedelta:
+    """An argparse type: a duration as the settings take it (`90s`, `15m`, ISO 8601, seconds)."""
     value = parse_duration(text)
     if not isinstance(value, timedelta):
         value = timedelta(seconds=float(value))
     return value
 
 
-def _json_flag(parser: argparse.ArgumentParser) -> None:
+def json_flag(parser: argparse.ArgumentParser) -> None:
+    """Adds `--json` to a command."""
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 
-def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+def emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    """Prints ``data`` as one JSON document with `--json`, else ``text``."""
     if args.json:
         json.dump(jsonable(data), sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
@@ -71,15 +69,7 @@ def inspect_queries(settings: ProcessorSettings) -> Iterator[InspectQueries]:
         yield queries
 
 
-def operator_route(settings: ProcessorSettings) -> Callable[[str, bytes, int], int]:
-    """Routes operator records to where the saga's events go now (input topics may grow)."""
-    from processor.postgres.connect import connect
-    from processor.postgres.growth import current_router
-    from processor.runtime.assembly import tables_for
-
-    url = settings.database.url.get_secret_value()
-    cs = settings.consumer
-    return current_router(lambda: connect(url), tables_for(settings), cs.group_id, cs.partitioner)
+# -- show ----------------------------------------------------------------------------------------
 
 
 @contextmanager
@@ -95,20 +85,12 @@ def producer(settings: ProcessorSettings) -> Iterator[RecordProducer]:
         made.close(10.0)
 
 
-def operator_name(settings: ProcessorSettings) -> str:
-    """Who is asking: `SAGA_OPERATOR__NAME`, else the OS user."""
-    return settings.operator.name or getpass.getuser()
-
-
-# -- show ----------------------------------------------------------------------------------------
-
-
 def show_arguments(parser: argparse.ArgumentParser) -> None:
     """SAGA_TYPE SAGA_ID, `--limit` timeline rows, `--json`."""
     parser.add_argument("saga_type", metavar="SAGA_TYPE")
     parser.add_argument("saga_id", metavar="SAGA_ID")
     parser.add_argument("--limit", type=int, default=1000, help="at most this many timeline rows")
-    _json_flag(parser)
+    json_flag(parser)
 
 
 def format_view(view: SagaView) -> str:
@@ -162,7 +144,7 @@ def show(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     """Prints one saga in full; exit code 0, 2 when there is no such saga."""
     with inspect_queries(settings) as queries:
         view = show_saga(queries, args.saga_type, args.saga_id, limit=args.limit)
-    _emit(args, view, format_view(view))
+    emit(args, view, format_view(view))
     return EXIT_OK
 
 
@@ -176,15 +158,15 @@ def sagas_arguments(parser: argparse.ArgumentParser) -> None:
     listing.add_argument("--saga-type", default=None)
     listing.add_argument("--status", choices=("active", "parked", "ended"), default=None)
     listing.add_argument("--machine-state", default=None)
-    listing.add_argument("--older-than", type=_duration, default=None, help="e.g. 30m, 2h, 1d")
+    listing.add_argument("--older-than", type=duration_arg, default=None, help="e.g. 30m, 2h, 1d")
     listing.add_argument("--limit", type=int, default=100)
-    _json_flag(listing)
+    json_flag(listing)
     stuck = what.add_parser("stuck", help="unfinished sagas longest in their state first")
     stuck.add_argument("--saga-type", default=None)
-    stuck.add_argument("--older-than", type=_duration, default=timedelta(hours=1))
+    stuck.add_argument("--older-than", type=duration_arg, default=timedelta(hours=1))
     stuck.add_argument("--limit", type=int, default=100)
     stuck.add_argument("--fail-if-any", action="store_true", help="exit 1 when any is stuck")
-    _json_flag(stuck)
+    json_flag(stuck)
 
 
 def format_summaries(rows: Sequence[SagaSummary]) -> str:
@@ -222,7 +204,7 @@ def sagas(args: argparse.Namespace, settings: ProcessorSettings) -> int:
             rows = queries.stuck(
                 older_than=args.older_than, saga_type=args.saga_type, limit=args.limit
             )
-    _emit(args, rows, format_summaries(rows))
+    emit(args, rows, format_summaries(rows))
     if args.action == "stuck" and args.fail_if_any and rows:
         return EXIT_PROBLEM
     return EXIT_OK
@@ -238,7 +220,7 @@ def dead_letter_arguments(parser: argparse.ArgumentParser) -> None:
     listing.add_argument("--reason-code", dest="reason_code", default=None)
     listing.add_argument("--before", type=int, default=None, help="ids below this (paging)")
     listing.add_argument("--limit", type=int, default=100)
-    _json_flag(listing)
+    json_flag(listing)
     for name, help_ in (
         ("show", "one dead letter with its headers and value"),
         ("replay", "send it back to its source topic and partition, then delete it"),
@@ -247,12 +229,12 @@ def dead_letter_arguments(parser: argparse.ArgumentParser) -> None:
         sub.add_argument("id", type=int)
         if name == "replay":
             sub.add_argument("--reason", required=True)
-        _json_flag(sub)
+        json_flag(sub)
     purge = what.add_parser("purge", help="delete dead letters for good")
     purge.add_argument("--id", dest="ids", type=int, action="append", default=None)
-    purge.add_argument("--older-than", type=_duration, default=None)
+    purge.add_argument("--older-than", type=duration_arg, default=None)
     purge.add_argument("--reason", required=True)
-    _json_flag(purge)
+    json_flag(purge)
 
 
 def dead_letters(args: argparse.Namespace, settings: ProcessorSettings) -> int:
@@ -281,216 +263,28 @@ def dead_letters(args: argparse.Namespace, settings: ProcessorSettings) -> int:
                 if rows
                 else "no dead letters"
             )
-            _emit(args, rows, text)
+            emit(args, rows, text)
         elif args.action == "show":
             try:
                 row, _, _ = queries.dead_letter(args.id)
             except LookupError as e:
                 print(f"saga-processor: {e}", file=sys.stderr)
                 return EXIT_REFUSED
-            _emit(args, row, json.dumps(jsonable(row), indent=2, sort_keys=True))
+            emit(args, row, json.dumps(jsonable(row), indent=2, sort_keys=True))
         elif args.action == "replay":
             with producer(settings) as out:
                 row = replay_dead_letter(queries, out, args.id)
-            _emit(args, row, f"dead letter {row.id} sent back to {row.topic}[{row.partition}]")
+            emit(args, row, f"dead letter {row.id} sent back to {row.topic}[{row.partition}]")
         else:
             if not args.ids and args.older_than is None:
                 print("saga-processor: name --id or --older-than", file=sys.stderr)
                 return EXIT_REFUSED
             n = queries.purge_dead_letters(args.ids, args.older_than)
-            _emit(args, {"purged": n}, f"{n} dead letters purged")
+            emit(args, {"purged": n}, f"{n} dead letters purged")
     return EXIT_OK
 
 
 # -- operator requests -------------------------------------------------------------------------
 
 
-def saga_arguments(parser: argparse.ArgumentParser) -> None:
-    """`cancel SAGA_TYPE SAGA_ID --reason`."""
-    what = parser.add_subparsers(dest="action", required=True)
-    cancel = what.add_parser("cancel", help="run the saga's cancel (compensation) path")
-    cancel.add_argument("saga_type", metavar="SAGA_TYPE")
-    cancel.add_argument("saga_id", metavar="SAGA_ID")
-    cancel.add_argument("--reason", required=True)
-    _json_flag(cancel)
-
-
-def request(
-    args: argparse.Namespace,
-    settings: ProcessorSettings,
-    action: OperatorAction,
-    name: str | None = None,
-) -> int:
-    """Sends one operator request; exit code 0 once the broker has it, 3 if it did not."""
-    sent = send(args, settings, action, name)
-    if isinstance(sent, int):
-        return sent
-    _emit(
-        args,
-        sent,
-        f"{action} of {args.saga_type} {args.saga_id} sent as {sent.message_id}; "
-        "`show` lists it once applied",
-    )
-    return EXIT_OK
-
-
-def send(
-    args: argparse.Namespace,
-    settings: ProcessorSettings,
-    action: OperatorAction,
-    name: str | None = None,
-) -> OperatorRecord | int:
-    """Sends one operator request; the request once the broker has it, else exit code 3."""
-    from processor.runtime.assembly import operator_key
-
-    with inspect_queries(settings) as queries, producer(settings) as out:
-        try:
-            sent = send_operator_request(
-                queries,
-                out,
-                operator_key(settings),
-                action=action,
-                saga_type=args.saga_type,
-                saga_id=args.saga_id,
-                by=operator_name(settings),
-                reason=args.reason,
-                name=name,
-                route=operator_route(settings),
-            )
-        except OperatorRefused as e:
-            if "broker" not in str(e):
-                raise
-            print(f"saga-processor: {e}", file=sys.stderr)
-            return EXIT_NOT_SENT
-    return sent
-
-
-def saga(args: argparse.Namespace, settings: ProcessorSettings) -> int:
-    """`saga cancel`: see :func:`request`."""
-    return request(args, settings, OperatorAction.CANCEL)
-
-
-def deadline_arguments(parser: argparse.ArgumentParser) -> None:
-    """`deadlines SAGA_TYPE SAGA_ID` lists; `deadlines fire-now|cancel T ID NAME --reason`."""
-    parser.add_argument("words", nargs="+", metavar="[fire-now|cancel] SAGA_TYPE SAGA_ID [NAME]")
-    parser.add_argument("--reason", default=None, help="why (required for fire-now and cancel)")
-    _json_flag(parser)
-
-
-def deadlines(args: argparse.Namespace, settings: ProcessorSettings) -> int:
-    """Lists a saga's deadlines, or sends a fire-now or cancel request for one."""
-    from processor import cli_commands
-
-    words = list(args.words)
-    if words[0] in ("fire-now", "cancel"):
-        if len(words) != 4 or not args.reason:
-            print(
-                "saga-processor: deadlines fire-now|cancel SAGA_TYPE SAGA_ID NAME --reason WHY",
-                file=sys.stderr,
-            )
-            return EXIT_REFUSED
-        args.saga_type, args.saga_id, name = words[1:]
-        action = (
-            OperatorAction.DEADLINE_FIRE_NOW
-            if words[0] == "fire-now"
-            else OperatorAction.DEADLINE_CANCEL
-        )
-        return request(args, settings, action, name)
-    if len(words) != 2:
-        print("saga-processor: deadlines SAGA_TYPE SAGA_ID", file=sys.stderr)
-        return EXIT_REFUSED
-    args.saga_type, args.saga_id = words
-    if args.json:
-        with inspect_queries(settings) as queries:
-            rows = queries.deadlines(args.saga_type, args.saga_id)
-        _emit(args, rows, "")
-        return EXIT_OK
-    return cli_commands.deadlines(args, settings)
-
-
-def parked_arguments(parser: argparse.ArgumentParser) -> None:
-    """`parked` lists; `parked retry|skip SAGA_TYPE SAGA_ID --reason`."""
-    parser.add_argument("words", nargs="*", metavar="[retry|skip SAGA_TYPE SAGA_ID]")
-    parser.add_argument("--limit", type=int, default=100, help="at most this many sagas")
-    parser.add_argument("--reason", default=None, help="why (required for retry and skip)")
-    parser.add_argument(
-        "--wait", type=float, default=60.0, help="seconds to wait for the processor's outcome"
-    )
-    _json_flag(parser)
-
-
-def parked(args: argparse.Namespace, settings: ProcessorSettings) -> int:
-    """Lists parked sagas, or asks the processor to retry (or skip) one and waits for it.
-
-    A retry replays the held messages; a skip drops the failing one first.
-
-    The request goes as an operator record into the saga's partition, so the processor applies
-    it in the saga's log order, fenced and deduplicated, and records who asked and why. Exit
-    code 0 once applied; 1 when the replay failed again (nothing changed); 2 when refused; 3 when
-    not sent, or not applied within ``--wait`` seconds.
-    """
-    from processor import cli_commands
-
-    words = list(args.words)
-    if not words or words == ["list"]:
-        if args.json:
-            from processor.ops.parked import list_parked
-
-            with cli_commands.operator_queries(settings) as queries:
-                _emit(args, list_parked(queries, limit=args.limit), "")
-            return EXIT_OK
-        return cli_commands.parked(args, settings)
-    if words[0] not in ("retry", "skip") or len(words) != 3 or not args.reason:
-        print("saga-processor: parked retry|skip SAGA_TYPE SAGA_ID --reason WHY", file=sys.stderr)
-        return EXIT_REFUSED
-    action = OperatorAction.PARKED_SKIP if words[0] == "skip" else OperatorAction.PARKED_RETRY
-    args.saga_type, args.saga_id = words[1], words[2]
-    sent_code = send(args, settings, action)
-    if isinstance(sent_code, int):
-        return sent_code
-    with inspect_queries(settings) as queries:
-        entry = wait_for_outcome(
-            queries, args.saga_type, args.saga_id, sent_code.message_id, args.wait
-        )
-    if entry is None:
-        print(
-            f"saga-processor: {sent_code.message_id} sent; no processor applied it within "
-            f"{args.wait:g} s (`show` lists it once applied)",
-            file=sys.stderr,
-        )
-        return EXIT_NOT_SENT
-    _emit(args, entry, f"{entry.outcome}: {entry.detail or ''}")
-    return EXIT_OK if entry.outcome in ("applied", "duplicate") else EXIT_PROBLEM
-
-
 # -- the web console ----------------------------------------------------------------------------
-
-
-def console_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--host`, `--port`, `--enable-actions`."""
-    parser.add_argument("--host", default=None, help="default: SAGA_CONSOLE__HOST (127.0.0.1)")
-    parser.add_argument("--port", type=int, default=None, help="default: SAGA_CONSOLE__PORT")
-    parser.add_argument(
-        "--enable-actions",
-        action="store_true",
-        help="show and accept actions; each needs SAGA_CONSOLE__TOKEN",
-    )
-
-
-def console(args: argparse.Namespace, settings: ProcessorSettings) -> int:
-    """Serves the console until interrupted; exit code 0, 2 when actions lack a token."""
-    import uvicorn
-
-    from processor.console import Backend, create_app
-
-    token = settings.console.token.get_secret_value() if settings.console.token else None
-    if args.enable_actions and not token:
-        print("saga-processor: --enable-actions needs SAGA_CONSOLE__TOKEN", file=sys.stderr)
-        return EXIT_REFUSED
-    backend = Backend(settings, app=app_of(args))
-    app = create_app(backend, actions=args.enable_actions, token=token)
-    host = args.host or settings.console.host
-    port = args.port if args.port is not None else settings.console.port
-    print(f"saga console on http://{host}:{port}/", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
-    return EXIT_OK

@@ -78,6 +78,7 @@ EDGES = (
     "cli.py",
     "cli_commands.py",
     "cli_inspect.py",
+    "cli_operate.py",
     "cli_preflight.py",
     "__main__.py",
 )

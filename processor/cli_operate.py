@@ -1,0 +1,231 @@
+"""Operator commands that act: `saga cancel`, deadline and parked actions, the web console.
+
+Requests go to the saga's input partition as operator records (see `processor.wire`), so they
+run in log order with the saga's own events; exit codes are those of `processor.cli_inspect`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+from collections.abc import Callable
+
+from processor.cli_commands import app_of
+from processor.cli_inspect import (
+    EXIT_NOT_SENT,
+    EXIT_OK,
+    EXIT_PROBLEM,
+    EXIT_REFUSED,
+    emit,
+    inspect_queries,
+    json_flag,
+    producer,
+)
+from processor.ops.inspect import OperatorRefused, send_operator_request, wait_for_outcome
+from processor.settings import ProcessorSettings
+from processor.wire import OperatorAction, OperatorRecord
+
+
+def operator_route(settings: ProcessorSettings) -> Callable[[str, bytes, int], int]:
+    """Routes operator records to where the saga's events go now (input topics may grow)."""
+    from processor.postgres.connect import connect
+    from processor.postgres.growth import current_router
+    from processor.runtime.assembly import tables_for
+
+    url = settings.database.url.get_secret_value()
+    cs = settings.consumer
+    return current_router(lambda: connect(url), tables_for(settings), cs.group_id, cs.partitioner)
+
+
+def operator_name(settings: ProcessorSettings) -> str:
+    """Who is asking: `SAGA_OPERATOR__NAME`, else the OS user."""
+    return settings.operator.name or getpass.getuser()
+
+
+def saga_arguments(parser: argparse.ArgumentParser) -> None:
+    """`cancel SAGA_TYPE SAGA_ID --reason`."""
+    what = parser.add_subparsers(dest="action", required=True)
+    cancel = what.add_parser("cancel", help="run the saga's cancel (compensation) path")
+    cancel.add_argument("saga_type", metavar="SAGA_TYPE")
+    cancel.add_argument("saga_id", metavar="SAGA_ID")
+    cancel.add_argument("--reason", required=True)
+    json_flag(cancel)
+
+
+def request(
+    args: argparse.Namespace,
+    settings: ProcessorSettings,
+    action: OperatorAction,
+    name: str | None = None,
+) -> int:
+    """Sends one operator request; exit code 0 once the broker has it, 3 if it did not."""
+    sent = send(args, settings, action, name)
+    if isinstance(sent, int):
+        return sent
+    emit(
+        args,
+        sent,
+        f"{action} of {args.saga_type} {args.saga_id} sent as {sent.message_id}; "
+        "`show` lists it once applied",
+    )
+    return EXIT_OK
+
+
+def send(
+    args: argparse.Namespace,
+    settings: ProcessorSettings,
+    action: OperatorAction,
+    name: str | None = None,
+) -> OperatorRecord | int:
+    """Sends one operator request; the request once the broker has it, else exit code 3."""
+    from processor.runtime.assembly import operator_key
+
+    with inspect_queries(settings) as queries, producer(settings) as out:
+        try:
+            sent = send_operator_request(
+                queries,
+                out,
+                operator_key(settings),
+                action=action,
+                saga_type=args.saga_type,
+                saga_id=args.saga_id,
+                by=operator_name(settings),
+                reason=args.reason,
+                name=name,
+                route=operator_route(settings),
+            )
+        except OperatorRefused as e:
+            if "broker" not in str(e):
+                raise
+            print(f"saga-processor: {e}", file=sys.stderr)
+            return EXIT_NOT_SENT
+    return sent
+
+
+def saga(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    """`saga cancel`: see :func:`request`."""
+    return request(args, settings, OperatorAction.CANCEL)
+
+
+def deadline_arguments(parser: argparse.ArgumentParser) -> None:
+    """`deadlines SAGA_TYPE SAGA_ID` lists; `deadlines fire-now|cancel T ID NAME --reason`."""
+    parser.add_argument("words", nargs="+", metavar="[fire-now|cancel] SAGA_TYPE SAGA_ID [NAME]")
+    parser.add_argument("--reason", default=None, help="why (required for fire-now and cancel)")
+    json_flag(parser)
+
+
+def deadlines(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    """Lists a saga's deadlines, or sends a fire-now or cancel request for one."""
+    from processor import cli_commands
+
+    words = list(args.words)
+    if words[0] in ("fire-now", "cancel"):
+        if len(words) != 4 or not args.reason:
+            print(
+                "saga-processor: deadlines fire-now|cancel SAGA_TYPE SAGA_ID NAME --reason WHY",
+                file=sys.stderr,
+            )
+            return EXIT_REFUSED
+        args.saga_type, args.saga_id, name = words[1:]
+        action = (
+            OperatorAction.DEADLINE_FIRE_NOW
+            if words[0] == "fire-now"
+            else OperatorAction.DEADLINE_CANCEL
+        )
+        return request(args, settings, action, name)
+    if len(words) != 2:
+        print("saga-processor: deadlines SAGA_TYPE SAGA_ID", file=sys.stderr)
+        return EXIT_REFUSED
+    args.saga_type, args.saga_id = words
+    if args.json:
+        with inspect_queries(settings) as queries:
+            rows = queries.deadlines(args.saga_type, args.saga_id)
+        emit(args, rows, "")
+        return EXIT_OK
+    return cli_commands.deadlines(args, settings)
+
+
+def parked_arguments(parser: argparse.ArgumentParser) -> None:
+    """`parked` lists; `parked retry|skip SAGA_TYPE SAGA_ID --reason`."""
+    parser.add_argument("words", nargs="*", metavar="[retry|skip SAGA_TYPE SAGA_ID]")
+    parser.add_argument("--limit", type=int, default=100, help="at most this many sagas")
+    parser.add_argument("--reason", default=None, help="why (required for retry and skip)")
+    parser.add_argument(
+        "--wait", type=float, default=60.0, help="seconds to wait for the processor's outcome"
+    )
+    json_flag(parser)
+
+
+def parked(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    """Lists parked sagas, or asks the processor to retry (or skip) one and waits for it.
+
+    A retry replays the held messages; a skip drops the failing one first.
+
+    The request goes as an operator record into the saga's partition, so the processor applies
+    it in the saga's log order, fenced and deduplicated, and records who asked and why. Exit
+    code 0 once applied; 1 when the replay failed again (nothing changed); 2 when refused; 3 when
+    not sent, or not applied within ``--wait`` seconds.
+    """
+    from processor import cli_commands
+
+    words = list(args.words)
+    if not words or words == ["list"]:
+        if args.json:
+            from processor.ops.parked import list_parked
+
+            with cli_commands.operator_queries(settings) as queries:
+                emit(args, list_parked(queries, limit=args.limit), "")
+            return EXIT_OK
+        return cli_commands.parked(args, settings)
+    if words[0] not in ("retry", "skip") or len(words) != 3 or not args.reason:
+        print("saga-processor: parked retry|skip SAGA_TYPE SAGA_ID --reason WHY", file=sys.stderr)
+        return EXIT_REFUSED
+    action = OperatorAction.PARKED_SKIP if words[0] == "skip" else OperatorAction.PARKED_RETRY
+    args.saga_type, args.saga_id = words[1], words[2]
+    sent_code = send(args, settings, action)
+    if isinstance(sent_code, int):
+        return sent_code
+    with inspect_queries(settings) as queries:
+        entry = wait_for_outcome(
+            queries, args.saga_type, args.saga_id, sent_code.message_id, args.wait
+        )
+    if entry is None:
+        print(
+            f"saga-processor: {sent_code.message_id} sent; no processor applied it within "
+            f"{args.wait:g} s (`show` lists it once applied)",
+            file=sys.stderr,
+        )
+        return EXIT_NOT_SENT
+    emit(args, entry, f"{entry.outcome}: {entry.detail or ''}")
+    return EXIT_OK if entry.outcome in ("applied", "duplicate") else EXIT_PROBLEM
+
+
+def console_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--host`, `--port`, `--enable-actions`."""
+    parser.add_argument("--host", default=None, help="default: SAGA_CONSOLE__HOST (127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="default: SAGA_CONSOLE__PORT")
+    parser.add_argument(
+        "--enable-actions",
+        action="store_true",
+        help="show and accept actions; each needs SAGA_CONSOLE__TOKEN",
+    )
+
+
+def console(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    """Serves the console until interrupted; exit code 0, 2 when actions lack a token."""
+    import uvicorn
+
+    from processor.console import Backend, create_app
+
+    token = settings.console.token.get_secret_value() if settings.console.token else None
+    if args.enable_actions and not token:
+        print("saga-processor: --enable-actions needs SAGA_CONSOLE__TOKEN", file=sys.stderr)
+        return EXIT_REFUSED
+    backend = Backend(settings, app=app_of(args))
+    app = create_app(backend, actions=args.enable_actions, token=token)
+    host = args.host or settings.console.host
+    port = args.port if args.port is not None else settings.console.port
+    print(f"saga console on http://{host}:{port}/", flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+    return EXIT_OK
