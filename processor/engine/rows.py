@@ -199,3 +199,17 @@ class WriteSet:
     # Ids of held records an operator's retry replayed (or skipped): deleted with the batch.
     held_releases: list[int] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
+
+    def wakes_poller(self, soon: datetime | None = None) -> bool:
+        """Whether the deadline poller should look now rather than at its next planned time.
+
+        It sleeps until the next due deadline, at most its polling interval. A new deadline due
+        later than ``soon`` (now plus that interval) is found on time by the next planned look;
+        waking it for every batch of such deadlines would cost a lease and a claim query per
+        batch. None: any new deadline wakes it.
+        """
+        if self.deadline_resets or self.wake_deadlines:
+            return True
+        if soon is None:
+            return bool(self.deadline_inserts)
+        return any(d.due_at <= soon for d in self.deadline_inserts)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
 
 import psycopg
 
@@ -27,10 +28,18 @@ log = logging.getLogger(__name__)
 class PostgresBatchStore:
     """:class:`processor.ports.BatchStore` over PostgreSQL."""
 
-    def __init__(self, connect: Callable[[], Conn], tables: Tables, group_id: str) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], Conn],
+        tables: Tables,
+        group_id: str,
+        wake_within: timedelta | None = None,
+    ) -> None:
         self._connect = connect
         self._tables = tables
         self._group_id = group_id
+        # See BatchStore: new deadlines due later than this wake no deadline poller.
+        self._wake_within = wake_within
         self._sql: BatchStore | None = None
 
     def _store(self) -> BatchStore:
@@ -39,7 +48,7 @@ class PostgresBatchStore:
                 conn = self._connect()
             except psycopg.Error as e:
                 raise translate(e) from e
-            self._sql = BatchStore(conn, self._tables, self._group_id)
+            self._sql = BatchStore(conn, self._tables, self._group_id, self._wake_within)
         return self._sql
 
     @contextlib.contextmanager

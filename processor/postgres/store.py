@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from operator import attrgetter
 from typing import Any
 
@@ -109,9 +109,21 @@ _deadline_fields = attrgetter(
 class BatchStore:
     """SQL for the consumer's side of the engine, on one connection the caller owns."""
 
-    def __init__(self, conn: Conn, tables: Tables, group_id: str) -> None:
+    def __init__(
+        self, conn: Conn, tables: Tables, group_id: str, wake_within: timedelta | None = None
+    ) -> None:
+        """Statements over ``conn``.
+
+        Args:
+            conn: The connection; the caller owns it and its transactions.
+            tables: Where the processor's tables live.
+            group_id: The consumer group whose offsets rows this store writes.
+            wake_within: The deadline poller's polling interval: a batch wakes the poller (in
+                any replica) only for new deadlines due within it. None: for any new deadline.
+        """
         self.conn = conn
         self.group_id = group_id
+        self._wake_within = wake_within
         r = tables.render
         self.channel = outbox_channel(tables.schema)
         self.deadline_channel = deadline_channel(tables.schema)
@@ -314,7 +326,8 @@ class BatchStore:
         # folds repeats within a transaction): the outbox's wakes every replica's relay; the
         # deadlines' wakes the deadline poller (in any replica) in case this one is due sooner.
         wake_relay = bool(ws.outbox)
-        wake_poller = bool(ws.deadline_inserts or ws.deadline_resets or ws.wake_deadlines)
+        within = self._wake_within
+        wake_poller = ws.wakes_poller(None if within is None else datetime.now(UTC) + within)
         if wake_relay and wake_poller:
             conn.execute(
                 "SELECT pg_notify(%s, ''), pg_notify(%s, '')", (self.channel, self.deadline_channel)

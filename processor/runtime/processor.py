@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from processor.engine.rows import WriteSet
@@ -132,7 +132,10 @@ class Processor:
         def batch_store() -> PostgresBatchStore:
             # Keyed: a batch only reads and writes the rows of its own sagas and partitions.
             return PostgresBatchStore(
-                lambda: self.connect(idle_limit, keyed=True), self.tables, cs.group_id
+                lambda: self.connect(idle_limit, keyed=True),
+                self.tables,
+                cs.group_id,
+                wake_within=self.settings.deadline.polling.interval,
             )
 
         worker = self.worker = Worker(
@@ -242,7 +245,9 @@ class Processor:
         # In-process wake-ups right after a commit; other replicas hear NOTIFY.
         if ws.outbox and self.relay is not None:
             self.relay.wake.set()
-        if ws.deadline_inserts and self.poller is not None:
+        if self.poller is not None and ws.wakes_poller(
+            datetime.now(UTC) + self.settings.deadline.polling.interval
+        ):
             self.poller.wake.set()
 
     def _spawn(self, name: str, target: Callable[[threading.Event], None]) -> None:
