@@ -34,12 +34,15 @@ class PostgresBatchStore:
         tables: Tables,
         group_id: str,
         wake_within: timedelta | None = None,
+        origin: str = "",
     ) -> None:
         self._connect = connect
         self._tables = tables
         self._group_id = group_id
         # See BatchStore: new deadlines due later than this wake no deadline poller.
         self._wake_within = wake_within
+        # The payload of its notifications, which this process's listeners skip.
+        self._origin = origin
         self._sql: BatchStore | None = None
 
     def _store(self) -> BatchStore:
@@ -48,7 +51,9 @@ class PostgresBatchStore:
                 conn = self._connect()
             except psycopg.Error as e:
                 raise translate(e) from e
-            self._sql = BatchStore(conn, self._tables, self._group_id, self._wake_within)
+            self._sql = BatchStore(
+                conn, self._tables, self._group_id, self._wake_within, self._origin
+            )
         return self._sql
 
     @contextlib.contextmanager

@@ -110,7 +110,12 @@ class BatchStore:
     """SQL for the consumer's side of the engine, on one connection the caller owns."""
 
     def __init__(
-        self, conn: Conn, tables: Tables, group_id: str, wake_within: timedelta | None = None
+        self,
+        conn: Conn,
+        tables: Tables,
+        group_id: str,
+        wake_within: timedelta | None = None,
+        origin: str = "",
     ) -> None:
         """Statements over ``conn``.
 
@@ -120,10 +125,13 @@ class BatchStore:
             group_id: The consumer group whose offsets rows this store writes.
             wake_within: The deadline poller's polling interval: a batch wakes the poller (in
                 any replica) only for new deadlines due within it. None: for any new deadline.
+            origin: The payload of this store's notifications: a listener in the same process
+                skips them, its loops being woken in-process already.
         """
         self.conn = conn
         self.group_id = group_id
         self._wake_within = wake_within
+        self._origin = origin
         r = tables.render
         self.channel = outbox_channel(tables.schema)
         self.deadline_channel = deadline_channel(tables.schema)
@@ -330,11 +338,12 @@ class BatchStore:
         wake_poller = ws.wakes_poller(None if within is None else datetime.now(UTC) + within)
         if wake_relay and wake_poller:
             conn.execute(
-                "SELECT pg_notify(%s, ''), pg_notify(%s, '')", (self.channel, self.deadline_channel)
+                "SELECT pg_notify(%s, %s), pg_notify(%s, %s)",
+                (self.channel, self._origin, self.deadline_channel, self._origin),
             )
         elif wake_relay or wake_poller:
             channel = self.channel if wake_relay else self.deadline_channel
-            conn.execute("SELECT pg_notify(%s, '')", (channel,))
+            conn.execute("SELECT pg_notify(%s, %s)", (channel, self._origin))
 
     def insert_outbox(self, rows: Sequence[Any]) -> None:
         fields = _encode_outbox(map(_outbox_fields, rows))

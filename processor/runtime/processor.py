@@ -136,6 +136,7 @@ class Processor:
                 self.tables,
                 cs.group_id,
                 wake_within=self.settings.deadline.polling.interval,
+                origin=self.instance_id,
             )
 
         worker = self.worker = Worker(
@@ -190,7 +191,9 @@ class Processor:
                 after=growth.moved_from,
             )
             worker.on_owned = relay.wake.set
-            listener = PostgresWakeSource(self.connect, outbox_channel(self.tables.schema))
+            listener = PostgresWakeSource(
+                self.connect, outbox_channel(self.tables.schema), ignore=self.instance_id
+            )
             self._spawn("relay", relay.run)
             self._spawn("relay-listener", lambda stop: listener.run(stop, relay.wake.set))
         if self.settings.deadline.enabled:

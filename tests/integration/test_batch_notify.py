@@ -1,18 +1,24 @@
-"""Which batches notify the deadline poller's channel, against a real PostgreSQL.
+"""Which batches notify the loops of other processes, against a real PostgreSQL.
 
 A batch of far-off deadlines (the common payment timeout of half an hour) leaves the poller
 asleep: its next planned look, at most one polling interval away, finds them in time. A batch
-with a deadline due within that interval notifies every replica's poller, as before.
+with a deadline due within that interval notifies every replica's poller, as before. A
+replica's listener skips the notifications of its own commits, which woke its loops in-process.
 """
 
 from __future__ import annotations
 
+import threading
+import uuid
+from collections.abc import Generator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import psycopg
 
 from processor.engine.rows import ACTIVE, DeadlineInsert, SagaWrite, WriteSet
 from processor.postgres.connect import connect, ensure_schema
+from processor.postgres.notify import PostgresWakeSource
 from processor.postgres.schema import Tables
 from processor.postgres.store import BatchStore
 from tests.support.harness import wait_until
@@ -58,3 +64,51 @@ def test_only_a_batch_with_a_deadline_due_within_the_interval_notifies(
 
         wait_until(marker_arrived, what="the marker notification")
         assert seen == ["", "marker"]
+
+
+class _Recording(psycopg.Connection[Any]):
+    """A connection that records the payload of each notification it hands out."""
+
+    consumed: list[str]
+
+    def notifies(self, *args: Any, **kwargs: Any) -> Generator[psycopg.Notify, None, None]:
+        for n in super().notifies(*args, **kwargs):
+            self.consumed.append(n.payload)
+            yield n
+
+
+def test_a_listener_skips_its_own_processes_notifications(database_url: str) -> None:
+    channel = f"wake-{uuid.uuid4().hex[:8]}"
+    consumed: list[str] = []
+
+    def connect_recording() -> psycopg.Connection[Any]:
+        conn = _Recording.connect(database_url, autocommit=True)
+        conn.consumed = consumed
+        return conn
+
+    wakes: list[int] = []
+    source = PostgresWakeSource(connect_recording, channel, ignore="me")
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=source.run, args=(stop, lambda: wakes.append(len(consumed))), daemon=True
+    )
+    thread.start()
+    try:
+        with psycopg.connect(database_url, autocommit=True) as sender:
+            # LISTEN runs on the listener's own connection: notify until it has heard one.
+            def heard() -> bool:
+                sender.execute("SELECT pg_notify(%s, 'me')", (channel,))
+                return bool(consumed)
+
+            wait_until(heard, what="the listener to listen")
+            for payload in ("other", "me", "me", "last"):
+                sender.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+            wait_until(lambda: "last" in consumed and len(wakes) >= 2, what="the last notification")
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive()
+    # Warm-up notifications (own, skipped) may still arrive before "other", never after it.
+    assert consumed[-4:] == ["other", "me", "me", "last"]
+    # Woken by the other process's notifications only, each as it was handed out.
+    assert wakes == [len(consumed) - 3, len(consumed)]
