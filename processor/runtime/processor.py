@@ -83,6 +83,8 @@ class Processor:
         self._consuming = False
         self.worker: Worker | None = None
         self.relay: Relay | None = None
+        # Set once the last batch is committed at a stop: the relay's cue for its last rounds.
+        self._last_commit: threading.Event | None = None
         self.poller: DeadlinePoller | None = None
         # Metrics, probes and spans (processor/runtime/observe.py), made in start().
         self.observe: Observability | None = None
@@ -191,6 +193,9 @@ class Processor:
                 after=growth.moved_from,
             )
             worker.on_owned = relay.wake.set
+            # On a graceful stop the relay publishes the last batch's rows while this replica
+            # still owns their partitions (see stop: the consumer leaves after it).
+            relay.drain_on_stop = self._last_commit = threading.Event()
             listener = PostgresWakeSource(
                 self.connect, outbox_channel(self.tables.schema), ignore=self.instance_id
             )
@@ -327,6 +332,11 @@ class Processor:
         if worker is not None:
             # The batch in flight commits or rolls back before the consumer leaves the group.
             _attempt("worker close", worker.close)
+        if self._last_commit is not None:
+            # The relay publishes what is committed, then ends; the partitions are left after
+            # that, so its claims still hold their epochs.
+            self._last_commit.set()
+            self.supervisor.join_one("relay", lambda: min(left(), budget / 2))
         if worker is not None and worker.consumer is not None:
             # close() can hang on an unstable broker or mid-rebalance: give it a deadline.
             closer = threading.Thread(

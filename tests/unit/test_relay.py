@@ -441,3 +441,39 @@ def test_fits_agrees_with_the_exact_size_on_both_sides_of_the_limit(
     size = record_size(row)
     for limit in (size - 1, size, size + 1, size * 4, size // 2):
         assert fits(row, limit) == (size <= limit), limit
+
+
+def test_a_stopped_relay_publishes_the_rows_committed_before_the_stop_in_batches() -> None:
+    store, producer, relay = make(batch_size=2)
+    committed = threading.Event()
+    relay.drain_on_stop = committed
+    stop = threading.Event()
+    stop.set()
+    ended = threading.Event()
+
+    def run() -> None:
+        relay.run(stop)
+        ended.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    # The last batch commits after the stop was asked for: its rows are published too.
+    store.append([command("a", n) for n in range(1, 6)])
+    assert not ended.is_set()
+    committed.set()
+    thread.join(10)
+    assert ended.is_set()
+    assert ids(producer.records("commands")) == [f"a-{n}" for n in range(1, 6)]
+    assert store.pending() == []
+
+
+def test_without_the_cue_a_stopped_relay_ends_and_the_rows_stay() -> None:
+    store, producer, relay = make()
+    relay.flush_timeout = 0.05
+    relay.drain_on_stop = threading.Event()  # the last batch never reports committed
+    store.append([command("a", 1)])
+    stop = threading.Event()
+    stop.set()
+    relay.run(stop)
+    assert producer.records("commands") == []
+    assert ids([e.row for e in store.pending()]) == ["a-1"]
