@@ -477,3 +477,26 @@ def test_without_the_cue_a_stopped_relay_ends_and_the_rows_stay() -> None:
     relay.run(stop)
     assert producer.records("commands") == []
     assert ids([e.row for e in store.pending()]) == ["a-1"]
+
+
+def test_a_store_that_fails_during_the_last_rounds_leaves_the_rows_and_the_stop_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    hooks = Hooks()
+
+    def unreachable() -> None:
+        raise Retryable("database unreachable")
+
+    hooks.on("relay-round", unreachable)
+    store, producer, relay = make(hooks=hooks)
+    committed = threading.Event()
+    committed.set()
+    relay.drain_on_stop = committed
+    store.append([command("a", 1)])
+    stop = threading.Event()
+    stop.set()
+    with caplog.at_level(logging.WARNING):
+        relay.run(stop)
+    assert producer.records("commands") == []
+    assert ids([e.row for e in store.pending()]) == ["a-1"]
+    assert "relay stopped before publishing every committed row" in caplog.text
