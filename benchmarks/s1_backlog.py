@@ -534,6 +534,16 @@ def summary(result: dict[str, Any]) -> list[tuple[str, str, str]]:
             ", ".join(f"{k} {v['cpu_us']:.0f}" for k, v in phases.items()),
         )
     )
+    # Wall time shows which stage the others wait for: the commit (the database's side of the
+    # write) when it is close to the time per event.
+    rows.append(
+        (
+            "S1",
+            "engine wall us/event by phase",
+            ", ".join(f"{k} {v['wall_us']:.0f}" for k, v in phases.items())
+            + f"; {1e6 / last['engine']['events_per_s']:.0f} per event overall (last round)",
+        )
+    )
     for key, goal in result["goals"].items():
         rows.append(
             (
