@@ -39,6 +39,7 @@ from processor.errors import (
 )
 from processor.memory.store import MemoryBatchStore, MemoryTables
 from processor.ports import TP, BatchStore, Purge
+from tests.contract import BACKENDS
 
 SAGA = "contract-saga"
 A: TP = ("contract-in", 0)
@@ -125,7 +126,7 @@ def _postgres(request: pytest.FixtureRequest) -> Iterator[Backing]:
                 s.close()
 
 
-@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.integration)])
+@pytest.fixture(params=BACKENDS)
 def backing(request: pytest.FixtureRequest) -> Iterator[Backing]:
     if request.param == "memory":
         yield from _memory()

@@ -24,6 +24,7 @@ from processor.postgres.connect import connect, ensure_schema
 from processor.postgres.deadlines import PostgresDeadlineStore
 from processor.postgres.schema import Tables
 from processor.wire import deadline_channel
+from tests.contract import BACKENDS, postgres_args
 
 TTL = 60.0
 HOUR = timedelta(hours=1)
@@ -163,15 +164,10 @@ class PostgresBackend:
         self.admin.close()
 
 
-@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.integration)])
+@pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
-    made: Backend
-    if request.param == "memory":
-        made = MemoryBackend()
-    else:
-        made = PostgresBackend(
-            request.getfixturevalue("database_url"), request.getfixturevalue("pg_schema")
-        )
+    args = postgres_args(request)
+    made: Backend = MemoryBackend() if args is None else PostgresBackend(*args)
     yield made
     made.close()
 

@@ -17,6 +17,7 @@ from processor.ports import GrowthStore
 from processor.postgres.connect import connect, ensure_schema
 from processor.postgres.growth import PostgresGrowthStore
 from processor.postgres.schema import Tables
+from tests.contract import BACKENDS, postgres_args
 
 HOUR = timedelta(hours=1)
 
@@ -74,15 +75,10 @@ class PostgresBackend:
             store.close()
 
 
-@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.integration)])
+@pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
-    made: Backend
-    if request.param == "memory":
-        made = MemoryBackend()
-    else:
-        made = PostgresBackend(
-            request.getfixturevalue("database_url"), request.getfixturevalue("pg_schema")
-        )
+    args = postgres_args(request)
+    made: Backend = MemoryBackend() if args is None else PostgresBackend(*args)
     yield made
     made.close()
 

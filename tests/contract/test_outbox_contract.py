@@ -16,6 +16,7 @@ import pytest
 from processor.engine.records import OutboxRow
 from processor.memory.outbox import MemoryOutboxStore
 from processor.ports import TP, FailedOutboxStore, OutboxEntry, OutboxStore, SetAside
+from tests.contract import BACKENDS
 
 
 @dataclass
@@ -101,7 +102,7 @@ def _postgres(request: pytest.FixtureRequest) -> Iterator[Outbox]:
                 s.close()
 
 
-@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.integration)])
+@pytest.fixture(params=BACKENDS)
 def outbox(request: pytest.FixtureRequest) -> Iterator[Outbox]:
     if request.param == "memory":
         yield from _memory()
