@@ -322,10 +322,13 @@ class Relay:
         self._producer.close(5.0)
 
     def _drain(self, committed: threading.Event) -> None:
-        """Publishes the rows committed before the stop, within one ``flush_timeout``."""
-        ends = time.monotonic() + self.flush_timeout
+        """Once ``committed`` is set, publishes the rows committed before the stop.
+
+        Waits at most one ``flush_timeout`` for the cue, then rounds for at most another.
+        """
         if not committed.wait(self.flush_timeout):
             return
+        ends = time.monotonic() + self.flush_timeout
         published = 0
         try:
             while time.monotonic() < ends:

@@ -101,13 +101,11 @@ class Supervisor:
         """Each supervised loop by name: True while its thread runs."""
         return {name: thread.is_alive() for name, thread in self._threads.items()}
 
-    def join_one(self, name: str, seconds: Callable[[], float]) -> bool:
-        """Waits up to ``seconds()`` for loop ``name``; True when it ended (or never ran)."""
+    def join_one(self, name: str, seconds: Callable[[], float]) -> None:
+        """Waits up to ``seconds()`` for loop ``name`` to end (at once if it never ran)."""
         thread = self._threads.get(name)
-        if thread is None:
-            return True
-        thread.join(max(0.0, seconds()))
-        return not thread.is_alive()
+        if thread is not None:
+            thread.join(max(0.0, seconds()))
 
     def join(self, deadline: Callable[[], float]) -> list[str]:
         """Waits for every loop until ``deadline()`` seconds are left; returns those still alive."""
