@@ -78,9 +78,7 @@ class PostgresBatchStore:
 
     def load(self, wants: Wants) -> Loaded:
         with self._translated():
-            store = self._store()
-            with store.conn.transaction():
-                return store.load(wants)
+            return self._store().load_alone(wants)
 
     def write(
         self,

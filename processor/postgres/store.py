@@ -21,6 +21,7 @@ from operator import attrgetter
 from typing import Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 from pydantic import TypeAdapter
 from pydantic_core import to_json
@@ -190,6 +191,26 @@ class BatchStore:
         return {(t, p): (epoch, nxt) for t, p, epoch, nxt in rows}
 
     # -- one batch -------------------------------------------------------------------------
+
+    def load_alone(self, wants: Wants) -> Loaded:
+        """`load` as a transaction of its own, in one round trip.
+
+        Autocommit for the call: the pipeline's statements up to its one Sync then run in one
+        implicit transaction, without the BEGIN and the COMMIT that would each cost a round trip
+        of their own (on a busy replica a round trip also waits for the interpreter's lock).
+        The reads take no row locks, so nothing waits on this transaction.
+        """
+        conn = self.conn
+        if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
+            with conn.transaction():
+                return self.load(wants)
+        conn.autocommit = True
+        try:
+            return self.load(wants)
+        finally:
+            # A connection that broke is replaced whole; its flag no longer matters.
+            if not conn.closed:
+                conn.autocommit = False
 
     def load(self, wants: Wants) -> Loaded:
         """Reads every row the planner needs in one pipelined round trip."""

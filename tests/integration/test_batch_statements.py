@@ -1,36 +1,67 @@
-"""How many statements a batch costs, against a real PostgreSQL.
+"""How many round trips a batch costs, against a real PostgreSQL.
 
-The write is the stage a replica's other work waits for, and each statement is a round trip on
-the database's clock: a batch of new sagas writes its saga, history, outbox and deadline rows and
-sends its notifications in one statement after the offsets' compare-and-set, whatever its size.
+Each round trip waits for the database (and, on a busy replica, for the interpreter's lock
+after it), so a batch's cost must not grow with its statements: the load is one round trip, and
+the write of a batch of new sagas is four (BEGIN, the offsets' compare-and-set, one statement
+with the saga, history, outbox and deadline rows and the notifications, COMMIT), whatever its
+size. Counted from libpq's protocol trace: one ReadyForQuery ends each round trip.
 """
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
-import psycopg
+from psycopg import pq
 
 from processor.engine.records import OffsetCommit, OutboxRow
-from processor.engine.rows import ACTIVE, DeadlineInsert, HistoryRow, Outcome, SagaWrite, WriteSet
-from processor.postgres.connect import ensure_schema
+from processor.engine.rows import (
+    ACTIVE,
+    DeadlineInsert,
+    HistoryRow,
+    Loaded,
+    Outcome,
+    SagaWrite,
+    Wants,
+    WriteSet,
+)
+from processor.postgres.batch import PostgresBatchStore
+from processor.postgres.connect import connect, ensure_schema
 from processor.postgres.schema import Tables
-from processor.postgres.store import BatchStore
+from processor.postgres.store import Conn
+
+TABLES = ("saga_instance", "saga_history", "outbox", "saga_deadline")
 
 
-class _Counting(psycopg.Connection[Any]):
-    """A connection that records the text of each statement it executes."""
+def _traced(conn: Conn, call: Callable[[], Any]) -> list[str]:
+    """The protocol messages ``call`` exchanged on ``conn``, in order."""
+    with tempfile.TemporaryFile("w+") as trace:
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            call()
+        finally:
+            conn.pgconn.untrace()
+        trace.seek(0)
+        messages: list[str] = []
+        for line in trace.read().splitlines():
+            # A statement's text may span lines; each message starts with its direction.
+            if line.startswith(("F\t", "B\t")) or not messages:
+                messages.append(line)
+            else:
+                messages[-1] += "\n" + line
+        return messages
 
-    statements: list[str]
 
-    def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
-        self.statements.append(str(query))
-        return super().execute(query, *args, **kwargs)
+def _round_trips(lines: list[str]) -> int:
+    return sum("ReadyForQuery" in line for line in lines)
 
 
 def _batch(n: int, stored: int) -> WriteSet:
-    """``n`` sagas at version 2, the first ``stored`` of them updated from version 1."""
+    """``n`` sagas, the first ``stored`` of them updated from version 1, the rest new."""
     due = datetime.now(UTC) + timedelta(seconds=1)
     ws = WriteSet()
     for i in range(n):
@@ -42,43 +73,49 @@ def _batch(n: int, stored: int) -> WriteSet:
             HistoryRow("t", sid, mid, "E", "event", Outcome.APPLIED, version, "in", 0, i)
         )
         ws.outbox.append(OutboxRow("t", sid, "out", sid.encode(), {"message-id": mid}, b"{}"))
-        ws.deadline_inserts.append(
-            DeadlineInsert(
-                f"0190{version:04x}{i:024x}", "t", sid, f"d{version}", due, None, "in", 0
-            )
-        )
+        did = f"0190{version:04x}{i:024x}"
+        ws.deadline_inserts.append(DeadlineInsert(did, "t", sid, f"d{version}", due, None, "in", 0))
     return ws
 
 
-def test_a_batch_writes_every_tables_rows_in_one_statement_after_the_offsets(
+def test_a_batch_loads_in_one_round_trip_and_writes_its_rows_in_one_statement(
     database_url: str, pg_schema: str
 ) -> None:
     tables = Tables(pg_schema)
     ensure_schema(database_url, tables)
-    with _Counting.connect(database_url) as conn:
-        conn.statements = []
-        store = BatchStore(conn, tables, "g", wake_within=timedelta(seconds=30))
-        with conn.transaction():
-            store.claim([("in", 0)], "me")
+    conn = connect(database_url, keyed=True)
+    store = PostgresBatchStore(lambda: conn, tables, "g", wake_within=timedelta(seconds=30))
+    try:
+        store.claim([("in", 0)], "me")
         # Three new sagas; then those three updated beside 197 new ones.
         for size, stored, offsets in (
             (3, 0, [OffsetCommit("in", 0, 3, None, 1)]),
             (200, 3, [OffsetCommit("in", 0, 200, 3, 1)]),
         ):
-            conn.statements.clear()
-            with conn.transaction():
-                store.write(_batch(size, stored), offsets)
-            assert len(conn.statements) == 2, conn.statements
-            combined = conn.statements[1]
-            for table in ("saga_instance", "saga_history", "outbox", "saga_deadline"):
-                assert f'"{pg_schema}"."{table}"' in combined
-            assert combined.count("pg_notify") == 2
+            ws = _batch(size, stored)
+            keys = {(s.saga_type, s.saga_id) for s in ws.sagas}
+            mkeys = {(h.saga_type, h.saga_id, h.message_id) for h in ws.history}
+            loaded: list[Loaded] = []
+            wants = Wants(keys, mkeys, set())
+            lines = _traced(conn, partial(lambda w, out: out.append(store.load(w)), wants, loaded))
+            assert _round_trips(lines) == 1, lines
+            assert len(loaded[0].sagas) == stored
+
+            lines = _traced(conn, partial(store.write, ws, offsets))
+            assert _round_trips(lines) == 4, lines
+            parsed = [line for line in lines if "\tParse\t" in line]
+            assert len(parsed) == 2  # the offsets, then everything else
+            assert all(t in parsed[1] for t in TABLES), parsed[1][:2000]
+            assert parsed[1].count("pg_notify") == 2
+
         counts = conn.execute(
             tables.render(
-                "SELECT (SELECT count(*) FROM {instance}),"
-                " (SELECT count(*) FROM {history}), (SELECT count(*) FROM {outbox}),"
-                " (SELECT count(*) FROM {deadline})"
+                "SELECT (SELECT count(*) FROM {instance}), (SELECT count(*) FROM {history}),"
+                " (SELECT count(*) FROM {outbox}), (SELECT count(*) FROM {deadline})"
             )
         ).fetchone()
         conn.rollback()
-    assert counts == (200, 203, 203, 203)
+        assert counts == (200, 203, 203, 203)
+        assert store.read_offsets([("in", 0)]) == {("in", 0): (1, 200)}
+    finally:
+        store.close()
