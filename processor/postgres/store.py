@@ -1,9 +1,9 @@
 """Reads and writes one batch in one transaction: sagas, history, outbox, deadlines, offsets.
 
-Every multi-row write is one set-based statement, and the batch's saga, history, outbox and
-deadline rows go together in one statement of data-modifying CTEs, so a batch costs a fixed,
-small number of round trips however many records it holds. The hot statements (the load's keys;
-saga, history, outbox and deadline rows) take the batch's rows as one JSON array of arrays,
+Every multi-row write is one set-based statement, and the batch's offsets and its saga, history,
+outbox and deadline rows go together in one statement of data-modifying CTEs, so a batch costs a
+fixed, small number of round trips however many records it holds. The hot statements (the load's
+keys; saga, history, outbox and deadline rows) take the batch's rows as one JSON array of arrays,
 encoded by one typed pydantic-core call and read with `jsonb_array_elements`; bytes go beside as
 binary arrays (`%b`), zipped in order by `ROWS FROM`. An array parameter per column cost a
 Python step per value to build and another in psycopg to dump. The rarer statements (offsets,
@@ -284,24 +284,22 @@ class BatchStore:
         # faster, and a replica frozen inside it kept its partitions from their heir for good.)
         # The round trips are few instead: the rows of every table go in one statement.
         # Fencing first: the offsets' compare-and-set also locks those rows against a claim, and
-        # a batch whose partitions were taken over stops here, before it writes a saga row (a
-        # stale batch would otherwise fail on a saga's key and look like a data error).
-        if offsets:
-            committed = conn.execute(
-                self._commit_offsets,
-                (
-                    [o.topic for o in offsets],
-                    [o.partition for o in offsets],
-                    [o.next_offset for o in offsets],
-                    [o.expected for o in offsets],
-                    [o.epoch for o in offsets],
-                    self.group_id,
-                ),
-            )
-            done = {(t, p) for t, p in committed.fetchall()}
-            lost = {(o.topic, o.partition) for o in offsets} - done
-            if lost:
-                raise FencedOut(lost)
+        # a batch whose partitions were taken over stops there, before it writes a saga row (a
+        # stale batch would otherwise fail on a saga's key and look like a data error). In the
+        # combined statement every row's write waits for its verdict (see _combine); a batch
+        # that deletes deadline rows sets it apart, as those deletes must precede the inserts.
+        fence = [
+            [o.topic for o in offsets],
+            [o.partition for o in offsets],
+            [o.next_offset for o in offsets],
+            [o.expected for o in offsets],
+            [o.epoch for o in offsets],
+            self.group_id,
+        ]
+        folded = bool(offsets) and not ws.deadline_clears and not ws.deadline_deletes
+        if offsets and not folded:
+            committed = conn.execute(self._commit_offsets, fence)
+            self._check_fence(offsets, committed.fetchall())
         # Deadline rows a schedule replaces (or an end clears) are deleted before the combined
         # statement inserts their successors: its parts all see the same snapshot, so a delete
         # beside an insert of the same name would not make room for it.
@@ -309,7 +307,7 @@ class BatchStore:
             conn.execute(self._clear_deadlines, (_encode_keys(ws.deadline_clears),))
         if ws.deadline_deletes:
             conn.execute(self._delete_deadlines, (_encode_message_keys(ws.deadline_deletes),))
-        params: list[Any] = []
+        params: list[Any] = [*fence, len(offsets)] if folded else []
         if new:
             params.append(_encode_new_sagas(map(_new_saga_fields, new)))
         if old:
@@ -342,6 +340,7 @@ class BatchStore:
         if wake_poller:
             params += (self.deadline_channel, self._origin)
         shape = (
+            folded,
             bool(new),
             bool(old),
             bool(ws.history),
@@ -355,11 +354,13 @@ class BatchStore:
             if statement is None:
                 statement = self._combined[shape] = self._combine(*shape)
             row = conn.execute(statement, params).fetchone()
-            if old:
-                updated = int(row[0]) if row is not None else 0
-                if updated != len(old):
-                    moved = len(old) - updated
-                    raise ConcurrentUpdate(f"{moved} saga rows changed under the batch")
+            assert row is not None
+            updated, topics, partitions = row[:3]
+            if folded:
+                self._check_fence(offsets, zip(topics or (), partitions or (), strict=True))
+            if old and updated != len(old):
+                moved = len(old) - updated
+                raise ConcurrentUpdate(f"{moved} saga rows changed under the batch")
         if ws.deadline_resets:
             rs = ws.deadline_resets
             conn.execute(self._reset_deadlines, ([x[0] for x in rs], [x[1] for x in rs]))
@@ -386,8 +387,15 @@ class BatchStore:
         if ws.parked:
             self.insert_parked(ws.parked)
 
+    @staticmethod
+    def _check_fence(offsets: Sequence[OffsetCommit], moved: Iterable[tuple[str, int]]) -> None:
+        lost = {(o.topic, o.partition) for o in offsets} - {(t, p) for t, p in moved}
+        if lost:
+            raise FencedOut(lost)
+
     def _combine(
         self,
+        fence: bool,
         new: bool,
         old: bool,
         history: bool,
@@ -399,18 +407,45 @@ class BatchStore:
         """One statement for the batch's rows: each table's write a data-modifying CTE.
 
         Postgres runs every data-modifying CTE to completion whether or not the query reads
-        it, so the outer SELECT only returns the updated sagas' count and sends the
-        notifications. Parameters follow in the order of the parts.
+        it; the outer SELECT returns the updated sagas' count and the partitions whose offsets
+        moved, and sends the notifications. Parameters follow in the order of the parts.
+
+        With ``fence``, the offsets' compare-and-set comes first and every other write is
+        gated on its verdict: each one's first step (an init plan, run before it reads a row)
+        reads the count of offsets rows that moved, which runs the compare-and-set to its end.
+        A batch whose partitions were taken over writes no other row; the caller raises
+        FencedOut and rolls the moved offsets back.
         """
+        gate = " (SELECT ok FROM fence)" if fence else ""
+        ctes = []
+        if fence:
+            ctes += [
+                f"moved AS ({self._commit_offsets.strip()})",
+                "fence AS (SELECT count(*) = %s AS ok FROM moved)",
+            ]
+
+        def gated_insert(text: str) -> str:
+            if not fence:
+                return text.strip()
+            # INSERT INTO t (columns) SELECT ... -> the same rows, only if the fence holds.
+            # The templates start their SELECT on a line of its own (batch_sql).
+            head, rows = text.split("\nSELECT ", 1)
+            return f"{head}\nSELECT * FROM (SELECT {rows}) AS r WHERE{gate}"
+
+        update = self._update_sagas.strip() + (f" AND{gate}" if fence else "") + " RETURNING 1"
         parts = [
-            (self._insert_sagas, new),
-            (self._update_sagas + " RETURNING 1", old),
-            (self._insert_history, history),
-            (self._insert_outbox, outbox),
-            (self._insert_deadlines, deadlines),
+            (gated_insert(self._insert_sagas), new),
+            (update, old),
+            (gated_insert(self._insert_history), history),
+            (gated_insert(self._insert_outbox), outbox),
+            (gated_insert(self._insert_deadlines), deadlines),
         ]
-        ctes = [f"w{n} AS ({text.strip()})" for n, (text, on) in enumerate(parts) if on]
-        outputs = ["(SELECT count(*) FROM w1)" if old else "0"]
+        ctes += [f"w{n} AS ({text})" for n, (text, on) in enumerate(parts) if on]
+        outputs = [
+            "(SELECT count(*) FROM w1)" if old else "0",
+            "(SELECT array_agg(topic) FROM moved)" if fence else "NULL::text[]",
+            "(SELECT array_agg(partition) FROM moved)" if fence else "NULL::int[]",
+        ]
         outputs += ["pg_notify(%s, %s)"] * (wake_relay + wake_poller)
         head = f"WITH {', '.join(ctes)} " if ctes else ""
         return f"{head}SELECT {', '.join(outputs)}"

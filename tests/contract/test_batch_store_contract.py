@@ -252,6 +252,36 @@ def test_fencing_is_checked_before_the_saga_rows(backing: Backing) -> None:
     assert backing.outbox() == 1
 
 
+def test_a_fenced_batch_that_replaces_deadlines_writes_nothing(backing: Backing) -> None:
+    # Deletes of deadline rows must precede the inserts of their successors, so such a batch
+    # is fenced by a statement of its own; the outcome is the same.
+    zombie, owner = backing.store(), backing.store()
+    zombie.claim([A], "zombie")
+    first = started("s1", "m1", 0)
+    zombie.write(first, [at(A, 1, None, 1)])
+    owner.claim([A], "owner")
+
+    again = deadline("s1", "timeout")
+    stale = WriteSet(
+        sagas=[saga("s1", 2, 1, step=2)],
+        history=[applied("s1", "m2", 2, 1)],
+        outbox=[command("s1", 2)],
+        deadline_deletes=[(SAGA, "s1", "timeout")],
+        deadline_inserts=[again],
+    )
+    with pytest.raises(FencedOut) as refused:
+        zombie.write(stale, [at(A, 2, 1, 1)])
+
+    assert refused.value.partitions == [A]
+    assert owner.read_offsets([A]) == {A: (2, 1)}
+    assert sagas_of(owner, "s1") == {"s1": (ACTIVE, 1, {"id": "s1", "step": 1})}
+    assert applied_of(owner, [("s1", "m2")]) == set()
+    assert backing.outbox() == 1
+    assert list(deadlines_of(owner, [first.deadline_inserts[0].id, again.id])) == [
+        first.deadline_inserts[0].id
+    ]
+
+
 # -- saga rows -----------------------------------------------------------------------------------
 
 

@@ -117,9 +117,11 @@ def test_a_commit_cut_off_in_flight_is_resolved_from_the_stored_offsets(
         reader = env.reader()
         workload = new_workload(60)
         publish_steps(env, workload, range(3))
-        # The batch's transaction writes history and offsets: cut the connection of the first
-        # three such transactions right after their COMMIT went to the server.
-        proxy.cut_commits(3, after=(b"saga_history", b"consumer_offset"))
+        # The batch's transaction inserts history and moves offsets: cut the connection of the
+        # first three such transactions right after their COMMIT went to the server. (The
+        # replica's other connection reads history and claims offsets, committing only the
+        # claims: the insert's column list tells the two apart.)
+        proxy.cut_commits(3, after=(b'"saga_history" (saga_type', b"consumer_offset"))
         replica = env.start(
             "replica", database={"url": _via(proxy, env.db)}, consumer={"batch_size": 20}
         )
