@@ -208,8 +208,9 @@ class BatchStore:
         try:
             return self.load(wants)
         finally:
-            # A connection that broke is replaced whole; its flag no longer matters.
-            if not conn.closed:
+            # A connection that broke is replaced whole; its flag no longer matters (and
+            # setting it would raise over the error that broke it).
+            if not conn.closed and not conn.broken:
                 conn.autocommit = False
 
     def load(self, wants: Wants) -> Loaded:
