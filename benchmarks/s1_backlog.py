@@ -545,12 +545,16 @@ def summary(result: dict[str, Any]) -> list[tuple[str, str, str]]:
         )
     )
     for key, goal in result["goals"].items():
+        # Each round's ratio beside the median: on a shared machine one noisy round shows.
+        spread = " ".join(
+            f"{r['ratios'][key]:.2f}" for r in result["rounds"] if key in r.get("ratios", {})
+        )
         rows.append(
             (
                 "S1",
                 f"engine / {key}",
                 f"{goal['median']:.2f} (goal >= {goal['at_least']}: "
-                f"{'PASS' if goal['passed'] else 'BELOW'})",
+                f"{'PASS' if goal['passed'] else 'BELOW'}); rounds {spread}",
             )
         )
     if not result["commands_complete"]:
