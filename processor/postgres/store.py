@@ -21,7 +21,6 @@ from operator import attrgetter
 from typing import Any
 
 import psycopg
-from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 from pydantic import TypeAdapter
 from pydantic_core import to_json
@@ -47,10 +46,6 @@ Conn = psycopg.Connection[TupleRow]
 
 # How long an ownership claim waits for the partitions' rows (the old owner's batch or relay).
 CLAIM_LOCK_TIMEOUT_MS = 5000
-
-
-def _rows(n: int) -> str:
-    return ", ".join(["%s"] * n)
 
 
 # Rows as the JSON arrays the inserts and updates read (`x->>0`, ...): the fields in that
@@ -201,9 +196,8 @@ class BatchStore:
         The reads take no row locks, so nothing waits on this transaction.
         """
         conn = self.conn
-        if conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
-            with conn.transaction():
-                return self.load(wants)
+        if conn.autocommit:
+            return self.load(wants)
         conn.autocommit = True
         try:
             return self.load(wants)
@@ -289,14 +283,18 @@ class BatchStore:
         # stale batch would otherwise fail on a saga's key and look like a data error). In the
         # combined statement every row's write waits for its verdict (see _combine); a batch
         # that deletes deadline rows sets it apart, as those deletes must precede the inserts.
-        fence = [
-            [o.topic for o in offsets],
-            [o.partition for o in offsets],
-            [o.next_offset for o in offsets],
-            [o.expected for o in offsets],
-            [o.epoch for o in offsets],
-            self.group_id,
-        ]
+        fence: list[Any] = (
+            [
+                [o.topic for o in offsets],
+                [o.partition for o in offsets],
+                [o.next_offset for o in offsets],
+                [o.expected for o in offsets],
+                [o.epoch for o in offsets],
+                self.group_id,
+            ]
+            if offsets
+            else []
+        )
         folded = bool(offsets) and not ws.deadline_clears and not ws.deadline_deletes
         if offsets and not folded:
             committed = conn.execute(self._commit_offsets, fence)
