@@ -30,6 +30,8 @@ __all__ = [
 ]
 
 _MISSING: Any = object()
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+_new = object.__new__
 
 
 def _require_aware(value: datetime, what: str) -> None:
@@ -110,15 +112,19 @@ class SagaCommands:
         if deadline is not None:
             _require_aware(deadline, "deadline")
             deadline_ms = int(deadline.timestamp() * 1000)
-        self._intents.append(
-            CommandIntent(
-                message=command,
-                topic=topic,
-                key=self._saga_id if key is None else key,
-                headers=MappingProxyType(dict(headers or {})),
-                deadline_unix_ms=deadline_ms,
-            )
+        # CommandIntent is frozen for the handlers that read it back; its generated __init__
+        # sets each field through object.__setattr__, once per command on the hot path. Filling
+        # the new instance's __dict__ makes the same object (no __post_init__; a unit test checks
+        # that every field is set here).
+        intent = _new(CommandIntent)
+        intent.__dict__.update(
+            message=command,
+            topic=topic,
+            key=self._saga_id if key is None else key,
+            headers=MappingProxyType(dict(headers)) if headers else _NO_HEADERS,
+            deadline_unix_ms=deadline_ms,
         )
+        self._intents.append(intent)
 
     @property
     def intents(self) -> list[CommandIntent]:
@@ -211,12 +217,16 @@ class SagaDeadlines:
             _require_aware(at, f"deadline {name!r}: at")
             due_at = at
         encoded = None if payload is None else _to_json(payload)
-        # Only the last schedule of a name in one invocation matters; dropping earlier ones keeps
-        # the store's work (delete then insert) to one row per name.
-        self._ops = [
-            op for op in self._ops if not (isinstance(op, ScheduleDeadline) and op.name == name)
-        ]
-        self._ops.append(ScheduleDeadline(name=name, due_at=due_at, payload=encoded))
+        if self._ops:
+            # Only the last schedule of a name in one invocation matters; dropping earlier ones
+            # keeps the store's work (delete then insert) to one row per name.
+            self._ops = [
+                op for op in self._ops if not (isinstance(op, ScheduleDeadline) and op.name == name)
+            ]
+        # As for CommandIntent in SagaCommands.send: the same frozen object, built directly.
+        op = _new(ScheduleDeadline)
+        op.__dict__.update(name=name, due_at=due_at, payload=encoded)
+        self._ops.append(op)
 
     def cancel(self, name: str) -> None:
         """Cancel deadline ``name``; a no-op when it is not scheduled.

@@ -8,15 +8,17 @@ transaction. The same code runs under the in-memory fixture in :mod:`processor.t
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from processor.binding import ResolvedParam, resolve_handler
 from processor.definition import HandlerDef, SagaDefinition, SagaState, definition_of
@@ -160,8 +162,18 @@ class BoundSaga:
             name: {p.param.name: p.value for p in params if p.constant}
             for name, params in self._resolved.items()
         }
-        self._per_run = {
-            name: tuple(p for p in params if not p.constant)
+        # The handles and the event by their place in the tuple each run builds; what is left
+        # are deadline payloads, validated per run.
+        self._slots = {
+            name: tuple(
+                (p.param.name, _SLOTS[p.param.kind])
+                for p in params
+                if not p.constant and p.param.kind in _SLOTS
+            )
+            for name, params in self._resolved.items()
+        }
+        self._payloads = {
+            name: tuple(p for p in params if not p.constant and p.param.kind not in _SLOTS)
             for name, params in self._resolved.items()
         }
         self._registry = registry
@@ -252,7 +264,7 @@ class BoundSaga:
         Raises:
             HandlerError: The cancel path raised.
         """
-        working = state.model_copy(deep=True)
+        working = working_copy(state)
         commands = SagaCommands(saga_id, registry=self._registry)
         deadlines = SagaDeadlines(now)
         lifecycle = SagaLifecycle()
@@ -288,28 +300,25 @@ class BoundSaga:
             raise SagaError(f"state of saga {self.saga_type!r} must be a {state_cls.__qualname__}")
         # Handlers mutate ``self``; working on a deep copy means a handler that raises halfway
         # leaves the caller's state exactly as it was, ready for a retry.
-        working = state_cls() if state is None else state.model_copy(deep=True)
+        working = state_cls() if state is None else working_copy(state)
         commands = SagaCommands(saga_id, registry=self._registry)
         deadlines = SagaDeadlines(now)
         lifecycle = SagaLifecycle()
         try:
-            kwargs: dict[str, Any] = dict(self._constants[handler.name])
-            for p in self._per_run[handler.name]:
-                kind = p.param.kind
-                value: Any
-                if kind == "event":
-                    value = event.message if event else None
-                elif kind == "commands":
-                    value = commands
-                elif kind == "deadlines":
-                    value = deadlines
-                elif kind == "lifecycle":
-                    value = lifecycle
-                elif kind == "metadata":
-                    value = event.metadata if event else None
-                else:
-                    value = _payload(p, deadline)
-                kwargs[p.param.name] = value
+            name = handler.name
+            kwargs: dict[str, Any] = dict(self._constants[name])
+            # In _SLOTS order.
+            values = (
+                event.message if event else None,
+                commands,
+                deadlines,
+                lifecycle,
+                event.metadata if event else None,
+            )
+            for param, slot in self._slots[name]:
+                kwargs[param] = values[slot]
+            for p in self._payloads[name]:
+                kwargs[p.param.name] = _payload(p, deadline)
             handler.func(working, **kwargs)
             # Re-validates every field the handler may have set (see SagaState); the validator
             # itself, as model_validate() calls it with default arguments.
@@ -337,6 +346,46 @@ class BoundSaga:
                     f"deadline {op.name!r} was scheduled but saga {self.saga_type!r} has no "
                     f"@saga_deadline_handler({op.name!r})"
                 )
+
+
+# Field values nothing can change in place: a working copy shares them with the original.
+_IMMUTABLE = frozenset(
+    {str, int, float, bool, Decimal, type(None), bytes, datetime, date, time, timedelta, uuid.UUID}
+)
+_new = object.__new__
+_set = object.__setattr__
+_S = TypeVar("_S", bound=SagaState)
+
+
+def working_copy(state: _S) -> _S:
+    """``state.model_copy(deep=True)``, sharing the field values nothing can change in place.
+
+    Once per handler run on a saga that exists (a third of a small state's planning time as a
+    full deep copy): only containers and other mutable values are copied, through one memo, so
+    two fields that share a list still share its copy. States with private attributes, extra
+    fields or a copy of their own take pydantic's path.
+    """
+    cls = type(state)
+    if (
+        cls.__private_attributes__
+        or state.__pydantic_extra__
+        or cls.__deepcopy__ is not BaseModel.__deepcopy__
+    ):
+        return state.model_copy(deep=True)
+    memo: dict[int, Any] = {}
+    values = {
+        k: v if type(v) in _IMMUTABLE else copy.deepcopy(v, memo) for k, v in state.__dict__.items()
+    }
+    new = _new(cls)
+    _set(new, "__dict__", values)
+    _set(new, "__pydantic_extra__", None)
+    _set(new, "__pydantic_fields_set__", set(state.__pydantic_fields_set__))
+    _set(new, "__pydantic_private__", None)
+    return new
+
+
+# What a handler run passes by parameter kind, by place in the tuple the run builds.
+_SLOTS = {"event": 0, "commands": 1, "deadlines": 2, "lifecycle": 3, "metadata": 4}
 
 
 def _payload(p: ResolvedParam, deadline: DeadlineInput | None) -> Any:

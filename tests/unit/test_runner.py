@@ -1,10 +1,11 @@
 """The pure runner: (state, input, now) -> outcome, with intents recorded, never performed."""
 
+import dataclasses
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from processor import (
     HandlerError,
@@ -30,6 +31,7 @@ from processor.runner import (
     bind,
     command_message_id,
     state_to_json,
+    working_copy,
 )
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -329,3 +331,72 @@ def test_command_message_id_is_stable_and_distinct() -> None:
     }
     assert a not in others
     assert len(others) == 4
+
+
+def test_intents_built_without_their_constructors_equal_constructed_ones() -> None:
+    # send() and schedule() fill the frozen intents' __dict__ directly (a hot path): no field
+    # may be missed, and the intents stay frozen to whoever reads them back.
+    commands = SagaCommands("s-1")
+    commands.send(Ship(order_id="x"))
+    commands.send(Ship(order_id="y"), key="k", headers={"h": "v"}, deadline=NOW)
+    deadlines = SagaDeadlines(NOW)
+    deadlines.schedule("a", timedelta(minutes=1), payload={"attempt": 2})
+    for made in [*commands.intents, *deadlines.operations]:
+        fields = {f.name: getattr(made, f.name) for f in dataclasses.fields(made)}
+        built = type(made)(**fields)
+        assert made == built
+        assert vars(made).keys() == vars(built).keys()
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            made.name = "other"  # type: ignore[misc,union-attr]
+    first, second = commands.intents
+    assert dict(first.headers) == {}
+    assert dict(second.headers) == {"h": "v"}
+    with pytest.raises(TypeError):
+        first.headers["x"] = "y"  # type: ignore[index]
+
+
+class _Nested(BaseModel):
+    tags: list[str] = Field(default_factory=list)
+
+
+class _Copied(SagaState):
+    name: str = ""
+    when: datetime | None = None
+    tags: list[str] = Field(default_factory=list)
+    other: list[str] = Field(default_factory=list)
+    nested: _Nested = Field(default_factory=_Nested)
+
+
+class _WithPrivate(SagaState):
+    tags: list[str] = Field(default_factory=list)
+    _cache: dict[str, int] = PrivateAttr(default_factory=dict)
+
+
+def test_a_working_copy_is_a_deep_copy_that_shares_only_immutable_values() -> None:
+    shared = ["a"]
+    state = _Copied(name="n", when=NOW, nested=_Nested(tags=["x"]))
+    state.tags = state.other = shared  # two fields, one list (validation would copy it)
+    copied = working_copy(state)
+    assert copied == state.model_copy(deep=True)
+    assert copied.model_fields_set == state.model_fields_set
+    assert copied.name is state.name
+    assert copied.when is state.when
+    assert copied.tags is not state.tags
+    assert copied.nested is not state.nested
+    assert copied.nested.tags is not state.nested.tags
+    # Aliasing survives, as in one deep copy of the whole state.
+    assert copied.tags is copied.other
+    copied.tags.append("b")
+    copied.nested.tags.append("y")
+    assert state.tags == ["a"]
+    assert state.nested.tags == ["x"]
+
+
+def test_a_state_with_private_attributes_is_copied_by_pydantic() -> None:
+    state = _WithPrivate(tags=["a"])
+    state._cache["k"] = 1
+    copied = working_copy(state)
+    assert copied._cache == {"k": 1}
+    assert copied._cache is not state._cache
+    assert copied.tags == ["a"]
+    assert copied.tags is not state.tags
