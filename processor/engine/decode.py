@@ -317,7 +317,32 @@ def id_problem(text: str) -> str | None:
     return None
 
 
+# A header value of at most this many characters is within MAX_HEADER_VALUE_BYTES whatever
+# they are (UTF-8 takes at most 4 bytes a character).
+_SHORT_HEADER = MAX_HEADER_VALUE_BYTES // 4
+
+
 def _headers(record: Record) -> dict[str, str] | Rejected:
+    # The common case in a few C-level passes over all headers at once: each decodes, and no
+    # name repeats, holds a NUL character (a NUL byte is U+0000 in UTF-8 and nothing else) or
+    # is long. Anything else takes the header-by-header path, which names the header at fault.
+    pairs = record.headers
+    try:
+        out = {name: raw.decode() for name, raw in pairs}
+    except UnicodeDecodeError:
+        return _each_header(record)
+    text = "".join(out.values())
+    if (
+        len(out) == len(pairs)
+        and len(text) <= _SHORT_HEADER  # so is each value
+        and "\x00" not in text
+        and "\x00" not in "".join(out)
+    ):
+        return out
+    return _each_header(record)
+
+
+def _each_header(record: Record) -> dict[str, str] | Rejected:
     out: dict[str, str] = {}
     for name, raw in record.headers:
         if "\x00" in name:

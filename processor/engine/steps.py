@@ -268,18 +268,19 @@ class Steps(Output):
         assert isinstance(op, ScheduleDeadline)
         record = item.decoded.record
         traceparent, tracestate = trace
+        # Positional, as the other rows built per event (see Output._command).
         insert = w.deadline_ops[op.name] = DeadlineInsert(
-            id=self._deadline_ids(),
-            saga_type=w.bound.saga_type,
-            saga_id=w.saga_id,
-            name=op.name,
-            due_at=op.due_at,
-            payload=op.payload,
+            self._deadline_ids(),
+            w.bound.saga_type,
+            w.saga_id,
+            op.name,
+            op.due_at,
+            op.payload,
             # Fired records go back to the partition this saga's input arrives on.
-            topic=record.topic,
-            partition=record.partition,
-            traceparent=traceparent,
-            tracestate=tracestate,
+            record.topic,
+            record.partition,
+            traceparent,
+            tracestate,
         )
         return {
             "op": "schedule",

@@ -259,6 +259,18 @@ GOOD = b'{"order_id":"o-1","amount":"2.50"}'
             "a header name holds a NUL character",
         ),
         (
+            # Over the limit in bytes though not in characters (3 bytes each).
+            _record(GOOD, extra=(("trace", "\u20ac".encode() * 2731),)),
+            "invalid-header",
+            "header 'trace' is over 8192 bytes",
+        ),
+        (
+            # An earlier copy of a repeated header counts too, though the last one wins.
+            _record(GOOD, extra=(("trace", b"a\x00"), ("trace", b"b"))),
+            "invalid-header",
+            "header 'trace' holds a NUL character",
+        ),
+        (
             _record(b'{"order_id":"o-1\\u0000","amount":"2.50"}'),
             "invalid-text",
             "the value holds a NUL character",
@@ -280,6 +292,15 @@ def test_text_the_store_cannot_hold_is_rejected_with_its_reason(
 ) -> None:
     out = _rejected(record)
     assert (out.reason, out.detail) == (reason, detail)
+
+
+def test_long_and_multibyte_headers_within_the_limit_are_kept() -> None:
+    euro = "\u20ac" * 2730  # 8190 bytes
+    extra = (("a", b"x" * 8192), ("b", euro.encode()), ("c", b"y" * 3000))
+    out = decode(_record(GOOD, extra=extra), REG, LIMIT)
+    assert isinstance(out, Event)
+    headers = out.metadata.headers
+    assert (headers["a"], headers["b"], headers["c"]) == ("x" * 8192, euro, "y" * 3000)
 
 
 def test_an_escaped_backslash_before_u0000_is_no_nul() -> None:
