@@ -372,25 +372,29 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
         sides: dict[str, Any] = {}
         kafka = raw_limits.kafka_loop(found.kafka, source, sink, events, BATCH_SIZE)
         sides["raw_kafka"] = _side(kafka)
+        sql_tables = box.schema(f"rawsql{n}")
         sql = raw_sql.sql_loop(
             found.database_url,
-            box.schema(f"rawsql{n}"),
+            sql_tables,
             events=events,
             batch_size=BATCH_SIZE,
             partitions=PARTITIONS,
             topic=source,
         )
         sides["raw_sql"] = _side(sql)
+        box.settle(sql_tables)
+        e2e_tables = box.schema(f"rawe2e{n}")
         e2e = raw_e2e.e2e_loop(
             found.kafka,
             found.database_url,
-            box.schema(f"rawe2e{n}"),
+            e2e_tables,
             source,
             sink,
             batch_size=BATCH_SIZE,
             expected=events,
         )
         sides["raw_e2e"] = _side(e2e)
+        box.settle(e2e_tables)
         if quix:
             peer = peer_quix.quix_loop(
                 found.kafka, source, quix_sink, events=events, batch_size=BATCH_SIZE
@@ -401,6 +405,7 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
         engine = run_engine(found, engine_tables, box.prefix, source, events, group=f"group{n}")
         engine["commands_delivered"] = sum(end_offsets(found.kafka, commands).values()) - before
         sides["engine"] = engine
+        box.settle(engine_tables)
         # The audit trail's cost: the same drain with `history.payload = off`.
         off_tables = box.schema(f"engineoff{n}")
         trail_off = run_engine(
@@ -413,6 +418,7 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
             history_payload="off",
         )
         sides["engine_trail_off"] = trail_off
+        box.settle(off_tables)
         engine["history_bytes_per_event"] = _history_bytes(found, engine_tables) / events
         trail_off["history_bytes_per_event"] = _history_bytes(found, off_tables) / events
         rate = engine["events_per_s"]
