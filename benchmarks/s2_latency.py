@@ -102,6 +102,7 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
         box.run_id + "e",
     )
     say(f"  engine: p50 {engine['p50_ms']:.1f} ms, p99 {engine['p99_ms']:.1f} ms")
+    box.settle(tables)
 
     raw_tables = box.schema("raw")
     group = f"{box.prefix}raw"

@@ -76,6 +76,7 @@ def _resume(
     kill: Callable[[], None],
     rate: int,
     steady: float,
+    gone: Callable[[], bool] = lambda: True,
 ) -> dict[str, Any]:
     """Samples the lag while steady, kills, then times the resume and the return to normal."""
     lags: list[int] = []
@@ -84,9 +85,14 @@ def _resume(
         lags.append(ends.total() - sum(positions().values()))
         time.sleep(0.1)
     normal = max(lags) * 1.5 + rate * 0.25
-    at_kill = positions()
     t_kill = time.monotonic()
     kill()
+    # The positions it left are read once it is gone for good: a commit it sent just before
+    # the kill can still land after it died, and would pass for its partitions' resumption.
+    deadline = time.monotonic() + 10
+    while not gone() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    at_kill = positions()
     resumed = back = None
     while time.monotonic() - t_kill < 90 and back is None:
         now_pos = positions()
@@ -153,6 +159,17 @@ def _engine(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
             ),
             replicas[0],
         )
+        victim_name = "replica-1" if victim is replicas[0] else "replica-2"
+
+        def gone() -> bool:
+            # Its sessions end once their backends see the socket closed (a COMMIT already
+            # received completes first).
+            left = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                (f"saga:{victim_name}",),
+            ).fetchone()
+            return left is not None and left[0] == 0
+
         result = _resume(
             lambda: {p: n for p, n, _o in rows()},
             ends,
@@ -160,6 +177,7 @@ def _engine(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
             victim.kill,
             options.rate,
             options.steady,
+            gone,
         )
         source.stop()
         sent = source.count
