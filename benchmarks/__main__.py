@@ -59,7 +59,11 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="small sizes, for a quick look")
     parser.add_argument("--events", type=int, help="S1 backlog size")
-    parser.add_argument("--rounds", type=int, default=3, help="S1 rounds (median ratio)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        help="rounds of S1, S2 and S5 (median ratio; default 3, 1 for S2 and S5 with --quick)",
+    )
     parser.add_argument("--no-profile", action="store_true", help="S1: skip the profiled run")
     parser.add_argument("--rate", type=int, help="S2 events/s (default: half of S1's engine)")
     parser.add_argument("--pending", type=int, help="S4 far-future deadlines preloaded")
@@ -83,14 +87,14 @@ def _run(
             s1_backlog.QUICK_EVENTS if args.quick else s1_backlog.DEFAULT_EVENTS
         )
         options1 = s1_backlog.Options(
-            events=events, profile=not args.no_profile, rounds=args.rounds
+            events=events, profile=not args.no_profile, rounds=args.rounds or 3
         )
         return s1_backlog.run(found, box, options1), s1_backlog.summary
     if name == "s2":
         rate = args.rate
         if rate is None and "s1" in done:
             rate = int(done["s1"]["median"]["engine"]["events_per_s"] * 0.5)
-        options2 = s2_latency.Options.of(quick=args.quick, rate=rate)
+        options2 = s2_latency.Options.of(quick=args.quick, rate=rate, rounds=args.rounds)
         return s2_latency.run(found, box, options2), s2_latency.summary
     if name == "s6":
         options6 = s6_soak.Options.of(quick=args.quick, seconds=args.soak_seconds)
@@ -102,7 +106,8 @@ def _run(
         options7 = s7_replicas.Options.of(quick=args.quick, events=args.replica_events)
         return s7_replicas.run(found, box, options7), s7_replicas.summary
     if name == "s5":
-        return s5_resume.run(found, box, s5_resume.Options.of(quick=args.quick)), s5_resume.summary
+        options5 = s5_resume.Options.of(quick=args.quick, rounds=args.rounds)
+        return s5_resume.run(found, box, options5), s5_resume.summary
     options4 = s4_deadlines.Options.of(
         quick=args.quick,
         pending=args.pending,

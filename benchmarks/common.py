@@ -98,9 +98,11 @@ class Scratch:
         """Does now, untimed, the database's background work that a side's writes leave due.
 
         Vacuum and analyze of the side's tables (autovacuum would start them within its nap
-        time, in the middle of the next side's run) and a checkpoint (else one forced by WAL
-        volume lands in whichever run crosses the limit). Every side that writes to the
-        database is followed by this, so each run starts on the same quiet server.
+        time, in the middle of the next side's run) and a checkpoint: the dirty buffers are
+        written now, and the next timed checkpoint (whose final sync stalls commits for
+        seconds on a small disk) is `checkpoint_timeout` away, past a run of a minute. Every
+        side that writes to the database is followed by this, so each run starts on the same
+        quiet server.
         """
         with psycopg.connect(self.services.database_url, autocommit=True) as conn:
             names = conn.execute(
