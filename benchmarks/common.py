@@ -117,6 +117,10 @@ class Scratch:
             # A role without pg_checkpoint skips it: the vacuum alone still helps.
             with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
                 conn.execute("CHECKPOINT")
+        # And the kernel's dirty pages of services on this machine (Kafka's log segments above
+        # all), which it would otherwise write back in the next run, in bursts that stall the
+        # database's commits.
+        os.sync()
 
     def close(self) -> None:
         if self.topics:
