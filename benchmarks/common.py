@@ -94,7 +94,7 @@ class Scratch:
         ensure_schema(self.services.database_url, tables)
         return tables
 
-    def settle(self, tables: Tables) -> None:
+    def settle(self, tables: Tables | None = None) -> None:
         """Does now, untimed, the database's background work that a side's writes leave due.
 
         Vacuum and analyze of the side's tables (autovacuum would start them within its nap
@@ -102,18 +102,19 @@ class Scratch:
         written now, and the next timed checkpoint (whose final sync stalls commits for
         seconds on a small disk) is `checkpoint_timeout` away, past a run of a minute. Every
         side that writes to the database is followed by this, so each run starts on the same
-        quiet server.
+        quiet server. Without ``tables``, before a first run: the checkpoint and the sync only.
         """
         with psycopg.connect(self.services.database_url, autocommit=True) as conn:
-            names = conn.execute(
-                "SELECT tablename FROM pg_tables WHERE schemaname = %s", (tables.schema,)
-            ).fetchall()
-            for (name,) in names:
-                conn.execute(
-                    sql.SQL("VACUUM (ANALYZE) {}.{}").format(
-                        sql.Identifier(tables.schema), sql.Identifier(name)
+            if tables is not None:
+                names = conn.execute(
+                    "SELECT tablename FROM pg_tables WHERE schemaname = %s", (tables.schema,)
+                ).fetchall()
+                for (name,) in names:
+                    conn.execute(
+                        sql.SQL("VACUUM (ANALYZE) {}.{}").format(
+                            sql.Identifier(tables.schema), sql.Identifier(name)
+                        )
                     )
-                )
             # A role without pg_checkpoint skips it: the vacuum alone still helps.
             with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
                 conn.execute("CHECKPOINT")

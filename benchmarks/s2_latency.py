@@ -90,10 +90,14 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
         f"S2 latency at load: {options.rate} events/s for {options.seconds} s, "
         f"{options.rounds} round(s) of engine and raw, alternating which goes first"
     )
+    # A checkpoint now also puts the next timed one past the first run; each side settles the
+    # database after itself for the next.
+    box.settle()
     rounds: list[dict[str, Any]] = []
+    sides = {"engine": _engine, "raw": _raw}
     for n in range(1, options.rounds + 1):
-        sides = (_engine, _raw) if n % 2 else (_raw, _engine)
-        measured = {side.__name__.strip("_"): side(found, box, options, n) for side in sides}
+        order = ("engine", "raw") if n % 2 else ("raw", "engine")
+        measured = {name: sides[name](found, box, options, n) for name in order}
         engine, raw = measured["engine"], measured["raw"]
         ratio = engine["p99_ms"] / raw["p99_ms"] if raw["p99_ms"] > 0 else float("inf")
         say(
@@ -123,8 +127,6 @@ def _engine(found: Services, box: Scratch, options: Options, n: int) -> dict[str
     settings = s1_backlog.settings(found, tables, box.prefix + prefix).model_copy(
         update={"sagas": ["sagas.transfer:TransferSaga"]}
     )
-    # A checkpoint now also puts the next timed one past the run.
-    box.settle(tables)
     result = _measure(
         found,
         source,
@@ -153,7 +155,6 @@ def _raw(found: Services, box: Scratch, options: Options, n: int) -> dict[str, A
         batch_size=s1_backlog.BATCH_SIZE,
         group=group,
     )
-    box.settle(raw_tables)
     result = _measure(
         found,
         raw_source,

@@ -125,7 +125,7 @@ def _engine(found: Services, box: Scratch, options: Options, n: int) -> dict[str
     box.topic(prefix + ACCOUNT_COMMANDS_TOPIC, PARTITIONS)
     box.topic(prefix + "saga-dead-letters", 1)
     tables = box.schema(f"engine{n}")
-    box.settle(tables)
+    box.settle()
     base = s1_backlog.settings(found, tables, box.prefix + prefix)
     base = base.model_copy(
         update={
@@ -161,15 +161,14 @@ def _engine(found: Services, box: Scratch, options: Options, n: int) -> dict[str
         owners = rows()
         victim_owner = sorted({o for _p, _n, o in owners})[0]
         killed = {p for p, _n, o in owners if o == victim_owner}
-        victim = next(
+        victim_name, victim = next(
             (
-                r
+                (name, r)
                 for name, r in zip(("replica-1", "replica-2"), replicas, strict=True)
                 if name in victim_owner
             ),
-            replicas[0],
+            ("replica-1", replicas[0]),
         )
-        victim_name = "replica-1" if victim is replicas[0] else "replica-2"
 
         def gone() -> bool:
             # Its sessions end once their backends see the socket closed (a COMMIT already
@@ -217,6 +216,11 @@ def _engine(found: Services, box: Scratch, options: Options, n: int) -> dict[str
                 "lost": max(0, sent - distinct),
                 "duplicated": applied - distinct + max(0, sagas - sent),
             }
+        )
+        say(
+            f"  engine: resumed after {_s(result['resumed_s'])}, lag normal after "
+            f"{_s(result['lag_normal_s'])}, lost {result['lost']}, "
+            f"duplicated {result['duplicated']}"
         )
         return result
     finally:
@@ -266,7 +270,9 @@ def _plain(found: Services, box: Scratch, options: Options, n: int) -> dict[str,
         source.start()
         time.sleep(1.0)
         killed = assigned(files[0])
-        return _resume(positions, ends, killed, members[0].kill, options.rate, options.steady)
+        result = _resume(positions, ends, killed, members[0].kill, options.rate, options.steady)
+        say(f"  plain group: resumed after {_s(result['resumed_s'])}")
+        return result
     finally:
         source.stop()
         for m in members:
@@ -281,19 +287,10 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
         "round(s) of engine and plain group, alternating which goes first"
     )
     rounds: list[dict[str, Any]] = []
+    sides = {"engine": _engine, "plain": _plain}
     for n in range(1, options.rounds + 1):
         order = ("engine", "plain") if n % 2 else ("plain", "engine")
-        got: dict[str, dict[str, Any]] = {}
-        for side in order:
-            if side == "engine":
-                e = got["engine"] = _engine(found, box, options, n)
-                say(
-                    f"  engine: resumed after {_s(e['resumed_s'])}, lag normal after "
-                    f"{_s(e['lag_normal_s'])}, lost {e['lost']}, duplicated {e['duplicated']}"
-                )
-            else:
-                got["plain"] = _plain(found, box, options, n)
-                say(f"  plain group: resumed after {_s(got['plain']['resumed_s'])}")
+        got = {name: sides[name](found, box, options, n) for name in order}
         engine, plain = got["engine"], got["plain"]
         ratio = (
             engine["resumed_s"] / plain["resumed_s"]
