@@ -105,6 +105,11 @@ class SagaConsumer:
         self._assigned_tps.update(tps)
         offsets = self._on_assign(tps) if tps else {}
         starts = [TopicPartition(t, p, _start(offsets.get((t, p)))) for t, p in tps]
+        # librdkafka keeps a partition's pause through its revocation: one paused here before
+        # (its claim waiting for the database) and assigned back later would never be fetched
+        # again. A fresh assignment starts unpaused; resuming first keeps the start offset the
+        # newer of the two operations (an older one is dropped as stale).
+        consumer.resume(partitions)
         consumer.incremental_assign(starts)
 
     def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
