@@ -189,8 +189,9 @@ class Worker:
                 raise
             # A frozen previous owner may hold these rows until the server ends its idle
             # transaction, or the database is down: keep them paused and try again later
-            # rather than fail the rebalance and leave them to yet another replica.
-            self._availability.failed()
+            # rather than fail the rebalance and leave them to yet another replica. Back off, so
+            # an outage costs a few tries (and log lines) a second rather than one per poll.
+            self._availability.failed(back_off=True)
             log.warning("could not claim %s yet (%s); they wait, paused", tps, e)
             return {}
         self._availability.succeeded()

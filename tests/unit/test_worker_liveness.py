@@ -48,12 +48,14 @@ class Flaky(MemoryBatchStore):
         self.release = threading.Event()
         self.refuse: set[str] = set()  # applied message ids the "database" refuses
         self.busy = 0  # claims still to fail as if another session held the partitions' rows
+        self.claims = 0  # claims tried
 
     def _gate(self) -> None:
         if self.down:
             raise Retryable("database unreachable")
 
     def claim(self, partitions: Sequence[TP], owner: str) -> Positions:
+        self.claims += 1
         self._gate()
         if self.busy:
             self.busy -= 1
@@ -260,6 +262,26 @@ def test_partitions_that_cannot_be_claimed_wait_paused_until_they_can(live: Live
     live.step()
     assert P0 not in rig.consumer.paused()
     assert rig.applied("t1") == ["m1"]
+
+
+def test_claims_while_the_database_is_down_back_off_instead_of_one_per_poll(live: Live) -> None:
+    rig, store, clock = live.rig, live.store, live.clock
+    store.down = True
+    rig.consumer.assign([P0])  # the first try, inside the rebalance callback
+    for _ in range(5):
+        live.step()
+    assert store.claims == 1
+    tried = []
+    for _ in range(4):
+        clock.now += 0.1
+        live.step()
+        tried.append(store.claims)
+    # Waits of 0.1, 0.2, 0.4 s between tries: the second, fourth and eighth tenth of a second.
+    assert tried == [2, 2, 3, 3]
+    store.down = False
+    clock.now += 0.4
+    live.step()
+    assert P0 not in rig.consumer.paused()
 
 
 def test_partitions_busy_with_the_previous_owners_relay_wait_without_an_outage(
