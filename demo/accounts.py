@@ -9,7 +9,8 @@ It outlives restarts of PostgreSQL and of the broker: the kit rewinds, backs off
 Faults for the demo and tests, chosen deterministically from the transfer id: the reply of a step
 can be "lost" (applied, never sent), so the saga's payment timeout fires; or sent twice under one
 message id, so the processor must recognise the duplicate; or the command itself can be passed
-over on its first delivery (never applied, never recorded), as if it were delayed in transit.
+over (never applied, never recorded) on every delivery until ``release_dropped()``, as if it were
+delayed in transit.
 
 Run alone: ``python -m demo.accounts --help`` (defaults come from the processor's
 ``SAGA_*`` variables, so it can share the processor's environment).
@@ -78,7 +79,8 @@ class Faults:
     duplicates: int = 0
     lost: set[str] = field(default_factory=set)
     dropped: int = 0
-    held_back: set[tuple[str, str]] = field(default_factory=set)
+    # Set by release_dropped(): from then on the picked commands are applied when delivered.
+    released: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -117,9 +119,9 @@ class Accounts:
     def _step(self, sql: Sql, command: Message, replies: Replies) -> None:
         tid: str = getattr(command, "transfer_id")  # noqa: B009 - every command carries it
         step = STEP_OF[type(command)]
-        if self.drop.picks(tid, step) and (tid, step) not in self.faults.held_back:
-            # Passed over unrecorded: its next delivery (a copy) is the one that counts.
-            self.faults.held_back.add((tid, step))
+        if self.drop.picks(tid, step) and not self.faults.released.is_set():
+            # Passed over unrecorded, every time: the broker, the relay or a rewind may deliver
+            # the command again before the delay it stands for is over.
             self.faults.dropped += 1
             raise SkipDelivery
         result = self.ledger.apply(sql, command)
@@ -250,6 +252,10 @@ class AccountsService:
             dropped=faults.dropped,
             failed_batches=self.service.failed_rounds,
         )
+
+    def release_dropped(self) -> None:
+        """Ends the delay of the ``drop`` selection: its commands apply from their next delivery."""
+        self.accounts.faults.released.set()
 
     @property
     def reconnects(self) -> int:

@@ -16,7 +16,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from demo.accounts import AccountsService
 from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC, TransferRequested
@@ -103,6 +103,47 @@ class World:
 
     def ended(self) -> int:
         return self.count("SELECT count(*) FROM saga_instance WHERE status = 'ended'")
+
+    def report(self, load: Load, service: AccountsService) -> str:
+        """Where the sagas stand, for a failure message: what is stuck and who holds it."""
+        lines: list[str] = []
+        try:
+            status = self.db("SELECT status, count(*) FROM saga_instance GROUP BY 1")
+            started = {r[0] for r in self.db("SELECT saga_id FROM saga_instance")}
+            missing = [t for t in load.published if t not in started]
+            lines.append(f"sagas by status {status}; never started {len(missing)} {missing[:3]}")
+            for saga_id, state, updated in self.db(
+                "SELECT saga_id, state, updated_at FROM saga_instance WHERE status <> 'ended'"
+                " ORDER BY updated_at LIMIT 5"
+            ):
+                last = self.db(
+                    'SELECT message_type, kind, outcome, partition, "offset" FROM saga_history'
+                    " WHERE saga_id = %s ORDER BY id DESC LIMIT 3",
+                    saga_id,
+                )
+                lines.append(f"  open {saga_id} updated {updated} state {state} last {last}")
+            outbox = self.db("SELECT topic, count(*) FROM outbox GROUP BY 1")
+            positions = self.db("SELECT partition, next_offset, owner FROM consumer_offset")
+            lines.append(f"outbox by topic {outbox}; positions {positions}")
+        except Exception as e:  # the report must not hide the failure it explains
+            lines.append(f"database unreadable: {e!r}")
+        ends: dict[str, object] = {}
+        probe = Consumer({"bootstrap.servers": self.stack.kafka, "group.id": "report"})
+        try:
+            for topic in (TRANSFER_EVENTS_TOPIC, ACCOUNT_COMMANDS_TOPIC):
+                ends[topic] = [
+                    probe.get_watermark_offsets(TopicPartition(self.prefix + topic, p), 10)[1]
+                    for p in range(6 if topic == TRANSFER_EVENTS_TOPIC else 3)
+                ]
+        except Exception as e:
+            ends["error"] = repr(e)
+        finally:
+            probe.close()
+        lines.append(f"log ends {ends}; accounts {service.counters}")
+        for p in self.procs:
+            tail = [ln for ln in p.log().splitlines() if " INFO " in ln or " WARNING " in ln][-12:]
+            lines.append(f"{p.log_path.name} alive={p.alive()}:\n    " + "\n    ".join(tail))
+        return "\n".join(lines)
 
     def start(self, name: str) -> ProcessorProcess:
         settings = settings_for(
@@ -199,11 +240,14 @@ def test_every_saga_ends_and_money_is_conserved_across_postgres_and_broker_resta
     try:
         total = len(load.published)
         assert not load.errors, load.errors[:3]
-        wait_until(
-            lambda: world.ended() == total,
-            timeout=300,
-            what=f"all {total} sagas ended",
-        )
+        try:
+            wait_until(
+                lambda: world.ended() == total,
+                timeout=300,
+                what=f"all {total} sagas ended",
+            )
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{world.report(load, service)}") from None
         wait_until(
             lambda: world.count("SELECT count(*) FROM outbox") == 0,
             timeout=120,
