@@ -200,6 +200,10 @@ def test_balances_are_conserved_and_every_saga_ends_under_faults(world: World) -
                 pub.event(world.prefix + WALLET_EVENTS_TOPIC, msg2.transfer_id, msg2)
             pub.flush()
 
+            def steps_now() -> list[tuple[str, str, str]]:
+                redeliver.pump()
+                return service.ledger.steps()
+
             def all_ended() -> bool:
                 redeliver.pump()
                 snap = monitor.snapshot()
@@ -209,6 +213,13 @@ def test_balances_are_conserved_and_every_saga_ends_under_faults(world: World) -
                 return sum(ended) >= total
 
             wait_until(all_ended, timeout=40, what="every saga to end")
+            # A saga ends once its reversal is sent; the delayed debit must reach the service
+            # after the reversal is applied, not merely after the saga ended.
+            wait_until(
+                lambda: (t(7), "reverse") in {(tid, step) for tid, step, _ in steps_now()},
+                timeout=20,
+                what="the reversal of the delayed debit",
+            )
             # The delayed debit arrives only now, after the timeout reversed the transfer.
             service.release_dropped()
             redeliver.release()
