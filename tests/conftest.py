@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -29,6 +31,26 @@ def services(request: pytest.FixtureRequest) -> Iterator[Services]:
 
     with provide(echo) as found:
         yield found
+        _wait_for_consumer_closes(echo)
+
+
+def _wait_for_consumer_closes(echo: Callable[[str], None], timeout: float = 120.0) -> None:
+    """Lets consumer closes that in-process processors left running end before the broker stops.
+
+    A processor's stop leaves a close that outlasts its deadline running in the background (a
+    rebalance in its group can hold it). If the broker then goes away, librdkafka calls the
+    revocation back inside that close, and confluent-kafka holds the GIL through the unassign
+    that follows: a wait there would stop every thread of the test run.
+    """
+    closing = [t for t in threading.enumerate() if t.name == "consumer-close" and t.is_alive()]
+    if not closing:
+        return
+    echo(f"waiting up to {timeout:.0f} s for {len(closing)} consumer close(s) left running")
+    ends = time.monotonic() + timeout
+    for t in closing:
+        t.join(max(0.0, ends - time.monotonic()))
+    left = sum(t.is_alive() for t in closing)
+    echo(f"{left} consumer close(s) still running" if left else "consumer closes ended")
 
 
 @pytest.fixture(scope="session")
