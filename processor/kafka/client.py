@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-import time
+import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -24,8 +24,8 @@ log = logging.getLogger(__name__)
 
 TP = tuple[str, int]
 
-# Seconds between two refreshes of the high watermarks the lag gauge reads.
-_MARKS_EVERY = 1.0
+# Seconds the broker has to tell one partition's high watermark to the lag gauge.
+_MARKS_TIMEOUT = 2.0
 
 
 def to_record(msg: Any) -> Record:
@@ -89,11 +89,19 @@ class SagaConsumer:
         self._topics = list(topics)
         # Rebalances seen, by kind (assigned, revoked, lost), for the metrics endpoint.
         self.rebalances: Counter[str] = Counter()
-        # Partitions assigned now, and their high watermarks as of the last refresh (see
-        # high_watermarks): written on the consuming thread, read by the metrics sampler.
+        # Partitions assigned now: written on the consuming thread, read by the metrics sampler.
         self._assigned_tps: set[TP] = set()
-        self._marks: dict[TP, int] = {}
-        self._marks_at = 0.0
+        # The lag gauge's client (see high_watermarks), made on first use; the lock keeps
+        # close() from destroying it under a query.
+        self._marks_config = {
+            **config,
+            "group.id": f"{group_id}.watermarks",  # never joined
+            "enable.auto.commit": False,
+            "logger": client_logger(),
+        }
+        self._marks_client: Consumer | None = None
+        self._marks_lock = threading.Lock()
+        self._closed = False
         self._consumer = Consumer(conf)
         self.rejoin()
 
@@ -139,24 +147,7 @@ class SagaConsumer:
                     # The consumer cannot go on; the process restarts (a fatal runtime failure).
                     raise RuntimeFailure(f"consumer failed: {err}")
                 log.warning("consumer error: %s", err)
-        if time.monotonic() - self._marks_at >= _MARKS_EVERY:
-            self._refresh_marks()
         return out
-
-    def _refresh_marks(self) -> None:
-        # The cached values come from the fetcher's last response (a caught-up consumer still
-        # long-polls, so they stay current); reading them is local and never blocks.
-        marks: dict[TP, int] = {}
-        for t, p in sorted(self._assigned_tps):
-            try:
-                _low, high = self._consumer.get_watermark_offsets(TopicPartition(t, p), cached=True)
-            except KafkaException as e:
-                log.debug("no watermark for %s/%d: %s", t, p, e)
-                continue
-            if high is not None and high >= 0:
-                marks[(t, p)] = int(high)
-        self._marks = marks  # replaced whole: the reader sees one refresh or the next
-        self._marks_at = time.monotonic()
 
     def seek(self, tp: TP, offset: int | None) -> None:
         try:
@@ -192,17 +183,39 @@ class SagaConsumer:
                 log.debug("advisory commit skipped: %s", e)
 
     def high_watermarks(self, tps: Sequence[TP]) -> dict[TP, int]:
-        """Each partition's high watermark as of the consuming thread's last refresh (lag gauge).
+        """The broker's high watermark of each of ``tps`` assigned here, for the lag gauge.
 
-        Safe from any thread because it does not touch the client: the consumer admits one
-        calling thread at a time, so a call from the sampler would wait (without bound) while
-        the worker polls back to back. The consuming thread refreshes these at most every
-        second; an assigned partition not fetched yet, or not assigned here, is left out.
+        Asked of the broker each time, through a client of its own: the consuming client's
+        cached values are only as fresh as its last fetch of a partition, so one it no longer
+        fetches (paused, or stalled) would look caught up while it falls behind. And the
+        consuming client admits one calling thread at a time, so the sampler would wait on the
+        worker's polls. Partitions not assigned here are left out.
+
+        Raises:
+            KafkaException: The broker did not answer in time.
         """
-        marks = self._marks
-        return {tp: marks[tp] for tp in tps if tp in marks}
+        assigned = set(self._assigned_tps)  # a copy: the consuming thread changes the set
+        wanted = [tp for tp in tps if tp in assigned]
+        with self._marks_lock:
+            if self._closed or not wanted:
+                return {}
+            if self._marks_client is None:
+                self._marks_client = Consumer(self._marks_config)
+            client = self._marks_client
+            marks: dict[TP, int] = {}
+            for t, p in wanted:
+                _low, high = client.get_watermark_offsets(
+                    TopicPartition(t, p), timeout=_MARKS_TIMEOUT, cached=False
+                )
+                marks[(t, p)] = int(high)
+            return marks
 
     def close(self) -> None:
+        with self._marks_lock:
+            self._closed = True
+            marks_client, self._marks_client = self._marks_client, None
+        if marks_client is not None:
+            marks_client.close()
         self._consumer.close()
 
 

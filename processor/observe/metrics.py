@@ -121,16 +121,20 @@ class Metrics:
         for lag in lags:
             self.fire_lag.observe(lag)
 
-    def sampled(self, sample: DatabaseSample, high_watermarks: Mapping[TP, int]) -> None:
-        """The database's latest sample and the partitions' high watermarks."""
-        lag = {
-            tp: max(0, high - (sample.stored_offsets.get(tp) or 0))
-            for tp, high in high_watermarks.items()
-            if tp in sample.stored_offsets
-        }
+    def sampled(self, sample: DatabaseSample, high_watermarks: Mapping[TP, int] | None) -> None:
+        """The database's latest sample and the partitions' high watermarks.
+
+        High watermarks of None (the broker did not answer) leave the lag as last seen.
+        """
         with self._lock:
             self._sample = sample
-            self._lag = lag
+            if high_watermarks is None:
+                return
+            self._lag = {
+                tp: max(0, high - (sample.stored_offsets.get(tp) or 0))
+                for tp, high in high_watermarks.items()
+                if tp in sample.stored_offsets
+            }
 
     # -- read by the collector -----------------------------------------------------------------
 

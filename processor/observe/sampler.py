@@ -61,13 +61,14 @@ class Sampler:
                 log.warning("could not sample the database for metrics: %s", e)
             self.last_error = f"{type(e).__name__}: {e}"[:300]
             return False
-        marks: dict[TP, int] = {}
+        marks: dict[TP, int] | None = {}
         watermarks = self.high_watermarks
         if watermarks is not None and sample.stored_offsets:
             try:
                 marks = watermarks(sorted(sample.stored_offsets))
             except Exception as e:  # the broker away: lag stays as last seen
                 log.debug("no high watermarks for the lag gauge: %s", e)
+                marks = None
         self._metrics.sampled(sample, marks)
         self.latest = sample
         self.last_ok = time.monotonic()

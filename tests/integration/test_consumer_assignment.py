@@ -63,7 +63,7 @@ def member(kafka_bootstrap: str, make_topic: Callable[..., str]) -> Iterator[Mem
     try:
         yield m
     finally:
-        m.consumer.close()
+        m.consumer.close()  # a second close is a no-op
 
 
 def test_a_partition_paused_before_its_revocation_is_read_when_assigned_again(
@@ -82,3 +82,24 @@ def test_a_partition_paused_before_its_revocation_is_read_when_assigned_again(
     member.until(lambda: len(member.records) >= 2, "the records of the partition")
     assert [r.value for r in member.records] == [b"v1", b"v2"]
     assert [r.offset for r in member.records] == [1, 2]
+
+
+def test_the_lag_gauge_sees_the_log_end_of_a_partition_that_is_not_fetched(
+    member: Member, kafka_bootstrap: str
+) -> None:
+    member.until(lambda: len(member.assigned) == 1, "the first assignment")
+    tp = member.assigned[0][0]
+    member.until(lambda: len(member.records) == 2, "the records before the pause")
+    member.consumer.pause([tp])
+    pub = Publisher(kafka_bootstrap)
+    for i in range(3, 8):
+        pub.raw(tp[0], b"k", f"v{i}".encode(), [])
+    pub.flush()
+    for _ in range(5):
+        member.poll()  # the paused partition is not fetched: the client's cache stays at 3
+
+    # Asked of the broker, not of the consuming client's cache; partitions not assigned here
+    # are left out.
+    assert member.consumer.high_watermarks([tp, (tp[0], 99)]) == {tp: 8}
+    member.consumer.close()
+    assert member.consumer.high_watermarks([tp]) == {}

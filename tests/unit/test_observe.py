@@ -172,6 +172,12 @@ def test_metrics_follow_batches_samples_and_sweeps() -> None:
     )
     assert got[("saga_up", ())] == 1
 
+    # The broker did not answer: the lag stays as last seen; the database's sample is new.
+    m.sampled(dataclasses.replace(sample, outbox_depth=7), None)
+    got = _scrape(m)
+    assert got[("saga_consumer_lag_records", (("partition", "0"), ("topic", "in")))] == 5
+    assert got[("saga_outbox_depth_rows", ())] == 7
+
 
 def test_every_metric_of_the_contract_is_exported() -> None:
     from pathlib import Path
