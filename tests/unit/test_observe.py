@@ -8,9 +8,11 @@ import logging
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import pytest
+from confluent_kafka import KafkaException
 from prometheus_client.parser import text_string_to_metric_families
 
 from processor.engine.records import Record
@@ -18,7 +20,8 @@ from processor.engine.rows import DeadLetter, ParkedMessage, WriteSet
 from processor.observe.health import Probe, liveness, readiness
 from processor.observe.logs import ContextFilter, configure_logging, set_replica
 from processor.observe.metrics import Metrics
-from processor.observe.sample import DatabaseSample
+from processor.observe.sample import TP, DatabaseSample
+from processor.observe.sampler import Sampler
 from processor.observe.server import ObserveServer
 from processor.wire import FiredRecord, child_traceparent, parse_traceparent
 from tests.unit.test_plan import SAGA, Log, Noted, Opened, _active, _loaded, _plan, _planner
@@ -177,6 +180,28 @@ def test_metrics_follow_batches_samples_and_sweeps() -> None:
     got = _scrape(m)
     assert got[("saga_consumer_lag_records", (("partition", "0"), ("topic", "in")))] == 5
     assert got[("saga_outbox_depth_rows", ())] == 7
+
+
+def test_the_sampler_keeps_the_last_lag_while_the_broker_does_not_answer() -> None:
+    m = Metrics()
+    marks: list[dict[TP, int] | Exception] = [{("in", 0): 12}, KafkaException("down"), {}]
+
+    def watermarks(tps: Sequence[TP]) -> dict[TP, int]:
+        assert list(tps) == [("in", 0)]
+        answer = marks.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    sample = DatabaseSample(stored_offsets={("in", 0): 2})
+    sampler = Sampler(lambda: sample, m, 1.0, watermarks)
+    lag = ("saga_consumer_lag_records", (("partition", "0"), ("topic", "in")))
+    assert sampler.sample_once()
+    assert _scrape(m)[lag] == 10
+    assert sampler.sample_once()  # the database answered: a good sample, the lag as last seen
+    assert _scrape(m)[lag] == 10
+    assert sampler.sample_once()  # the broker answered: the partition is no longer ours
+    assert lag not in _scrape(m)
 
 
 def test_every_metric_of_the_contract_is_exported() -> None:
