@@ -15,7 +15,7 @@ import platform
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -163,6 +163,20 @@ def end_offsets(kafka: str, topic: str) -> dict[int, int]:
         return out
     finally:
         consumer.close()
+
+
+def alternating(
+    sides: Mapping[str, Callable[..., dict[str, Any]]], rounds: int, *args: Any
+) -> Iterator[tuple[int, dict[str, dict[str, Any]]]]:
+    """Each round's results of two sides, each called as ``side(*args, n)``.
+
+    The first side named goes first in odd rounds and second in even ones, so neither always
+    meets the machine as the other left it (warm caches, dirty pages, a pending autovacuum).
+    """
+    first, second = sides
+    for n in range(1, rounds + 1):
+        order = (first, second) if n % 2 else (second, first)
+        yield n, {name: sides[name](*args, n) for name in order}
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 
 from benchmarks import s1_backlog
-from benchmarks.common import Scratch, Services, percentile, say
+from benchmarks.common import Scratch, Services, alternating, percentile, say
 from benchmarks.live import Child, Reader, Source, child_spec, engine_replica
 from processor.postgres.schema import Tables
 from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC
@@ -95,9 +95,7 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
     box.settle()
     rounds: list[dict[str, Any]] = []
     sides = {"engine": _engine, "raw": _raw}
-    for n in range(1, options.rounds + 1):
-        order = ("engine", "raw") if n % 2 else ("raw", "engine")
-        measured = {name: sides[name](found, box, options, n) for name in order}
+    for n, measured in alternating(sides, options.rounds, found, box, options):
         engine, raw = measured["engine"], measured["raw"]
         ratio = engine["p99_ms"] / raw["p99_ms"] if raw["p99_ms"] > 0 else float("inf")
         say(

@@ -34,7 +34,7 @@ import psycopg
 from confluent_kafka import Consumer, TopicPartition
 
 from benchmarks import s1_backlog
-from benchmarks.common import RESULTS_DIR, Scratch, Services, kafka_config, say
+from benchmarks.common import RESULTS_DIR, Scratch, Services, alternating, kafka_config, say
 from benchmarks.live import Child, Source, child_spec, engine_replica
 from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC
 
@@ -288,9 +288,7 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
     )
     rounds: list[dict[str, Any]] = []
     sides = {"engine": _engine, "plain": _plain}
-    for n in range(1, options.rounds + 1):
-        order = ("engine", "plain") if n % 2 else ("plain", "engine")
-        got = {name: sides[name](found, box, options, n) for name in order}
+    for n, got in alternating(sides, options.rounds, found, box, options):
         engine, plain = got["engine"], got["plain"]
         ratio = (
             engine["resumed_s"] / plain["resumed_s"]
