@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
@@ -21,6 +20,8 @@ import schemas  # noqa: F401 - registers the example message types
 from demo.orders import create_tables, order_participants, stock_up
 from processor.participant.definition import participant_of
 from processor.participant.service import ParticipantService
+from processor.runtime.hooks import Hooks
+from processor.runtime.stopping import ShutdownBound, exit_now, on_stop_signals
 from processor.settings import ConsumerSettings, RelaySettings
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ def build(
     group_id: str | None = None,
     only: Sequence[str] = (),
     application_name: str = "demo-order-participants",
+    hooks: Hooks | None = None,
 ) -> ParticipantService:
     """The order participants (those named in ``only``, or all) as one service."""
     chosen = [
@@ -58,10 +60,11 @@ def build(
         consumer=ConsumerSettings(session_timeout=timedelta(seconds=6)),
         relay=RelaySettings(poll_interval=timedelta(milliseconds=200)),
         application_name=application_name,
+        hooks=hooks,
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, hooks: Hooks | None = None) -> int:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="python -m demo.participants", description=__doc__)
     p.add_argument("--bootstrap", default=env("SAGA_KAFKA__BOOTSTRAP_SERVERS", "127.0.0.1:19092"))
@@ -84,6 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prefix=args.prefix,
         group_id=args.group,
         only=[n for n in args.only.split(",") if n],
+        hooks=hooks,
     )
     stock = {k: int(v) for k, v in _pairs(args.stock).items()}
     wallets = {k: Decimal(v) for k, v in _pairs(args.wallets).items()}
@@ -91,8 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         create_tables(tx.sql, args.schema)
         if stock or wallets:
             stock_up(tx.sql, args.schema, stock, wallets)
-    signal.signal(signal.SIGTERM, lambda *_: service.stop())
-    signal.signal(signal.SIGINT, lambda *_: service.stop())
+    # SIGTERM ends the process within the service's shutdown budget, broker or not.
+    bound = ShutdownBound(service.shutdown_timeout)
+    on_stop_signals(service.stop, bound)
+    bound.watch(service.stop_event)
     log.info("order participants up: schema %s, topics %s", args.schema, service.topics)
     service.run()
     c = service.kit.counters
@@ -103,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         c.expired,
         c.dead_lettered,
     )
+    if service.left_running:
+        exit_now(0)  # a close still waits on the broker; finalisation would wait on it
     return 0
 
 

@@ -11,12 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from types import FrameType
 from typing import TYPE_CHECKING
 
 from processor.errors import SagaError
@@ -32,6 +29,7 @@ if TYPE_CHECKING:
     from processor.application import SagaApp
     from processor.postgres.failed_outbox import PostgresFailedOutbox
     from processor.postgres.operator import OperatorQueries
+    from processor.runtime.hooks import Hooks
     from processor.runtime.processor import Processor
 
 log = logging.getLogger("processor")
@@ -135,50 +133,51 @@ def run(args: argparse.Namespace, settings: ProcessorSettings) -> int:
 
     Exit code 0 after a clean stop; :data:`EXIT_LOOP_DIED` (70) when the consumer, the relay,
     its listener or the deadline poller died on an error (logged with its traceback), so that
-    the platform restarts the process; 3 when a shutdown overran its budget.
+    the platform restarts the process; 3 when a shutdown overran ``SAGA_SHUTDOWN_TIMEOUT`` (or a
+    second signal came); 1, after a dump of every thread's stack, when no Python thread could
+    run 5 s past it (see :mod:`processor.runtime.stopping`).
     """
+    return run_processor(settings, app_of(args))
+
+
+def run_processor(
+    settings: ProcessorSettings, app: SagaApp | None, hooks: Hooks | None = None
+) -> int:
+    """Builds the app's dependencies and runs the processor until it stops; see :func:`run`."""
     from processor.runtime.assembly import open_sagas
     from processor.runtime.processor import Processor
+    from processor.runtime.stopping import exit_now
 
     # The app's dependencies are built once for the process and closed after the processor
     # stopped (on SIGTERM too: serve() returns once the processor has shut down).
-    with open_sagas(settings, app_of(args)) as (saga_classes, dependencies):
-        return serve(Processor(settings, saga_classes, dependencies=dependencies), settings)
+    with open_sagas(settings, app) as (saga_classes, dependencies):
+        proc = Processor(settings, saga_classes, dependencies=dependencies, hooks=hooks)
+        code = serve(proc, settings)
+    if proc.left_running:
+        # A close still waits on the broker; the interpreter's finalisation would wait on it.
+        exit_now(code)
+    return code
 
 
 def serve(proc: Processor, settings: ProcessorSettings) -> int:
-    """Starts ``proc``, stops it on SIGTERM or SIGINT, and returns the process exit code."""
+    """Starts ``proc``, stops it on SIGTERM or SIGINT, and returns the process exit code.
+
+    The stop is bounded however it begins (a signal, or a loop that died): see
+    :class:`processor.runtime.stopping.ShutdownBound`.
+    """
     from processor.errors import LoopDied
+    from processor.runtime.stopping import ShutdownBound, on_stop_signals
 
+    bound = ShutdownBound(settings.shutdown_timeout.total_seconds())
     proc.start()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("signal %d: finishing the batch in hand, then stopping", signum)
-        proc.stop()
-        # A second signal, or a shutdown that overruns its budget, ends the process at once;
-        # nothing is lost: uncommitted work is redone by whoever owns the partitions next.
-        timer = threading.Timer(settings.shutdown_timeout.total_seconds(), _force_exit)
-        timer.daemon = True
-        timer.start()
-        signal.signal(signal.SIGTERM, lambda *_: _force_exit())
-        signal.signal(signal.SIGINT, lambda *_: _force_exit())
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    on_stop_signals(proc.stop, bound)
+    bound.watch(proc.stop_event)
     try:
         proc.run()
     except LoopDied as e:
         print(f"saga-processor: {e}", file=sys.stderr)
         return EXIT_LOOP_DIED
     return 0
-
-
-def _force_exit() -> None:
-    log.warning("shutdown overran its budget; exiting now")
-    logging.shutdown()
-    import os
-
-    os._exit(3)
 
 
 # -- deadlines ---------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import argparse
 import getpass
 import sys
 from collections.abc import Callable
+from types import FrameType
 
 from processor.cli_commands import app_of
 from processor.cli_inspect import (
@@ -217,6 +218,7 @@ def console(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     import uvicorn
 
     from processor.console import Backend, create_app
+    from processor.runtime.stopping import ShutdownBound
 
     token = settings.console.token.get_secret_value() if settings.console.token else None
     if args.enable_actions and not token:
@@ -227,5 +229,21 @@ def console(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     host = args.host or settings.console.host
     port = args.port if args.port is not None else settings.console.port
     print(f"saga console on http://{host}:{port}/", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    budget = settings.shutdown_timeout.total_seconds()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=int(budget)
+        )
+    )
+    # uvicorn's own handler starts its graceful stop; the bound ends the process even if the
+    # producer's flush or a request holds on past it (see processor.runtime.stopping).
+    bound = ShutdownBound(budget)
+    graceful = server.handle_exit
+
+    def handle_exit(sig: int, frame: FrameType | None) -> None:
+        bound.arm()
+        graceful(sig, frame)
+
+    server.handle_exit = handle_exit  # type: ignore[method-assign]
+    server.run()
     return EXIT_OK

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 from processor.engine.records import Record
@@ -31,7 +33,9 @@ from processor.postgres.outbox import PostgresOutboxStore
 from processor.postgres.participant import PostgresParticipantStore
 from processor.postgres.participant_schema import migrate_participant
 from processor.postgres.schema import Tables
+from processor.runtime.hooks import Hooks
 from processor.runtime.relay import Relay
+from processor.runtime.stopping import CONSUMER_CLOSE, close_within
 from processor.runtime.supervisor import Supervisor
 from processor.settings import ConsumerSettings, KafkaSettings, RelaySettings
 from processor.wire import Topics, outbox_channel
@@ -41,6 +45,9 @@ __all__ = ["ParticipantService"]
 log = logging.getLogger(__name__)
 
 TP = tuple[str, int]
+
+SHUTDOWN_TIMEOUT = timedelta(seconds=20)
+"""How long a stop may take by default (the processor's ``SAGA_SHUTDOWN_TIMEOUT`` default)."""
 
 
 class ParticipantService:
@@ -61,6 +68,9 @@ class ParticipantService:
         dependencies: Dependencies of handlers, by type.
         message_registry: Where the messages are registered.
         application_name: Shown in ``pg_stat_activity``.
+        shutdown_timeout: How long a stop may take, the consumer's close included (half of it
+            at most); see :mod:`processor.runtime.stopping` for the process around it.
+        hooks: Fault points for tests (see :class:`processor.runtime.hooks.Hooks`).
     """
 
     def __init__(
@@ -79,6 +89,8 @@ class ParticipantService:
         dependencies: Mapping[type, object] | None = None,
         message_registry: MessageRegistry = registry,
         application_name: str = "saga-participant",
+        shutdown_timeout: timedelta = SHUTDOWN_TIMEOUT,
+        hooks: Hooks | None = None,
     ) -> None:
         self._kafka = dict(kafka.client_config() if isinstance(kafka, KafkaSettings) else kafka)
         self._url = database_url
@@ -89,6 +101,10 @@ class ParticipantService:
         self._names = Topics(topic_prefix)
         self.group_id = group_id or self._cs.group_id
         self.stop_event = threading.Event()
+        self.shutdown_timeout = shutdown_timeout.total_seconds()
+        self.hooks = hooks if hooks is not None else Hooks()
+        # What the last stop left running past its budget (see Processor.left_running).
+        self.left_running: list[str] = []
         with connect(database_url, application_name=application_name) as conn:
             migrate_participant(conn, self.tables)
         self.store = PostgresParticipantStore(self._connect, self.tables)
@@ -154,7 +170,11 @@ class ParticipantService:
         )
         supervisor.spawn("participant-consumer", self._consume)
         stop.wait()
-        supervisor.join(lambda: 10.0)
+        ends = time.monotonic() + self.shutdown_timeout
+        stuck = supervisor.join(lambda: ends - time.monotonic())
+        if stuck:
+            log.warning("loops still running at the end of the shutdown budget: %s", stuck)
+            self.left_running.extend(stuck)
         self.store.close()
         self.relay.close()
         failure = supervisor.failure
@@ -167,7 +187,7 @@ class ParticipantService:
             group_id=self.group_id,
             topics=self.topics,
             on_assign=self._positions,
-            on_revoke=lambda tps: log.info("partitions revoked: %s", sorted(tps)),
+            on_revoke=self._revoked,
             session_timeout_ms=int(self._cs.session_timeout.total_seconds() * 1000),
             max_poll_interval_ms=int(self._cs.max_poll_interval.total_seconds() * 1000),
             max_batch_bytes=self._cs.max_batch_bytes,
@@ -189,7 +209,15 @@ class ParticipantService:
                 self.failed_rounds += 1
                 stop.wait(_backoff(failures))
         finally:
-            consumer.close()
+            # Leaving the group needs the broker: without it the close may never end.
+            wait = self.shutdown_timeout / 2
+            if not close_within(CONSUMER_CLOSE, consumer.close, wait):
+                log.warning("consumer close did not finish in %.0f s; leaving it", wait)
+                self.left_running.append(CONSUMER_CLOSE)
+
+    def _revoked(self, tps: list[TP]) -> None:
+        self.hooks.fire("revoke")
+        log.info("partitions revoked: %s", sorted(tps))
 
     def handle_batch(self, consumer: SagaConsumer, records: Sequence[Record]) -> bool:
         """Handles records in order; on a transient failure rewinds and returns False."""

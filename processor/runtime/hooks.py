@@ -15,8 +15,9 @@ class Hooks:
     Points: ``before-commit`` and ``after-commit`` (worker, around a batch's COMMIT),
     ``after-produce`` (relay, acknowledged but rows not yet removed), ``relay-round`` and
     ``poller-step`` and ``retention-round`` (start of each round of those
-    loops), ``worker-step`` (each poll), ``before-endpoint-close`` (processor shutdown, just
-    before the metrics endpoint closes).
+    loops), ``worker-step`` (each poll), ``revoke`` (the consumer's revocation callback, also
+    inside its close; processor and participant service), ``before-endpoint-close`` (processor
+    shutdown, just before the metrics endpoint closes).
     """
 
     def __init__(self) -> None:

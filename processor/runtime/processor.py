@@ -45,6 +45,7 @@ from processor.runtime.poller import DeadlinePoller
 from processor.runtime.relay import Relay
 from processor.runtime.report import report_committed
 from processor.runtime.retention import Retention
+from processor.runtime.stopping import CONSUMER_CLOSE, close_within
 from processor.runtime.supervisor import LoopFailure, Supervisor
 from processor.runtime.worker import Worker
 from processor.settings import ProcessorSettings
@@ -90,6 +91,10 @@ class Processor:
         self.observe: Observability | None = None
         self.retention: Retention | None = None
         self.growth: GrowthWatch | None = None
+        # What the last stop left running past its budget (a consumer close, stuck loops):
+        # the process should then end without the interpreter's finalisation, which could wait
+        # on them for ever (see runtime/stopping.py).
+        self.left_running: list[str] = []
 
     # -- wiring ----------------------------------------------------------------------------
 
@@ -321,8 +326,11 @@ class Processor:
             if loop is not None:
                 loop.wake.set()
         # One budget for the whole shutdown, so that a platform's grace period is respected
-        # however many pieces hang.
-        budget = self.settings.shutdown_timeout.total_seconds()
+        # however many pieces hang. A tenth of it (2 s at most) is kept for the closes after
+        # the waits, so that a stop whose relay and consumer both wait on a broker that is gone
+        # still ends in time.
+        whole = self.settings.shutdown_timeout.total_seconds()
+        budget = whole - min(2.0, whole / 10)
         ends = time.monotonic() + budget
 
         def left() -> float:
@@ -338,17 +346,15 @@ class Processor:
             self._last_commit.set()
             self.supervisor.join_one("relay", lambda: min(left(), budget / 2))
         if worker is not None and worker.consumer is not None:
-            # close() can hang on an unstable broker or mid-rebalance: give it a deadline.
-            closer = threading.Thread(
-                target=worker.consumer.close, name="consumer-close", daemon=True
-            )
-            closer.start()
-            closer.join(min(left(), budget / 2))
-            if closer.is_alive():
-                log.warning("consumer close did not finish in %.0f s; leaving it", budget / 2)
+            # Leaving the group needs the broker: without it the close may never end.
+            wait = min(left(), budget / 2)
+            if not close_within(CONSUMER_CLOSE, worker.consumer.close, wait):
+                log.warning("consumer close did not finish in %.0f s; leaving it", wait)
+                self.left_running.append(CONSUMER_CLOSE)
         stuck = self.supervisor.join(left)
         if stuck:
             log.warning("loops still running at the end of the shutdown budget: %s", stuck)
+            self.left_running.extend(stuck)
         if worker is not None:
             _attempt("batch store close", worker.store.close)
             _attempt("control store close", worker.control.close)

@@ -157,6 +157,7 @@ class Worker:
         A batch of these partitions still committing is safe: the new owner's claim bumps the
         epoch, so whichever of the two commits comes second is rejected.
         """
+        self.hooks.fire("revoke")
         gone = set(tps)
         for tp in gone:
             self.owned.pop(tp, None)
