@@ -11,6 +11,9 @@ SAGA_CACHE_DIR="${SAGA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/saga-processor
 KAFKA_VERSION="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$DEPLOY_DIR/pom.xml")"
 KAFKA_PORT="${SAGA_KAFKA_PORT:-19092}"
 KAFKA_CONTROLLER_PORT="${SAGA_KAFKA_CONTROLLER_PORT:-19093}"
+# The port clients are told to connect to: the broker's own, unless a proxy stands in front of it
+# (tests that black-hole the broker).
+KAFKA_ADVERTISED_PORT="${SAGA_KAFKA_ADVERTISED_PORT:-$KAFKA_PORT}"
 KAFKA_LIBS="$SAGA_CACHE_DIR/kafka-$KAFKA_VERSION/libs"
 KAFKA_DIR="$SAGA_LOCAL_DIR/kafka"
 

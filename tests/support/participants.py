@@ -28,11 +28,15 @@ class ParticipantProcess:
         group: str | None = None,
         stock: Mapping[str, int] | None = None,
         wallets: Mapping[str, Decimal] | None = None,
+        fault: Mapping[str, str] | None = None,
     ) -> None:
+        """Starts ``python -m demo.participants``; with a ``fault`` (SAGA_FAULT_* variables,
+        see tests.support.proc_main), the same service through tests.support.participant_main.
+        """
         args = [
             sys.executable,
             "-m",
-            "demo.participants",
+            "tests.support.participant_main" if fault else "demo.participants",
             "--bootstrap",
             kafka,
             "--database-url",
@@ -51,12 +55,17 @@ class ParticipantProcess:
         if wallets:
             args += ["--wallets", ",".join(f"{k}={v}" for k, v in wallets.items())]
         env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
+        env.update(fault or {})
         env["PYTHONPATH"] = str(REPO)
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.popen = subprocess.Popen(
             args, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT
         )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
 
     def alive(self) -> bool:
         return self.popen.poll() is None

@@ -7,10 +7,13 @@ cluster name, ports and run directory come from the ``SAGA_PG_*``, ``SAGA_KAFKA_
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from devstack import DEPLOY, wait_for_kafka
+from tests.support.proxy import Proxy
 
 
 def _free_port() -> int:
@@ -38,11 +42,16 @@ def _kafka_jars() -> bool:
 
 @dataclass
 class PrivateStack:
-    """A PostgreSQL cluster and a Kafka broker that only this test uses."""
+    """A PostgreSQL cluster and a Kafka broker that only this test uses.
+
+    With ``kafka_proxy``, every client reaches the broker through that proxy (the broker
+    advertises the proxy's port), so a test can black-hole the broker for all of them.
+    """
 
     env: dict[str, str]
     kafka: str
     database: str
+    kafka_proxy: Proxy | None = None
 
     def _script(self, service: str, action: str) -> None:
         subprocess.run(
@@ -59,10 +68,37 @@ class PrivateStack:
     def down(self, service: str) -> None:
         self._script(service, "down")
 
+    def kill_kafka(self) -> None:
+        """SIGKILLs the broker: no controlled shutdown, connections reset."""
+        pidfile = Path(self.env["SAGA_LOCAL_DIR"]) / "kafka" / "kafka.pid"
+        pid = int(pidfile.read_text())
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while _alive(pid):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"broker {pid} still alive 30 s after SIGKILL")
+            time.sleep(0.05)
+        pidfile.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (its parent, the stack script, has not reaped it yet) is gone for the test.
+    with contextlib.suppress(OSError):
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    return False
+
 
 @contextmanager
-def private_stack(tmp_path: Path) -> Iterator[PrivateStack]:
-    """A private PostgreSQL cluster and Kafka broker, removed afterwards (skips if impossible)."""
+def private_stack(tmp_path: Path, *, proxied_kafka: bool = False) -> Iterator[PrivateStack]:
+    """A private PostgreSQL cluster and Kafka broker, removed afterwards (skips if impossible).
+
+    ``proxied_kafka`` puts a :class:`Proxy` in front of the broker (see :class:`PrivateStack`).
+    """
     if os.geteuid() != 0 or shutil.which("pg_createcluster") is None:
         pytest.skip("a private PostgreSQL cluster needs root and Debian's postgresql-common")
     if not _kafka_jars():
@@ -82,13 +118,21 @@ def private_stack(tmp_path: Path) -> Iterator[PrivateStack]:
         kafka=f"127.0.0.1:{kafka_port}",
         database=f"postgresql://saga:saga@127.0.0.1:{pg_port}/saga",
     )
+    if proxied_kafka:
+        proxy = stack.kafka_proxy = Proxy(("127.0.0.1", kafka_port))
+        env["SAGA_KAFKA_ADVERTISED_PORT"] = str(proxy.port)
+        stack.kafka = f"127.0.0.1:{proxy.port}"
     try:
         stack.up("postgres")
         stack.up("kafka")
         wait_for_kafka(stack.kafka, timeout=120)
         yield stack
     finally:
+        if stack.kafka_proxy is not None:
+            stack.kafka_proxy.heal()
         subprocess.run([str(DEPLOY / "kafka.sh"), "down"], env=env, check=False)
+        if stack.kafka_proxy is not None:
+            stack.kafka_proxy.close()
         version = sorted(
             os.listdir("/usr/lib/postgresql"), key=lambda v: [int(p) for p in v.split(".")]
         )[-1]

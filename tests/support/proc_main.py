@@ -5,8 +5,9 @@ The sagas come from the app SAGA_APP names (else SAGA_SAGAS), as for `saga-proce
 SAGA_FAULT_POINT=before-write|before-commit|after-commit|after-produce
     (before-write: the batch is loaded and planned in its transaction, nothing written yet)
 SAGA_FAULT_AT=N          act on the Nth time the point is reached (default 1)
-SAGA_FAULT_ACTION=kill|stop|raise   SIGKILL or SIGSTOP this process there (default kill), or
-    raise a RuntimeError in the loop that reached the point (e.g. relay-round, poller-step)
+SAGA_FAULT_ACTION=kill|stop|raise|hold-gil   SIGKILL or SIGSTOP this process there (default
+    kill), raise a RuntimeError in the loop that reached the point (e.g. relay-round,
+    poller-step), or block that thread for ever holding the GIL (tests.support.stuck)
 """
 
 from __future__ import annotations
@@ -18,11 +19,10 @@ from collections.abc import Callable
 
 from processor.application import app_target, load_app
 from processor.cli import main as cli_main
-from processor.cli_commands import serve
-from processor.runtime.assembly import open_sagas
+from processor.cli_commands import run_processor
 from processor.runtime.hooks import Hooks
-from processor.runtime.processor import Processor
 from processor.settings import load_settings
+from tests.support.stuck import hold_the_interpreter
 
 
 def _fault(point: str, at: int, action: str) -> Callable[[], None]:
@@ -35,9 +35,27 @@ def _fault(point: str, at: int, action: str) -> Callable[[], None]:
             print(f"fault: {action} at {point} #{at}", file=sys.stderr, flush=True)
             if action == "raise":
                 raise RuntimeError(f"fault injected at {point} #{at}")
+            if action == "hold-gil":
+                hold_the_interpreter()
             os.kill(os.getpid(), signal.SIGKILL if action == "kill" else signal.SIGSTOP)
 
     return hit
+
+
+def hooks_from_env() -> Hooks:
+    """The fault the SAGA_FAULT_* variables name, if any."""
+    hooks = Hooks()
+    point = os.environ.get("SAGA_FAULT_POINT")
+    if point:
+        hooks.on(
+            point,
+            _fault(
+                point,
+                int(os.environ.get("SAGA_FAULT_AT", "1")),
+                os.environ.get("SAGA_FAULT_ACTION", "kill"),
+            ),
+        )
+    return hooks
 
 
 def main() -> int:
@@ -47,21 +65,11 @@ def main() -> int:
     import logging
 
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    hooks = Hooks()
-    hooks.on(
-        point,
-        _fault(
-            point,
-            int(os.environ.get("SAGA_FAULT_AT", "1")),
-            os.environ.get("SAGA_FAULT_ACTION", "kill"),
-        ),
-    )
+    hooks = hooks_from_env()
     target = app_target()
     app = load_app(target) if target else None
     settings = load_settings(defaults=app.settings if app is not None else None)
-    with open_sagas(settings, app) as (saga_classes, dependencies):
-        processor = Processor(settings, saga_classes, dependencies=dependencies, hooks=hooks)
-        return serve(processor, settings)
+    return run_processor(settings, app, hooks)
 
 
 if __name__ == "__main__":

@@ -25,11 +25,14 @@ class _Pair:
 
 
 class Proxy:
-    """Forwards 127.0.0.1:<port> to ``target``; see :meth:`black_hole` and :meth:`cut_commits`."""
+    """Forwards 127.0.0.1:<port> to ``target``; see :meth:`black_hole` and :meth:`cut_commits`.
 
-    def __init__(self, target: tuple[str, int]) -> None:
+    ``port`` 0 takes any free port (see :attr:`port`).
+    """
+
+    def __init__(self, target: tuple[str, int], port: int = 0) -> None:
         self._target = target
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener = socket.create_server(("127.0.0.1", port))
         self.port: int = self._listener.getsockname()[1]
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ, None)
