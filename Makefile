@@ -17,9 +17,10 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 ## Full suite against real Kafka and PostgreSQL (started here unless SAGA_TEST_* point elsewhere).
+## tests/run.py starts the services, runs pytest, and ends whatever a killed or hung run left.
 test: venv
 	deploy/local/browser.sh
-	$(BIN)/pytest
+	$(BIN)/python -m tests.run --durations=15
 
 test-unit: venv
 	$(BIN)/pytest tests/unit

@@ -16,6 +16,9 @@ from psycopg import sql
 from devstack import Services, provide
 from tests.support.roles import LeastPrivilege, least_privilege
 
+# A hang with the interpreter held still ends the run, with every thread's stack.
+pytest_plugins = ["tests.support.hang_watchdog"]
+
 
 @pytest.fixture(scope="session")
 def services(request: pytest.FixtureRequest) -> Iterator[Services]:

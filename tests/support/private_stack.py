@@ -7,7 +7,6 @@ cluster name, ports and run directory come from the ``SAGA_PG_*``, ``SAGA_KAFKA_
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from devstack import DEPLOY, wait_for_kafka
+from tests.support.procs import alive
 from tests.support.proxy import Proxy
 
 
@@ -74,23 +74,11 @@ class PrivateStack:
         pid = int(pidfile.read_text())
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
-        while _alive(pid):
+        while alive(pid):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"broker {pid} still alive 30 s after SIGKILL")
             time.sleep(0.05)
         pidfile.unlink()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie (its parent, the stack script, has not reaped it yet) is gone for the test.
-    with contextlib.suppress(OSError):
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
-    return False
 
 
 @contextmanager

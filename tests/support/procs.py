@@ -16,6 +16,15 @@ from processor.settings import ProcessorSettings
 REPO = Path(__file__).resolve().parents[2]
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie has ended: only its parent's reaping is left)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def settings_env(settings: ProcessorSettings) -> dict[str, str]:
     """The SAGA_* variables that reproduce `settings` in a child process."""
     data = settings.model_dump(mode="json", by_alias=True)

@@ -1,0 +1,120 @@
+"""Runs the test suite as `make test` does, and leaves nothing behind however pytest ends.
+
+1. Finds or starts Kafka and PostgreSQL (``devstack.provide``) and hands them to pytest through
+   the ``SAGA_TEST_*`` variables, so their start-up is no test's time.
+2. Runs pytest in a child process; every process of the run carries :data:`MARK` in its
+   environment (the child processes that tests start, the services the run started).
+3. Afterwards, whether pytest ended normally, on a hang (``tests/support/hang_watchdog.py`` ends
+   it with every thread's stack) or killed: says which test it was in if it died inside one,
+   ends every process still marked, and stops the services that step 1 started.
+
+``python -m tests.run [--no-services] [PYTEST ARGS]``; the exit code is pytest's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from devstack import ENV_ALLOW_RESTART, ENV_DATABASE, ENV_KAFKA, provide
+from tests.support.hang_watchdog import CURRENT_FILE
+from tests.support.procs import alive
+
+# Not a SAGA_* name: some tests start processes with the SAGA_* variables removed.
+MARK = "PROCESSOR_TEST_RUN"
+
+
+def _echo(line: str) -> None:
+    print(f"[tests.run] {line}", flush=True)
+
+
+def marked(mark: str) -> list[int]:
+    """Processes other than this one whose environment carries ``MARK=mark``."""
+    needle = f"{MARK}={mark}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+    return found
+
+
+def end_marked(mark: str, grace: float = 10.0) -> int:
+    """SIGTERM, then SIGKILL past ``grace``, for every process of the run; returns how many."""
+    pids = marked(mark)
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return len(pids)
+
+
+def run_pytest(args: Sequence[str], env: dict[str, str]) -> int:
+    """Runs pytest with ``args``; afterwards reports a test it died in and ends what is left."""
+    mark = uuid.uuid4().hex
+    with tempfile.NamedTemporaryFile("w+", prefix="saga-test-current-", delete=False) as f:
+        current = Path(f.name)
+    env = {**env, MARK: mark, CURRENT_FILE: str(current)}
+    child = subprocess.Popen([sys.executable, "-m", "pytest", *args], env=env)
+    # Ctrl-C reaches pytest too (one process group); it stops the run, this waits for it.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A platform's SIGTERM is passed on, and the clean-up below still runs.
+    signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+    try:
+        code = child.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    died_in = current.read_text().split("\n") if current.exists() else []
+    current.unlink(missing_ok=True)
+    if died_in and died_in[0]:
+        _echo(
+            f"pytest ended (exit {code}) inside {died_in[0]}: it ran past its hard limit of "
+            f"{died_in[1]} s (its timeout plus a grace), so a thread held the interpreter and "
+            "only faulthandler's watchdog could act: every thread's stack is above"
+            if code == 1
+            else f"pytest ended (exit {code}) inside {died_in[0]}"
+        )
+        code = code or 1
+    left = end_marked(mark)
+    if left:
+        _echo(f"ended {left} process(es) the run left behind")
+    return code
+
+
+@contextlib.contextmanager
+def services(echo: bool = True) -> Iterator[dict[str, str]]:
+    """The environment that points pytest at running services (started here if need be)."""
+    with provide(_echo if echo else (lambda _line: None)) as found:
+        env = {**os.environ, ENV_KAFKA: found.kafka_bootstrap, ENV_DATABASE: found.database_url}
+        if found.restart_kafka is not None:
+            # This run started the broker: tests may restart it.
+            env[ENV_ALLOW_RESTART] = "1"
+        yield env
+
+
+def main(argv: Sequence[str]) -> int:
+    args = list(argv)
+    if "--no-services" in args:
+        args.remove("--no-services")
+        return run_pytest(args, dict(os.environ))
+    with services() as env:
+        return run_pytest(args, env)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
