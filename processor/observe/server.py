@@ -7,17 +7,20 @@ the failure that ends it).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from processor.errors import SagaError
 from processor.observe.health import Probe
 
-__all__ = ["ObserveServer"]
+__all__ = ["ObserveServer", "check_port_free"]
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +71,10 @@ class ObserveServer:
             def log_message(self, format: str, *args: object) -> None:
                 log.debug("%s " + format, self.address_string(), *args)
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
+        try:
+            self._server = ThreadingHTTPServer((host, port), Handler)
+        except OSError as e:
+            raise _in_use(host, port, e) from e
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -91,6 +97,31 @@ class ObserveServer:
             self._server.shutdown()
             self._thread.join(5)
         self._server.server_close()
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fails at startup, before anything runs, when ``host:port`` cannot be bound.
+
+    Raises:
+        SagaError: Another process holds the port (a second replica on the same host with the
+            default port, say); the message names the setting to change.
+    """
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        # As the server binds: a port left in TIME_WAIT by a previous run is free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise _in_use(host, port, e) from e
+
+
+def _in_use(host: str, port: int, error: OSError) -> Exception:
+    if error.errno != errno.EADDRINUSE:
+        return error
+    return SagaError(
+        f"the metrics endpoint cannot listen on {host}:{port}: another process uses the port; "
+        "set SAGA_METRICS__PORT to a free port (0 turns the endpoint off)"
+    )
 
 
 def _probe(fn: Callable[[], Probe]) -> tuple[int, str, bytes]:

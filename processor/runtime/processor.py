@@ -25,6 +25,7 @@ from processor.kafka.producer import KafkaRecordProducer, make_producer, relay_o
 from processor.messages import MessageRegistry
 from processor.messages import registry as default_registry
 from processor.observe.logs import set_replica
+from processor.observe.server import check_port_free
 from processor.ops.parked import resume_too_new
 from processor.postgres.batch import PostgresBatchStore
 from processor.postgres.connect import connect, ensure_schema
@@ -123,6 +124,10 @@ class Processor:
 
     def start(self) -> None:
         """Migrates (when enabled), then starts the background threads and the consumer."""
+        ms = self.settings.metrics
+        if ms.port and not ms.bind_any:
+            # Before anything runs: a second replica on this host must fail at once, clearly.
+            check_port_free(ms.host, ms.port)
         _tune_gc()
         set_replica(self.instance_id)
         warn_unverified_tls(self.settings.database.url.get_secret_value())

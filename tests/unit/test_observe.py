@@ -5,6 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -24,6 +28,7 @@ from processor.observe.sample import TP, DatabaseSample
 from processor.observe.sampler import Sampler
 from processor.observe.server import ObserveServer
 from processor.wire import FiredRecord, child_traceparent, parse_traceparent
+from tests.support.procs import REPO
 from tests.unit.test_plan import SAGA, Log, Noted, Opened, _active, _loaded, _plan, _planner
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -284,3 +289,29 @@ def test_json_log_lines_carry_level_logger_replica_and_ids(
         root.setLevel(saved[1])
         set_replica("-")
     assert isinstance(ContextFilter(), logging.Filter)
+
+
+def test_a_taken_metrics_port_stops_the_start_with_exit_2_naming_the_setting() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
+        env.update(
+            SAGA_SAGAS='["sagas"]',
+            # Never reached: the port is checked before anything connects.
+            SAGA_DATABASE__URL="postgresql://nobody@127.0.0.1:1/nothing",
+            SAGA_METRICS__HOST="127.0.0.1",
+            SAGA_METRICS__PORT=str(port),
+        )
+        done = subprocess.run(
+            [sys.executable, "-m", "processor", "run"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 2, done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "set SAGA_METRICS__PORT to a free port" in done.stderr
+    assert "Traceback" not in done.stderr
