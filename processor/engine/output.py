@@ -12,6 +12,8 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, Literal
 
+from pydantic_core import to_json
+
 from processor.engine.decode import (
     Event,
     FiredDeadline,
@@ -23,6 +25,7 @@ from processor.engine.rows import (
     DeadLetter,
     HistoryRow,
     Outcome,
+    SagaKey,
     SagaWrite,
     WriteSet,
 )
@@ -248,7 +251,8 @@ class Output:
         )
         ws.counts["dead-lettered"] += 1
 
-    def _flush(self, ws: WriteSet, w: Working) -> None:
+    def _flush(self, ws: WriteSet, w: Working, unstorable: dict[SagaKey, str]) -> None:
+        """Adds the saga's row, or its key to ``unstorable`` when its state cannot be stored."""
         if not w.dirty:
             return
         row = w.row
@@ -257,7 +261,13 @@ class Output:
             # A state that did not load is written back as it was, at its own version.
             state, state_version = row.state, row.state_version
         else:
-            state = bound.state_to_json(w.state) if w.state is not None else None
+            try:
+                state = bound.state_to_json(w.state) if w.state is not None else None
+                # As the store will encode it: a lone surrogate passes the dump, fails only here.
+                to_json(state)
+            except Exception as e:  # the saga's own values: park it, not the batch
+                unstorable[(bound.saga_type, w.saga_id)] = _unstorable(e)
+                return
             state_version = bound.state_version
         ws.sagas.append(
             # Positional (see _command): type, id, state, status, version, expected version,
@@ -285,6 +295,18 @@ class Output:
                 ws.deadline_deletes.append((*key, name))
             if insert is not None:
                 ws.deadline_inserts.append(insert)
+
+
+def _unstorable(error: Exception) -> str:
+    """Why a state cannot be stored, without its values (the error's text quotes them)."""
+    text = str(error)
+    if "utf-8" in text.lower() and ("decode" in text or "invalid" in text):
+        problem = "a bytes value is not valid UTF-8"
+    elif "surrogate" in text:
+        problem = "a string holds a lone surrogate (not valid Unicode)"
+    else:
+        problem = type(error).__name__
+    return f"state cannot be stored as JSON: {problem}"
 
 
 def trace_of(record: Record) -> tuple[str | None, str | None]:

@@ -5,8 +5,8 @@ in one transaction. Handlers only record intents, so a batch that fails to commi
 planned again from freshly loaded rows.
 
 Nothing that goes wrong for one saga escapes `plan()`: stored state that no longer loads, a
-handler that keeps failing, a command that cannot be encoded or a deadline without a handler
-parks that saga (its later records wait behind it) with a reason that names the error's type and
+handler that keeps failing, a command that cannot be encoded, a deadline without a handler or a
+new state that cannot be stored as JSON parks that saga (its later records wait behind it) with a reason that names the error's type and
 where it happened, never payload values.
 
 The steps live in bases of `Planner`, one module each: `steps` (events, fired deadlines, records
@@ -204,6 +204,25 @@ class Planner(OperatorSteps):
         Returns:
             Every write of the batch; never raises for one saga's problem.
         """
+        failing: dict[SagaKey, str] = {}
+        while True:
+            ws, unstorable = self._pass(items, loaded, now, unrouted, replay, failing)
+            if not unstorable:
+                return ws
+            # Rare: a handler left a state that cannot be stored (a bytes value that is not
+            # UTF-8, a lone surrogate). That saga is parked at its first item of the batch, with
+            # the state it had before, and the batch is planned again without its effects.
+            failing.update(unstorable)
+
+    def _pass(
+        self,
+        items: Sequence[Item | Rejected],
+        loaded: Loaded,
+        now: datetime,
+        unrouted: int,
+        replay: bool,
+        failing: Mapping[SagaKey, str],
+    ) -> tuple[WriteSet, dict[SagaKey, str]]:
         ws = WriteSet()
         ws.counts["unrouted"] += unrouted
         working: dict[SagaKey, Working] = {}
@@ -218,7 +237,11 @@ class Planner(OperatorSteps):
                 w = working[key] = self._load(
                     item.bound, item.saga_id, loaded.sagas.get(key), key in loaded.tombstones
                 )
+                if key in failing:
+                    self._fail(ws, w, item, failing[key])
+                    continue
             self._step(ws, w, item, loaded, now, seen, replay=replay)
+        unstorable: dict[SagaKey, str] = {}
         for w in working.values():
-            self._flush(ws, w)
-        return ws
+            self._flush(ws, w, unstorable)
+        return ws, unstorable
