@@ -4,10 +4,10 @@ Pure: the caller loads what `wants()` names, calls `plan()`, and writes the retu
 in one transaction. Handlers only record intents, so a batch that fails to commit is simply
 planned again from freshly loaded rows.
 
-Nothing that goes wrong for one saga escapes `plan()`: stored state that no longer loads, a
-handler that keeps failing, a command that cannot be encoded, a deadline without a handler or a
-new state that cannot be stored as JSON parks that saga (its later records wait behind it) with a reason that names the error's type and
-where it happened, never payload values.
+Nothing that goes wrong for one saga escapes `plan()`: stored state that no longer loads, a handler
+that keeps failing, a command that cannot be encoded, a deadline without a handler or a new state
+that cannot be stored as JSON parks that saga (its later records wait behind it) with a reason that
+names the error's type and where it happened, never payload values.
 
 The steps live in bases of `Planner`, one module each: `steps` (events, fired deadlines, records
 newer than the code), `operate` (operator records) and `output` (the rows a batch writes).

@@ -177,6 +177,8 @@ class ParkedMessage:
     saga_id: str
     record: Record
     reason: str
+    # The code error that parked the saga, for the log's traceback; never stored.
+    error: BaseException | None = None
 
 
 @dataclass

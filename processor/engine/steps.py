@@ -71,10 +71,20 @@ class Steps(Output):
             return w
         return Working(bound, saga_id, row, state, row.status, row.version, row.parked_reason)
 
-    def _fail(self, ws: WriteSet, w: Working, item: Item, reason: str) -> None:
-        """Parks the saga on ``item`` for a reason of its own (not held behind another)."""
+    def _fail(
+        self,
+        ws: WriteSet,
+        w: Working,
+        item: Item,
+        reason: str,
+        error: BaseException | None = None,
+    ) -> None:
+        """Parks the saga on ``item`` for a reason of its own (not held behind another).
+
+        ``error``, the code error behind it if any, is logged with its traceback.
+        """
         w.parked_reason = reason
-        self._park(ws, w, item, reason, Outcome.PARKED)
+        self._park(ws, w, item, reason, Outcome.PARKED, error)
         ws.counts["handler-failed"] += 1
 
     def _event(
@@ -202,12 +212,13 @@ class Steps(Output):
             except HandlerError as e:
                 error = e
             except Exception as e:  # not the handler's: no retry would change it
-                self._fail(ws, w, item, describe_error(e)[:1000])
+                self._fail(ws, w, item, describe_error(e)[:1000], e)
                 return False
         else:
             assert error is not None
             cause = error.cause if getattr(error, "cause", None) is not None else error
-            self._fail(ws, w, item, f"{error.handler_name}: {describe_error(cause)}"[:1000])
+            reason = f"{error.handler_name}: {describe_error(cause)}"[:1000]
+            self._fail(ws, w, item, reason, error)
             return False
         correlation = self._correlation(item)
         record = item.decoded.record
@@ -223,7 +234,7 @@ class Steps(Output):
             except Exception as e:  # e.g. a class nobody registered: nothing is applied
                 what = type(intent.message).__qualname__
                 reason = f"{outcome.handler_name}: command {i} ({what}): {describe_error(e)}"
-                self._fail(ws, w, item, reason[:1000])
+                self._fail(ws, w, item, reason[:1000], e)
                 return False
         w.state = outcome.state
         w.version += 1
@@ -289,9 +300,19 @@ class Steps(Output):
             "due_at": self._iso(op.due_at),
         }
 
-    def _park(self, ws: WriteSet, w: Working, item: Item, reason: str, outcome: Outcome) -> None:
+    def _park(
+        self,
+        ws: WriteSet,
+        w: Working,
+        item: Item,
+        reason: str,
+        outcome: Outcome,
+        error: BaseException | None = None,
+    ) -> None:
         w.status = PARKED
         w.version += 1
         w.dirty = True
-        ws.parked.append(ParkedMessage(w.bound.saga_type, w.saga_id, item.decoded.record, reason))
+        ws.parked.append(
+            ParkedMessage(w.bound.saga_type, w.saga_id, item.decoded.record, reason, error)
+        )
         self._history(ws, w, item, outcome, version=w.version, detail=reason)

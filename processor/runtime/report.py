@@ -54,7 +54,6 @@ def report_parked(parked: Iterable[ParkedMessage]) -> None:
         if p.reason == _BEHIND:
             held[(p.saga_type, p.saga_id)] += 1
             continue
-        error = getattr(p, "error", None)
         log.error(
             "saga parked: saga_type=%s saga_id=%s message_id=%s message_type=%s at %s; "
             "reason: %s%s",
@@ -64,7 +63,7 @@ def report_parked(parked: Iterable[ParkedMessage]) -> None:
             _message_type(p.record),
             _position(p.record),
             _clip(p.reason),
-            safe_traceback(error) if isinstance(error, BaseException) else "",
+            safe_traceback(p.error) if p.error is not None else "",
             extra=_ids(p.record, p.saga_type, p.saga_id),
         )
     for (saga_type, saga_id), n in held.items():

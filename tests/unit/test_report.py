@@ -14,6 +14,7 @@ from processor.runtime.report import (
     report_failed_outbox,
     safe_traceback,
 )
+from tests.unit.test_plan import Gate, Log, Opened, _loaded, _plan, _planner
 
 SECRET = "4111-1111-1111-1111"
 
@@ -105,3 +106,19 @@ def test_safe_traceback_names_frames_and_types_but_not_the_exception_text() -> N
     assert "builtins.ValueError" in text
     assert "builtins.RuntimeError" in text
     assert SECRET not in text
+
+
+def test_a_handler_error_that_parks_a_saga_is_logged_with_its_frames(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = Log()
+    ws = _plan(_planner(Gate(failures=10)), [log.event(Opened(order_id="o1"))], _loaded())
+    [parked] = ws.parked
+    assert parked.error is not None
+    with caplog.at_level(logging.INFO, logger="processor.report"):
+        report_committed(ws)
+    [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    # The handler's own frame and the error's type: where the code failed.
+    assert "Traceback (most recent call last, exception text left out)" in line
+    assert ", in opened" in line
+    assert "processor.errors.HandlerError" in line
