@@ -24,7 +24,7 @@ from typing import TypeVar
 from processor.engine.decode import Decoded, decode
 from processor.engine.overlay import overlay
 from processor.engine.plan import Planner
-from processor.engine.records import OffsetCommit, Record
+from processor.engine.records import Record
 from processor.engine.rows import WriteSet
 from processor.errors import CommitInDoubt, Failure, LockBusy, RecordDataError, RuntimeFailure
 from processor.messages import MessageRegistry
@@ -412,21 +412,18 @@ class Worker:
 
     def _isolate(self, batch: Batch) -> bool:
         """Dead-letters the records the database refuses, commits the rest of the batch."""
+        # Offsets expect what the failed batch expected (nothing of it was committed), under
+        # the epochs it had: not this replica's ownership now, which a revocation since may
+        # have changed (the epoch check then refuses the write, as for any stale batch).
+        positions = {(e.topic, e.partition): Owned(e.epoch, e.expected) for e in batch.offsets}
 
         def attempt(decoded: list[Decoded], dry_run: bool) -> WriteSet:
-            part = self._batch(decoded)
-            # Offsets expect what the failed batch expected: nothing of it was committed.
-            offsets = [
-                OffsetCommit(o.topic, o.partition, o.next_offset, e.expected, e.epoch)
-                for o in part.offsets
-                for e in batch.offsets
-                if (e.topic, e.partition) == (o.topic, o.partition)
-            ]
+            part = Batch.of(decoded, self.planner, positions)
             loaded = self._control(lambda: self.control.load(part.wants), "load")
             ws = self.planner.plan(part.items, loaded, loaded.now, unrouted=part.unrouted)
             self._call(
                 self._write_lane,
-                lambda: self.store.write(ws, offsets, dry_run=dry_run),
+                lambda: self.store.write(ws, part.offsets, dry_run=dry_run),
                 "batch write",
             )
             return ws

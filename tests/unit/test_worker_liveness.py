@@ -232,6 +232,27 @@ def test_a_record_the_database_refuses_is_dead_lettered_and_the_rest_commit(live
     assert t.offsets[P0][1] == 5, "the partition moved past the refused record"
 
 
+def test_a_revocation_before_the_refused_records_are_isolated_does_not_stop_the_worker(
+    live: Live,
+) -> None:
+    rig, store = live.rig, live.store
+    rig.consumer.assign([P0])
+    store.refuse = {"m3"}
+    for i in range(1, 6):
+        rig.send(P0, requested(f"t{i}"), f"m{i}")
+    rig.worker.poll_once()  # the batch goes to the write lane, where the database refuses it
+    rig.consumer.revoke([P0])  # before the worker settles it and isolates the record
+
+    # Raised KeyError: the isolation asked this replica's ownership now for the offsets.
+    rig.worker.settle()
+
+    # Isolated under the epoch the batch had (no other owner claimed the partition since).
+    assert [rig.applied(f"t{i}") for i in (1, 2, 4, 5)] == [["m1"], ["m2"], ["m4"], ["m5"]]
+    [letter] = rig.tables.dead_letters
+    assert letter.record.offset == 2
+    assert rig.tables.offsets[P0][1] == 5
+
+
 def test_batches_end_at_the_byte_bound_and_nothing_is_lost(live: Live) -> None:
     rig = live.rig
     rig.worker.max_batch_bytes = 1000  # each event's value is about 150 bytes
