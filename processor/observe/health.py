@@ -55,14 +55,16 @@ def readiness(
 
     Args:
         sample_age: Seconds since the last good sample of the database; None before it.
-        sample_error: Why the last sample failed, if it did.
+        sample_error: Why the last sample failed, if it did (the last attempt, not an old one).
         schema_version: The version the last good sample read.
         expected_version: The version this build migrates to.
         worker: ``Worker.health()``; None before the consumer exists.
         stale_after: Oldest good sample that still counts as "reachable".
     """
     problems: list[str] = []
-    if sample_age is None or sample_age >= stale_after:
+    # The last attempt failing counts at once: an idle replica touches the database only through
+    # the sampler, and waiting for the good sample to go stale kept an outage ready for a minute.
+    if sample_error is not None or sample_age is None or sample_age >= stale_after:
         problems.append("database not reachable" + (f": {sample_error}" if sample_error else ""))
     if schema_version is not None and schema_version != expected_version:
         problems.append(f"schema at version {schema_version}, expected {expected_version}")

@@ -73,8 +73,10 @@ class Observability:
                 processor.settings.consumer.group_id,
                 processor.instance_id,
             ),
-            # A sample older than this makes /readyz fail anyway: waiting longer gains nothing.
-            bound=self._stale_after,
+            # A sample that takes longer than an interval (the database black-holed) fails, so
+            # /readyz says so within about one interval; never less than 10 s, which a healthy
+            # database under load may need, nor more than a sample stays good.
+            bound=min(self._stale_after, max(ms.sample_interval.total_seconds(), 10.0)),
         )
         self.sampler = Sampler(
             self._gauges.sample, self.metrics, ms.sample_interval.total_seconds()

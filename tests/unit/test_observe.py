@@ -117,6 +117,12 @@ def test_readiness_needs_a_recent_sample_the_schema_and_claimed_partitions() -> 
         "database not reachable: OperationalError"
         in ready(sample_age=20.0, sample_error="OperationalError").detail["problems"][0]
     )
+    # The last sample failed: not ready at once, though the last good one is still fresh.
+    failed = ready(sample_age=1.0, sample_error="OperationalError: connection refused")
+    assert not failed.ok
+    assert failed.detail["problems"] == [
+        "database not reachable: OperationalError: connection refused"
+    ]
     assert not ready(schema_version=4).ok
     assert not ready(worker={**worker, "detached": True}).ok
     assert not ready(worker={**worker, "unclaimed": 1}).ok
