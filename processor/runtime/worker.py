@@ -234,6 +234,12 @@ class Worker:
                 for tp, (_, nxt) in self._claim().items():
                     consumer.seek(tp, nxt)
                     consumer.resume([tp])
+        if self._unclaimed:
+            # Partitions that cannot be claimed are held from the group as much as failing
+            # batches are: the same bound gives them back.
+            self._give_back_if_unavailable()
+            if self.detached:
+                return 0
         if self._unsynced:
             # Keep polling, so the group keeps this replica while the store is away; what is
             # read now is read again from the stored positions once they can be read.

@@ -285,6 +285,23 @@ def test_partitions_that_cannot_be_claimed_wait_paused_until_they_can(live: Live
     assert rig.applied("t1") == ["m1"]
 
 
+def test_a_replica_that_cannot_claim_any_partition_gives_them_back_after_the_bound(
+    live: Live,
+) -> None:
+    rig, store, clock = live.rig, live.store, live.clock
+    store.down = True
+    rig.consumer.assign([P0, P1])  # both claims fail inside the rebalance callback
+    live.step()
+    clock.now += BOUND - 1
+    live.step()
+    assert not rig.worker.detached, "gave up before the bound"
+
+    clock.now += 2
+    live.step()  # held them for good: a failed claim never asked whether to give them back
+    assert rig.worker.detached
+    assert rig.consumer.assignment() == []
+
+
 def test_claims_while_the_database_is_down_back_off_instead_of_one_per_poll(live: Live) -> None:
     rig, store, clock = live.rig, live.store, live.clock
     store.down = True
