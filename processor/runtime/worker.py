@@ -135,6 +135,8 @@ class Worker:
         self._carry: list[Record] = []
         # Positions must be read back from the store before the next batch.
         self._unsynced = False
+        # A batch whose commit outcome is unknown until the stored offsets can be read.
+        self._doubt: Planned | None = None
         self._availability = Availability(clock)
         self._clock = clock
         # No claim retry before this time: the partitions' rows were busy.
@@ -461,12 +463,21 @@ class Worker:
         self._resync(in_doubt=planned)
 
     def _resync(self, in_doubt: Planned | None = None) -> bool:
-        """After a failed or in-doubt commit: trust only what the store says was committed."""
+        """After a failed or in-doubt commit: trust only what the store says was committed.
+
+        An in-doubt batch is kept until the stored offsets can be read, however many tries
+        that takes, so its outcome (and its parked sagas' and dead letters' log lines) is
+        found rather than forgotten.
+        """
         if not self._unsynced:
             self.stats.resyncs += 1
         self._unsynced = True
         self._carry = []
+        in_doubt = self._doubt = in_doubt or self._doubt
         tps = list(self.owned)
+        if in_doubt is not None:
+            # Its partitions too, should they have been revoked since.
+            tps += [tp for tp in in_doubt.batch.last if tp not in self.owned]
         try:
             stored = self._control(lambda: self.control.read_offsets(tps), "read offsets")
         except RuntimeFailure as e:
@@ -480,6 +491,7 @@ class Worker:
             else:
                 log.warning("could not read the stored offsets (%s); trying again", e)
             return False
+        self._doubt = None
         if in_doubt is not None:
             committed = all(
                 stored.get((o.topic, o.partition)) == (o.epoch, o.next_offset)

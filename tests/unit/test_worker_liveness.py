@@ -213,6 +213,33 @@ def test_a_commit_that_never_answers_is_abandoned_as_in_doubt(
     assert rig.applied("t1") == ["m1"], "applied exactly once after the silence"
 
 
+def test_an_in_doubt_commit_is_resolved_once_the_offsets_can_be_read_again(
+    live: Live, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig, store = live.rig, live.store
+    rig.worker.unavailable_timeout = 0.2  # real seconds: the lane wait is real time
+    rig.consumer.assign([P0])
+    rig.send(P0, requested("t1"), "m1")
+    caplog.set_level(logging.WARNING, logger="processor.runtime.worker")
+
+    store.silent.set()  # the commit blocks, as on a black-holed connection ...
+    rig.worker.poll_once()
+    store.down = True  # ... and so does the read-back of the offsets
+    assert rig.worker.settle() is False
+    messages = [r.message for r in caplog.records]
+    assert any("outcome still unknown" in m for m in messages)
+    assert not any("outcome found" in m for m in messages)
+
+    store.down = False
+    store.silent.clear()  # new writes go through; the abandoned one stays blocked
+    live.clock.now += 10
+    live.step()  # was forgotten: only the offsets were read again, the batch never resolved
+    assert any("outcome found: not committed" in r.message for r in caplog.records)
+    for _ in range(3):
+        live.step()
+    assert rig.applied("t1") == ["m1"], "applied exactly once after the silence"
+
+
 def test_a_record_the_database_refuses_is_dead_lettered_and_the_rest_commit(live: Live) -> None:
     rig, store = live.rig, live.store
     rig.consumer.assign([P0])
