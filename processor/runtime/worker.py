@@ -137,6 +137,8 @@ class Worker:
         self._unsynced = False
         # A batch whose commit outcome is unknown until the stored offsets can be read.
         self._doubt: Planned | None = None
+        # The last commit failed or hung, and none has succeeded since.
+        self._writes_failing = False
         self._availability = Availability(clock)
         self._clock = clock
         # No claim retry before this time: the partitions' rows were busy.
@@ -301,6 +303,7 @@ class Worker:
                 log.warning("batch of %d records not committed: fenced (%s); resyncing", size, e)
             else:
                 self._availability.failed()
+                self._writes_failing = True
                 log.warning("batch of %d records not committed (%s); resyncing", size, e)
             self._resync()
             return False
@@ -398,6 +401,7 @@ class Worker:
 
     def _committed(self, planned: Planned) -> None:
         self._availability.succeeded()
+        self._writes_failing = False
         self.stats.batches += 1
         self.stats.records += planned.batch.size
         self.stats.counts.update(planned.ws.counts)
@@ -455,6 +459,7 @@ class Worker:
     def _in_doubt(self, planned: Planned, error: RuntimeFailure) -> None:
         self.stats.rejected_batches += 1
         self._availability.failed()
+        self._writes_failing = True
         log.warning(
             "batch of %d records: commit outcome unknown (%s); reading the stored offsets",
             planned.batch.size,
@@ -505,7 +510,10 @@ class Worker:
             if committed:
                 self._committed(in_doubt)
         self._unsynced = False
-        self._availability.succeeded()
+        if not self._writes_failing:
+            # Reads that work end an outage, unless commits are what fails: then only a commit
+            # does, so a replica that reads but cannot commit still gives its partitions back.
+            self._availability.succeeded()
         lost = []
         for tp in tps:
             epoch, nxt = stored.get(tp, (None, None))

@@ -47,6 +47,7 @@ class Flaky(MemoryBatchStore):
         self.silent = threading.Event()  # set: writes block until released
         self.release = threading.Event()
         self.refuse: set[str] = set()  # applied message ids the "database" refuses
+        self.commits_fail = False  # every write fails as retryable; reads still work
         self.busy = 0  # claims still to fail as if another session held the partitions' rows
         self.claims = 0  # claims tried
 
@@ -81,6 +82,8 @@ class Flaky(MemoryBatchStore):
         if self.silent.is_set():
             self.release.wait(30)
         self._gate()
+        if self.commits_fail:
+            raise Retryable("could not serialize access (40001)")
         if any(h.message_id in self.refuse and h.outcome is Outcome.APPLIED for h in ws.history):
             raise RecordDataError("22021", "invalid byte sequence for encoding")
         super().write(ws, offsets, before_commit=before_commit, dry_run=dry_run)
@@ -170,6 +173,33 @@ def test_an_unreachable_database_gives_the_partitions_back_then_rejoins(
     live.step()
     assert rig.applied("t2") == ["m2"]
     assert rig.tables.offsets[P0][1] == 2
+
+
+def test_commits_that_keep_failing_while_reads_work_give_the_partitions_back(
+    live: Live,
+) -> None:
+    rig, store, clock = live.rig, live.store, live.clock
+    rig.consumer.assign([P0])
+    rig.send(P0, requested("t1"), "m1")
+    store.commits_fail = True
+    # As the processor loops: each poll settles the batch the previous one submitted.
+    for _ in range(int(BOUND)):
+        rig.worker.poll_once()  # each commit fails; the offsets read back fine; redone
+        assert not rig.worker.detached, "gave up before the bound"
+        clock.now += 0.9
+    clock.now += BOUND
+    rig.worker.poll_once()
+    rig.worker.poll_once()
+    # The read-back after each failed commit ended the "outage" it had just begun: never.
+    assert rig.worker.detached
+
+    store.commits_fail = False
+    clock.now += 10
+    live.step()
+    assert not rig.worker.detached
+    live.step()
+    live.step()
+    assert rig.applied("t1") == ["m1"]
 
 
 def test_a_short_outage_is_ridden_out_without_leaving_the_group(live: Live) -> None:
