@@ -181,6 +181,17 @@ def private_stack(tmp_path: Path) -> Iterator[PrivateStack]:
         yield stack
 
 
+@pytest.fixture(scope="session")
+def order_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateStack]:
+    """A private stack, its broker behind a proxy, for the order-world tests to disturb.
+
+    Shared by them (one start-up instead of one each): each uses schemas and topics of its
+    own, and leaves the stack running, healed, whatever it did to it.
+    """
+    with _private_stack(tmp_path_factory.mktemp("order-stack"), proxied_kafka=True) as stack:
+        yield stack
+
+
 def new_workload(count: int) -> Workload:
     """`count` fresh transfer ids with no events published yet."""
     run = uuid.uuid4().hex[:6]

@@ -54,9 +54,9 @@ class Chaos:
 
 
 def test_every_command_once_every_reply_money_conserved(
-    private_stack: PrivateStack, tmp_path: Path
+    order_stack: PrivateStack, tmp_path: Path
 ) -> None:
-    stack = private_stack
+    stack = order_stack
     rng = random.Random(15)
     world = order_world(stack, tmp_path, saga="crash_saga", svc="crash_svc")
     chaos = Chaos(world)
