@@ -11,10 +11,10 @@ Each time one of the two also meets the worst a client library can do: its consu
 revocation callback (which runs inside the close) blocks for ever holding the interpreter lock,
 so no Python thread runs again (``tests.support.stuck``). Both processes still exit within their
 shutdown budget plus the native watchdog's margin (:mod:`processor.runtime.stopping`): the
-stuck one with exit code 1 after a dump of every thread, the other with 0 (or 3 if its budget
-ran out). Then the broker comes back, new processes take over, and every saga ends with each
-command applied once, answered once, and the books balanced: leaving early lost nothing and
-applied nothing twice.
+stuck one with exit code 1 after a dump of every thread, the other with 0 (3 if its budget ran
+out, 1 if librdkafka's close held the interpreter by itself). Then the broker comes back, new
+processes take over, and every saga ends with each command applied once, answered once, and the
+books balanced: leaving early lost nothing and applied nothing twice.
 """
 
 from __future__ import annotations
@@ -84,7 +84,9 @@ def _terminate(world: OrderWorld, stuck: str) -> None:
             assert "Timeout (" in text
             assert "in hold_the_interpreter" in text
         else:
-            assert code in (0, EXIT_OVERRAN), (name, code)
+            # Left to itself: a clean stop, an overrun, or librdkafka's own close holding the
+            # interpreter (the hang this bound exists for) ended by the watchdog.
+            assert code in (0, EXIT_OVERRAN, EXIT_STUCK), (name, code)
 
 
 def _flowing(world: OrderWorld, ended: int) -> None:
