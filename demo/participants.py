@@ -19,7 +19,7 @@ from decimal import Decimal
 import schemas  # noqa: F401 - registers the example message types
 from demo.orders import create_tables, order_participants, stock_up
 from processor.participant.definition import participant_of
-from processor.participant.service import ParticipantService
+from processor.participant.service import SHUTDOWN_TIMEOUT, ParticipantService
 from processor.runtime.hooks import Hooks
 from processor.runtime.stopping import ShutdownBound, exit_now, on_stop_signals
 from processor.settings import ConsumerSettings, RelaySettings
@@ -45,6 +45,7 @@ def build(
     only: Sequence[str] = (),
     application_name: str = "demo-order-participants",
     hooks: Hooks | None = None,
+    shutdown_timeout: timedelta = SHUTDOWN_TIMEOUT,
 ) -> ParticipantService:
     """The order participants (those named in ``only``, or all) as one service."""
     chosen = [
@@ -61,6 +62,7 @@ def build(
         relay=RelaySettings(poll_interval=timedelta(milliseconds=200)),
         application_name=application_name,
         hooks=hooks,
+        shutdown_timeout=shutdown_timeout,
     )
 
 
@@ -78,6 +80,12 @@ def main(argv: Sequence[str] | None = None, hooks: Hooks | None = None) -> int:
     p.add_argument("--only", default="", help="participant names, e.g. inventory,payment")
     p.add_argument("--stock", default="", help="stock levels, e.g. sku-1=100")
     p.add_argument("--wallets", default="", help="wallet balances, e.g. c-1=500.00")
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=SHUTDOWN_TIMEOUT.total_seconds(),
+        help="seconds a stop may take (default %(default)s)",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     service = build(
@@ -88,6 +96,7 @@ def main(argv: Sequence[str] | None = None, hooks: Hooks | None = None) -> int:
         group_id=args.group,
         only=[n for n in args.only.split(",") if n],
         hooks=hooks,
+        shutdown_timeout=timedelta(seconds=args.shutdown_timeout),
     )
     stock = {k: int(v) for k, v in _pairs(args.stock).items()}
     wallets = {k: Decimal(v) for k, v in _pairs(args.wallets).items()}

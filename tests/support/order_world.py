@@ -66,6 +66,8 @@ class OrderWorld:
     prefix: str
     saga: str
     svc: str
+    # Seconds a participant service's stop may take; None: the service's default.
+    participant_budget: float | None = None
     processors: list[ProcessorProcess] = field(default_factory=list)
     participants: list[ParticipantProcess] = field(default_factory=list)
     placed: list[OrderPlaced] = field(default_factory=list)
@@ -88,6 +90,7 @@ class OrderWorld:
             stock={"sku-1": STOCK} if n == 0 else None,
             wallets=WALLETS if n == 0 else None,
             fault=fault,
+            shutdown_timeout=self.participant_budget,
         )
         self.participants.append(proc)
         return proc
@@ -145,9 +148,18 @@ class OrderWorld:
 
 
 def order_world(
-    stack: PrivateStack, logs: Path, *, saga: str = "orders_saga", svc: str = "orders_svc"
+    stack: PrivateStack,
+    logs: Path,
+    *,
+    saga: str = "orders_saga",
+    svc: str = "orders_svc",
+    shutdown_timeout: float | None = None,
 ) -> OrderWorld:
-    """Creates this world's topics; starts nothing."""
+    """Creates this world's topics; starts nothing.
+
+    ``shutdown_timeout``: seconds a stop of the processor and of the participant service may
+    take (default: the tests' 10 s and the service's own default).
+    """
     prefix = f"k{uuid.uuid4().hex[:6]}."
     create_topics(
         stack.kafka,
@@ -163,8 +175,9 @@ def order_world(
         sagas=["sagas.order:OrderSaga"],
         # Long step timers: outcomes are decided by the services, not by the outages.
         settings={"order.payment-timeout": "PT10M", "order.review-timeout": "PT10M"},
+        **({} if shutdown_timeout is None else {"shutdown_timeout": f"{shutdown_timeout}s"}),
     )
-    return OrderWorld(stack, logs, settings, prefix, saga, svc)
+    return OrderWorld(stack, logs, settings, prefix, saga, svc, shutdown_timeout)
 
 
 def assert_books(world: OrderWorld) -> None:

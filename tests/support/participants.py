@@ -29,6 +29,7 @@ class ParticipantProcess:
         stock: Mapping[str, int] | None = None,
         wallets: Mapping[str, Decimal] | None = None,
         fault: Mapping[str, str] | None = None,
+        shutdown_timeout: float | None = None,
     ) -> None:
         """Starts ``python -m demo.participants``; with a ``fault`` (SAGA_FAULT_* variables,
         see tests.support.proc_main), the same service through tests.support.participant_main.
@@ -54,6 +55,8 @@ class ParticipantProcess:
             args += ["--stock", ",".join(f"{k}={v}" for k, v in stock.items())]
         if wallets:
             args += ["--wallets", ",".join(f"{k}={v}" for k, v in wallets.items())]
+        if shutdown_timeout is not None:
+            args += ["--shutdown-timeout", str(shutdown_timeout)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
         env.update(fault or {})
         env["PYTHONPATH"] = str(REPO)

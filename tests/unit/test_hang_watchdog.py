@@ -1,7 +1,7 @@
 """A hang fails the run with a thread dump and a clear line, even with the interpreter held.
 
-A pytest run of four tests, through ``tests/run.py`` as `make test` runs it, with a 2-second
-timeout and a 3-second grace: a test that waits for ever fails alone (pytest-timeout), the next
+A pytest run of four tests, through ``tests/run.py`` as `make test` runs it, with a 1-second
+timeout and a 2-second grace: a test that waits for ever fails alone (pytest-timeout), the next
 passes, and a test whose thread keeps the interpreter lock in a native call for ever (so that
 no Python code runs again, pytest-timeout's handler included) ends the run with every thread's
 stack, a line naming the test, and a process it had started ended.
@@ -47,7 +47,7 @@ def test_a_hang_with_the_interpreter_held_ends_the_run_with_every_stack(tmp_path
     tests = tmp_path / "suite"
     tests.mkdir()
     (tests / "test_hangs.py").write_text(HANGS)
-    env = {**os.environ, "SAGA_TEST_HANG_GRACE": "3", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "SAGA_TEST_HANG_GRACE": "2", "PYTHONPATH": str(REPO)}
     started = time.monotonic()
     done = subprocess.run(
         [
@@ -62,7 +62,7 @@ def test_a_hang_with_the_interpreter_held_ends_the_run_with_every_stack(tmp_path
             "-p",
             "no:cacheprovider",
             "-o",
-            "timeout=2",
+            "timeout=1",
             "--basetemp",
             str(tmp_path / "base"),
             "-v",
@@ -82,12 +82,12 @@ def test_a_hang_with_the_interpreter_held_ends_the_run_with_every_stack(tmp_path
     assert "test_waits_for_ever FAILED" in out, out
     assert "test_after_it PASSED" in out, out
     # The held interpreter: faulthandler's dump of every thread, the frame that holds it ...
-    assert "Timeout (0:00:05)!" in out, out
+    assert "Timeout (0:00:03)!" in out, out
     assert "in hold_the_interpreter" in out, out
     assert "in test_holds_the_interpreter" in out, out
     # ... and one line that says which test and why.
     assert "pytest ended (exit 1) inside " in out, out
-    assert "::test_holds_the_interpreter: it ran past its hard limit of 5 s" in out
+    assert "::test_holds_the_interpreter: it ran past its hard limit of 3 s" in out
     assert "test_never_reached" not in out
     # What the hung test started was ended.
     child = int((tmp_path / "child.pid").read_text())
