@@ -140,6 +140,16 @@ class World:
         finally:
             probe.close()
         lines.append(f"log ends {ends}; accounts {service.counters}")
+        try:
+            # The accounts service's own stored positions: behind the log ends, it stopped
+            # reading; at them with commands unhandled, it skipped some.
+            stored = self.db(
+                "SELECT partition, next_offset, owner FROM demo_accounts.consumer_offset"
+                " ORDER BY partition"
+            )
+            lines.append(f"accounts positions {stored}")
+        except Exception as e:
+            lines.append(f"accounts positions unreadable: {e!r}")
         for p in self.procs:
             tail = [ln for ln in p.log().splitlines() if " INFO " in ln or " WARNING " in ln][-12:]
             lines.append(f"{p.log_path.name} alive={p.alive()}:\n    " + "\n    ".join(tail))
