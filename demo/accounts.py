@@ -36,6 +36,8 @@ from demo.ledger import STEP_OF, Ledger
 from processor.messages import Message, MessageRegistry, registry
 from processor.participant import Replies, SkipDelivery, Sql, command_handler, participant
 from processor.participant.service import ParticipantService
+from processor.postgres.connect import connect
+from processor.postgres.participant import PostgresParticipantStore
 from processor.settings import ConsumerSettings, RelaySettings
 from schemas.transfers import (
     CreditAccount,
@@ -229,11 +231,19 @@ class AccountsService:
             application_name=application_name,
         )
         self.stop_event = self.service.stop_event
+        # Set-up and reads from other threads (a test's checks while the service runs) go
+        # through a store of their own: a connection serves one transaction at a time, and the
+        # service's store is its consumer's.
+        self._own = PostgresParticipantStore(
+            lambda: connect(database_url, application_name=f"{application_name}-reads"),
+            self.service.tables,
+        )
+        self._own_lock = threading.Lock()
         self.ledger = BoundLedger(self.accounts.ledger, self._in_transaction)
         self._in_transaction(self.accounts.ledger.create)
 
     def _in_transaction(self, work: Callable[[Sql], T]) -> T:
-        with self.service.store.transaction() as tx:
+        with self._own_lock, self._own.transaction() as tx:
             return work(tx.sql)
 
     def open_accounts(self, balances: Mapping[str, Decimal], closed: Iterable[str] = ()) -> None:
@@ -272,6 +282,7 @@ class AccountsService:
 
     def close(self) -> None:
         self.service.close()
+        self._own.close()
 
 
 # -- command line ------------------------------------------------------------------------------

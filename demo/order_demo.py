@@ -104,10 +104,11 @@ def start_order_participants(
     cleanup.callback(stop)
 
     def totals() -> tuple[Decimal, int]:
-        with service.store.transaction() as tx:
-            tx.sql.execute(f'SET LOCAL search_path TO "{schema}"')
-            money = tx.sql.execute("SELECT coalesce(sum(balance), 0) FROM wallet").fetchone()
-            held = tx.sql.execute(
+        # A connection of its own: the service's serves its consumer thread, one transaction
+        # at a time.
+        with psycopg.connect(database, options=f"-c search_path={schema}") as conn:
+            money = conn.execute("SELECT coalesce(sum(balance), 0) FROM wallet").fetchone()
+            held = conn.execute(
                 "SELECT (SELECT coalesce(sum(available), 0) FROM stock) + (SELECT "
                 "coalesce(sum(quantity), 0) FROM reservation WHERE NOT released)"
             ).fetchone()
