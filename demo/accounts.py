@@ -231,20 +231,23 @@ class AccountsService:
             application_name=application_name,
         )
         self.stop_event = self.service.stop_event
-        # Set-up and reads from other threads (a test's checks while the service runs) go
-        # through a store of their own: a connection serves one transaction at a time, and the
-        # service's store is its consumer's.
-        self._own = PostgresParticipantStore(
-            lambda: connect(database_url, application_name=f"{application_name}-reads"),
-            self.service.tables,
-        )
-        self._own_lock = threading.Lock()
+        # Set-up and reads from other threads (a test's checks while the service runs) each
+        # take a connection of their own: one serves one transaction at a time, the service's
+        # store is its consumer's, and a kept one would be stale after a database restart.
+        self._url = database_url
+        self._reads_name = f"{application_name}-reads"
         self.ledger = BoundLedger(self.accounts.ledger, self._in_transaction)
         self._in_transaction(self.accounts.ledger.create)
 
     def _in_transaction(self, work: Callable[[Sql], T]) -> T:
-        with self._own_lock, self._own.transaction() as tx:
-            return work(tx.sql)
+        store = PostgresParticipantStore(
+            lambda: connect(self._url, application_name=self._reads_name), self.service.tables
+        )
+        try:
+            with store.transaction() as tx:
+                return work(tx.sql)
+        finally:
+            store.close()
 
     def open_accounts(self, balances: Mapping[str, Decimal], closed: Iterable[str] = ()) -> None:
         self._in_transaction(lambda sql: self.accounts.ledger.open_accounts(sql, balances, closed))
@@ -282,7 +285,6 @@ class AccountsService:
 
     def close(self) -> None:
         self.service.close()
-        self._own.close()
 
 
 # -- command line ------------------------------------------------------------------------------
