@@ -49,9 +49,19 @@ def marked(mark: str) -> list[int]:
     return found
 
 
+def _describe(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        args = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+        main = next((a for a in reversed(args) if a and not a.startswith(b"-")), b"?")
+        return f"{pid} ({main.decode(errors='replace')[-60:]})"
+    return str(pid)
+
+
 def end_marked(mark: str, grace: float = 10.0) -> int:
     """SIGTERM, then SIGKILL past ``grace``, for every process of the run; returns how many."""
     pids = marked(mark)
+    if pids:
+        _echo("left behind: " + ", ".join(_describe(p) for p in pids))
     for pid in pids:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGTERM)

@@ -27,6 +27,7 @@ from processor.kafka.client import SagaConsumer
 from processor.kafka.producer import KafkaRecordProducer, make_producer, relay_overrides
 from processor.messages import MessageRegistry, registry
 from processor.participant.kit import CommandKit
+from processor.participant.rewind import RewindGuard
 from processor.postgres.connect import connect
 from processor.postgres.notify import PostgresWakeSource
 from processor.postgres.outbox import PostgresOutboxStore
@@ -136,6 +137,7 @@ class ParticipantService:
             topics = sorted(t for t in found if t is not None)
         self.topics = [self._names.name(t) for t in topics]
         self.failed_rounds = 0
+        self._guard = RewindGuard(lambda tp, offset: None)  # replaced by the consumer's
 
     def _connect(self) -> Any:
         return connect(self._url, application_name=self._app)
@@ -145,6 +147,7 @@ class ParticipantService:
         # from the beginning of the partition (safe with the inbox, but slow).
         attempts = 0
         log.info("partitions assigned: %s", sorted(tps))
+        self._guard.forget(tps)
         while True:
             try:
                 return self.store.positions(self.group_id, tps)
@@ -192,13 +195,14 @@ class ParticipantService:
             max_poll_interval_ms=int(self._cs.max_poll_interval.total_seconds() * 1000),
             max_batch_bytes=self._cs.max_batch_bytes,
         )
+        self._guard = RewindGuard(consumer.seek)
         failures = 0
         try:
             while not stop.is_set():
-                records = consumer.consume(
-                    self._cs.batch_size, self._cs.batch_timeout.total_seconds()
+                records = self._guard.admit(
+                    consumer.consume(self._cs.batch_size, self._cs.batch_timeout.total_seconds())
                 )
-                if self.handle_batch(consumer, records):
+                if self.handle_batch(records):
                     failures = 0
                     # PostgreSQL holds the positions; Kafka's copy only serves lag tools.
                     consumer.commit_advisory(
@@ -217,9 +221,10 @@ class ParticipantService:
 
     def _revoked(self, tps: list[TP]) -> None:
         self.hooks.fire("revoke")
+        self._guard.forget(tps)
         log.info("partitions revoked: %s", sorted(tps))
 
-    def handle_batch(self, consumer: SagaConsumer, records: Sequence[Record]) -> bool:
+    def handle_batch(self, records: Sequence[Record]) -> bool:
         """Handles records in order; on a transient failure rewinds and returns False."""
         for i, record in enumerate(records):
             try:
@@ -231,8 +236,7 @@ class ParticipantService:
                 firsts: dict[TP, int] = {}
                 for r in records[i:]:
                     firsts.setdefault((r.topic, r.partition), r.offset)
-                for tp, offset in firsts.items():
-                    consumer.seek(tp, offset)
+                self._guard.rewind(firsts)
                 return False
         return True
 

@@ -5,11 +5,21 @@ from __future__ import annotations
 from datetime import timedelta
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 from psycopg.types.json import set_json_loads
 from pydantic_core import from_json
 
 from processor.postgres.schema import Tables, migrate
+
+TCP_BOUNDS: dict[str, int] = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
+"""libpq connection parameters that bound how long a call waits on a silent peer."""
 
 
 def connect(
@@ -43,12 +53,20 @@ def connect(
         options += f" -c idle_in_transaction_session_timeout={ms}"
     if keyed:
         options += " -c enable_seqscan=off -c enable_hashjoin=off -c enable_mergejoin=off"
+    given = conninfo_to_dict(url)
+    # A peer that vanished without a FIN or RST (packets dropped by a partition, a host gone)
+    # leaves a blocked call waiting on TCP retransmission for ~15 minutes by the kernel's
+    # defaults. These bound it near half a minute: keepalive probes find a silent peer while a
+    # call waits for an answer, and the user timeout ends one whose sent data stays unacked.
+    # A value in the URL wins.
+    bounds = {k: v for k, v in TCP_BOUNDS.items() if k not in given}
     conn = psycopg.connect(
         url,
         autocommit=autocommit,
         application_name=application_name,
         options=options,
         connect_timeout=10,
+        **bounds,
     )
     # pydantic-core's parser is several times faster than json.loads for jsonb columns.
     set_json_loads(from_json, conn)
