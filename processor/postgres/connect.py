@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import TupleRow
 from psycopg.types.json import set_json_loads
 from pydantic_core import from_json
@@ -61,12 +61,11 @@ def connect(
     # A value in the URL wins.
     bounds = {k: v for k, v in TCP_BOUNDS.items() if k not in given}
     conn = psycopg.connect(
-        url,
+        make_conninfo(url, **bounds),
         autocommit=autocommit,
         application_name=application_name,
         options=options,
         connect_timeout=10,
-        **bounds,
     )
     # pydantic-core's parser is several times faster than json.loads for jsonb columns.
     set_json_loads(from_json, conn)
