@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from processor.engine.records import Record
+from processor.engine.records import UNREADABLE_HEADER_NAME, Record
 from processor.errors import UnknownMessageType
 from processor.messages import Message, MessageMetadata, MessageRegistry
 from processor.wire import (
@@ -345,6 +345,8 @@ def _headers(record: Record) -> dict[str, str] | Rejected:
 def _each_header(record: Record) -> dict[str, str] | Rejected:
     out: dict[str, str] = {}
     for name, raw in record.headers:
+        if name == UNREADABLE_HEADER_NAME:
+            return Rejected(record, Reason.INVALID_HEADER, "a header name is not valid UTF-8")
         if "\x00" in name:
             return Rejected(record, Reason.INVALID_HEADER, "a header name holds a NUL character")
         if b"\x00" in raw:

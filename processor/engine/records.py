@@ -5,6 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+UNREADABLE_HEADER_NAME = "\x00unreadable-headers"
+"""Stands for a record's headers when the client could not read them (a name that is not
+valid UTF-8). The NUL keeps it apart from every real header name, which may not hold one."""
+
+UNREADABLE_HEADERS: tuple[tuple[str, bytes], ...] = ((UNREADABLE_HEADER_NAME, b""),)
+
 
 # Not frozen: a frozen dataclass sets each field through object.__setattr__ (about 0.1 us a
 # field), and one is built per event; nothing changes it once built.

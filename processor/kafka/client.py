@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -16,7 +17,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from processor.engine.records import Record
+from processor.engine.records import UNREADABLE_HEADERS, Record
 from processor.errors import RuntimeFailure
 from processor.kafka.logs import client_logger
 
@@ -28,9 +29,32 @@ TP = tuple[str, int]
 _MARKS_TIMEOUT = 2.0
 
 
+# Not msg.headers(): for a header name that is not valid UTF-8, confluent-kafka returns a list
+# holding a NULL item *and* sets an exception. A plain call raises SystemError only until the
+# interpreter specialises the call site (Python 3.11+); the specialised call checks the result
+# with an assert that release builds drop, hands back the broken list, and the next read of it
+# crashes the process. A call made through the C API (methodcaller) always checks it.
+_read_headers = operator.methodcaller("headers")
+
+
 def to_record(msg: Any) -> Record:
     ts_type, ts = msg.timestamp()
-    headers = msg.headers()
+    try:
+        headers = _read_headers(msg)
+    except (SystemError, UnicodeDecodeError):
+        # A header name that is not valid UTF-8 (legal on the wire; Go, Java and C producers can
+        # send one): confluent-kafka fails to make a str of it. The record goes on with a marker
+        # in place of its headers, and decoding dead-letters it with its key and value intact.
+        # The broken list stays inside the message object, never touched again.
+        return Record(
+            msg.topic(),
+            msg.partition(),
+            msg.offset(),
+            msg.key(),
+            msg.value(),
+            UNREADABLE_HEADERS,
+            ts if ts_type != 0 else None,
+        )
     return Record(
         msg.topic(),
         msg.partition(),

@@ -41,6 +41,7 @@ from tests.support.harness import (
     settings_for,
     wait_until,
 )
+from tests.support.raw_headers import produce_raw_headers
 
 pytestmark = pytest.mark.integration
 
@@ -225,6 +226,43 @@ def test_records_the_store_cannot_hold_are_dead_lettered_and_good_ones_flow(
         assert [h["dead-letter-reason"] for h in heads] == [r for *_, r in bad]
         # The records travel unchanged (only NULs in stored header text are replaced).
         assert [(m.key(), m.value()) for m in dead.records] == [(k, v) for k, v, _, _ in bad]
+    finally:
+        dead.close()
+
+
+WARM_UP = 100
+
+
+def test_a_header_name_that_is_not_utf8_is_dead_lettered_and_the_line_goes_on(
+    env: Env, kafka_bootstrap: str
+) -> None:
+    tab = _tab()
+    opened = TabOpened(tab_id=tab, amount=1)
+    body = opened.model_dump_json().encode()
+    headers = [(k.encode(), v) for k, v in headers_for(opened)] + [(b"\xff\xfe-name", b"x")]
+    dead = Reader(kafka_bootstrap, [env.events.replace(EVENTS, DEAD_LETTERS)])
+    try:
+        with running(env.settings, [TabV1], dependencies={Gate: Gate()}):
+            # Enough records first that the interpreter has specialised the consumer's calls:
+            # a specialised call reads a broken header list where a fresh one raises.
+            env.publish(*(TabOpened(tab_id=_tab()) for _ in range(WARM_UP)), opened)
+            # Legal on the wire; confluent-kafka cannot send it, a C, Go or Java producer can.
+            produce_raw_headers(kafka_bootstrap, env.events, 0, tab.encode(), body, headers)
+            env.publish(TabClosed(tab_id=tab))
+            wait_until(
+                lambda: env.db("SELECT sum(next_offset) FROM consumer_offset") == [(WARM_UP + 3,)],
+                timeout=90,
+                what="stored offsets past every record",
+            )
+            dead.wait_for(lambda rs: len(rs) >= 1, timeout=90, what="the dead letter")
+        assert env.status(tab) == "ended"
+        rows = env.db("SELECT reason, detail, key FROM dead_letter")
+        assert [(r, d, bytes(k)) for r, d, k in rows] == [
+            ("invalid-header", "a header name is not valid UTF-8", tab.encode())
+        ]
+        [record] = dead.records
+        assert (record.key(), record.value()) == (tab.encode(), body)
+        assert dead.headers(record)["dead-letter-reason"] == "invalid-header"
     finally:
         dead.close()
 
