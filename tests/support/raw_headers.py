@@ -82,8 +82,8 @@ def produce_raw_headers(
     lib = _lib()
     err = ctypes.create_string_buffer(512)
     conf = lib.rd_kafka_conf_new()
-    for name, val in (("bootstrap.servers", bootstrap), ("acks", "all")):
-        if lib.rd_kafka_conf_set(conf, name.encode(), val.encode(), err, len(err)) != 0:
+    for setting, text in (("bootstrap.servers", bootstrap), ("acks", "all")):
+        if lib.rd_kafka_conf_set(conf, setting.encode(), text.encode(), err, len(err)) != 0:
             raise RuntimeError(err.value.decode())
     rk = lib.rd_kafka_new(0, conf, err, len(err))  # RD_KAFKA_PRODUCER
     if not rk:
