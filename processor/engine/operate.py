@@ -188,6 +188,8 @@ class OperatorSteps(Steps):
                     self._dead_letter(trial, x.record, x.reason, x.detail)
                 elif n < skip:
                     self._history(trial, replayed, x, Outcome.SKIPPED, detail=label)
+                    if isinstance(x.decoded, FiredDeadline):
+                        _drop_skipped_deadline(replayed, x.decoded, loaded)
                 else:
                     self._step(trial, replayed, x, loaded, now, trial_seen, replay=True)
                     if trial.parked:
@@ -228,6 +230,23 @@ class OperatorSteps(Steps):
 
 
 _REPLAYS = (OperatorAction.PARKED_RETRY, OperatorAction.PARKED_SKIP)
+
+
+def _drop_skipped_deadline(w: Working, fired: FiredDeadline, loaded: Loaded) -> None:
+    """A skipped fired deadline is consumed: its row goes, as an applied one's would.
+
+    Left in place, the row stays marked dispatched and fires again only when the lease moves
+    to another token, or never. Only the row this record fired is dropped: a deadline of the
+    same name scheduled after it (another id) stays.
+    """
+    row = loaded.deadlines.get(fired.deadline_id)
+    if row is not None and (row.saga_type, row.saga_id, row.name) == (
+        fired.saga_type,
+        fired.saga_id,
+        fired.name,
+    ):
+        w.deadline_ops[fired.name] = None
+        w.dirty = True
 
 
 def _where(record: Record) -> str:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from processor.engine.decode import Rejected, decode
+from processor.engine.decode import FiredDeadline, Rejected, decode
 from processor.engine.plan import TOO_NEW, Item, Planner
 from processor.engine.rows import (
     ACTIVE,
@@ -190,6 +190,7 @@ def retry_parked_saga(
             held = store.held_messages(saga_type, saga_id)
             ctx = _Replay(store, planner, registry, max_record_bytes)
             ws = ctx.plan(dataclasses.replace(found, status=ACTIVE), held[skip:])
+            ws.deadline_deletes[:0] = ctx.skipped_deadlines(key, held[:skip])
             if by is not None or skip:
                 ws.history[:0] = _operator_rows(saga_type, saga_id, held, skip, by, reason)
             if held:
@@ -263,6 +264,30 @@ class _Replay:
         if not any((s.saga_type, s.saga_id) == key for s in ws.sagas):
             self._unpark_unchanged(ws, row)
         return ws
+
+    def skipped_deadlines(
+        self, key: tuple[str, str], skipped: Sequence[HeldMessage]
+    ) -> list[tuple[str, str, str]]:
+        """The deadline rows that skipped fired records fired: consumed, so deleted.
+
+        Left in place, such a row stays marked dispatched and fires again only when the lease
+        moves to another token, or never. A row of the same name with another id (scheduled
+        after the one that fired) stays.
+        """
+        fired = [
+            d
+            for d in (decode(h.record, self.registry, self.max_record_bytes) for h in skipped)
+            if isinstance(d, FiredDeadline)
+        ]
+        if not fired:
+            return []
+        rows = self.store.load(Wants({key}, set(), {f.deadline_id for f in fired})).deadlines
+        out: list[tuple[str, str, str]] = []
+        for f in fired:
+            row = rows.get(f.deadline_id)
+            if row is not None and (row.saga_type, row.saga_id, row.name) == (*key, f.name):
+                out.append((*key, f.name))
+        return out
 
     def _unpark_unchanged(self, ws: WriteSet, row: SagaRow) -> None:
         """Nothing applied (e.g. every held message was a duplicate): lift the parking anyway."""

@@ -5,11 +5,11 @@ from __future__ import annotations
 from processor.engine.decode import decode
 from processor.engine.plan import Planner
 from processor.engine.records import Record
-from processor.engine.rows import WriteSet
+from processor.engine.rows import PARKED, DeadlineRef, HeldMessage, Loaded, SagaRow, WriteSet
 from processor.memory.store import MemoryBatchStore
 from processor.runner import bind_all
 from processor.wire import OperatorAction, OperatorRecord
-from tests.unit.test_plan import DEAD, NOW, REG, SAGA, Gate, Log, Noted, Opened, OrderSaga
+from tests.unit.test_plan import D1, DEAD, NOW, REG, SAGA, Gate, Log, Noted, Opened, OrderSaga
 
 KEY = b"operator-key"
 
@@ -142,3 +142,46 @@ def test_a_retry_replays_records_held_earlier_in_the_same_batch_then_later_ones_
         ("m-2", "applied"),
         ("m-4", "applied"),
     ]
+
+
+def test_a_skipped_fired_deadline_is_consumed_not_left_dispatched() -> None:
+    log = Log()
+    planner = _planner(Gate())
+    fired = log.fired(D1, 7)
+    held = HeldMessage(1, fired)
+    row = SagaRow(SAGA, "o1", {"order_id": "o1", "notes": []}, PARKED, 3, "remind failed")
+    ref = DeadlineRef(SAGA, "o1", "remind", NOW, None, 7)
+    loaded = Loaded(
+        sagas={(SAGA, "o1"): row},
+        applied=set(),
+        deadlines={D1: ref},
+        lease_token=8,  # the lease moved on while the saga was parked
+        now=NOW,
+        held={(SAGA, "o1"): [held]},
+    )
+    items, _ = planner.route([decode(_request(log, OperatorAction.PARKED_SKIP), REG, 1 << 20)])
+    ws = planner.plan(items, loaded, NOW)
+    assert [(h.message_id, h.outcome) for h in ws.history] == [
+        ("operator:c1", "applied"),
+        (f"deadline:{D1}", "skipped"),
+    ]
+    assert ws.deadline_deletes == [(SAGA, "o1", "remind")]
+    assert ws.held_releases == [1]
+
+
+def test_a_skipped_fired_deadline_leaves_a_later_deadline_of_the_same_name() -> None:
+    log = Log()
+    planner = _planner(Gate())
+    held = HeldMessage(1, log.fired(D1, 7))
+    row = SagaRow(SAGA, "o1", {"order_id": "o1", "notes": []}, PARKED, 3, "remind failed")
+    loaded = Loaded(
+        sagas={(SAGA, "o1"): row},
+        applied=set(),
+        deadlines={},  # the fired row is gone (cancelled and scheduled anew under another id)
+        lease_token=8,
+        now=NOW,
+        held={(SAGA, "o1"): [held]},
+    )
+    items, _ = planner.route([decode(_request(log, OperatorAction.PARKED_SKIP), REG, 1 << 20)])
+    ws = planner.plan(items, loaded, NOW)
+    assert ws.deadline_deletes == []
