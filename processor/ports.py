@@ -206,6 +206,7 @@ class OutboxStore(Protocol):
         limit: int,
         owned: Mapping[TP, int] | None = None,
         after: Mapping[TP, TP] | None = None,
+        max_bytes: int | None = None,
     ) -> AbstractContextManager[list[OutboxEntry] | None]:
         """Claims up to ``limit`` committed rows in id order, as one transaction.
 
@@ -220,6 +221,8 @@ class OutboxStore(Protocol):
             owned: The partitions this replica owns, with the owner epoch it holds for each.
             after: ``{q: p}``: rows of source partition ``q`` are claimed only while their id is
                 lower than that of every row still pending from source partition ``p``.
+            max_bytes: A row is claimed only while the claimed rows before it hold fewer bytes
+                of key and value than this (so the first always is); None: no bound.
 
         Yields None when nothing may be claimed: no partition given and another relay holds
         the rows of no source. Leaving the block normally removes the claimed rows, except those

@@ -146,6 +146,10 @@ class RelaySettings(BaseModel):
     # its relay off leaves those rows unpublished until its partitions move.
     enabled: bool = True
     batch_size: int = Field(default=1000, ge=1)
+    # And at most this many bytes of keys and values per round (a larger row goes alone): the
+    # bound on what a round holds in memory. Dead letters keep whole input records, so a relay
+    # behind on a thousand 2 MB dead letters would otherwise load 2 GB at once.
+    max_batch_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     # The relay is woken in-process after each commit and by NOTIFY from other processes;
     # this is only the fallback.
     poll_interval: Duration = timedelta(seconds=1)

@@ -99,6 +99,7 @@ class MemoryOutboxStore:
         limit: int,
         owned: Mapping[TP, int] | None = None,
         after: Mapping[TP, TP] | None = None,
+        max_bytes: int | None = None,
     ) -> Iterator[list[OutboxEntry] | None]:
         """Claims up to ``limit`` rows in id order; they are settled only on a normal exit."""
         global_path = self._relay_lock.acquire(blocking=False)
@@ -120,7 +121,7 @@ class MemoryOutboxStore:
         outer = getattr(self._settled, "value", None)
         try:
             with self._state:
-                ids = self._pick(limit, global_path, mine, after or {})
+                ids = self._within(self._pick(limit, global_path, mine, after or {}), max_bytes)
                 self._in_flight.update(ids)
                 entries = [replace(self._rows[i], behind=self._first_failed(i)) for i in ids]
             self._settled.value = _Settled([], {})
@@ -168,6 +169,21 @@ class MemoryOutboxStore:
                 continue
             picked.append(i)
         return sorted(picked)
+
+    def _within(self, ids: list[int], max_bytes: int | None) -> list[int]:
+        """The picked rows, global ones first, while the ones before hold under max_bytes."""
+        if max_bytes is None:
+            return ids
+        ordered = sorted(ids, key=lambda i: (self._rows[i].row.source is not None, i))
+        kept: list[int] = []
+        held = 0
+        for i in ordered:
+            if held >= max_bytes:
+                break
+            kept.append(i)
+            row = self._rows[i].row
+            held += len(row.value or b"") + len(row.key or b"")
+        return sorted(kept)
 
     def _first_failed(self, row_id: int) -> int | None:
         row = self._rows[row_id].row

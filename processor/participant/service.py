@@ -115,6 +115,7 @@ class ParticipantService:
                 lambda: make_producer(self._kafka, **relay_overrides(self._rs.max_record_bytes))
             ),
             batch_size=self._rs.batch_size,
+            max_batch_bytes=self._rs.max_batch_bytes,
             poll_interval=self._rs.poll_interval.total_seconds(),
             flush_timeout=self._rs.flush_timeout.total_seconds(),
             max_attempts=self._rs.max_attempts,

@@ -53,16 +53,22 @@ _RETURNING = """
             AND f.saga_type = o.saga_type AND f.saga_id = o.saga_id),
         created_at, source_topic, source_partition
 """
+# A claim's bytes: what the relay holds in memory for the round. A row is taken while the rows
+# before it hold fewer than max_bytes, so the first is always taken, however large.
+_SIZE = "octet_length(value) + coalesce(octet_length(key), 0) AS size"
 # ``id = ANY(ARRAY(...))``: the delete finds the claimed ids through the primary key whatever the
 # outbox's size, where ``id IN (...)`` may be planned as a scan of the whole table.
 _CLAIM_GLOBAL = (
     """
     DELETE FROM {outbox} AS o WHERE id = ANY(ARRAY(
-        SELECT id FROM {outbox} WHERE source_topic IS NULL ORDER BY id LIMIT %(limit)s
-           FOR UPDATE))
+        SELECT w.id FROM (
+            SELECT c.id, sum(c.size) OVER (ORDER BY c.id) - c.size AS before
+              FROM (SELECT id, SIZE FROM {outbox} WHERE source_topic IS NULL
+                     ORDER BY id LIMIT %(limit)s FOR UPDATE) AS c) AS w
+         WHERE w.before < %(max_bytes)s))
     """
     + _RETURNING
-)
+).replace("SIZE", _SIZE)
 # SKIP LOCKED: a partition whose new owner is bumping the epoch (FOR UPDATE) is being handed
 # over; waiting for it would only find the epoch moved, and could deadlock with a claim of
 # several partitions. Each partition's oldest rows come from its own index; the guards may
@@ -74,12 +80,16 @@ _CLAIM_OWNED = """
             ON s.topic = u.t AND s.partition = u.p AND s.owner_epoch = u.e
          WHERE s.group_id = %(group)s
            FOR KEY SHARE OF s SKIP LOCKED
-    ), oldest AS (
-        SELECT c.id FROM mine CROSS JOIN LATERAL (
-            SELECT x.id FROM {outbox} AS x
+    ), first AS (
+        SELECT c.id, c.size FROM mine CROSS JOIN LATERAL (
+            SELECT x.id, X_SIZE FROM {outbox} AS x
              WHERE x.source_topic = mine.topic AND x.source_partition = mine.partition
              ORDER BY x.id LIMIT %(limit)s) AS c
          ORDER BY c.id LIMIT %(limit)s
+    ), oldest AS (
+        SELECT w.id FROM (
+            SELECT id, sum(size) OVER (ORDER BY id) - size AS before FROM first) AS w
+         WHERE w.before < %(max_bytes)s
     )
     DELETE FROM {outbox} AS o WHERE id = ANY(ARRAY(
         SELECT x.id FROM {outbox} AS x
@@ -90,7 +100,7 @@ _CLAIM_OWNED = """
                   AND n.saga_type = x.saga_type AND n.saga_id = x.saga_id AND n.id < x.id)
            AFTER
          ORDER BY x.id FOR UPDATE OF x))
-"""
+""".replace("X_SIZE", "octet_length(x.value) + coalesce(octet_length(x.key), 0) AS size")
 # Rows of partition q only while older than every row still pending from partition p.
 _AFTER = f"""
             AND NOT EXISTS (
@@ -155,6 +165,7 @@ class PostgresOutboxStore:
         limit: int,
         owned: Mapping[TP, int] | None = None,
         after: Mapping[TP, TP] | None = None,
+        max_bytes: int | None = None,
     ) -> Iterator[list[OutboxEntry] | None]:
         """Claims up to ``limit`` committed rows in id order, as one transaction.
 
@@ -185,12 +196,15 @@ class PostgresOutboxStore:
                     yield None
                     return
                 rows = []
+                budget = _MAX_ID if max_bytes is None else max_bytes
                 if global_path:
                     rows = conn.execute(
-                        self._claim_global, {"limit": limit}, binary=True
+                        self._claim_global, {"limit": limit, "max_bytes": budget}, binary=True
                     ).fetchall()
-                if partitions and len(rows) < limit:
+                    budget -= sum(len(r[7] or b"") + len(r[5] or b"") for r in rows)
+                if partitions and len(rows) < limit and budget > 0:
                     query, params = self._owned_query(limit - len(rows), owned, after)
+                    params["max_bytes"] = budget
                     rows += conn.execute(query, params, binary=True).fetchall()
                 # DELETE ... RETURNING has no defined order: restore commit order by id.
                 rows.sort(key=lambda r: r[0])

@@ -192,6 +192,7 @@ class Processor:
                     lambda: make_producer(kafka, **relay_overrides(rs.max_record_bytes))
                 ),
                 batch_size=rs.batch_size,
+                max_batch_bytes=rs.max_batch_bytes,
                 poll_interval=rs.poll_interval.total_seconds(),
                 flush_timeout=rs.flush_timeout.total_seconds(),
                 max_attempts=rs.max_attempts,

@@ -100,6 +100,8 @@ class Relay:
         outbox: Where committed outbox rows are claimed.
         producer: Sends records and reports the ones not acknowledged.
         batch_size: Most rows claimed in one round.
+        max_batch_bytes: Most bytes of keys and values claimed in one round (a larger row is
+            claimed alone): what one round holds in memory, whatever the rows' sizes.
         poll_interval: Seconds to wait for a wake-up when a round found less than a full batch.
         flush_timeout: Seconds to wait for one wave's acknowledgements.
         max_attempts: Rounds a row may fail with a transient error before it is set aside.
@@ -129,6 +131,7 @@ class Relay:
         producer: RecordProducer,
         *,
         batch_size: int = 1000,
+        max_batch_bytes: int = 16 * 1024 * 1024,
         poll_interval: float = 1.0,
         flush_timeout: float = 60.0,
         max_attempts: int = 10,
@@ -142,6 +145,9 @@ class Relay:
         self._after = after
         self._producer = producer
         self.batch_size = batch_size
+        self.max_batch_bytes = max_batch_bytes
+        # Whether the last round took as much as a round may: more rows may be waiting.
+        self.last_round_full = False
         self.poll_interval = poll_interval
         self.flush_timeout = flush_timeout
         self.max_attempts = max_attempts
@@ -172,9 +178,14 @@ class Relay:
         self.last_failures = []
         owned = self._owned() if self._owned is not None else None
         after = self._after() if self._after is not None else None
-        with self._outbox.claim(self.batch_size, owned, after) as entries:
+        self.last_round_full = False
+        with self._outbox.claim(
+            self.batch_size, owned, after, max_bytes=self.max_batch_bytes
+        ) as entries:
             if not entries:
                 return 0
+            held = sum(len(e.row.value) + len(e.row.key or b"") for e in entries)
+            self.last_round_full = len(entries) >= self.batch_size or held >= self.max_batch_bytes
             if self.tracing is not None:
                 links = [e.row.headers for e in entries[:MAX_LINKS]]
                 with self.tracing.span("saga.relay.publish", links=links):
@@ -300,7 +311,7 @@ class Relay:
         failures = 0
         while not stop.is_set():
             try:
-                n = self.run_once()
+                self.run_once()
             except (Retryable, DeliveryFailed) as e:
                 self.failed_rounds["broker" if isinstance(e, DeliveryFailed) else "store"] += 1
                 failures += 1
@@ -314,7 +325,7 @@ class Relay:
                 stop.wait(min(5.0, 0.2 * 2 ** min(failures, 5)))
                 continue
             failures = 0
-            if n < self.batch_size:
+            if not self.last_round_full:
                 self.wake.wait(self.poll_interval)
                 self.wake.clear()
         if self.drain_on_stop is not None:
@@ -334,7 +345,7 @@ class Relay:
             while time.monotonic() < ends:
                 n = self.run_once()
                 published += n
-                if n < self.batch_size or self.last_failures:
+                if not self.last_round_full or self.last_failures:
                     break
         except Exception as e:  # the rows stay for the next start; the stop goes on
             log.warning("relay stopped before publishing every committed row: %s", e)

@@ -460,3 +460,43 @@ def test_a_retried_row_keeps_its_source(outbox: Outbox) -> None:
         assert _ids(again) == ids
         assert again is not None
         assert [e.row for e in again] == rows
+
+
+def _big(saga_id: str, size: int, source: TP | None = None) -> OutboxRow:
+    return OutboxRow(
+        saga_type="transfer",
+        saga_id=saga_id,
+        topic="dead-letters",
+        key=None,
+        headers={"message-id": f"{saga_id}-big"},
+        value=b"x" * size,
+        source=source,
+    )
+
+
+def test_a_claim_is_bounded_by_bytes_and_always_takes_the_first_row(outbox: Outbox) -> None:
+    ids = outbox.append([_big("a", 600), _big("b", 600), _big("c", 600), _big("d", 600)])
+    store = outbox.store()
+    # 1000 bytes: the second row starts under the bound (600), the third would not (1200).
+    with store.claim(10, max_bytes=1000) as first:
+        assert _ids(first) == ids[:2]
+    # A row larger than the bound goes alone rather than never.
+    with store.claim(10, max_bytes=100) as second:
+        assert _ids(second) == [ids[2]]
+    with store.claim(10) as rest:
+        assert _ids(rest) == [ids[3]]
+    assert outbox.pending() == []
+
+
+def test_the_byte_bound_spans_rows_of_no_source_and_partition_rows(outbox: Outbox) -> None:
+    epochs = outbox.take_over([T0])
+    ids = outbox.append(
+        [_big("a", 600, source=T0), _big("g", 600), _big("b", 600, source=T0), _big("h", 600)]
+    )
+    store = outbox.store()
+    # Rows of no source first (the global path), then the partition's, in one budget.
+    with store.claim(10, {T0: epochs[T0]}, max_bytes=1000) as claimed:
+        assert _ids(claimed) == [ids[1], ids[3]]
+    with store.claim(10, {T0: epochs[T0]}, max_bytes=1000) as claimed:
+        assert _ids(claimed) == [ids[0], ids[2]]
+    assert outbox.pending() == []

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from decimal import Decimal
 
+import psycopg
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
@@ -27,6 +28,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from processor.messages import registry
+from processor.postgres.schema import Tables
 from schemas.transfers import DebitAccount
 from tests.e2e.conftest import E2EEnv
 from tests.support.harness import headers_for, wait_until
@@ -200,3 +202,42 @@ def test_memory_stays_bounded_draining_a_backlog_of_2_mb_records(e2e_env: E2EEnv
         for p in env.procs:
             p.stop()
         _delete_topic(env.kafka, env.events_topic)
+
+
+DEAD_LETTERS = 200
+# The relay's default round holds at most 16 MiB of rows (SAGA_RELAY__MAX_BATCH_BYTES); with
+# the client's copies and the producer's queue, well under this. Rounds bounded by count
+# alone (1,000 rows) would hold all 400 MB at once, twice over (driver and Python objects).
+RELAY_RSS_BOUND = 300 * 1024 * 1024
+
+
+def test_the_relay_holds_a_bounded_round_of_2_mb_dead_letters(e2e_env: E2EEnv) -> None:
+    env = e2e_env
+    tables = Tables(env.schema)
+    with psycopg.connect(env.db, autocommit=True) as conn:
+        # Stored dead letters keep their whole input record; these wait for the relay, as
+        # they would behind a relay that was held back.
+        conn.execute(
+            tables.render(
+                """
+                INSERT INTO {outbox} (topic, headers, value)
+                SELECT %s, jsonb_build_object('dead-letter-reason', 'invalid-text',
+                                              'message-id', 'big-' || g),
+                       convert_to(repeat(md5(g::text), %s), 'UTF8')
+                  FROM generate_series(1, %s) AS g
+                """
+            ),
+            (env.prefix + "saga-dead-letters", RECORD_BYTES // 32, DEAD_LETTERS),
+        )
+    proc: ProcessorProcess = env.start("relay")  # the shipped relay settings
+    with RssSampler(proc.pid).running() as rss:
+        wait_until(
+            lambda: env.scalar("SELECT count(*) FROM outbox") == 0 or not proc.alive(),
+            timeout=300,
+            what="the outbox drained",
+        )
+    assert proc.alive(), proc.log()[-3000:]
+    assert env.scalar("SELECT count(*) FROM outbox") == 0
+    print(json.dumps({"dead_letters": DEAD_LETTERS, "peak_rss_mb": round(rss.peak / 2**20, 1)}))
+    assert rss.samples > 10
+    assert 0 < rss.peak < RELAY_RSS_BOUND, f"peak RSS {rss.peak / 2**20:.0f} MiB"
