@@ -81,7 +81,9 @@ def engine_drain(found: Services, tables: Tables, epochs: dict[tuple[str, int], 
     relay = Relay(
         PostgresOutboxStore(lambda: connect(found.database_url), tables, f"{GROUP}"),
         KafkaRecordProducer(
-            lambda: make_producer(kafka_config(found.kafka), **relay_overrides(1_000_000))
+            lambda: make_producer(
+                kafka_config(found.kafka), partitioner="crc32", **relay_overrides(1_000_000)
+            )
         ),
         batch_size=BATCH_SIZE,
         owned=lambda: epochs,

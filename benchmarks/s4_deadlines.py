@@ -133,7 +133,7 @@ def run_poller(found: Services, tables: Tables, o: Options, burst_at: datetime) 
         PostgresDeadlineStore(
             lambda: connect(found.database_url, application_name="bench-poller"), tables
         ),
-        KafkaRecordProducer(lambda: make_producer(kafka_config(found.kafka))),
+        KafkaRecordProducer(lambda: make_producer(kafka_config(found.kafka), partitioner="crc32")),
         holder=f"bench-{uuid.uuid4().hex[:6]}",
         settings=settings,
     )

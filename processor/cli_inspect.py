@@ -78,7 +78,8 @@ def producer(settings: ProcessorSettings) -> Iterator[RecordProducer]:
     from processor.kafka.producer import KafkaRecordProducer, make_producer
 
     config = settings.kafka.client_config()
-    made = KafkaRecordProducer(lambda: make_producer(config))
+    part = settings.consumer.partitioner
+    made = KafkaRecordProducer(lambda: make_producer(config, partitioner=part))
     try:
         yield made
     finally:

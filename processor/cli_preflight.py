@@ -90,13 +90,16 @@ def check_from_settings(
     Reads the live database (and the cluster's topic metadata unless ``topics`` is false);
     writes nothing.
     """
-    from processor.kafka.admin import partition_counts
+    from processor.kafka.admin import partition_counts, sample_keys
     from processor.ops.check import Topology, command_topics, run_check
     from processor.postgres.check import PostgresCheckSource
     from processor.postgres.connect import connect
     from processor.postgres.schema import MIGRATIONS
     from processor.runtime.assembly import bind_sagas, tables_for
-    from processor.wire import Topics
+    from processor.wire import DEADLINE_FIRED, OPERATOR_COMMAND, Topics
+
+    # Records this project placed itself: fired deadlines and operator commands.
+    OURS = frozenset({DEADLINE_FIRED, OPERATOR_COMMAND})
 
     bound = bind_sagas(settings, saga_classes, dependencies=dependencies)
     names = Topics(settings.topic_prefix)
@@ -114,6 +117,8 @@ def check_from_settings(
         read=frozenset(read),
         written=frozenset(written),
         partition_counts=(lambda ts: partition_counts(kafka, ts)) if topics else None,
+        sample_keys=((lambda t, n: sample_keys(kafka, t, n, skip_types=OURS)) if topics else None),
+        partitioner=settings.consumer.partitioner,
     )
     url = settings.database.url.get_secret_value()
     with connect(url, application_name="saga-processor-check", autocommit=True) as conn:

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from processor.engine.partitioner import Partitioner, normalise
 from processor.errors import ConfigurationError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -58,6 +59,10 @@ def is_secret_key(key: str) -> bool:
         or k.startswith("ssl.key.")
         or k.endswith(".client.secret")
     )
+
+
+def _partitioner(value: Any) -> Any:
+    return normalise(value) if isinstance(value, str) else value
 
 
 def _hide_secrets(value: Any) -> Any:
@@ -126,10 +131,13 @@ class ConsumerSettings(BaseModel):
     # How long the database may fail or not answer before this replica gives its partitions
     # back to the group (to replicas that can reach it); it rejoins once the database answers.
     unavailable_timeout: Duration = timedelta(seconds=20)
-    # The partitioner the producers of the input topics key saga ids with: murmur2 (the Java
-    # clients' default) or crc32 (librdkafka's consistent partitioner, its default for keyed
-    # records). Deadlines of sagas that moved when a topic grew are fired where it sends them.
-    partitioner: Literal["murmur2", "crc32"] = "murmur2"
+    # The partitioner the producers of the input topics key saga ids with: crc32 (librdkafka's
+    # default consistent_random: the Python, Go, .NET and C clients) or murmur2 (the Java
+    # clients' default, librdkafka's murmur2_random). Every producer this project makes uses it
+    # (relay, participant replies, deadline poller, operator records), deadlines of sagas that
+    # moved when a topic grew are fired where it sends them, and records whose key it would
+    # send elsewhere are counted and logged. librdkafka's names are accepted too.
+    partitioner: Annotated[Partitioner, BeforeValidator(_partitioner)] = "crc32"
     # After a growth of an input topic is noticed, how long producers may still send to the old
     # partitions: at least their metadata refresh interval (metadata.max.age.ms in Java clients,
     # topic.metadata.refresh.interval.ms in librdkafka). New partitions wait at least this long.

@@ -101,7 +101,10 @@ class Backend:
         with self._lock:
             if self._producer is None:
                 config = self.settings.kafka.client_config()
-                self._producer = KafkaRecordProducer(lambda: make_producer(config))
+                part = self.settings.consumer.partitioner
+                self._producer = KafkaRecordProducer(
+                    lambda: make_producer(config, partitioner=part)
+                )
             return self._producer
 
     def close(self) -> None:

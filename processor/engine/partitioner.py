@@ -18,9 +18,50 @@ from __future__ import annotations
 import zlib
 from typing import Literal
 
-__all__ = ["Partitioner", "murmur2", "partition_for"]
+__all__ = [
+    "LIBRDKAFKA_NAMES",
+    "Partitioner",
+    "fits",
+    "matching",
+    "murmur2",
+    "normalise",
+    "partition_for",
+]
 
 Partitioner = Literal["murmur2", "crc32"]
+
+LIBRDKAFKA_NAMES: dict[Partitioner, str] = {
+    "murmur2": "murmur2_random",
+    "crc32": "consistent_random",
+}
+"""The librdkafka ``partitioner`` value that computes each: what this project's producers set."""
+
+_ALIASES: dict[str, Partitioner] = {
+    "murmur2": "murmur2",
+    "murmur2_random": "murmur2",
+    "java": "murmur2",
+    "crc32": "crc32",
+    "consistent": "crc32",
+    "consistent_random": "crc32",
+}
+
+
+def normalise(name: str) -> Partitioner:
+    """The partitioner a setting names: ours, or librdkafka's name for it.
+
+    Raises:
+        ValueError: A name that is neither (e.g. librdkafka's ``random`` or ``fnv1a``: keys
+            would not decide the partition, or not in a way any Java client agrees with).
+    """
+    found = _ALIASES.get(name.strip().lower())
+    if found is None:
+        raise ValueError(
+            f"unknown partitioner {name!r}: use crc32 (librdkafka's default consistent_random: "
+            "Python, Go, .NET and C producers) or murmur2 (Java producers, librdkafka's "
+            "murmur2_random)"
+        )
+    return found
+
 
 _MASK = 0xFFFFFFFF
 _M = 0x5BD1E995
@@ -65,3 +106,18 @@ def partition_for(key: bytes, count: int, partitioner: Partitioner) -> int:
         # Java's toPositive: the sign bit cleared, not the absolute value.
         return (murmur2(key) & 0x7FFFFFFF) % count
     return zlib.crc32(key) % count
+
+
+def fits(key: bytes, partition: int, counts: tuple[int, ...], partitioner: Partitioner) -> bool:
+    """Whether ``partitioner`` sends ``key`` to ``partition`` at any of the partition ``counts``.
+
+    A topic that grew has more than one count in play: producers that have not refreshed their
+    metadata still hash with the old one.
+    """
+    return any(partition_for(key, n, partitioner) == partition for n in counts if n > partition)
+
+
+def matching(keyed: list[tuple[bytes, int]], counts: tuple[int, ...]) -> list[Partitioner]:
+    """The partitioners that put every sampled ``(key, partition)`` where it is."""
+    names: tuple[Partitioner, ...] = ("crc32", "murmur2")
+    return [name for name in names if all(fits(k, p, counts, name) for k, p in keyed)]

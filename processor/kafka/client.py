@@ -34,13 +34,13 @@ _MARKS_TIMEOUT = 2.0
 # interpreter specialises the call site (Python 3.11+); the specialised call checks the result
 # with an assert that release builds drop, hands back the broken list, and the next read of it
 # crashes the process. A call made through the C API (methodcaller) always checks it.
-_read_headers = operator.methodcaller("headers")
+read_headers = operator.methodcaller("headers")
 
 
 def to_record(msg: Any) -> Record:
     ts_type, ts = msg.timestamp()
     try:
-        headers = _read_headers(msg)
+        headers = read_headers(msg)
     except (SystemError, UnicodeDecodeError):
         # A header name that is not valid UTF-8 (legal on the wire; Go, Java and C producers can
         # send one): confluent-kafka fails to make a str of it. The record goes on with a marker

@@ -12,6 +12,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from processor.engine.partitioner import LIBRDKAFKA_NAMES, Partitioner
 from processor.engine.records import OutboxRow
 from processor.errors import Retryable, SendFailure
 from processor.kafka.logs import client_logger
@@ -49,10 +50,18 @@ def is_permanent(error: KafkaError) -> bool:
     return error.code() in _PERMANENT
 
 
-def make_producer(config: Mapping[str, str], **overrides: Any) -> Producer:
-    """An idempotent producer: per-partition order kept across retries, no duplicates from them."""
+def make_producer(
+    config: Mapping[str, str], *, partitioner: Partitioner, **overrides: Any
+) -> Producer:
+    """An idempotent producer: per-partition order kept across retries, no duplicates from them.
+
+    ``partitioner`` (``SAGA_CONSUMER__PARTITIONER``) places keyed records without a partition:
+    a participant's replies, commands to topics other processes read. It must be the one the
+    input topics' producers use, or a saga's replies land on another partition than its events.
+    """
     conf: dict[str, Any] = {
         **config,
+        "partitioner": LIBRDKAFKA_NAMES[partitioner],
         "enable.idempotence": True,
         "acks": "all",
         "linger.ms": 5,

@@ -47,6 +47,8 @@ class Sources:
     worker_stats: Any = None
     rebalances: Mapping[str, int] | None = None
     relay: Any = None
+    # Input records whose key the configured partitioner sends elsewhere, by topic.
+    off_partition: Mapping[str, int] | None = None
     up: Callable[[], bool] = lambda: False
 
 
@@ -184,6 +186,13 @@ class _Collector(Collector):
             "Consumer group rebalances seen by this replica.",
             ["kind"],
             {(k,): rebalances.get(k, 0) for k in ("assigned", "revoked", "lost")},
+        )
+        off = dict(src.off_partition or {})
+        yield _counter(
+            "saga_records_off_partition",
+            "Input records whose key SAGA_CONSUMER__PARTITIONER would send to another partition.",
+            ["topic"],
+            {(t,): n for t, n in off.items()},
         )
         relay = src.relay
         yield _counter(

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from processor.engine.partitioner import Partitioner, fits, matching
 from processor.engine.plan import describe_error
 from processor.messages import MessageRegistry
 from processor.runner import BoundSaga
@@ -116,6 +117,10 @@ class Topology:
     read: frozenset[str]
     written: frozenset[str]
     partition_counts: Callable[[Iterable[str]], Mapping[str, int | None]] | None
+    # Keys of recent records of a read topic with their partitions, and the partitioner they
+    # must fit (SAGA_CONSUMER__PARTITIONER); None skips the key check.
+    sample_keys: Callable[[str, int], list[tuple[bytes, int]]] | None = None
+    partitioner: Partitioner = "crc32"
 
 
 def command_topics(sagas: Iterable[BoundSaga], registry: MessageRegistry) -> set[str]:
@@ -314,6 +319,8 @@ def _topics(report: CheckReport, topology: Topology, stored: Mapping[str, set[in
         if count is None:
             report.problems.append(f"topic {topic!r} (the processor {role} it) does not exist")
             continue
+        if topic in topology.read and topology.sample_keys is not None:
+            _placement(report, topology, topic, count, stored.get(topic))
         partitions = stored.get(topic)
         if topic in topology.read and partitions and partitions != set(range(count)):
             known = max(partitions) + 1
@@ -331,3 +338,33 @@ def _topics(report: CheckReport, topology: Topology, stored: Mapping[str, set[in
                 f"(0..{max(partitions)}): the partition count changed, so saga ids now hash "
                 "to other partitions than their history and deadlines"
             )
+
+
+def _placement(
+    report: CheckReport, topology: Topology, topic: str, count: int, stored: set[int] | None
+) -> None:
+    """Whether recent records' keys are where the configured partitioner puts them."""
+    assert topology.sample_keys is not None
+    sample = topology.sample_keys(topic, count)
+    report.counts["sampled keys"] += len(sample)
+    if not sample:
+        return
+    # Mid-growth, producers that have not refreshed still hash with the count the group knew.
+    counts = (count,) if not stored or max(stored) + 1 >= count else (count, max(stored) + 1)
+    off = [(k, p) for k, p in sample if not fits(k, p, counts, topology.partitioner)]
+    if not off:
+        return
+    would = matching(sample, counts)
+    hint = (
+        f"every sampled key fits {' and '.join(would)}: set SAGA_CONSUMER__PARTITIONER="
+        f"{would[0]}, or the producers' partitioner to match {topology.partitioner}"
+        if would
+        else "no known partitioner fits them all (producers pick partitions themselves, or "
+        "use several partitioners)"
+    )
+    report.problems.append(
+        f"topic {topic!r}: {len(off)} of {len(sample)} sampled record keys are not on the "
+        f"partition SAGA_CONSUMER__PARTITIONER={topology.partitioner} puts them on; {hint}. "
+        "Deadlines and operator records of those sagas would go to another partition than "
+        "their events"
+    )

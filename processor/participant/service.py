@@ -112,7 +112,11 @@ class ParticipantService:
         self.relay = Relay(
             PostgresOutboxStore(self._connect, self.tables),
             KafkaRecordProducer(
-                lambda: make_producer(self._kafka, **relay_overrides(self._rs.max_record_bytes))
+                lambda: make_producer(
+                    self._kafka,
+                    partitioner=self._cs.partitioner,
+                    **relay_overrides(self._rs.max_record_bytes),
+                )
             ),
             batch_size=self._rs.batch_size,
             max_batch_bytes=self._rs.max_batch_bytes,

@@ -128,6 +128,28 @@ class GrowthWatch:
             key, stored, view.counts.get(topic), view.original.get(topic), self.partitioner
         )
 
+    def counts(self, topic: str) -> tuple[int, ...]:
+        """The partition counts producers of ``topic`` may hash keys with now.
+
+        The known count, and while a growth of the topic is recent (see :meth:`moved_from`) the
+        counts it grew from: a producer that has not refreshed its metadata still uses those.
+        Empty before the first round, or for a topic this watch does not know.
+        """
+        view = self._view
+        known = view.counts.get(topic)
+        if known is None:
+            return ()
+        keep = max(self.grace, RELAY_GUARD)
+        olds = sorted(
+            {
+                g.old_count
+                for g in view.growths
+                if g.topic == topic and (g.passed_at is None or view.now - g.passed_at < keep)
+            },
+            reverse=True,
+        )
+        return (known, *olds)
+
     def moved_from(self) -> Mapping[TP, TP]:
         """New partition -> the old one its sagas came from, for growths not long passed.
 

@@ -93,6 +93,9 @@ class Observability:
         """Starts the sampler (a supervised loop) and the HTTP endpoint."""
         consumer = self._p.worker.consumer if self._p.worker is not None else None
         self.metrics.sources.rebalances = getattr(consumer, "rebalances", None)
+        placement = self._p.worker.placement if self._p.worker is not None else None
+        if placement is not None:
+            self.metrics.sources.off_partition = placement.off_partition
         if self.sampler is not None:
             self.sampler.high_watermarks = getattr(consumer, "high_watermarks", None)
             self._p.supervisor.spawn("metrics-sampler", self.sampler.run)

@@ -42,6 +42,7 @@ from processor.runtime.assembly import bind_sagas, tables_for
 from processor.runtime.growth import GrowthWatch
 from processor.runtime.hooks import Hooks
 from processor.runtime.observe import Observability
+from processor.runtime.placement import PlacementCheck
 from processor.runtime.poller import DeadlinePoller
 from processor.runtime.relay import Relay
 from processor.runtime.report import report_committed
@@ -136,6 +137,7 @@ class Processor:
         self._resume_too_new()
         kafka = self.settings.kafka.client_config()
         cs = self.settings.consumer
+        part = cs.partitioner
         # Once this replica's partitions go to another (its session timed out while frozen, or
         # it gave them back because the database stopped answering it), the heir must be able
         # to claim them: the server ends a transaction left idle that long and frees its locks.
@@ -176,6 +178,7 @@ class Processor:
             interval=cs.growth_check_interval.total_seconds(),
         )
         self.worker.gate = growth.held
+        self.worker.placement = PlacementCheck(part, growth.counts)
         self._spawn("growth-watch", growth.run)
         if self.settings.relay.enabled:
             rs = self.settings.relay
@@ -189,7 +192,9 @@ class Processor:
                     cs.group_id,
                 ),
                 KafkaRecordProducer(
-                    lambda: make_producer(kafka, **relay_overrides(rs.max_record_bytes))
+                    lambda: make_producer(
+                        kafka, partitioner=part, **relay_overrides(rs.max_record_bytes)
+                    )
                 ),
                 batch_size=rs.batch_size,
                 max_batch_bytes=rs.max_batch_bytes,
@@ -215,7 +220,7 @@ class Processor:
         if self.settings.deadline.enabled:
             self.poller = DeadlinePoller(
                 PostgresDeadlineStore(self.connect, self.tables),
-                KafkaRecordProducer(lambda: make_producer(kafka)),
+                KafkaRecordProducer(lambda: make_producer(kafka, partitioner=part)),
                 holder=self.instance_id,
                 settings=self.settings.deadline,
                 hooks=self.hooks,

@@ -35,6 +35,7 @@ from processor.runtime.batch import Batch, Owned, Planned
 from processor.runtime.hooks import Hooks
 from processor.runtime.isolate import isolate_refused
 from processor.runtime.lane import Lane, Stuck, wait
+from processor.runtime.placement import PlacementCheck
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -113,6 +114,8 @@ class Worker:
         self.tracing: Tracing | None = None
         # True for an assigned partition that must not be claimed yet (a topic's growth).
         self.gate: Callable[[TP], bool] | None = None
+        # Counts input records whose key the configured partitioner would send elsewhere.
+        self.placement: PlacementCheck | None = None
         # Named points of a batch ("before-write", "before-commit", "after-commit") where crash
         # tests inject faults.
         self.hooks = hooks or Hooks()
@@ -352,6 +355,8 @@ class Worker:
         ]
         if not mine:
             return None
+        if self.placement is not None:
+            self.placement.check(mine)
         return self._batch(mine)
 
     def _batch(self, decoded: list[Decoded]) -> Batch:

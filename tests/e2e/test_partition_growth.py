@@ -1,10 +1,12 @@
 """An input topic grown online (6 -> 12 partitions) under load, with two replicas running.
 
-Producers key every event by saga id with Kafka's murmur2 partitioner (the processor's default
-`consumer.partitioner`). About half of the sagas move to a new partition when the topic grows:
-their start event was sent to the old partition, their replies go to the new one. The processor
-must still apply every saga's events in the order they were sent (no reply meets a saga that
-does not exist yet), and fire the deadlines of moved sagas into their new partition, once.
+Producers key every event by saga id and leave the partition to librdkafka's default partitioner
+(consistent_random: CRC32), as Python, Go and C services do; the processor runs with its default
+`consumer.partitioner` (crc32). About half of the sagas move to a new partition when the topic
+grows: their start event was sent to the old partition, their replies go to the new one. The
+processor must still apply every saga's events in the order they were sent (no reply meets a
+saga that does not exist yet), and fire the deadlines of moved sagas into their new partition,
+once.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ GROWTH = {"growth_grace": "3s", "growth_check_interval": "500ms", "batch_size": 
 
 
 class Producers:
-    """Upstream services keying events by saga id with the Java clients' partitioner."""
+    """Upstream services keying events by saga id with the client's default partitioner."""
 
     def __init__(self, kafka: str, topic: str) -> None:
         self.topic = topic
@@ -48,7 +50,6 @@ class Producers:
                 "bootstrap.servers": kafka,
                 "enable.idempotence": True,
                 "linger.ms": 5,
-                "partitioner": "murmur2_random",
                 "topic.metadata.refresh.interval.ms": 1000,
             }
         )
@@ -134,9 +135,7 @@ def history(env: E2EEnv) -> dict[str, list[tuple[Any, ...]]]:
 
 
 def moved(tid: str) -> bool:
-    return partition_for(tid.encode(), NEW, "murmur2") != partition_for(
-        tid.encode(), OLD, "murmur2"
-    )
+    return partition_for(tid.encode(), NEW, "crc32") != partition_for(tid.encode(), OLD, "crc32")
 
 
 def assert_in_order(env: E2EEnv, producers: Producers, replied: list[str]) -> None:
@@ -240,7 +239,7 @@ def test_growth_under_load_keeps_per_saga_order_and_reroutes_deadlines(e2e_env: 
         assert start == producers.sent[tid][0]
         # Fired once, where the saga's events go now.
         assert kind == "deadline", rows[tid]
-        assert partition == partition_for(tid.encode(), NEW, "murmur2"), (tid, rows[tid])
+        assert partition == partition_for(tid.encode(), NEW, "crc32"), (tid, rows[tid])
     moved_silent = [tid for tid in silent if moved(tid)]
     assert len(moved_silent) > 40, len(moved_silent)
 
@@ -256,7 +255,7 @@ def test_growth_under_load_keeps_per_saga_order_and_reroutes_deadlines(e2e_env: 
         return out
 
     inputs.wait_for(lambda _: len(fired()) == len(silent), 60, "every fired record")
-    assert fired() == {tid: [partition_for(tid.encode(), NEW, "murmur2")] for tid in silent}
+    assert fired() == {tid: [partition_for(tid.encode(), NEW, "crc32")] for tid in silent}
 
     [(old, new, marks, passed)] = env.query(
         "SELECT old_count, new_count, watermarks, passed_at FROM partition_growth"

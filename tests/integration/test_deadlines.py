@@ -266,7 +266,11 @@ def test_reply_and_timeout_race_in_partition_order_both_ways(env: dict[str, str]
         latest = _sql(env, "SELECT max(due_at) FROM saga_deadline")[0][0]
         wait_until(lambda: _db_now(env) > latest, what="both deadlines due")
         store = PostgresDeadlineStore(lambda: connect(url), tables)
-        producer = KafkaRecordProducer(lambda: make_producer(settings.kafka.client_config()))
+        producer = KafkaRecordProducer(
+            lambda: make_producer(
+                settings.kafka.client_config(), partitioner=settings.consumer.partitioner
+            )
+        )
         poller = DeadlinePoller(store, producer, holder="race-test", settings=settings.deadline)
         try:
             token = poller.acquire()

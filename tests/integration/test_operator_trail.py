@@ -122,7 +122,12 @@ def test_a_cancel_racing_the_last_reply_is_applied_in_log_order(orders: Orders) 
         # The parcel is with the carrier; its reply and an operator's cancel race.
         url = o.settings.database.url.get_secret_value()
         with open_inspect_queries(url, tables_for(o.settings)) as queries:
-            producer = KafkaRecordProducer(lambda: make_producer(o.settings.kafka.client_config()))
+            producer = KafkaRecordProducer(
+                lambda: make_producer(
+                    o.settings.kafka.client_config(),
+                    partitioner=o.settings.consumer.partitioner,
+                )
+            )
             go = threading.Barrier(2)
 
             def cancel() -> None:

@@ -61,7 +61,9 @@ def relay_env(
         PostgresOutboxStore(lambda: connect(database_url), tables, GROUP if owned else None),
         KafkaRecordProducer(
             lambda: make_producer(
-                {"bootstrap.servers": kafka_bootstrap}, **relay_overrides(1_000_000)
+                {"bootstrap.servers": kafka_bootstrap},
+                partitioner="crc32",
+                **relay_overrides(1_000_000),
             )
         ),
         batch_size=500,

@@ -59,7 +59,11 @@ class Env:
         relay = Relay(
             PostgresOutboxStore(lambda: connect(self.database_url), self.tables, GROUP),
             KafkaRecordProducer(
-                lambda: make_producer({"bootstrap.servers": self.kafka}, **relay_overrides(10**6))
+                lambda: make_producer(
+                    {"bootstrap.servers": self.kafka},
+                    partitioner="crc32",
+                    **relay_overrides(10**6),
+                )
             ),
             batch_size=100,
             poll_interval=0.1,

@@ -117,3 +117,39 @@ def test_a_topic_grown_to_a_multiple_is_a_note_and_any_other_count_a_problem() -
     assert len(problems) == 1
     assert "topic 'in' has 8 partition(s)" in problems[0]
     assert check(set(range(12)), 12) == ([], [])
+
+
+def test_record_keys_off_the_configured_partitioner_are_a_problem_naming_the_one_that_fits() -> (
+    None
+):
+    from processor.engine.partitioner import Partitioner, partition_for
+
+    keys = [f"tr-{i}".encode() for i in range(40)]
+
+    def check(placed_by: Partitioner, configured: Partitioner) -> list[str]:
+        sample = [(k, partition_for(k, 6, placed_by)) for k in keys]
+        topology = Topology(
+            "g",
+            frozenset({"in"}),
+            frozenset(),
+            lambda _: {"in": 6},
+            sample_keys=lambda topic, count: sample,
+            partitioner=configured,
+        )
+        report = run_check(
+            FakeSource(partitions={"in": set(range(6))}),
+            SAGAS,
+            registry,
+            expected_schema=len(MIGRATIONS),
+            topology=topology,
+        )
+        assert report.counts["sampled keys"] == len(keys)
+        return report.problems
+
+    assert check("crc32", "crc32") == []
+    assert check("murmur2", "murmur2") == []
+    [problem] = check("murmur2", "crc32")
+    assert "sampled record keys are not on the partition SAGA_CONSUMER__PARTITIONER=crc32" in (
+        problem
+    )
+    assert "every sampled key fits murmur2: set SAGA_CONSUMER__PARTITIONER=murmur2" in problem

@@ -237,6 +237,7 @@ def test_every_metric_of_the_contract_is_exported() -> None:
     m.committed(WriteSet(parked=[ParkedMessage("t", "i", Record("in", 0, 0, None, None, ()), "x")]))
     m.batch(1, {"in": 1}, 0.0, 0.0)
     m.sources.relay = type("R", (), {"published": 0, "failed_rounds": {"broker": 1}})()
+    m.sources.off_partition = {"in": 1}
     exported = {name for name, _ in _scrape(m)}
     bases = {n.removesuffix(s) for n in exported for s in ("_bucket", "_sum", "_count", "")}
     assert names - bases == set()

@@ -1,0 +1,78 @@
+"""Keys checked against their partitions: the partitioner setting and records placed elsewhere."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from processor.engine.decode import decode
+from processor.engine.partitioner import fits, matching, normalise, partition_for
+from processor.runtime.placement import PlacementCheck
+from processor.settings import ConsumerSettings
+from tests.unit.test_plan import REG, Log, Noted
+
+COUNT = 6
+
+
+def _on(partition: int, saga_id: str) -> object:
+    record = Log().event(Noted(order_id=saga_id))
+    record.partition = partition
+    return decode(record, REG, 1 << 20)
+
+
+def _keys_that_differ(n: int) -> list[str]:
+    """Saga ids that the two partitioners put on different partitions of COUNT."""
+    out: list[str] = []
+    i = 0
+    while len(out) < n:
+        key = f"order-{i}"
+        if partition_for(key.encode(), COUNT, "crc32") != partition_for(
+            key.encode(), COUNT, "murmur2"
+        ):
+            out.append(key)
+        i += 1
+    return out
+
+
+def test_the_default_is_librdkafkas_default_and_its_names_are_accepted() -> None:
+    assert ConsumerSettings().partitioner == "crc32"
+    assert ConsumerSettings(partitioner="consistent_random").partitioner == "crc32"
+    assert ConsumerSettings(partitioner="murmur2_random").partitioner == "murmur2"
+    with pytest.raises(ValueError, match="unknown partitioner 'fnv1a'"):
+        normalise("fnv1a")
+
+
+def test_a_key_fits_at_any_count_in_play() -> None:
+    key = _keys_that_differ(1)[0].encode()
+    at_six = partition_for(key, 6, "crc32")
+    at_twelve = partition_for(key, 12, "crc32")
+    assert fits(key, at_six, (6,), "crc32")
+    # After a growth, a producer that has not refreshed still hashes with the old count.
+    assert fits(key, at_six, (12, 6), "crc32")
+    assert fits(key, at_twelve, (12, 6), "crc32")
+    assert matching([(key, partition_for(key, 6, "murmur2"))], (6,)) == ["murmur2"]
+
+
+def test_records_placed_by_another_partitioner_are_counted_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    check = PlacementCheck("crc32", lambda topic: (COUNT,))
+    good, *bad = _keys_that_differ(3)
+    records = [_on(partition_for(good.encode(), COUNT, "crc32"), good)]
+    records += [_on(partition_for(k.encode(), COUNT, "murmur2"), k) for k in bad]
+    with caplog.at_level(logging.WARNING):
+        check.check(records)  # type: ignore[arg-type]
+        check.check(records)  # type: ignore[arg-type]
+    assert check.off_partition == {"in": 4}
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "SAGA_CONSUMER__PARTITIONER=crc32" in line
+    assert "the murmur2 partitioner would put it there" in line
+    assert f"saga_id={bad[0]}" in line
+
+
+def test_nothing_is_checked_while_the_counts_are_unknown() -> None:
+    check = PlacementCheck("crc32", lambda topic: ())
+    key = _keys_that_differ(1)[0]
+    check.check([_on(partition_for(key.encode(), COUNT, "murmur2"), key)])  # type: ignore[list-item]
+    assert check.off_partition == {}
