@@ -519,12 +519,16 @@ class InspectStore(Protocol):
 class Purge(StrEnum):
     """The kinds of rows retention deletes, in the order a round deletes them."""
 
+    ENDED_HISTORY = "ended-history"
+    """History rows of sagas that ended long enough ago, a chunk of rows at a time."""
     ENDED_SAGAS = "ended-sagas"
-    """Ended sagas' rows and history, by end time; a tombstone of each is kept."""
+    """Ended sagas whose history is gone, by end time; a tombstone of each is kept."""
     HISTORY = "history"
-    """History rows that did not apply a message (duplicates, ignored, parked), by time."""
+    """History rows that did not apply a message (duplicates, ignored, parked), by time; none
+    of a saga that is still running (its audit trail)."""
     APPLIED = "applied"
-    """Every history row past the dedupe window, the applied ones (message-id dedupe) too."""
+    """Every history row past the dedupe window, the applied ones (message-id dedupe) too;
+    none of a saga that is still running (its message ids must stay duplicates)."""
     TOMBSTONES = "tombstones"
     """Tombstones past the dedupe window, by the saga's end time."""
     DEAD_LETTERS = "dead-letters"

@@ -275,11 +275,15 @@ class RetentionSettings(BaseModel):
     # How long a message id (applied history rows) and an ended saga (its tombstone) are
     # remembered, so that a redelivered message or a late start event is recognised.
     dedupe_window: Duration = timedelta(days=90)
-    dead_letters: Duration = timedelta(days=30)
+    # Dead letters are kept until an operator replays or purges them (the stored row is the
+    # only full copy of a dead letter whose value was cut to fit the broker); a period deletes
+    # them that long after they were recorded, handled or not.
+    dead_letters: Duration | None = None
     # Held messages of sagas that are no longer parked (a parked saga's are kept until its retry).
     parked_messages: Duration = timedelta(days=30)
-    # Failed and held outbox rows nobody retried or discarded: deleting them drops the commands.
-    failed_outbox: Duration = timedelta(days=30)
+    # Failed and held outbox rows are commands nobody sent: kept until an operator retries or
+    # discards them; a period deletes them (and the commands) that long after they were set aside.
+    failed_outbox: Duration | None = None
     # Most rows (or ended sagas) one delete removes, each in its own short transaction.
     chunk_size: int = Field(default=1000, ge=1, le=100_000)
     # Time between rounds; a round deletes everything that is due, chunk by chunk.

@@ -29,14 +29,40 @@ Conn = psycopg.Connection[TupleRow]
 # and the next round tries again, rather than queueing the consumer behind it.
 LOCK_TIMEOUT = "1s"
 
+# A history row of a saga that has not ended: kept (its audit trail, and the message ids that
+# make redeliveries duplicates), however old.
+_LIVE = """
+    EXISTS (SELECT 1 FROM {instance} AS i
+             WHERE i.saga_type = h.saga_type AND i.saga_id = h.saga_id
+               AND i.status <> 'ended')
+"""
+
 _SQL: dict[Purge, str] = {
-    # The saga's row and all its history go; the tombstone keeps it ended for the dedupe window.
-    # SKIP LOCKED: a row a batch or an operator holds is left for the next round. The history
-    # of the same sagas is deleted in the same statement, through its (saga_type, saga_id) index.
+    # An ended saga's history goes first, at most `limit` rows a statement however long it is,
+    # through the (saga_type, saga_id) index; the saga's row follows once none is left.
+    Purge.ENDED_HISTORY: """
+        DELETE FROM {history} WHERE id = ANY(ARRAY(
+            SELECT h.id FROM (
+                SELECT saga_type, saga_id FROM {instance}
+                 WHERE status = 'ended' AND ended_at < now() - %(age)s
+                 ORDER BY ended_at LIMIT %(limit)s) AS v
+            CROSS JOIN LATERAL (
+                SELECT id FROM {history} AS h
+                 WHERE h.saga_type = v.saga_type AND h.saga_id = v.saga_id
+                 LIMIT %(limit)s) AS h
+             LIMIT %(limit)s))
+        """,
+    # The saga's row goes once its history is (nearly) gone; the tombstone keeps it ended for
+    # the dedupe window. SKIP LOCKED: a row a batch or an operator holds is left for the next
+    # round. The few history rows a late record may have added meanwhile go in this statement.
     Purge.ENDED_SAGAS: """
         WITH victims AS (
-            SELECT saga_type, saga_id FROM {instance}
+            SELECT saga_type, saga_id FROM {instance} AS s
              WHERE status = 'ended' AND ended_at < now() - %(age)s
+               AND NOT EXISTS (
+                   SELECT 1 FROM {history} AS x
+                    WHERE x.saga_type = s.saga_type AND x.saga_id = s.saga_id
+                   OFFSET 10)
              ORDER BY ended_at LIMIT %(limit)s
                FOR UPDATE SKIP LOCKED
         ), gone AS (
@@ -53,15 +79,17 @@ _SQL: dict[Purge, str] = {
            SET ended_at = excluded.ended_at, purged_at = now()
         """,
     # Applied rows are the message-id detector; they stay for the dedupe window (below).
-    Purge.HISTORY: """
-        DELETE FROM {history} WHERE id IN (
-            SELECT id FROM {history}
-             WHERE outcome <> 'applied' AND at < now() - %(age)s
+    Purge.HISTORY: f"""
+        DELETE FROM {{history}} WHERE id IN (
+            SELECT id FROM {{history}} AS h
+             WHERE outcome <> 'applied' AND at < now() - %(age)s AND NOT {_LIVE}
              ORDER BY at LIMIT %(limit)s)
         """,
-    Purge.APPLIED: """
-        DELETE FROM {history} WHERE id IN (
-            SELECT id FROM {history} WHERE at < now() - %(age)s ORDER BY at LIMIT %(limit)s)
+    Purge.APPLIED: f"""
+        DELETE FROM {{history}} WHERE id IN (
+            SELECT id FROM {{history}} AS h
+             WHERE at < now() - %(age)s AND NOT {_LIVE}
+             ORDER BY at LIMIT %(limit)s)
         """,
     Purge.TOMBSTONES: """
         DELETE FROM {tombstone} WHERE (saga_type, saga_id) IN (

@@ -6,12 +6,14 @@ a pause between chunks, so that a backlog (retention just switched on over a yea
 drains without long locks or a latency spike in the consumer's batches. One replica's round runs
 at a time: a chunk that finds another replica's chunk under way ends this round early.
 
-Duplicate detection survives the purge. An ended saga's row and history are replaced by a
+Duplicate detection survives the purge. An ended saga's history is deleted a chunk of rows at a
+time (a saga with 100,000 history rows never becomes one statement), then its row is replaced by a
 tombstone (saga type, saga id, ended at) kept for the dedupe window, which the planner reads as
 an ended saga: a late or redelivered start event is recorded as ``ignored-ended`` and never
-starts a second saga. History rows that applied a message are the message-id detector of sagas
-still running; they stay for the dedupe window, while the other history rows go after the
-(shorter) history period.
+starts a second saga. The history of a saga still running (active or parked) is never deleted:
+its applied rows are its message-id detector, the rest its audit trail. Dead letters and failed
+outbox rows are work nobody handled yet: they stay until an operator replays, retries, discards
+or purges them, unless a period is set for them.
 """
 
 from __future__ import annotations
@@ -38,10 +40,12 @@ _SLICE = 0.25
 def periods(settings: RetentionSettings) -> list[tuple[Purge, timedelta]]:
     """Each kind of row with its retention period, in the order a round deletes them.
 
-    Ended sagas come first: their history goes with them, which leaves the history deletes less
-    to do; tombstones after them, so a tombstone written this round is measured like the rest.
+    Ended sagas come first: their history in chunks of rows, then their rows; tombstones after
+    them, so a tombstone written this round is measured like the rest. Dead letters and failed
+    outbox rows are unhandled work: left out unless the operator set a period for them.
     """
-    return [
+    out = [
+        (Purge.ENDED_HISTORY, settings.ended_sagas),
         (Purge.ENDED_SAGAS, settings.ended_sagas),
         (Purge.HISTORY, settings.history),
         (Purge.APPLIED, settings.dedupe_window),
@@ -50,6 +54,7 @@ def periods(settings: RetentionSettings) -> list[tuple[Purge, timedelta]]:
         (Purge.PARKED, settings.parked_messages),
         (Purge.FAILED_OUTBOX, settings.failed_outbox),
     ]
+    return [(what, period) for what, period in out if period is not None]
 
 
 class Retention:
@@ -92,17 +97,23 @@ class Retention:
         limit = self.settings.chunk_size
         pause = self.settings.chunk_pause.total_seconds()
         done: Counter[Purge] = Counter()
-        for what, period in self._periods:
-            while not stop.is_set():
-                n = self.store.purge(what, period, limit)
-                if n is None:
-                    self._report(done, busy=True)
-                    return None
-                done[what] += n
-                self.deleted[what] += n
-                if n < limit:
-                    break
-                stop.wait(pause)
+        kinds = [what for what, _ in self._periods]
+        i = 0
+        while i < len(self._periods) and not stop.is_set():
+            what, period = self._periods[i]
+            n = self.store.purge(what, period, limit)
+            if n is None:
+                self._report(done, busy=True)
+                return None
+            done[what] += n
+            self.deleted[what] += n
+            if n < limit:
+                i += 1
+                continue
+            stop.wait(pause)
+            if what is Purge.ENDED_SAGAS:
+                # More ended sagas are due: their history goes first, chunk by chunk.
+                i = kinds.index(Purge.ENDED_HISTORY)
         self.rounds += 1
         self._report(done, busy=False)
         return done

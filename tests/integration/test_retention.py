@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
@@ -170,14 +171,15 @@ def test_purged_sagas_stay_ended_and_purged_ids_stay_duplicates(
         retention.store.close()
     assert done is not None
     assert done[Purge.ENDED_SAGAS] == 1
-    assert done[Purge.HISTORY] == 1
+    # The running saga's duplicate row is its audit trail: kept however old.
+    assert done[Purge.HISTORY] == 0
     assert count(database_url, tables, "instance") == 1
     assert count(database_url, tables, "history", "saga_id = 'done'") == 0
-    assert count(database_url, tables, "history", "outcome <> 'applied'") == 0
+    assert count(database_url, tables, "history", "outcome <> 'applied'") == 1
     assert count(database_url, tables, "tombstone", "saga_id = 'done'") == 1
 
     # Redelivered: the purged saga's start event and one of its purged ids, and an applied id
-    # of the running saga (only its non-applied history was purged).
+    # of the running saga (none of its history was purged).
     ws = e.run([done_start, done_note, live_note])
 
     assert [(h.saga_id, h.outcome) for h in ws.history] == [
@@ -305,3 +307,79 @@ def test_a_processor_purges_as_its_runtime_role_and_ignores_a_redelivered_start(
         assert types == ["transfers.DebitAccount", "transfers.CreditAccount"]
     finally:
         commands.close()
+
+
+class Counting:
+    """The PostgreSQL retention store, recording what each statement deleted."""
+
+    def __init__(self, store: PostgresRetentionStore) -> None:
+        self.store = store
+        self.calls: list[tuple[Purge, int | None]] = []
+
+    def purge(self, what: Purge, older_than: timedelta, limit: int) -> int | None:
+        n = self.store.purge(what, older_than, limit)
+        self.calls.append((what, n))
+        return n
+
+    def close(self) -> None:
+        self.store.close()
+
+
+LONG_HISTORY = 100_000
+
+
+def test_retention_keeps_unhandled_work_and_live_sagas_and_purges_a_long_history_in_chunks(
+    database_url: str, tables: Tables
+) -> None:
+    with connect(database_url, autocommit=True) as conn:
+        for sql in (
+            # A saga running for 100 days, with its history as old.
+            """INSERT INTO {instance} (saga_type, saga_id, state, status, version, created_at)
+               VALUES ('t', 'live', '{{}}', 'active', 3, now() - interval '100 days'),
+                      ('t', 'parked', '{{}}', 'parked', 2, now() - interval '100 days')""",
+            """INSERT INTO {history} (saga_type, saga_id, message_id, message_type, kind,
+                                      outcome, at)
+               SELECT 't', s, s || '-' || g, 'm', 'event', o, now() - interval '100 days'
+                 FROM unnest(ARRAY['live', 'parked']) AS s,
+                      generate_series(1, 3) AS g,
+                      unnest(ARRAY['applied', 'duplicate']) AS o""",
+            # Unhandled work, recorded 100 days ago.
+            """INSERT INTO {dead_letter} (topic, partition, "offset", key, value, headers, reason,
+                                          created_at)
+               SELECT 'in', 0, g, 'k', 'v', '{{}}', 'invalid-text', now() - interval '100 days'
+                 FROM generate_series(1, 5) AS g""",
+            """INSERT INTO {failed_outbox} (id, saga_type, saga_id, topic, headers, value,
+                                            created_at, reason, attempts, failed_at)
+               SELECT g, 't', 'live', 'out', '{{}}', 'v', now() - interval '100 days',
+                      'refused', 10, now() - interval '100 days'
+                 FROM generate_series(1, 5) AS g""",
+            # A saga that ended 40 days ago (past the ended-saga period, within the dedupe
+            # window that keeps its tombstone), with a very long history.
+            """INSERT INTO {instance} (saga_type, saga_id, state, status, version, ended_at)
+               VALUES ('t', 'long', '{{}}', 'ended', 9, now() - interval '40 days')""",
+            f"""INSERT INTO {{history}} (saga_type, saga_id, message_id, message_type, kind,
+                                       outcome, at)
+               SELECT 't', 'long', 'm-' || g, 'm', 'event', 'applied',
+                      now() - interval '40 days'
+                 FROM generate_series(1, {LONG_HISTORY}) AS g""",
+        ):
+            conn.execute(tables.render(sql))
+    store = Counting(PostgresRetentionStore(lambda: connect(database_url), tables))
+    retention = Retention(store, RetentionSettings(chunk_pause=0))  # shipped periods and chunks
+    try:
+        done = retention.round()
+    finally:
+        store.close()
+    assert done is not None
+    for table, live in (("dead_letter", 5), ("failed_outbox", 5), ("instance", 2)):
+        assert count(database_url, tables, table) == live, table
+    assert count(database_url, tables, "history", "saga_id IN ('live', 'parked')") == 12
+    # The long history went in statements of at most a chunk, then the saga.
+    assert count(database_url, tables, "history", "saga_id = 'long'") == 0
+    assert count(database_url, tables, "tombstone", "saga_id = 'long'") == 1
+    chunk = RetentionSettings().chunk_size
+    history = [n for what, n in store.calls if what is Purge.ENDED_HISTORY]
+    assert sum(n or 0 for n in history) == LONG_HISTORY
+    assert max(n or 0 for n in history) <= chunk
+    assert len(history) > LONG_HISTORY // chunk
+    assert done[Purge.ENDED_SAGAS] == 1

@@ -46,22 +46,44 @@ def _settings(**kw: object) -> RetentionSettings:
 
 
 def test_a_round_deletes_each_kind_in_chunks_until_a_short_chunk() -> None:
-    store = Store({Purge.ENDED_SAGAS: 25, Purge.DEAD_LETTERS: 10})
-    retention = Retention(store, _settings())
+    store = Store({Purge.ENDED_HISTORY: 15, Purge.ENDED_SAGAS: 25, Purge.DEAD_LETTERS: 10})
+    retention = Retention(store, _settings(dead_letters="30d", failed_outbox="30d"))
 
     done = retention.round()
 
     assert done is not None
+    assert done[Purge.ENDED_HISTORY] == 15
     assert done[Purge.ENDED_SAGAS] == 25
     assert done[Purge.DEAD_LETTERS] == 10
     kinds = [c[0] for c in store.calls]
-    # 10 + 10 + 5 for ended sagas; a full chunk of dead letters asks once more and finds none.
+    # 10 + 10 + 5 for ended sagas, each full chunk sending the round back to their history
+    # first; a full chunk of dead letters asks once more and finds none.
     assert kinds.count(Purge.ENDED_SAGAS) == 3
     assert kinds.count(Purge.DEAD_LETTERS) == 2
-    assert [k for i, k in enumerate(kinds) if i == 0 or kinds[i - 1] != k] == list(Purge)
+    assert kinds[:7] == [
+        Purge.ENDED_HISTORY,
+        Purge.ENDED_HISTORY,
+        Purge.ENDED_SAGAS,
+        Purge.ENDED_HISTORY,
+        Purge.ENDED_SAGAS,
+        Purge.ENDED_HISTORY,
+        Purge.ENDED_SAGAS,
+    ]
+    assert [k for i, k in enumerate(kinds) if i == 0 or kinds[i - 1] != k][-6:] == list(Purge)[2:]
     assert {c[2] for c in store.calls} == {10}
     assert retention.rounds == 1
     assert retention.deleted == done
+
+
+def test_unhandled_dead_letters_and_failed_commands_are_kept_by_default() -> None:
+    store = Store({Purge.DEAD_LETTERS: 5, Purge.FAILED_OUTBOX: 5})
+    assert RetentionSettings().dead_letters is None
+    assert RetentionSettings().failed_outbox is None
+    Retention(store, _settings()).round()
+    kinds = {c[0] for c in store.calls}
+    assert Purge.DEAD_LETTERS not in kinds
+    assert Purge.FAILED_OUTBOX not in kinds
+    assert (store.due[Purge.DEAD_LETTERS], store.due[Purge.FAILED_OUTBOX]) == (5, 5)
 
 
 def test_each_kind_is_measured_by_its_own_period() -> None:
@@ -77,6 +99,7 @@ def test_each_kind_is_measured_by_its_own_period() -> None:
     Retention(store, settings).round()
     days = {what: age.days for what, age, _ in store.calls}
     assert days == {
+        Purge.ENDED_HISTORY: 1,
         Purge.ENDED_SAGAS: 1,
         Purge.HISTORY: 2,
         Purge.APPLIED: 9,
@@ -94,7 +117,8 @@ def test_a_round_ends_when_another_replica_holds_the_lock() -> None:
     retention = Retention(store, _settings())
 
     assert retention.round() is None
-    assert retention.deleted[Purge.ENDED_SAGAS] == 20
+    # The history, then a full chunk of sagas, the history again, and then the lock was taken.
+    assert retention.deleted[Purge.ENDED_SAGAS] == 10
     assert retention.rounds == 0
     assert len(store.calls) == 2
 
