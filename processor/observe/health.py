@@ -66,7 +66,8 @@ def readiness(
     # the sampler, and waiting for the good sample to go stale kept an outage ready for a minute.
     if sample_error is not None or sample_age is None or sample_age >= stale_after:
         problems.append("database not reachable" + (f": {sample_error}" if sample_error else ""))
-    if schema_version is not None and schema_version != expected_version:
+    # A newer schema is a rollback's: migrations only add, so this code runs on it.
+    if schema_version is not None and schema_version < expected_version:
         problems.append(f"schema at version {schema_version}, expected {expected_version}")
     if worker is None:
         problems.append("consumer not started")

@@ -79,11 +79,14 @@ class CheckReport:
         problems: One line per problem; any problem fails the check.
         notes: Things an operator should know that do not fail it.
         counts: What was examined.
+        schema_newer: The schema is at a later migration than this code (a rollback).
     """
 
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
+    # The schema is newer than this code (a rollback): a warning, not a problem.
+    schema_newer: bool = False
 
     @property
     def ok(self) -> bool:
@@ -180,9 +183,13 @@ def _schema(report: CheckReport, found: int, expected: int) -> None:
             "`saga-processor migrate` first (review it with `saga-processor migrate --sql`)"
         )
     elif found > expected:
-        report.problems.append(
-            f"schema is at migration {found}, newer than this code's {expected}: this code is "
-            "older than the schema (a rollback past a migration)"
+        # Migrations only add (tables, columns with defaults, indexes), so the previous release
+        # runs on the newer schema: a rollback must not be blocked by its pre-upgrade check.
+        report.schema_newer = True
+        report.notes.append(
+            f"WARNING: schema is at migration {found}, newer than this code's {expected}: this "
+            "code is older than the schema (a rollback past a migration); it runs on it, and "
+            "`migrate` leaves it as it is"
         )
 
 

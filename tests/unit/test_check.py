@@ -153,3 +153,17 @@ def test_record_keys_off_the_configured_partitioner_are_a_problem_naming_the_one
         problem
     )
     assert "every sampled key fits murmur2: set SAGA_CONSUMER__PARTITIONER=murmur2" in problem
+
+
+def test_a_schema_newer_than_the_code_is_a_warning_so_a_rollback_passes() -> None:
+    report = run_check(
+        FakeSource(schema=len(MIGRATIONS) + 1), SAGAS, registry, expected_schema=len(MIGRATIONS)
+    )
+    assert report.ok
+    assert report.schema_newer
+    assert any(n.startswith("WARNING: schema is at migration") for n in report.notes)
+    older = run_check(
+        FakeSource(schema=len(MIGRATIONS) - 1), SAGAS, registry, expected_schema=len(MIGRATIONS)
+    )
+    assert not older.ok
+    assert not older.schema_newer
