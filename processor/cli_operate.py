@@ -148,10 +148,25 @@ def deadlines(args: argparse.Namespace, settings: ProcessorSettings) -> int:
 
 
 def parked_arguments(parser: argparse.ArgumentParser) -> None:
-    """`parked` lists; `parked retry|skip SAGA_TYPE SAGA_ID --reason`."""
+    """`parked` lists; `parked retry|skip SAGA_TYPE SAGA_ID --reason`; `parked retry --all`."""
     parser.add_argument("words", nargs="*", metavar="[retry|skip SAGA_TYPE SAGA_ID]")
     parser.add_argument("--limit", type=int, default=100, help="at most this many sagas")
     parser.add_argument("--reason", default=None, help="why (required for retry and skip)")
+    parser.add_argument(
+        "--all", action="store_true", help="retry every parked saga (narrowed by the options below)"
+    )
+    parser.add_argument("--saga-type", dest="only_type", default=None, help="with --all: only T")
+    parser.add_argument(
+        "--since",
+        default=None,
+        help="with --all: only sagas parked at most this long ago (e.g. 2h, 30m, 1d)",
+    )
+    parser.add_argument(
+        "--parked-for",
+        dest="parked_for",
+        default=None,
+        help="with --all: only sagas whose parked reason contains this text",
+    )
     parser.add_argument(
         "--wait", type=float, default=60.0, help="seconds to wait for the processor's outcome"
     )
@@ -179,6 +194,8 @@ def parked(args: argparse.Namespace, settings: ProcessorSettings) -> int:
                 emit(args, list_parked(queries, limit=args.limit), "")
             return EXIT_OK
         return cli_commands.parked(args, settings)
+    if words == ["retry"] and args.all:
+        return retry_all(args, settings)
     if words[0] not in ("retry", "skip") or len(words) != 3 or not args.reason:
         print("saga-processor: parked retry|skip SAGA_TYPE SAGA_ID --reason WHY", file=sys.stderr)
         return EXIT_REFUSED
@@ -200,6 +217,74 @@ def parked(args: argparse.Namespace, settings: ProcessorSettings) -> int:
         return EXIT_NOT_SENT
     emit(args, entry, f"{entry.outcome}: {entry.detail or ''}")
     return EXIT_OK if entry.outcome in ("applied", "duplicate") else EXIT_PROBLEM
+
+
+def retry_all(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    """`parked retry --all --reason WHY [--saga-type T] [--since AGE] [--parked-for TEXT]`.
+
+    Sends one retry request per matching parked saga into its partition (the processor replays
+    each in its log order, as for a single retry) and reports progress; it does not wait for
+    the outcomes: `parked` lists what is still parked. Exit code 0 when every request was sent,
+    2 when refused, 3 when some were not sent.
+    """
+    from datetime import UTC, datetime
+
+    from pydantic import TypeAdapter, ValidationError
+
+    from processor import cli_commands
+    from processor.runtime.assembly import operator_key
+    from processor.settings import Duration
+
+    if not args.reason:
+        print("saga-processor: parked retry --all needs --reason WHY", file=sys.stderr)
+        return EXIT_REFUSED
+    try:
+        since = TypeAdapter(Duration).validate_python(args.since) if args.since else None
+    except ValidationError:
+        print(
+            f"saga-processor: --since {args.since!r} is not a duration (e.g. 2h)", file=sys.stderr
+        )
+        return EXIT_REFUSED
+    with cli_commands.operator_queries(settings) as queries:
+        found = queries.parked_sagas(1_000_000)
+    now = datetime.now(UTC)
+    chosen = [
+        p
+        for p in found
+        if (args.only_type is None or p.saga_type == args.only_type)
+        and (since is None or p.parked_at is None or now - p.parked_at <= since)
+        and (args.parked_for is None or args.parked_for in (p.reason or ""))
+    ]
+    print(f"{len(chosen)} of {len(found)} parked sagas match", flush=True)
+    sent = failed = 0
+    key, by, route = operator_key(settings), operator_name(settings), operator_route(settings)
+    with inspect_queries(settings) as inspect, producer(settings) as out:
+        for n, p in enumerate(chosen, start=1):
+            try:
+                send_operator_request(
+                    inspect,
+                    out,
+                    key,
+                    action=OperatorAction.PARKED_RETRY,
+                    saga_type=p.saga_type,
+                    saga_id=p.saga_id,
+                    by=by,
+                    reason=args.reason,
+                    route=route,
+                )
+                sent += 1
+            except OperatorRefused as e:
+                if "broker" not in str(e) and "no event on record" not in str(e):
+                    raise
+                failed += 1
+                print(f"not sent: {p.saga_type} {p.saga_id}: {e}", file=sys.stderr)
+            if n % 100 == 0 or n == len(chosen):
+                print(f"sent {sent} of {len(chosen)} retry requests", flush=True)
+    print(
+        f"sent {sent} retry request(s), {failed} not sent; `saga-processor parked` lists the "
+        "sagas still parked once the processors applied them"
+    )
+    return EXIT_OK if failed == 0 else EXIT_NOT_SENT
 
 
 def console_arguments(parser: argparse.ArgumentParser) -> None:

@@ -131,6 +131,10 @@ class ConsumerSettings(BaseModel):
     # How long the database may fail or not answer before this replica gives its partitions
     # back to the group (to replicas that can reach it); it rejoins once the database answers.
     unavailable_timeout: Duration = timedelta(seconds=20)
+    # How often sagas parked because something was newer than the code that parked them (an
+    # event's schema version, a stored state's version: a rollout, a rolling deploy) are retried
+    # by a replica whose code knows it; also once at start.
+    resume_interval: Duration = timedelta(seconds=30)
     # The partitioner the producers of the input topics key saga ids with: crc32 (librdkafka's
     # default consistent_random: the Python, Go, .NET and C clients) or murmur2 (the Java
     # clients' default, librdkafka's murmur2_random). Every producer this project makes uses it

@@ -99,6 +99,14 @@ class StateUpcasters:
             raise SagaDefinitionError(problems, subject="upcaster")
         self._by_key[(saga_type, from_version)] = func
 
+    def remove(self, saga_type: str, from_version: int) -> None:
+        """Forget the upcaster of ``saga_type`` from ``from_version``, if there is one.
+
+        For a process that binds sagas of more than one code version in turn (a test playing an
+        old and a new release): older code must not see its successor's upcasters.
+        """
+        self._by_key.pop((saga_type, from_version), None)
+
     def versions(self, saga_type: str) -> list[int]:
         """The from-versions registered for ``saga_type``, ascending."""
         return sorted(v for t, v in self._by_key if t == saga_type)

@@ -44,6 +44,14 @@ def overlay(loaded: Loaded, prior: WriteSet) -> Loaded:
             and (ref.saga_type, ref.saga_id) not in cleared
         )
     }
+    # Held records stay as loaded: a batch that replays them is never planned on top of
+    # another (see Worker.poll_once), so the records a prior batch holds are never missing here.
     return Loaded(
-        sagas, applied, deadlines, loaded.lease_token, loaded.now, tombstones=loaded.tombstones
+        sagas,
+        applied,
+        deadlines,
+        loaded.lease_token,
+        loaded.now,
+        tombstones=loaded.tombstones,
+        held=loaded.held,
     )

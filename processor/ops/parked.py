@@ -10,9 +10,10 @@ changes and the saga stays parked with the reason of the message that failed.
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,7 +29,7 @@ from processor.engine.rows import (
     Wants,
     WriteSet,
 )
-from processor.errors import SagaError
+from processor.errors import ConcurrentUpdate, SagaError
 from processor.messages import MessageRegistry
 from processor.ports import HeldMessage, OperatorStore, ParkedSaga, ParkedStore
 
@@ -372,19 +373,54 @@ def resume_too_new(
     *,
     registry: MessageRegistry,
     limit: int = 10_000,
+    state_versions: Mapping[str, int] | None = None,
 ) -> list[RetryResult]:
-    """Retries the sagas parked only because an event was newer than the code then knew.
+    """Retries the sagas parked only because something was newer than the code then knew.
 
-    A processor runs this when it starts, so a rollout in the wrong order (producers before
-    processors) heals by itself once the new code is deployed. A saga whose held event is still
-    too new for this code stays parked as it was.
+    Two causes, both met in rollouts: an event at a schema version the code did not know yet
+    (producers deployed before processors), and a saga's stored state at a state version the
+    code did not know (a rolling deploy: an old pod read a row a new pod wrote). A processor
+    runs this when it starts and then every ``SAGA_CONSUMER__RESUME_INTERVAL``, so both heal by
+    themselves once code that knows the version runs. A saga parked on a state version this
+    code does not know either is left alone; one whose held event is still too new stays parked
+    as it was (the retry changes nothing). Another replica's retry of the same saga, or a batch
+    that moved it meanwhile, is skipped.
+
+    Args:
+        store: The processor's database (lists parked sagas, retries them).
+        planner: The planner this code runs.
+        registry: Message types, to decode the held records.
+        limit: Most parked sagas looked at.
+        state_versions: The state version this code writes, by saga type; None retries every
+            saga parked on a stored state too new for the code that parked it.
     """
     results = []
     for parked in store.parked_sagas(limit):
-        if parked.reason is not None and TOO_NEW in parked.reason:
+        if not resumable(parked.reason, parked.saga_type, state_versions):
+            continue
+        try:
             results.append(
                 retry_parked_saga(
                     store, planner, parked.saga_type, parked.saga_id, registry=registry
                 )
             )
+        except (NotParked, ConcurrentUpdate):
+            continue
     return results
+
+
+_STATE_TOO_NEW = re.compile(r"stored state is v(\d+), newer than this code's v\d+")
+
+
+def resumable(reason: str | None, saga_type: str, state_versions: Mapping[str, int] | None) -> bool:
+    """Whether a saga parked for ``reason`` may go on under code at ``state_versions``."""
+    if reason is None:
+        return False
+    if TOO_NEW in reason:
+        return True
+    found = _STATE_TOO_NEW.search(reason)
+    if found is None:
+        return False
+    if state_versions is None:
+        return True
+    return state_versions.get(saga_type, 0) >= int(found.group(1))

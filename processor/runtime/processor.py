@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from processor.engine.rows import WriteSet
-from processor.errors import LoopDied
+from processor.errors import LoopDied, Retryable
 from processor.kafka.client import SagaConsumer
 from processor.kafka.metadata import KafkaTopicMetadata
 from processor.kafka.producer import KafkaRecordProducer, make_producer, relay_overrides
@@ -235,6 +235,7 @@ class Processor:
                 hooks=self.hooks,
             )
             self._spawn("retention", self.retention.run)
+        self._spawn("parked-resume", self._resume_loop)
         self.worker.on_commit = self._committed
         self.worker.consumer = SagaConsumer(
             kafka,
@@ -252,17 +253,33 @@ class Processor:
         log.info("processor %s started: sagas %s", self.instance_id, sorted(self.sagas))
 
     def _resume_too_new(self) -> None:
-        """Sagas parked behind events newer than older code knew go on if this code knows them."""
+        """Sagas parked on something newer than older code knew go on if this code knows it."""
         url = self.settings.database.url.get_secret_value()
+        versions = {t: b.state_version for t, b in self.sagas.items()}
         with open_operator_queries(url, self.tables) as queries:
-            results = resume_too_new(queries, self.planner, registry=self.registry)
+            results = resume_too_new(
+                queries, self.planner, registry=self.registry, state_versions=versions
+            )
         resumed = sum(1 for r in results if r.ok)
-        if results:
+        if resumed:
             log.info(
-                "%d of %d sagas held by events newer than earlier code knew went on",
+                "%d of %d sagas parked on a version newer than earlier code knew went on",
                 resumed,
                 len(results),
             )
+
+    def _resume_loop(self, stop: threading.Event) -> None:
+        """Retries, every resume interval, what a replica running older code parked meanwhile.
+
+        In a rolling deploy an old replica that reads a row a new one wrote parks that saga;
+        the new code resumes it here, with no operator.
+        """
+        interval = self.settings.consumer.resume_interval.total_seconds()
+        while not stop.wait(interval):
+            try:
+                self._resume_too_new()
+            except Retryable as e:
+                log.warning("resuming parked sagas failed (%s); trying again later", e)
 
     def _committed(self, ws: WriteSet) -> None:
         report_committed(ws)

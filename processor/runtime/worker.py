@@ -257,6 +257,14 @@ class Worker:
         planned: Planned | None = None
         try:
             batch = self._prepare(records)
+            # An operator's replay needs the records held behind its saga as stored, with
+            # their row ids (to release them), those the batch in flight holds included: planned
+            # on top of that batch, it would find none of them and unpark the saga without
+            # replaying what was held. Such a batch waits for the one in flight.
+            replay = batch is not None and bool(batch.wants.held_keys)
+            if replay and self._pending is not None and not self.settle():
+                self._give_back_if_unavailable()
+                return len(records)
             if batch is not None:
                 prior = self._pending[0].ws if self._pending is not None else None
                 planned = self._plan(batch, prior)

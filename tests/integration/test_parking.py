@@ -382,3 +382,55 @@ def test_parked_retry_is_an_operator_record_the_running_processor_applies(env: E
             *[("tests.parking.ItemAdded", "applied")] * 3,
             ("tests.parking.OrderClosed", "applied"),
         ]
+
+
+@pytest.mark.slow
+def test_parked_retry_all_requests_a_replay_of_every_matching_parked_saga(env: Env) -> None:
+    orders = [f"o-{uuid.uuid4().hex[:6]}" for _ in range(3)]
+    operator = OperatorSettings(key=SecretStr("operator-key"), name="ops")
+    env = Env(env.settings.model_copy(update={"operator": operator}), env.pub, env.packed)
+    warehouse = Warehouse("glass")
+    with running(env.settings, [PackingSaga], dependencies={Warehouse: warehouse}):
+        for order in orders:
+            _park_order(env, order, f"h-{uuid.uuid4().hex[:6]}")
+        warehouse.broken.clear()  # the fix is deployed
+
+        refused = _cli(env, "parked", "retry", "--all")
+        assert refused.returncode == 2
+        assert "--reason" in refused.stderr
+        narrowed = _cli(
+            env, "parked", "retry", "--all", "--reason", "x", "--saga-type", "no-such-type"
+        )
+        assert narrowed.returncode == 0, narrowed.stderr
+        assert "0 of 3 parked sagas match" in narrowed.stdout
+
+        done = _cli(
+            env,
+            "parked",
+            "retry",
+            "--all",
+            "--reason",
+            "warehouse fixed",
+            "--saga-type",
+            SAGA_TYPE,
+            "--since",
+            "1h",
+            "--parked-for",
+            "warehouse cannot take glass",
+        )
+        assert done.returncode == 0, done.stderr
+        assert "3 of 3 parked sagas match" in done.stdout
+        assert "sent 3 retry request(s), 0 not sent" in done.stdout
+        wait_until(
+            lambda: all(env.status(o) == "ended" for o in orders),
+            timeout=90,
+            what="every parked order replayed",
+        )
+        env.packed.wait_for(
+            lambda rs: all(len(env.packed_items(o)) >= 4 for o in orders),
+            timeout=90,
+            what="every item packed",
+        )
+    for order in orders:
+        assert env.held(order) == []
+        assert env.packed_items(order) == [("cup", 1), ("glass", 2), ("plate", 3), ("bowl", 4)]

@@ -35,6 +35,7 @@ from processor import (
 )
 from processor.cli_preflight import check_from_settings
 from processor.settings import ProcessorSettings
+from processor.upcasting import state_upcasters
 from tests.support.harness import (
     Publisher,
     Reader,
@@ -137,6 +138,12 @@ AccountV2 = saga(type=ACCOUNT, version=2)(type("AccountV2", (_AccountV2,), {}))
 # The same change, for a type whose deploy forgets the upcaster.
 NoUpcasterV1 = saga(type=NO_UPCASTER)(type("NoUpcasterV1", (_AccountV1,), {}))
 NoUpcasterV2 = saga(type=NO_UPCASTER, version=2)(type("NoUpcasterV2", (_AccountV2,), {}))
+
+
+# The same change again, for the rolling deploy (its upcaster is registered by that test).
+ROLLING = "upcast-test-rolling"
+RollingV1 = saga(type=ROLLING)(type("RollingV1", (_AccountV1,), {}))
+RollingV2 = saga(type=ROLLING, version=2)(type("RollingV2", (_AccountV2,), {}))
 
 
 def account_v1_to_v2(state: dict[str, Any]) -> dict[str, Any]:
@@ -418,3 +425,102 @@ def _cli(env: Env, target: str, *args: str) -> subprocess.CompletedProcess[str]:
         timeout=120,
         check=False,
     )
+
+
+ROLLING_SAGAS = 30
+
+
+def test_a_rolling_deploy_leaves_no_saga_parked(env: Env) -> None:
+    """Old and new pods run together while a state version goes from v1 to v2.
+
+    An old pod that reads a row the new code wrote parks that saga ("stored state is v2, newer
+    than this code's v1"); a new pod resumes it by itself, and once the rollout is done none
+    is left parked and no deposit is lost or applied twice.
+    """
+    ids = [f"r-{i:03d}-{uuid.uuid4().hex[:4]}" for i in range(ROLLING_SAGAS)]
+    _start_v1_sagas(env, RollingV1, ids)
+    upcaster(ROLLING, from_version=1)(account_v1_to_v2)
+    s = env.settings
+
+    def pod(name: str) -> ProcessorSettings:
+        return settings_for(
+            env.kafka,
+            s.database.url.get_secret_value(),
+            s.database.schema_name,
+            s.topic_prefix,
+            instance_id=name,
+            consumer={"resume_interval": "1s"},
+        )
+
+    def deposit_round(n: int) -> None:
+        for account in ids:
+            env.pub.event(env.events, account, Deposited(account_id=account, amount=Decimal(1)))
+        env.pub.flush()
+        wait_until(
+            lambda: (
+                env.count(
+                    "SELECT count(*) FROM saga_instance WHERE version >= %s OR status = 'parked'",
+                    n,
+                )
+                == ROLLING_SAGAS
+            ),
+            timeout=120,
+            what=f"deposit round {n} applied or held",
+        )
+
+    # A new pod alone writes every saga at v2; then an old pod alone meets those rows.
+    with running(pod("new-1"), [RollingV2]):
+        deposit_round(3)
+    assert env.count("SELECT count(*) FROM saga_instance WHERE state_version = 2") == ROLLING_SAGAS
+    # The old release has no upcaster to v2 (its binding would refuse one past its version).
+    state_upcasters.remove(ROLLING, 1)
+    with running(pod("old-1"), [RollingV1]):
+        for account in ids:
+            env.pub.event(env.events, account, Deposited(account_id=account, amount=Decimal(1)))
+        env.pub.flush()
+        wait_until(
+            lambda: (
+                env.count("SELECT count(*) FROM saga_instance WHERE status = 'parked'")
+                == ROLLING_SAGAS
+            ),
+            timeout=120,
+            what="the old pod parking every saga the new code wrote",
+        )
+        reasons = env.db("SELECT DISTINCT parked_reason FROM saga_instance")
+        assert [r for (r,) in reasons if "stored state is v2, newer than this code's v1" in r]
+        # One pod of each, under load: the new one resumes what the old one parks.
+        upcaster(ROLLING, from_version=1)(account_v1_to_v2)
+        with running(pod("new-2"), [RollingV2]):
+            for account in ids:
+                env.pub.event(env.events, account, Deposited(account_id=account, amount=Decimal(1)))
+            env.pub.flush()
+            wait_until(
+                lambda: (
+                    env.count(
+                        "SELECT count(*) FROM saga_instance "
+                        "WHERE status = 'active' AND (state->>'deposits')::int >= 3"
+                    )
+                    > 0
+                ),
+                timeout=60,
+                what="the new pod resuming sagas while the old one runs",
+            )
+    # The old pod is gone: the rollout is done.
+    with running(pod("new-3"), [RollingV2]):
+        wait_until(
+            lambda: (
+                env.count(
+                    "SELECT count(*) FROM saga_instance "
+                    "WHERE status = 'active' AND (state->>'deposits')::int = 4"
+                )
+                == ROLLING_SAGAS
+            ),
+            timeout=120,
+            what="every saga resumed with all four deposits",
+        )
+    assert env.count("SELECT count(*) FROM saga_instance WHERE status = 'parked'") == 0
+    assert env.count("SELECT count(*) FROM parked_message") == 0
+    rows = env.db("SELECT saga_id, state->>'balance' FROM saga_instance")
+    assert {a: Decimal(b) for a, b in rows} == {
+        a: Decimal(i) + Decimal("3.50") for i, a in enumerate(ids)
+    }

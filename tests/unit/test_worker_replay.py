@@ -1,0 +1,109 @@
+"""An operator's replay is never planned on top of a batch still committing.
+
+A parked saga's held records are loaded with their row ids, so that the replay can release
+them. Planned on top of a batch in flight that holds one more record behind the saga, the replay
+found none of them (the overlay of a prior batch dropped them) and unparked the saga without
+replaying anything: the held records were left behind, never applied.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from processor.engine.plan import Planner
+from processor.engine.records import Record
+from processor.memory.consumer import MemoryRecordConsumer
+from processor.memory.store import MemoryBatchStore, MemoryTables
+from processor.runner import bind_all
+from processor.runtime.hooks import Hooks
+from processor.runtime.worker import Worker
+from processor.wire import OperatorAction
+from tests.unit.test_plan import DEAD, REG, SAGA, Gate, Log, Noted, Opened, OrderSaga
+from tests.unit.test_plan_retry import KEY, _request
+
+TOPIC = "in"
+
+
+@pytest.fixture
+def gate() -> Gate:
+    return Gate()
+
+
+@pytest.fixture
+def parts(gate: Gate) -> Iterator[tuple[Worker, MemoryRecordConsumer, MemoryTables, Hooks]]:
+    sagas = bind_all([OrderSaga], dependencies={Gate: gate}, registry=REG)
+    planner = Planner(sagas, registry=REG, dead_letter_topic=DEAD, operator_key=KEY)
+    tables = MemoryTables()
+    hooks = Hooks()
+    worker = Worker(
+        store=MemoryBatchStore(tables),
+        control=MemoryBatchStore(tables),
+        planner=planner,
+        registry=REG,
+        owner="me",
+        max_record_bytes=1 << 20,
+        batch_size=100,
+        batch_timeout=0.0,
+        hooks=hooks,
+    )
+    consumer = MemoryRecordConsumer(worker.on_assign, worker.on_revoke)
+    worker.consumer = consumer
+    try:
+        yield worker, consumer, tables, hooks
+    finally:
+        worker.close()
+
+
+def _send(consumer: MemoryRecordConsumer, record: Record) -> None:
+    consumer.append(TOPIC, 0, record.value, key=record.key, headers=record.headers)
+
+
+def test_a_replay_waits_for_the_batch_in_flight_and_replays_every_held_record(
+    parts: tuple[Worker, MemoryRecordConsumer, MemoryTables, Hooks], gate: Gate
+) -> None:
+    worker, consumer, tables, hooks = parts
+    log = Log()
+    consumer.assign([(TOPIC, 0)])
+    _send(consumer, log.event(Opened(order_id="o1")))
+    worker.poll_once()
+    worker.settle()
+    gate.failures = 3  # every attempt of the next handler call
+    _send(consumer, log.event(Noted(order_id="o1", note="a")))
+    worker.poll_once()
+    worker.settle()
+    assert tables.sagas[(SAGA, "o1")].status == "parked"
+    gate.failures = 0  # the fix is deployed
+
+    replay_planned = threading.Event()
+    writes = 0
+
+    def hold_the_held_batch() -> None:
+        # The batch that holds "b" behind the saga stays in flight until the replay was
+        # planned, or half a second: planned on top of it is what must not happen.
+        nonlocal writes
+        writes += 1
+        if writes == 1:
+            replay_planned.wait(0.5)
+
+    plans = 0
+
+    def note_plan() -> None:
+        nonlocal plans
+        plans += 1
+        if plans == 2:
+            replay_planned.set()
+
+    hooks.on("before-commit", hold_the_held_batch)
+    hooks.on("before-write", note_plan)
+    _send(consumer, log.event(Noted(order_id="o1", note="b")))
+    worker.poll_once()  # "b" is held behind the parked saga; its batch is in flight
+    _send(consumer, _request(log, OperatorAction.PARKED_RETRY))
+    worker.poll_once()
+    worker.settle()
+
+    row = tables.sagas[(SAGA, "o1")]
+    assert (row.status, row.state) == ("active", {"order_id": "o1", "notes": ["a", "b"]})
+    assert tables.parked == []
