@@ -25,6 +25,7 @@ from processor.engine.growth import Growth, GrowthState
 from processor.engine.partitioner import Partitioner
 from processor.errors import Failure, RuntimeFailure
 from processor.ports import TP, GrowthStore, TopicMetadata
+from processor.runtime.heartbeat import beat
 
 __all__ = ["GrowthWatch"]
 
@@ -189,6 +190,7 @@ class GrowthWatch:
         """Rounds until ``stop`` is set; transient failures are retried, others propagate."""
         try:
             while not stop.is_set():
+                beat()
                 try:
                     wait = self.step()
                 except RuntimeFailure as e:

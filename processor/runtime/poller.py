@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from processor.engine.records import OutboxRow
 from processor.errors import Retryable
 from processor.ports import DeadlineStore, Due, RecordProducer
+from processor.runtime.heartbeat import beat
 from processor.runtime.hooks import Hooks
 from processor.settings import DeadlineSettings
 from processor.wire import FiredRecord
@@ -196,6 +197,7 @@ class DeadlinePoller:
         """
         try:
             while not stop.is_set():
+                beat()
                 try:
                     wait = self.step()
                     # Wakes early on a commit of deadlines in any process.

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
+
 from processor.engine.rows import WriteSet
 from processor.errors import LoopDied, Retryable
 from processor.kafka.client import SagaConsumer
@@ -40,6 +42,7 @@ from processor.postgres.tls import warn_unverified_tls
 from processor.runner import BoundSaga
 from processor.runtime.assembly import bind_sagas, tables_for
 from processor.runtime.growth import GrowthWatch
+from processor.runtime.heartbeat import beat
 from processor.runtime.hooks import Hooks
 from processor.runtime.observe import Observability
 from processor.runtime.placement import PlacementCheck
@@ -54,6 +57,9 @@ from processor.settings import ProcessorSettings
 from processor.wire import Topics, outbox_channel
 
 log = logging.getLogger(__name__)
+
+HANG_GRACE = 60.0
+"""Seconds a loop may go without a heartbeat beyond its longest legitimate wait."""
 
 
 class Processor:
@@ -179,7 +185,9 @@ class Processor:
         )
         self.worker.gate = growth.held
         self.worker.placement = PlacementCheck(part, growth.counts)
-        self._spawn("growth-watch", growth.run)
+        # Each loop that beats gets a bound on the gap between two beats: its longest legitimate
+        # wait plus a minute. Past it the loop is hung and /healthz fails (Supervisor.alive).
+        self._spawn("growth-watch", growth.run, hang_after=HANG_GRACE)
         if self.settings.relay.enabled:
             rs = self.settings.relay
             relay = self.relay = Relay(
@@ -215,7 +223,9 @@ class Processor:
             listener = PostgresWakeSource(
                 self.connect, outbox_channel(self.tables.schema), ignore=self.instance_id
             )
-            self._spawn("relay", relay.run)
+            self._spawn(
+                "relay", relay.run, hang_after=2 * rs.flush_timeout.total_seconds() + HANG_GRACE
+            )
             self._spawn("relay-listener", lambda stop: listener.run(stop, relay.wake.set))
         if self.settings.deadline.enabled:
             self.poller = DeadlinePoller(
@@ -226,7 +236,8 @@ class Processor:
                 hooks=self.hooks,
             )
             self.poller.route = growth.route
-            self._spawn("deadline-poller", self.poller.run)
+            polling = self.settings.deadline.polling.interval.total_seconds()
+            self._spawn("deadline-poller", self.poller.run, hang_after=polling + HANG_GRACE)
         if self.settings.retention.enabled:
             self.retention = Retention(
                 # A frozen replica must not keep the retention lock (or its row locks) for long.
@@ -234,8 +245,9 @@ class Processor:
                 self.settings.retention,
                 hooks=self.hooks,
             )
-            self._spawn("retention", self.retention.run)
-        self._spawn("parked-resume", self._resume_loop)
+            self._spawn("retention", self.retention.run, hang_after=HANG_GRACE)
+        resume = cs.resume_interval.total_seconds()
+        self._spawn("parked-resume", self._resume_loop, hang_after=resume + 2 * HANG_GRACE)
         self.worker.on_commit = self._committed
         self.worker.consumer = SagaConsumer(
             kafka,
@@ -276,10 +288,21 @@ class Processor:
         """
         interval = self.settings.consumer.resume_interval.total_seconds()
         while not stop.wait(interval):
+            beat()
             try:
                 self._resume_too_new()
             except Retryable as e:
                 log.warning("resuming parked sagas failed (%s); trying again later", e)
+            except Exception as e:
+                # The database away (a raw driver error from a fresh connection) or one saga's
+                # replay refused: the sagas stay parked as they were; the next pass tries again.
+                # Consuming goes on either way.
+                log.warning(
+                    "resuming parked sagas failed (%s: %s); trying again later",
+                    type(e).__name__,
+                    e,
+                    exc_info=not isinstance(e, psycopg.OperationalError),
+                )
 
     def _committed(self, ws: WriteSet) -> None:
         report_committed(ws)
@@ -291,8 +314,14 @@ class Processor:
         ):
             self.poller.wake.set()
 
-    def _spawn(self, name: str, target: Callable[[threading.Event], None]) -> None:
-        self.supervisor.spawn(name, target)
+    def _spawn(
+        self,
+        name: str,
+        target: Callable[[threading.Event], None],
+        *,
+        hang_after: float | None = None,
+    ) -> None:
+        self.supervisor.spawn(name, target, hang_after=hang_after)
 
     # -- running ---------------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ from processor.engine.records import OutboxRow
 from processor.errors import DeliveryFailed, Retryable, SendFailure
 from processor.observe.tracing import MAX_LINKS, Tracing
 from processor.ports import TP, OutboxEntry, OutboxStore, RecordProducer, SetAside
+from processor.runtime.heartbeat import beat
 from processor.runtime.hooks import Hooks
 from processor.wire import HEADER_MESSAGE_ID
 
@@ -310,6 +311,7 @@ class Relay:
         """
         failures = 0
         while not stop.is_set():
+            beat()
             try:
                 self.run_once()
             except (Retryable, DeliveryFailed) as e:

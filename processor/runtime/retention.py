@@ -26,6 +26,7 @@ from datetime import timedelta
 
 from processor.errors import Retryable
 from processor.ports import Purge, RetentionStore
+from processor.runtime.heartbeat import beat
 from processor.runtime.hooks import Hooks
 from processor.settings import RetentionSettings
 
@@ -101,6 +102,7 @@ class Retention:
         i = 0
         while i < len(self._periods) and not stop.is_set():
             what, period = self._periods[i]
+            beat()
             n = self.store.purge(what, period, limit)
             if n is None:
                 self._report(done, busy=True)
@@ -129,6 +131,7 @@ class Retention:
             ends = time.monotonic() + interval
             # In short slices: a stop must end the wait promptly, and `wake` may end it sooner.
             while not stop.is_set() and not self.wake.is_set():
+                beat()
                 left = ends - time.monotonic()
                 if left <= 0:
                     break

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from processor.runtime.heartbeat import last_beat
 
 __all__ = ["LoopFailure", "Supervisor"]
 
@@ -50,15 +53,32 @@ class Supervisor:
         failed: Set once a loop has died; the consumer loop checks it between polls.
     """
 
-    def __init__(self, stop: threading.Event) -> None:
+    def __init__(self, stop: threading.Event, clock: Callable[[], float] = time.monotonic) -> None:
         self._stop = stop
+        self._clock = clock
         self.failed = threading.Event()
         self._failures: list[LoopFailure] = []
         self._lock = threading.Lock()
         self._threads: dict[str, threading.Thread] = {}
+        # Loops that beat (processor/runtime/heartbeat.py): name -> (longest gap, started at).
+        self._hang_after: dict[str, tuple[float, float]] = {}
+        self._hung: set[str] = set()
 
-    def spawn(self, name: str, target: Callable[[threading.Event], None]) -> threading.Thread:
-        """Starts ``target(stop)`` on a daemon thread named ``name``, under supervision."""
+    def spawn(
+        self,
+        name: str,
+        target: Callable[[threading.Event], None],
+        *,
+        hang_after: float | None = None,
+    ) -> threading.Thread:
+        """Starts ``target(stop)`` on a daemon thread named ``name``, under supervision.
+
+        Args:
+            name: The loop's name, in logs and health.
+            target: The loop; it returns once the stop event is set.
+            hang_after: When set, the loop calls :func:`processor.runtime.heartbeat.beat` at
+                least this often (seconds); a longer gap counts as hung in :meth:`alive`.
+        """
 
         def supervised() -> None:
             try:
@@ -71,6 +91,8 @@ class Supervisor:
 
         thread = threading.Thread(target=supervised, name=name, daemon=True)
         self._threads[name] = thread
+        if hang_after is not None:
+            self._hang_after[name] = (hang_after, self._clock())
         thread.start()
         return thread
 
@@ -98,8 +120,35 @@ class Supervisor:
             return self._failures[0] if self._failures else None
 
     def alive(self) -> dict[str, bool]:
-        """Each supervised loop by name: True while its thread runs."""
-        return {name: thread.is_alive() for name, thread in self._threads.items()}
+        """Each supervised loop by name: True while its thread runs and, if it beats, beats.
+
+        A loop that has not beaten for longer than its ``hang_after`` is reported False (and
+        logged once, with how long): its thread runs but its work has stopped, and only a
+        restart of the process ends a call that never returns.
+        """
+        out = {}
+        now = self._clock()
+        for name, thread in self._threads.items():
+            ok = thread.is_alive()
+            limit = self._hang_after.get(name)
+            if ok and limit is not None and not self._stop.is_set():
+                gap, started = limit
+                since = now - (last_beat(thread) or started)
+                if since > gap:
+                    ok = False
+                    if name not in self._hung:
+                        self._hung.add(name)
+                        log.error(
+                            "loop %r has made no progress for %.0f s (bound %.0f s): it is hung; "
+                            "health reports it dead so that the process is restarted",
+                            name,
+                            since,
+                            gap,
+                        )
+                else:
+                    self._hung.discard(name)
+            out[name] = ok
+        return out
 
     def join_one(self, name: str, seconds: Callable[[], float]) -> None:
         """Waits up to ``seconds()`` for loop ``name`` to end (at once if it never ran)."""
