@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import psycopg
-
 from processor.engine.rows import WriteSet
 from processor.errors import LoopDied, Retryable
 from processor.kafka.client import SagaConsumer
@@ -301,7 +299,6 @@ class Processor:
                     "resuming parked sagas failed (%s: %s); trying again later",
                     type(e).__name__,
                     e,
-                    exc_info=not isinstance(e, psycopg.OperationalError),
                 )
 
     def _committed(self, ws: WriteSet) -> None:
