@@ -17,11 +17,19 @@ class Availability:
         self._backoff = 0.0
         self._retry_at = 0.0
 
-    def failed(self, *, back_off: bool = False) -> None:
-        """Notes a failure; with ``back_off`` the next try waits a little longer than the last."""
+    def failed(self, *, back_off: bool = False, since: float | None = None) -> None:
+        """Notes a failure; with ``back_off`` the next try waits a little longer than the last.
+
+        Args:
+            back_off: Space the next try further from this one.
+            since: When the failing call began, if earlier than now: a call that hung until
+                its bound failed when it began, not when the wait for it gave up (counting from
+                then doubled the time partitions stayed with a replica cut off mid-commit).
+        """
         now = self._clock()
-        if self._since is None:
-            self._since = now
+        start = now if since is None else min(since, now)
+        if self._since is None or start < self._since:
+            self._since = start
         if back_off:
             self._backoff = min(MAX_BACKOFF, max(0.1, self._backoff * 2))
             self._retry_at = now + self._backoff

@@ -142,6 +142,8 @@ class Worker:
         self._doubt: Planned | None = None
         # The last commit failed or hung, and none has succeeded since.
         self._writes_failing = False
+        # When the batch in flight was handed to the write lane (the worker's clock).
+        self._submitted_at = 0.0
         self._availability = Availability(clock)
         self._clock = clock
         # No claim retry before this time: the partitions' rows were busy.
@@ -282,6 +284,7 @@ class Worker:
             return len(records)
         if planned is not None:
             self._pending = (planned, self._write_lane.submit(lambda: self._write(planned)))
+            self._submitted_at = self._clock()
             self._advance(planned.batch)
         return len(records)
 
@@ -296,6 +299,8 @@ class Worker:
             wait(future, self.unavailable_timeout, what="batch commit")
         except Stuck as e:
             self._abandon_write_lane()
+            # The commit has hung since it was submitted: the outage began then.
+            self._availability.failed(since=self._submitted_at)
             self._in_doubt(planned, e)
             return False
         except CommitInDoubt as e:
@@ -586,9 +591,12 @@ class Worker:
         return self._call(self._control_lane, fn, what)
 
     def _call(self, lane: Lane, fn: Callable[[], _T], what: str) -> _T:
+        started = self._clock()
         try:
             return lane.call(fn, self.unavailable_timeout)
         except Stuck:
+            # Hung since it began: that is when the outage began (the caller notes it too).
+            self._availability.failed(since=started)
             if lane is self._control_lane:
                 self._abandon_control_lane()
             else:

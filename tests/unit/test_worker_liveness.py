@@ -399,3 +399,22 @@ def test_partitions_busy_with_the_previous_owners_relay_wait_without_an_outage(
     assert P0 not in rig.consumer.paused()
     live.step()
     assert rig.applied("t1") == ["m1"]
+
+
+def test_a_commit_that_hangs_counts_as_down_from_when_it_was_submitted(live: Live) -> None:
+    """The bound runs from the start of the hung commit, not from when the wait gave up: a
+    replica cut off mid-commit gave its partitions back after twice the bound."""
+    rig, store = live.rig, live.store
+    rig.worker.unavailable_timeout = 0.2  # the lane wait (real seconds) and the bound (clock)
+    rig.consumer.assign([P0])
+    rig.send(P0, requested("t1"), "m1")
+    store.silent.set()  # the commit blocks, as on a black-holed connection
+    rig.worker.poll_once()  # submitted at the clock's now
+    store.down = True  # and nothing else answers either
+    live.clock.now += 0.15  # the commit has hung this long when the wait gives up
+    assert rig.worker.settle() is False
+    assert rig.worker.health()["unavailable_for"] == pytest.approx(0.15)
+    assert not rig.worker.detached
+    live.clock.now += 0.06  # 0.21 since the commit began: past the bound
+    rig.worker.poll_once()
+    assert rig.worker.detached
