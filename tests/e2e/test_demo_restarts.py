@@ -31,16 +31,16 @@ PER_PHASE = 40
 
 
 def test_accounts_service_survives_postgres_and_kafka_restarts(
-    private_stack: PrivateStack,
+    order_stack: PrivateStack,
 ) -> None:
-    stack = private_stack
+    stack = order_stack
     prefix = f"rs{uuid.uuid4().hex[:6]}."
     commands, replies = prefix + ACCOUNT_COMMANDS_TOPIC, prefix + TRANSFER_EVENTS_TOPIC
     create_topics(stack.kafka, [commands, replies], partitions=3)
     service = AccountsService(
         kafka={"bootstrap.servers": stack.kafka},
         database_url=stack.database,
-        schema="demo_accounts",
+        schema=f"accounts_{prefix.rstrip('.')}",
         topic_prefix=prefix,
         application_name=f"accounts-{prefix}",
     )
@@ -97,6 +97,9 @@ def test_accounts_service_survives_postgres_and_kafka_restarts(
         stop.set()
         runner.join(60)
         reader.close()
+        # The stack is shared: leave it running whatever the test did to it.
+        stack.up("postgres")
+        stack.up("kafka")
     assert not runner.is_alive()
     # Every step applied exactly once: each transfer moved money from one account to another.
     steps = service.ledger.steps()

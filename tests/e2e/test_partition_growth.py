@@ -225,7 +225,7 @@ def test_growth_under_load_keeps_per_saga_order_and_reroutes_deadlines(e2e_env: 
     # Never replied to: their payment timeout is pending while the topic grows, and comes due
     # after it. They start first, so they are all on the old partitions.
     silent, replied = sagas[:150], sagas[150:]
-    replicas = start_replicas(env, settings={"transfer.payment-timeout": 40})
+    replicas = start_replicas(env, settings={"transfer.payment-timeout": 28})
     commands = env.reader()
     producers = Producers(env.kafka, env.events_topic)
 
