@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 
-__all__ = ["beat", "last_beat"]
+__all__ = ["beat", "forget_beat", "last_beat"]
 
 _beats: dict[int, float] = {}
 
@@ -21,6 +21,17 @@ _beats: dict[int, float] = {}
 def beat() -> None:
     """Records that the calling loop's thread just made progress."""
     _beats[threading.get_ident()] = time.monotonic()
+
+
+def forget_beat(thread: threading.Thread | None = None) -> None:
+    """Clears the beat of ``thread`` (default: the calling one) before a new loop runs on it.
+
+    A thread id is reused once its thread ended, so a beat an ended thread left under that id
+    must not count as the new loop's.
+    """
+    ident = threading.get_ident() if thread is None else thread.ident
+    if ident is not None:
+        _beats.pop(ident, None)
 
 
 def last_beat(thread: threading.Thread) -> float | None:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from processor.runtime.heartbeat import last_beat
+from processor.runtime.heartbeat import forget_beat, last_beat
 
 __all__ = ["LoopFailure", "Supervisor"]
 
@@ -94,6 +94,8 @@ class Supervisor:
         if hang_after is not None:
             self._hang_after[name] = (hang_after, self._clock())
         thread.start()
+        # Its id may be one an ended thread used, and beat under: not this loop's beat.
+        forget_beat(thread)
         return thread
 
     def record(self, loop: str, error: BaseException | None) -> None:
