@@ -183,11 +183,12 @@ def private_stack(tmp_path: Path) -> Iterator[PrivateStack]:
 
 @pytest.fixture(scope="session")
 def order_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateStack]:
-    """A private stack, its broker behind a proxy, for the tests that disturb a stack.
+    """A private stack, its broker behind a proxy, for the order-world tests to disturb.
 
-    Shared by them (one start-up instead of one each): the order-world tests, the restarts
-    under load, the demo service's restarts. Each uses schemas and topics of its own, and
-    leaves the stack running, healed, whatever it did to it.
+    Shared by them (one start-up instead of one each): each uses schemas and topics of its
+    own, and leaves the stack running, healed, whatever it did to it. Tests that restart the
+    broker use a private stack instead: a broker restart behind the proxy can leave a
+    consumer's coordinator connection waiting for good.
     """
     with _private_stack(tmp_path_factory.mktemp("order-stack"), proxied_kafka=True) as stack:
         yield stack
