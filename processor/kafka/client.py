@@ -40,28 +40,21 @@ read_headers = operator.methodcaller("headers")
 def to_record(msg: Any) -> Record:
     ts_type, ts = msg.timestamp()
     try:
-        headers = read_headers(msg)
+        pairs = read_headers(msg)
+        headers = _headers(pairs) if pairs else ()
     except (SystemError, UnicodeDecodeError):
         # A header name that is not valid UTF-8 (legal on the wire; Go, Java and C producers can
         # send one): confluent-kafka fails to make a str of it. The record goes on with a marker
         # in place of its headers, and decoding dead-letters it with its key and value intact.
         # The broken list stays inside the message object, never touched again.
-        return Record(
-            msg.topic(),
-            msg.partition(),
-            msg.offset(),
-            msg.key(),
-            msg.value(),
-            UNREADABLE_HEADERS,
-            ts if ts_type != 0 else None,
-        )
+        headers = UNREADABLE_HEADERS
     return Record(
         msg.topic(),
         msg.partition(),
         msg.offset(),
         msg.key(),
         msg.value(),
-        _headers(headers) if headers else (),
+        headers,
         ts if ts_type != 0 else None,
     )
 

@@ -452,10 +452,13 @@ def test_a_rolling_deploy_leaves_no_saga_parked(env: Env) -> None:
             consumer={"resume_interval": "1s"},
         )
 
-    def deposit_round(n: int) -> None:
+    def deposit_all() -> None:
         for account in ids:
             env.pub.event(env.events, account, Deposited(account_id=account, amount=Decimal(1)))
         env.pub.flush()
+
+    def deposit_round(n: int) -> None:
+        deposit_all()
         wait_until(
             lambda: (
                 env.count(
@@ -475,9 +478,7 @@ def test_a_rolling_deploy_leaves_no_saga_parked(env: Env) -> None:
     # The old release has no upcaster to v2 (its binding would refuse one past its version).
     state_upcasters.remove(ROLLING, 1)
     with running(pod("old-1"), [RollingV1]):
-        for account in ids:
-            env.pub.event(env.events, account, Deposited(account_id=account, amount=Decimal(1)))
-        env.pub.flush()
+        deposit_all()
         wait_until(
             lambda: (
                 env.count("SELECT count(*) FROM saga_instance WHERE status = 'parked'")
@@ -491,9 +492,7 @@ def test_a_rolling_deploy_leaves_no_saga_parked(env: Env) -> None:
         # One pod of each, under load: the new one resumes what the old one parks.
         upcaster(ROLLING, from_version=1)(account_v1_to_v2)
         with running(pod("new-2"), [RollingV2]):
-            for account in ids:
-                env.pub.event(env.events, account, Deposited(account_id=account, amount=Decimal(1)))
-            env.pub.flush()
+            deposit_all()
             wait_until(
                 lambda: (
                     env.count(
