@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from processor.definition import HandlerDef
+from processor.errors import SagaDefinitionError
 from processor.params import NO_DEFAULT, Param
 
 __all__ = ["ResolvedParam", "lookup_setting", "resolve_handler"]
@@ -70,6 +71,11 @@ def _setting(p: Param, settings: Mapping[str, Any], where: str, problems: list[s
     except ValidationError as e:
         # Messages only, never the input: settings may hold secrets.
         reasons = "; ".join(err["msg"] for err in e.errors(include_input=False, include_url=False))
+        problems.append(f"{where}: setting {p.setting.key!r} is invalid: {reasons}")
+        return None
+    except SagaDefinitionError as e:
+        # A value type that validates itself (a RetryPolicy) lists its own problems.
+        reasons = "; ".join(e.problems)
         problems.append(f"{where}: setting {p.setting.key!r} is invalid: {reasons}")
         return None
 

@@ -45,13 +45,33 @@ def operator_name(settings: ProcessorSettings) -> str:
 
 
 def saga_arguments(parser: argparse.ArgumentParser) -> None:
-    """`cancel SAGA_TYPE SAGA_ID --reason`."""
+    """`cancel|terminate|resolve SAGA_TYPE SAGA_ID ... --reason`."""
     what = parser.add_subparsers(dest="action", required=True)
     cancel = what.add_parser("cancel", help="run the saga's cancel (compensation) path")
-    cancel.add_argument("saga_type", metavar="SAGA_TYPE")
-    cancel.add_argument("saga_id", metavar="SAGA_ID")
-    cancel.add_argument("--reason", required=True)
-    json_flag(cancel)
+    terminate = what.add_parser(
+        "terminate", help="end the saga without compensation (needs --force)"
+    )
+    terminate.add_argument(
+        "--force",
+        action="store_true",
+        help="confirm: nothing done so far is undone; the history says so",
+    )
+    resolve = what.add_parser(
+        "resolve", help="decide for a step escalated to a person: retry, skip or compensate"
+    )
+    for sub in (cancel, terminate, resolve):
+        sub.add_argument("saga_type", metavar="SAGA_TYPE")
+        sub.add_argument("saga_id", metavar="SAGA_ID")
+    resolve.add_argument("decision", choices=("retry", "skip", "compensate"))
+    for sub in (cancel, terminate, resolve):
+        sub.add_argument("--reason", required=True)
+        sub.add_argument(
+            "--wait",
+            type=float,
+            default=30.0,
+            help="seconds to wait for a processor to apply the request (default 30)",
+        )
+        json_flag(sub)
 
 
 def request(
@@ -105,8 +125,42 @@ def send(
 
 
 def saga(args: argparse.Namespace, settings: ProcessorSettings) -> int:
-    """`saga cancel`: see :func:`request`."""
-    return request(args, settings, OperatorAction.CANCEL)
+    """`saga cancel|terminate|resolve`: sends the request and waits for its outcome.
+
+    Exit code 0 once applied; 1 when the saga's own code failed on it (the saga is parked); 2
+    when refused (``terminate`` without ``--force``, a decision nothing waits for, no such
+    saga, an ended saga); 3 when not sent, or not applied within ``--wait`` seconds.
+    """
+    if args.action == "terminate" and not args.force:
+        print(
+            "saga-processor: terminate ends the saga without compensation: whatever it did "
+            "stays done. Use `saga cancel` to undo it, or pass --force to terminate anyway",
+            file=sys.stderr,
+        )
+        return EXIT_REFUSED
+    action = {
+        "cancel": OperatorAction.CANCEL,
+        "terminate": OperatorAction.TERMINATE,
+        "resolve": OperatorAction.RESOLVE,
+    }[args.action]
+    sent = send(args, settings, action, getattr(args, "decision", None))
+    if isinstance(sent, int):
+        return sent
+    with inspect_queries(settings) as queries:
+        entry = wait_for_outcome(queries, args.saga_type, args.saga_id, sent.message_id, args.wait)
+    if entry is None:
+        print(
+            f"saga-processor: {sent.message_id} sent; no processor applied it within "
+            f"{args.wait:g} s (`show` lists it once applied)",
+            file=sys.stderr,
+        )
+        return EXIT_NOT_SENT
+    emit(args, entry, f"{entry.outcome}: {entry.detail or ''}")
+    if entry.outcome in ("applied", "duplicate"):
+        return EXIT_OK
+    if entry.outcome in ("operator-refused", "no-saga", "ignored-ended"):
+        return EXIT_REFUSED
+    return EXIT_PROBLEM
 
 
 def deadline_arguments(parser: argparse.ArgumentParser) -> None:

@@ -48,6 +48,16 @@ class SagaState(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    @classmethod
+    def definition_problems(cls) -> list[str]:
+        """Problems a base class finds in how a subclass wires itself; ``@saga`` reports them.
+
+        Base classes that give sagas a structure of their own (the state-machine
+        orchestrator) override this, so a handler that names a step that does not exist fails
+        at import with every other problem rather than parking sagas at runtime.
+        """
+        return []
+
 
 @dataclass(frozen=True)
 class _Mark:
@@ -286,6 +296,7 @@ def _build(
             "no start handler: mark at least one event handler with "
             "@saga_event_handler(..., start=True)"
         )
+    problems.extend(cls.definition_problems())
     if problems:
         raise SagaDefinitionError(problems, subject=f"saga {name}")
     return SagaDefinition(

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar
 
+from pydantic import ValidationError
+
 __all__ = [
     "CommitInDoubt",
     "ConcurrentUpdate",
@@ -32,6 +34,7 @@ __all__ = [
     "SendFailure",
     "UnknownMessageType",
     "classify",
+    "describe_error",
 ]
 
 
@@ -81,6 +84,23 @@ class UnknownMessageType(SagaError):
     """No message class is registered under the requested name, version or class."""
 
 
+def describe_error(error: BaseException) -> str:
+    """The error's type and where it happened, without the values it was given.
+
+    A pydantic ``ValidationError`` is reduced to its field locations and messages (its text
+    echoes the input, which may hold personal data); other errors keep their message, which is
+    the code's own text.
+    """
+    if isinstance(error, ValidationError):
+        details = error.errors(include_input=False, include_url=False, include_context=False)
+        where = "; ".join(
+            f"{'.'.join(map(str, d['loc'])) or '<root>'}: {d['msg']}" for d in details[:10]
+        )
+        more = f" (+{len(details) - 10} more)" if len(details) > 10 else ""
+        return f"ValidationError at {where}{more}"
+    return f"{type(error).__name__}: {error}"
+
+
 class HandlerError(SagaError):
     """A user handler raised; the original exception is kept as ``cause`` and ``__cause__``.
 
@@ -96,11 +116,12 @@ class HandlerError(SagaError):
         self.saga_id = saga_id
         self.handler_name = handler_name
         self.cause = cause
-        # Only the exception type goes in the message: the text of e.g. a pydantic error echoes
-        # payload values, which may be personal data. The full cause stays on ``__cause__``.
+        # The same text a parked saga's reason shows: a pydantic error is reduced to where it
+        # failed (its text echoes payload values, which may be personal data). The full cause
+        # stays on ``__cause__``.
         super().__init__(
             f"handler {handler_name!r} of saga {saga_type!r} (id {saga_id!r}) raised "
-            f"{type(cause).__name__}"
+            f"{describe_error(cause)}"
         )
 
 

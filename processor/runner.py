@@ -285,6 +285,49 @@ class BoundSaga:
             handler_name=label,
         )
 
+    def resolve_refusal(self, state: SagaState, decision: str) -> str | None:
+        """Why the saga cannot take ``decision`` now (``saga resolve``), or None if it can."""
+        refusal = getattr(state, "resolution_refusal", None)
+        if not callable(refusal):
+            return "the saga has no steps that wait on a person's decision"
+        why = refusal(decision)
+        return None if why is None else str(why)
+
+    def handle_resolve(
+        self,
+        state: SagaState,
+        saga_id: str,
+        label: str,
+        decision: str,
+        reason: str,
+        now: datetime,
+    ) -> Outcome:
+        """Apply an operator's decision on an escalated step (``operator_resolve``).
+
+        Raises:
+            HandlerError: The saga's resolve path raised.
+        """
+        working = working_copy(state)
+        commands = SagaCommands(saga_id, registry=self._registry)
+        deadlines = SagaDeadlines(now)
+        lifecycle = SagaLifecycle()
+        try:
+            working.operator_resolve(decision, reason, commands, deadlines, lifecycle)  # type: ignore[attr-defined]
+            working = self.definition.state_cls.model_validate(working.__dict__)
+        except Exception as e:
+            raise HandlerError(self.saga_type, saga_id, "operator_resolve", e) from e
+        return Outcome(
+            state=working,
+            commands=commands.intents,
+            deadlines=deadlines.operations,
+            ended=lifecycle.ended,
+            handler_name=label,
+        )
+
+    def handle_terminate(self, state: SagaState, label: str) -> Outcome:
+        """End the saga as it stands: no saga code runs, nothing is compensated."""
+        return Outcome(state=state, commands=[], deadlines=[], ended=True, handler_name=label)
+
     def _run(
         self,
         handler: HandlerDef,

@@ -31,7 +31,15 @@ from processor.engine.rows import ACTIVE, ENDED, Outcome, SagaRow
 from processor.handles import CommandIntent, DeadlineOp, ScheduleDeadline
 from processor.messages import Message, MessageMetadata, registry
 from processor.runner import bind
-from processor.testing_engine import Engine, HandlerRun, dispatch, due_deadlines, event_record
+from processor.testing_engine import (
+    Engine,
+    HandlerRun,
+    dispatch,
+    due_deadlines,
+    event_record,
+    operator_record,
+)
+from processor.wire import OperatorAction, OperatorRecord
 
 __all__ = ["DEFAULT_START_TIME", "Result", "SagaFixture"]
 
@@ -40,6 +48,7 @@ DEFAULT_START_TIME = datetime(2026, 1, 1, tzinfo=UTC)
 
 # What the planner records for an input it does not run a handler for.
 _IGNORED = frozenset({Outcome.IGNORED_ENDED, Outcome.NO_SAGA, Outcome.DUPLICATE})
+_REFUSED = frozenset({Outcome.IGNORED_ENDED, Outcome.NO_SAGA, Outcome.OPERATOR_REFUSED})
 
 
 def _diff(expected: object, actual: object) -> str:
@@ -288,6 +297,59 @@ class SagaFixture:
         if ignored:
             self.ignored.append(event)
         return self._result(saga_id, batch.runs, ignored=ignored)
+
+    def when_cancelled(self, reason: str = "cancelled in a test") -> Result:
+        """An operator's ``saga cancel``: runs the saga's cancel path, as the processor does.
+
+        Raises:
+            AssertionError: The processor would refuse it (no saga yet, or it has ended).
+            HandlerError: The cancel path raised.
+        """
+        return self._operator(OperatorAction.CANCEL, reason, None)
+
+    def when_terminated(self, reason: str = "terminated in a test") -> Result:
+        """An operator's ``saga terminate --force``: ends the saga, compensating nothing.
+
+        Raises:
+            AssertionError: The processor would refuse it (no saga yet, or it has ended).
+        """
+        return self._operator(OperatorAction.TERMINATE, reason, None)
+
+    def when_resolved(self, decision: str, reason: str = "decided in a test") -> Result:
+        """An operator's ``saga resolve``: a decision for a step escalated to a person.
+
+        Args:
+            decision: ``"retry"``, ``"skip"`` or ``"compensate"``.
+            reason: Why, as recorded in the history.
+
+        Raises:
+            AssertionError: The processor would refuse it (nothing waits for a decision).
+            HandlerError: The saga's resolve path raised.
+        """
+        return self._operator(OperatorAction.RESOLVE, reason, decision)
+
+    def _operator(self, action: OperatorAction, reason: str, name: str | None) -> Result:
+        if self.saga_id is None:
+            raise AssertionError(f"no saga to {action}: deliver its start event first")
+        self._seq += 1
+        request = OperatorRecord(
+            action=action,
+            saga_type=self.definition.saga_type,
+            saga_id=self.saga_id,
+            command_id=f"fixture-{self._seq}",
+            by="saga-fixture",
+            reason=reason,
+            name=name,
+        )
+        decoded = self._engine.decode(operator_record(request, self._seq))
+        batch = self._engine.run([decoded], self.now)
+        refused = [h for h in batch.ws.history if h.outcome in _REFUSED]
+        if refused:
+            raise AssertionError(
+                f"the processor would refuse the {action}: {refused[0].outcome} "
+                f"({refused[0].detail})"
+            )
+        return self._result(self.saga_id, batch.runs)
 
     def when_time_elapses(self, delta: timedelta) -> Result:
         """Advance the virtual clock by ``delta``, firing every deadline that comes due.

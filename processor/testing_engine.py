@@ -33,6 +33,7 @@ from processor.wire import (
     HEADER_OCCURRED_AT,
     HEADER_SCHEMA_VERSION,
     FiredRecord,
+    OperatorRecord,
 )
 
 __all__ = [
@@ -101,6 +102,36 @@ class ObservedSaga(BoundSaga):
         self.runs.append(HandlerRun(saga_id, outcome, now, inp.name))
         return outcome
 
+    def handle_cancel(
+        self, state: SagaState, saga_id: str, label: str, reason: str, now: datetime
+    ) -> Outcome:
+        """Run the saga's cancel path, recording the outcome or the failure."""
+        try:
+            outcome = super().handle_cancel(state, saga_id, label, reason, now)
+        except HandlerError as e:
+            self.failure = e
+            raise
+        self.runs.append(HandlerRun(saga_id, outcome, now, None))
+        return outcome
+
+    def handle_resolve(
+        self,
+        state: SagaState,
+        saga_id: str,
+        label: str,
+        decision: str,
+        reason: str,
+        now: datetime,
+    ) -> Outcome:
+        """Apply an operator's decision, recording the outcome or the failure."""
+        try:
+            outcome = super().handle_resolve(state, saga_id, label, decision, reason, now)
+        except HandlerError as e:
+            self.failure = e
+            raise
+        self.runs.append(HandlerRun(saga_id, outcome, now, None))
+        return outcome
+
 
 def sequential_ids() -> Callable[[], str]:
     """Deadline ids (valid uuids) that grow in scheduling order, for the planner's ``deadline_ids``.
@@ -135,6 +166,23 @@ def event_record(
         key=metadata.key.encode() if metadata.key is not None else None,
         value=event.model_dump_json().encode(),
         headers=tuple((k, v.encode()) for k, v in headers.items()),
+    )
+
+
+FIXTURE_OPERATOR_KEY = b"saga-fixture-operator-key"
+"""The fixture's operator requests are signed like production's, under this key."""
+
+
+def operator_record(request: OperatorRecord, offset: int) -> Record:
+    """The record ``saga-processor saga ...`` would send for ``request``."""
+    value = request.value()
+    return Record(
+        topic="saga-fixture-operator",
+        partition=0,
+        offset=offset,
+        key=request.saga_id.encode(),
+        value=value,
+        headers=tuple((k, v.encode()) for k, v in request.headers(FIXTURE_OPERATOR_KEY).items()),
     )
 
 
@@ -186,20 +234,21 @@ class Engine:
             dead_letter_topic=_DEAD_LETTER_TOPIC,
             handler_attempts=1,
             deadline_ids=sequential_ids(),
+            operator_key=FIXTURE_OPERATOR_KEY,
         )
         self.store = MemoryBatchStore(clock=clock)
         self.store.tables.lease_token = FIXTURE_LEASE_TOKEN
 
-    def decode(self, record: Record) -> Event | FiredDeadline | TooNew:
+    def decode(self, record: Record) -> Event | FiredDeadline | TooNew | Operator:
         """Decodes a record the fixture built; a rejection means the fixture's input is bad."""
         decoded = decode(record, self.registry, _MAX_RECORD_BYTES)
         if isinstance(decoded, Rejected):
             raise AssertionError(f"the processor would dead-letter this input: {decoded.detail}")
-        if isinstance(decoded, Operator):
-            raise AssertionError("the saga fixture sends no operator records")
         return decoded
 
-    def run(self, inputs: Sequence[Event | FiredDeadline | TooNew], now: datetime) -> Batch:
+    def run(
+        self, inputs: Sequence[Event | FiredDeadline | TooNew | Operator], now: datetime
+    ) -> Batch:
         """Plans ``inputs`` as one batch at ``now`` and writes it.
 
         Raises:

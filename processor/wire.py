@@ -154,6 +154,10 @@ class OperatorAction(StrEnum):
     """What an operator record asks of one saga instance."""
 
     CANCEL = "cancel"
+    # Ends the saga without running any of its code (no compensation); refused unless forced.
+    TERMINATE = "terminate"
+    # A person's decision for a step escalated to them; ``name`` holds the decision.
+    RESOLVE = "resolve"
     DEADLINE_FIRE_NOW = "deadline-fire-now"
     DEADLINE_CANCEL = "deadline-cancel"
     # Replay a parked saga's held records in order (skip: drop the first one, the one that

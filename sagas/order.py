@@ -5,7 +5,9 @@
   lands after the timeout is refunded, because the money really moved.
 - fraud-review: an analyst decides; the saga is WAITING. After one day without a decision a
   person is escalated to, and the saga keeps waiting until its own deadline.
-- ship: retried; nothing to undo once the carrier has the parcel.
+- ship: retried with jittered backoff; after five failures a person is asked, and decides to
+  retry, skip or compensate (``saga-processor saga resolve``). Nothing to undo once the carrier
+  has the parcel.
 
 The whole saga has a two-day budget; when it runs out the saga is TIMED_OUT and compensates.
 Timers come from settings (``order.*``) so tests and staging can shorten them.
@@ -124,6 +126,8 @@ ORDER_ORCHESTRATION = Orchestration(
                 max_attempts=5, base_delay=timedelta(minutes=1), max_delay=timedelta(minutes=30)
             ),
             min_budget=timedelta(minutes=5),
+            # A carrier outage is no reason to refund: a person decides (saga resolve).
+            on_exhausted="escalate",
         ),
     ),
     escalation=_escalate,

@@ -121,6 +121,27 @@ class OperatorSteps(Steps):
             if self._run(ws, w, item, call, now):
                 seen.add(mkey)
             return
+        if req.action == OperatorAction.TERMINATE:
+            state = w.state
+            label = f"operator terminate by {req.by} (no compensation ran): {req.reason}"[:1000]
+            if self._run(ws, w, item, lambda: w.bound.handle_terminate(state, label), now):
+                seen.add(mkey)
+            return
+        if req.action == OperatorAction.RESOLVE:
+            state = w.state
+            decision = req.name or ""
+            why = w.bound.resolve_refusal(state, decision)
+            if why is not None:
+                detail = f"{label} ({why})"[:1000]
+                self._history(ws, w, item, Outcome.OPERATOR_REFUSED, detail=detail)
+                return
+            label = f"operator resolve {decision} by {req.by}: {req.reason}"[:1000]
+            call = lambda: w.bound.handle_resolve(  # noqa: E731
+                state, w.saga_id, label, decision, req.reason, now
+            )
+            if self._run(ws, w, item, call, now):
+                seen.add(mkey)
+            return
         if req.name is None:
             self._history(ws, w, item, Outcome.OPERATOR_REFUSED, detail=f"{label} (no name)")
             return

@@ -33,7 +33,8 @@ from processor.engine.operate import OperatorSteps
 from processor.engine.output import HistoryPayload
 from processor.engine.rows import Loaded, SagaKey, Wants, WriteSet
 from processor.engine.steps import TOO_NEW
-from processor.engine.working import Item, Working, describe_error, storable
+from processor.engine.working import Item, Working, storable
+from processor.errors import describe_error
 from processor.messages import Message, MessageRegistry
 from processor.runner import BoundSaga
 from processor.wire import Topics

@@ -27,8 +27,8 @@ from processor.engine.rows import (
     SagaRow,
     WriteSet,
 )
-from processor.engine.working import Item, Working, describe_error
-from processor.errors import HandlerError
+from processor.engine.working import Item, Working
+from processor.errors import HandlerError, describe_error
 from processor.handles import CancelDeadline, DeadlineOp, ScheduleDeadline
 from processor.messages import (
     HEADER_MESSAGE_ID,

@@ -10,8 +10,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
 from processor.engine.decode import (
     Event,
     FiredDeadline,
@@ -67,23 +65,6 @@ class Working:
     # Net deadline changes: name -> new row, or None for "delete only".
     deadline_ops: dict[str, DeadlineInsert | None] = field(default_factory=dict)
     cleared: bool = False
-
-
-def describe_error(error: BaseException) -> str:
-    """The error's type and where it happened, without the values it was given.
-
-    A pydantic ``ValidationError`` is reduced to its field locations and messages (its text
-    echoes the input, which may hold personal data); other errors keep their message, which is
-    the code's own text.
-    """
-    if isinstance(error, ValidationError):
-        details = error.errors(include_input=False, include_url=False, include_context=False)
-        where = "; ".join(
-            f"{'.'.join(map(str, d['loc'])) or '<root>'}: {d['msg']}" for d in details[:10]
-        )
-        more = f" (+{len(details) - 10} more)" if len(details) > 10 else ""
-        return f"ValidationError at {where}{more}"
-    return f"{type(error).__name__}: {error}"
 
 
 def storable(record: Record) -> Record:

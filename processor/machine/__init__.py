@@ -11,6 +11,7 @@ from processor.machine.orchestrator import (
     Progress,
     ReplyHandler,
     ReplyKind,
+    on_decision,
     on_reply,
 )
 from processor.machine.retry import NO_RETRY, RetryPolicy, jitter_fraction
@@ -23,7 +24,14 @@ from processor.machine.states import (
     Transitions,
     machine_state_of,
 )
-from processor.machine.steps import Escalation, Orchestration, Step, StepTimer
+from processor.machine.steps import (
+    Attempt,
+    Decision,
+    Escalation,
+    Orchestration,
+    Step,
+    StepTimer,
+)
 
 __all__ = [
     "NO_RETRY",
@@ -31,6 +39,8 @@ __all__ = [
     "SAGA_DEADLINE",
     "STEP_TIMER",
     "TERMINAL_STATES",
+    "Attempt",
+    "Decision",
     "Escalation",
     "MachineRecord",
     "MachineSaga",
@@ -50,5 +60,6 @@ __all__ = [
     "lint",
     "machine_state_of",
     "mermaid",
+    "on_decision",
     "on_reply",
 ]

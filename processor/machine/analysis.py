@@ -24,6 +24,7 @@ class MachineSpec:
         timers: Deadline names that may be pending while in each state.
         ending: States in which the saga ends (its remaining deadlines are then cancelled).
         notes: Extra text per state for the diagram (e.g. the steps run in it).
+        wiring: Problems the saga class found in its own handlers, reported by the lint.
     """
 
     name: str
@@ -31,6 +32,7 @@ class MachineSpec:
     timers: Mapping[MachineState, frozenset[str]] = field(default_factory=dict)
     ending: frozenset[MachineState] = frozenset()
     notes: Mapping[MachineState, str] = field(default_factory=dict)
+    wiring: tuple[str, ...] = ()
 
     def reachable(self) -> frozenset[MachineState]:
         """States reachable from the initial state."""
@@ -60,9 +62,10 @@ def lint(spec: MachineSpec) -> list[str]:
 
     Checks: states no transition reaches; WAITING states with no timer (a saga parked with
     nothing to wake it waits forever); terminal states that do not end the saga while timers
-    exist (its pending deadlines would fire into a finished saga, or linger forever).
+    exist (its pending deadlines would fire into a finished saga, or linger forever); and what
+    the saga class reports about its wiring (steps no reply handler moves on).
     """
-    problems: list[str] = []
+    problems: list[str] = [f"{spec.name}: {line}" for line in spec.wiring]
     states = spec.transitions.states
     for s in _order(states - spec.reachable()):
         problems.append(f"{spec.name}: state {s} is unreachable from {spec.transitions.initial}")

@@ -6,6 +6,8 @@ orchestrator (``processor.machine.orchestrator``) interprets it.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -18,8 +20,12 @@ from processor.machine.retry import NO_RETRY, RetryPolicy
 from processor.messages import Message
 
 __all__ = [
+    "DECISIONS",
     "DEFAULT_UNDO_RETRY",
+    "Attempt",
+    "Decision",
     "Escalation",
+    "ExhaustedPolicy",
     "LateSuccess",
     "Orchestration",
     "Step",
@@ -27,9 +33,47 @@ __all__ = [
     "TimeoutPolicy",
 ]
 
-CommandFactory = Callable[[Any], Message]
+
+@dataclass(frozen=True)
+class Attempt:
+    """What a command factory taking a second parameter is told about the command it builds.
+
+    Attributes:
+        number: The attempt, from 1 (a retry of the forward command or of its undo is 2, 3...).
+        remaining: What is left of the saga's budget, or None when it has no deadline; a
+            participant can pass it on so it does not start work it cannot finish in time.
+    """
+
+    number: int
+    remaining: timedelta | None
+
+
+CommandFactory = Callable[[Any], Message] | Callable[[Any, Attempt], Message]
+"""``factory(saga)`` or ``factory(saga, attempt)``: builds a step's command from the state."""
+
+
+@functools.cache
+def takes_attempt(factory: Callable[..., Any]) -> bool:
+    """Whether ``factory`` accepts a second positional argument (the :class:`Attempt`)."""
+    try:
+        params = list(inspect.signature(factory).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [
+        p
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    return len(positional) >= 2 or any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params)
+
+
 LateSuccess = Literal["ignore", "undo"]
 TimeoutPolicy = Literal["compensate", "escalate"]
+SagaTimeoutPolicy = Literal["compensate", "escalate", "fail"]
+ExhaustedPolicy = Literal["compensate", "escalate", "fail"]
+Decision = Literal["retry", "skip", "compensate"]
+DECISIONS: tuple[Decision, ...] = ("retry", "skip", "compensate")
+"""What a person may decide for a step escalated to them (see ``OrchestratedSaga.resolve``)."""
 
 DEFAULT_UNDO_RETRY = RetryPolicy(
     max_attempts=5, base_delay=timedelta(seconds=5), max_delay=timedelta(minutes=5)
@@ -43,8 +87,10 @@ class Step:
 
     Attributes:
         name: Unique within the saga; names the step in replies, timers and history.
-        action: Builds the forward command from the saga state.
-        compensation: Builds the undo command; None when the step changes nothing to undo.
+        action: Builds the forward command from the saga state, as ``action(saga)`` or
+            ``action(saga, attempt)`` (see :class:`Attempt`).
+        compensation: Builds the undo command the same way; None when the step changes nothing
+            to undo.
         timeout: How long to wait for the reply to one attempt.
         retry: Retry policy of the forward command; only used when ``idempotent``.
         idempotent: Whether sending the command twice is safe (the receiver dedupes by saga id
@@ -60,6 +106,12 @@ class Step:
         waits_for_person: The step asks a person; the saga is WAITING while it runs.
         on_timeout: For steps that wait for a person: escalate (and keep waiting) or compensate
             when ``timeout`` passes.
+        on_exhausted: When an attempt fails or times out and no retry is left: ``"compensate"``
+            (undo what was done), ``"escalate"`` (the saga is WAITING on a person, who decides
+            to retry, skip the step or compensate; see ``OrchestratedSaga.resolve``) or
+            ``"fail"`` (end FAILED without undoing anything).
+        escalation_timeout: While escalated, how often the person is reminded; the saga
+            deadline, if any, still bounds the wait.
     """
 
     name: str
@@ -75,6 +127,8 @@ class Step:
     late_window: timedelta = timedelta(minutes=10)
     waits_for_person: bool = False
     on_timeout: TimeoutPolicy = "compensate"
+    on_exhausted: ExhaustedPolicy = "compensate"
+    escalation_timeout: timedelta = timedelta(days=1)
 
     @property
     def retries(self) -> bool:
@@ -86,7 +140,8 @@ class Escalation(BaseModel):
     """What a person is told when the saga needs one.
 
     Attributes:
-        reason: ``"compensation-failed"``, ``"approval-timeout"`` or ``"saga-timeout"``.
+        reason: ``"compensation-failed"``, ``"approval-timeout"``, ``"saga-timeout"``,
+            ``"retries-exhausted"`` or ``"still-waiting"`` (a reminder).
         step: The step concerned, if any.
         machine_state: The saga's machine state when it escalated.
         detail: Free text for the person.
@@ -109,8 +164,8 @@ class StepTimer(BaseModel):
     Attributes:
         step: Step name.
         phase: ``"forward"`` or ``"undo"``.
-        purpose: ``"timeout"`` (waiting for a reply), ``"retry"`` (backing off) or ``"late"``
-            (listening for a late success).
+        purpose: ``"timeout"`` (waiting for a reply), ``"retry"`` (backing off), ``"late"``
+            (listening for a late success) or ``"escalated"`` (reminding the person).
         attempt: Attempt the timer belongs to; a timer of an older attempt is ignored.
     """
 
@@ -118,7 +173,7 @@ class StepTimer(BaseModel):
 
     step: str
     phase: Literal["forward", "undo"]
-    purpose: Literal["timeout", "retry", "late"]
+    purpose: Literal["timeout", "retry", "late", "escalated"]
     attempt: int
 
 
@@ -129,8 +184,8 @@ class Orchestration:
     Attributes:
         steps: Forward steps in order.
         sla: Whole-saga budget, counted from the start; None for no saga deadline.
-        on_saga_timeout: When the saga deadline fires: compensate completed steps, or escalate
-            to a person and stop.
+        on_saga_timeout: When the saga deadline fires: compensate completed steps, escalate
+            to a person and stop, or fail (stop without undoing anything).
         escalation: Builds the command sent to a person (compensation failed, an approval timed
             out, or the saga timed out under the escalate policy).
     """
@@ -138,7 +193,7 @@ class Orchestration:
     steps: Sequence[Step]
     escalation: EscalationFactory
     sla: timedelta | None = None
-    on_saga_timeout: TimeoutPolicy = "compensate"
+    on_saga_timeout: SagaTimeoutPolicy = "compensate"
     _by_name: dict[str, Step] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -163,8 +218,17 @@ class Orchestration:
                 problems.append(f"step {s.name!r}: late_success='undo' needs a compensation")
             if s.on_timeout == "escalate" and not s.waits_for_person:
                 problems.append(
-                    f"step {s.name!r}: only steps that wait for a person escalate on timeout"
+                    f"step {s.name!r}: only steps that wait for a person escalate on timeout; "
+                    "use on_exhausted='escalate' to hand a failing step to a person"
                 )
+            if s.on_exhausted not in ("compensate", "escalate", "fail"):
+                problems.append(
+                    f"step {s.name!r}: on_exhausted must be compensate, escalate or fail"
+                )
+            if s.escalation_timeout <= timedelta(0):
+                problems.append(f"step {s.name!r}: escalation_timeout must be positive")
+        if self.on_saga_timeout not in ("compensate", "escalate", "fail"):
+            problems.append("on_saga_timeout must be compensate, escalate or fail")
         if self.sla is not None and self.sla <= timedelta(0):
             problems.append("sla must be positive")
         if problems:

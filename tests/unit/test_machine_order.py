@@ -27,6 +27,7 @@ from schemas.orders import (
     ReleaseStock,
     RequestFraudReview,
     ReserveStock,
+    ShipmentFailed,
     ShipOrder,
     StockReleased,
     StockReservationFailed,
@@ -109,20 +110,91 @@ def test_step_retry_then_success() -> None:
     assert _state(f).machine_state == S.RUNNING
 
 
-def test_retries_exhausted_compensates_in_reverse_order() -> None:
-    f = SagaFixture(OrderSaga)
+def _shipping_escalated(f: SagaFixture) -> None:
     _paid(f)
     f.when(FraudReviewApproved(order_id=OID))
-    # Ship retries 5 times, each timing out after an hour, then gives up.
+    # Ship tries 5 times, each timing out after an hour, then a person is asked.
     r = f.when_time_elapses(timedelta(hours=6))
     assert r.commands.count(_cmd(ShipOrder)) == 4
-    assert r.commands[-1] == _cmd(RefundPayment)
+    assert r.commands[-1] == EscalateToPerson(
+        order_id=OID,
+        reason="retries-exhausted",
+        step="ship",
+        machine_state="WAITING",
+        detail="step ship timed out",
+    )
+    assert _state(f).machine_state == S.WAITING
+    assert _state(f).progress.escalated == "ship"
+
+
+def test_shipping_retries_exhausted_escalate_to_a_person_not_a_refund() -> None:
+    f = SagaFixture(OrderSaga)
+    _shipping_escalated(f)
+    # Nobody decides for a day: the person is reminded, and the saga keeps waiting.
+    r = f.when_time_elapses(timedelta(days=1))
+    reminders = [c.reason for c in r.commands if isinstance(c, EscalateToPerson)]
+    assert reminders == ["still-waiting"]
+    assert RefundPayment not in {type(c) for c in r.commands}
+    assert _state(f).machine_state == S.WAITING
+    # A straggling failure of an earlier attempt changes nothing while a person decides.
+    f.when(ShipmentFailed(order_id=OID, reason="carrier down")).expect_no_commands()
+    assert _state(f).progress.late == ["ship:failed-while-escalated"]
+
+
+def test_an_operator_decides_to_compensate_an_escalated_step() -> None:
+    f = SagaFixture(OrderSaga)
+    _shipping_escalated(f)
+    f.when_resolved("compensate", "carrier gone for good").expect_commands(_cmd(RefundPayment))
     assert _state(f).machine_state == S.COMPENSATING
     f.when(PaymentRefunded(order_id=OID)).expect_commands(_cmd(ReleaseStock))
     f.when(StockReleased(order_id=OID)).expect_ended().expect_no_deadlines()
     assert _state(f).machine_state == S.FAILED
     assert _state(f).progress.undone == ["pay", "reserve"]
-    assert _state(f).progress.reason == "step ship timed out"
+    assert _state(f).progress.reason == "step ship: compensate decided: carrier gone for good"
+
+
+def test_an_operator_decides_to_retry_an_escalated_step() -> None:
+    f = SagaFixture(OrderSaga)
+    _shipping_escalated(f)
+    f.when_resolved("retry", "carrier is back").expect_commands(_cmd(ShipOrder))
+    assert _state(f).machine_state == S.RUNNING
+    # A fresh schedule: one failure is retried again rather than escalated at once.
+    f.when(ShipmentFailed(order_id=OID, reason="busy")).expect_no_commands()
+    assert f.when_time_elapses(timedelta(minutes=1)).commands == [_cmd(ShipOrder)]
+    f.when(OrderShipped(order_id=OID)).expect_ended().expect_no_deadlines()
+    assert _state(f).machine_state == S.COMPLETED
+
+
+def test_an_operator_decides_to_skip_an_escalated_step() -> None:
+    f = SagaFixture(OrderSaga)
+    _shipping_escalated(f)
+    f.when_resolved("skip", "shipped by hand").expect_no_commands().expect_ended()
+    assert _state(f).machine_state == S.COMPLETED
+    assert _state(f).progress.skipped == ["ship"]
+
+
+def test_a_decision_nothing_waits_for_is_refused() -> None:
+    f = SagaFixture(OrderSaga)
+    _paid(f)
+    with pytest.raises(AssertionError, match="no step of this saga waits on a person"):
+        f.when_resolved("skip")
+
+
+def test_cancel_releases_the_stock_and_refunds_the_payment() -> None:
+    f = SagaFixture(OrderSaga)
+    _paid(f)
+    f.when_cancelled("customer changed their mind").expect_commands(_cmd(RefundPayment))
+    f.when(PaymentRefunded(order_id=OID)).expect_commands(_cmd(ReleaseStock))
+    f.when(StockReleased(order_id=OID)).expect_ended().expect_no_deadlines()
+    assert _state(f).progress.undone == ["pay", "reserve"]
+
+
+def test_terminate_ends_the_saga_and_undoes_nothing() -> None:
+    f = SagaFixture(OrderSaga)
+    _paid(f)
+    f.when_terminated("test order").expect_no_commands().expect_ended().expect_no_deadlines()
+    with pytest.raises(AssertionError, match="ignored-ended"):
+        f.when_cancelled()
 
 
 def test_business_refusal_is_not_retried() -> None:
