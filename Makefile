@@ -20,7 +20,7 @@ venv: $(STAMP)
 ## tests/run.py starts the services, runs pytest, and ends whatever a killed or hung run left.
 test: venv
 	deploy/local/browser.sh
-	$(BIN)/python -m tests.run --durations=15
+	$(BIN)/python -m tests.run --split --durations=15
 
 test-unit: venv
 	$(BIN)/pytest tests/unit

@@ -8,9 +8,11 @@ saga and schema modules stay cheap to import and test. The in-memory test fixtur
 
 from processor.application import SagaApp
 from processor.definition import (
+    CancelRequest,
     SagaState,
     definition_of,
     saga,
+    saga_cancel_handler,
     saga_deadline_handler,
     saga_event_handler,
 )
@@ -28,6 +30,7 @@ from processor.messages import registry as message_registry
 from processor.upcasting import event_upcaster, upcaster
 
 __all__ = [
+    "CancelRequest",
     "ConfigurationError",
     "HandlerError",
     "IllegalTransition",
@@ -47,6 +50,7 @@ __all__ = [
     "message_registry",
     "message_type",
     "saga",
+    "saga_cancel_handler",
     "saga_deadline_handler",
     "saga_event_handler",
     "upcaster",

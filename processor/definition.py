@@ -188,6 +188,42 @@ def saga_deadline_handler(name: str, *, end: bool = False) -> Callable[[_F], _F]
     return lambda func: _add_mark(func, mark)
 
 
+CANCEL_HANDLER = "saga.cancel"
+"""The name a cancel handler is kept under among the deadline handlers (it runs like one)."""
+
+
+class CancelRequest(BaseModel):
+    """What a cancel handler is told: who cancelled the saga and why.
+
+    Attributes:
+        reason: The operator's reason (``saga cancel --reason``).
+        by: Who asked.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    reason: str
+    by: str = ""
+
+
+def saga_cancel_handler(*, end: bool = False) -> Callable[[_F], _F]:
+    """Mark a saga method as what ``saga cancel`` runs: the saga's compensation.
+
+    It takes what a deadline handler takes (handles, settings, dependencies) and, by its type,
+    the :class:`CancelRequest`. It usually sends the undo commands and lets the replies end the
+    saga; ``end=True`` ends it right after. A saga without one (and not an orchestrated saga,
+    which compensates by itself) refuses ``saga cancel``; ``saga terminate --force`` still ends
+    it, undoing nothing.
+
+    Args:
+        end: The saga ends after this handler runs.
+
+    Returns:
+        The decorator; it returns the function unchanged apart from the mark.
+    """
+    return saga_deadline_handler(CANCEL_HANDLER, end=end)
+
+
 _S = TypeVar("_S", bound=type[SagaState])
 
 

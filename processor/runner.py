@@ -21,7 +21,14 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from processor.binding import ResolvedParam, resolve_handler
-from processor.definition import HandlerDef, SagaDefinition, SagaState, definition_of
+from processor.definition import (
+    CANCEL_HANDLER,
+    CancelRequest,
+    HandlerDef,
+    SagaDefinition,
+    SagaState,
+    definition_of,
+)
 from processor.errors import ConfigurationError, HandlerError, SagaError, SagaNotStarted
 from processor.handles import (
     CommandIntent,
@@ -245,14 +252,31 @@ class BoundSaga:
             raise SagaError(f"saga {self.saga_type!r} has no handler for deadline {inp.name!r}")
         return self._run(handler, state, saga_id, now, deadline=inp)
 
-    def handle_cancel(
-        self, state: SagaState, saga_id: str, label: str, reason: str, now: datetime
-    ) -> Outcome:
-        """Run the saga's declared cancel path (``operator_cancel``), or end it.
+    def cancel_refusal(self, state: SagaState) -> str | None:
+        """Why ``saga cancel`` cannot apply to this saga, or None when it can."""
+        if CANCEL_HANDLER in self.definition.deadline_handlers:
+            return None
+        if callable(getattr(state, "operator_cancel", None)):
+            return None
+        return (
+            "the saga declares no cancel path (@saga_cancel_handler), so nothing would be "
+            "compensated; `saga terminate --force` ends it as it stands"
+        )
 
-        A saga state class with an ``operator_cancel(reason, commands, deadlines, lifecycle)``
-        method (every orchestrated saga: it compensates) decides what a cancel means; any other
-        saga simply ends, which also drops its deadlines.
+    def handle_cancel(
+        self,
+        state: SagaState,
+        saga_id: str,
+        label: str,
+        reason: str,
+        now: datetime,
+        by: str = "",
+    ) -> Outcome:
+        """Run the saga's cancel path: its ``@saga_cancel_handler``, or ``operator_cancel``.
+
+        An orchestrated saga's ``operator_cancel(reason, commands, deadlines, lifecycle)``
+        compensates what its steps did; a plain saga declares a cancel handler. Ask
+        :meth:`cancel_refusal` first: a saga with neither is refused, not ended.
 
         Args:
             state: The current state.
@@ -260,20 +284,24 @@ class BoundSaga:
             label: Recorded as the handler's name in the history (who asked, and why).
             reason: Passed to the saga's cancel path.
             now: Clock reading.
+            by: Who asked.
 
         Raises:
             HandlerError: The cancel path raised.
         """
+        handler = self.definition.deadline_handlers.get(CANCEL_HANDLER)
+        if handler is not None:
+            request = CancelRequest(reason=reason, by=by)
+            inp = DeadlineInput(CANCEL_HANDLER, "", request.model_dump(), now)
+            outcome = self._run(handler, state, saga_id, now, deadline=inp)
+            outcome.handler_name = label
+            return outcome
         working = working_copy(state)
         commands = SagaCommands(saga_id, registry=self._registry)
         deadlines = SagaDeadlines(now)
         lifecycle = SagaLifecycle()
-        cancel = getattr(working, "operator_cancel", None)
         try:
-            if callable(cancel):
-                cancel(reason, commands, deadlines, lifecycle)
-            else:
-                lifecycle.end()
+            working.operator_cancel(reason, commands, deadlines, lifecycle)  # type: ignore[attr-defined]
             working = self.definition.state_cls.model_validate(working.__dict__)
         except Exception as e:
             raise HandlerError(self.saga_type, saga_id, "operator_cancel", e) from e

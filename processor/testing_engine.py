@@ -103,11 +103,17 @@ class ObservedSaga(BoundSaga):
         return outcome
 
     def handle_cancel(
-        self, state: SagaState, saga_id: str, label: str, reason: str, now: datetime
+        self,
+        state: SagaState,
+        saga_id: str,
+        label: str,
+        reason: str,
+        now: datetime,
+        by: str = "",
     ) -> Outcome:
         """Run the saga's cancel path, recording the outcome or the failure."""
         try:
-            outcome = super().handle_cancel(state, saga_id, label, reason, now)
+            outcome = super().handle_cancel(state, saga_id, label, reason, now, by)
         except HandlerError as e:
             self.failure = e
             raise

@@ -10,7 +10,8 @@
   has the parcel.
 
 The whole saga has a two-day budget; when it runs out the saga is TIMED_OUT and compensates.
-Timers come from settings (``order.*``) so tests and staging can shorten them.
+Timers and the shipping retry schedule come from settings (``order.*``) so tests and staging can
+shorten them.
 """
 
 from __future__ import annotations
@@ -72,6 +73,10 @@ ReviewTimeout = Annotated[
     timedelta, Setting("order.review-timeout", default=DEFAULT_REVIEW_TIMEOUT)
 ]
 Sla = Annotated[timedelta, Setting("order.sla", default=DEFAULT_SLA)]
+SHIP_RETRY = RetryPolicy(
+    max_attempts=5, base_delay=timedelta(minutes=1), max_delay=timedelta(minutes=30)
+)
+ShipRetry = Annotated[RetryPolicy, Setting("order.ship-retry", default=SHIP_RETRY)]
 
 
 def _facts(order: Any) -> dict[str, Any]:
@@ -122,9 +127,7 @@ ORDER_ORCHESTRATION = Orchestration(
             action=lambda o: ShipOrder(**_facts(o)),
             timeout=timedelta(hours=1),
             idempotent=True,
-            retry=RetryPolicy(
-                max_attempts=5, base_delay=timedelta(minutes=1), max_delay=timedelta(minutes=30)
-            ),
+            retry=SHIP_RETRY,
             min_budget=timedelta(minutes=5),
             # A carrier outage is no reason to refund: a person decides (saga resolve).
             on_exhausted="escalate",
@@ -159,6 +162,7 @@ class OrderSaga(OrchestratedSaga):
         payment_timeout: PaymentTimeout,
         review_timeout: ReviewTimeout,
         sla: Sla,
+        ship_retry: ShipRetry,
     ) -> None:
         """Copy the order and reserve its stock."""
         self.order_id = event.order_id
@@ -173,6 +177,7 @@ class OrderSaga(OrchestratedSaga):
             lifecycle,
             sla=sla,
             timeouts={"pay": payment_timeout, "fraud-review": review_timeout},
+            retries={"ship": ship_retry},
         )
 
     on_stock_reserved: ClassVar[ReplyHandler] = on_reply(

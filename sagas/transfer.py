@@ -1,8 +1,9 @@
 """Account-to-account transfer with a payment timeout.
 
 Debit the source, then credit the target. If the debit is not confirmed within the payment
-timeout, reverse it and stop; if the credit fails, reverse the debit. Every path ends with the
-money either moved once or back where it started.
+timeout, reverse it and stop; if the credit fails, reverse the debit. An operator's
+``saga cancel`` before the debit is confirmed reverses it too. Every path ends with the money
+either moved once or back where it started.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from decimal import Decimal
 from typing import Annotated
 
 from processor import (
+    CancelRequest,
     SagaCommands,
     SagaDeadlines,
     SagaLifecycle,
     SagaState,
     Setting,
     saga,
+    saga_cancel_handler,
     saga_deadline_handler,
     saga_event_handler,
 )
@@ -54,6 +57,7 @@ class TransferSaga(SagaState):
     amount: Decimal = Decimal(0)
     debit_confirmed: bool = False
     credit_confirmed: bool = False
+    cancel_refused: str | None = None
 
     @saga_event_handler(TransferRequested, association_property="transfer_id", start=True)
     def on_requested(
@@ -106,6 +110,22 @@ class TransferSaga(SagaState):
     def on_payment_timeout(self, commands: SagaCommands) -> None:
         """No debit confirmation in time: reverse whatever may have been debited."""
         commands.send(self._reverse_debit())
+
+    @saga_cancel_handler()
+    def on_cancel(
+        self, request: CancelRequest, commands: SagaCommands, lifecycle: SagaLifecycle
+    ) -> None:
+        """An operator cancelled: give the debit back, unless the credit is already on its way.
+
+        Before the debit is confirmed the reversal is safe whatever happens to the debit (the
+        account service applies both in order). Once the credit is sent, reversing the debit
+        could pay the money out twice, so the transfer finishes as its replies say.
+        """
+        if self.debit_confirmed:
+            self.cancel_refused = f"credit already sent when {request.by} cancelled"
+            return
+        commands.send(self._reverse_debit())
+        lifecycle.end()
 
     def _credit(self) -> CreditAccount:
         return CreditAccount(

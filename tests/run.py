@@ -8,7 +8,10 @@
    it with every thread's stack) or killed: says which test it was in if it died inside one,
    ends every process still marked, and stops the services that step 1 started.
 
-``python -m tests.run [--no-services] [PYTEST ARGS]``; the exit code is pytest's.
+With ``--split`` (what ``make test`` does) pytest runs twice: the unit, contract and integration
+tests on two workers, then the end-to-end tests alone (:func:`run_split`).
+
+``python -m tests.run [--no-services] [--split] [PYTEST ARGS]``; the exit code is pytest's.
 """
 
 from __future__ import annotations
@@ -26,10 +29,14 @@ from pathlib import Path
 
 from devstack import ENV_ALLOW_RESTART, ENV_DATABASE, ENV_KAFKA, provide
 from tests.support.hang_watchdog import CURRENT_FILE
+from tests.support.phases import PHASE
 from tests.support.procs import alive
 
 # Not a SAGA_* name: some tests start processes with the SAGA_* variables removed.
 MARK = "PROCESSOR_TEST_RUN"
+# Workers of the parallel phase of a split run (``--split``); the machines CI runs on have two
+# cores, and the tests of that phase mostly wait.
+WORKERS = os.environ.get("SAGA_TEST_WORKERS", "2")
 
 
 def _echo(line: str) -> None:
@@ -89,9 +96,11 @@ def run_pytest(args: Sequence[str], env: dict[str, str]) -> int:
         code = child.wait()
     finally:
         signal.signal(signal.SIGINT, previous)
-    died_in = current.read_text().split("\n") if current.exists() else []
-    current.unlink(missing_ok=True)
-    if died_in and died_in[0]:
+    for path in [current, *current.parent.glob(current.name + ".*")]:
+        died_in = path.read_text().split("\n") if path.exists() else []
+        path.unlink(missing_ok=True)
+        if not died_in or not died_in[0]:
+            continue
         _echo(
             f"pytest ended (exit {code}) inside {died_in[0]}: it ran past its hard limit of "
             f"{died_in[1]} s (its timeout plus a grace), so a thread held the interpreter and "
@@ -117,13 +126,42 @@ def services(echo: bool = True) -> Iterator[dict[str, str]]:
         yield env
 
 
+# pytest's exit code when it collected nothing: one phase of a split run may have no tests.
+NO_TESTS = 5
+
+
+def run_split(args: Sequence[str], env: dict[str, str]) -> int:
+    """Runs the suite in two phases; the exit code is the first failing phase's.
+
+    1. Unit, contract and integration tests on :data:`WORKERS` pytest-xdist workers: they wait
+       on the services far more than they compute, and each uses topics, groups and schemas of
+       its own.
+    2. End-to-end tests, and those that disturb the shared services, one at a time
+       (``tests.conftest.alone``).
+    """
+    codes = []
+    for phase, extra in (("parallel", ["-n", WORKERS, "--dist", "loadfile"]), ("serial", [])):
+        _echo(f"{phase} phase")
+        started = time.monotonic()
+        code = run_pytest([*extra, *args], {**env, PHASE: phase})
+        _echo(f"{phase} phase: exit {code} after {time.monotonic() - started:.0f} s")
+        codes.append(code)
+    if all(c == NO_TESTS for c in codes):
+        return NO_TESTS
+    return next((c for c in codes if c not in (0, NO_TESTS)), 0)
+
+
 def main(argv: Sequence[str]) -> int:
     args = list(argv)
+    split = "--split" in args
+    if split:
+        args.remove("--split")
+    run = run_split if split else run_pytest
     if "--no-services" in args:
         args.remove("--no-services")
-        return run_pytest(args, dict(os.environ))
+        return run(args, dict(os.environ))
     with services() as env:
-        return run_pytest(args, env)
+        return run(args, env)
 
 
 if __name__ == "__main__":

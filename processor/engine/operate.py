@@ -117,7 +117,14 @@ class OperatorSteps(Steps):
             return
         if req.action == OperatorAction.CANCEL:
             state = w.state
-            call = lambda: w.bound.handle_cancel(state, w.saga_id, label, req.reason, now)  # noqa: E731
+            why = w.bound.cancel_refusal(state)
+            if why is not None:
+                detail = f"{label} ({why})"[:1000]
+                self._history(ws, w, item, Outcome.OPERATOR_REFUSED, detail=detail)
+                return
+            call = lambda: w.bound.handle_cancel(  # noqa: E731
+                state, w.saga_id, label, req.reason, now, req.by
+            )
             if self._run(ws, w, item, call, now):
                 seen.add(mkey)
             return

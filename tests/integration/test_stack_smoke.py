@@ -92,6 +92,7 @@ def test_postgres_commit_is_kept_and_rollback_is_not(database_url: str, pg_schem
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_broker_restart_keeps_acknowledged_messages(
     services: Services, make_topic: Callable[..., str]
 ) -> None:

@@ -8,9 +8,9 @@ would hang until CI's own limit.
 
 So each test also arms faulthandler's watchdog, a native thread that needs no interpreter lock:
 at the test's timeout plus :data:`GRACE` it writes every thread's stack to the terminal and ends
-the process (exit code 1). The test it was in is written to ``SAGA_TEST_CURRENT_FILE`` (when set)
-for as long as it runs, so whoever started pytest (``tests/run.py``) can say which test hung, and
-ends what the run left behind.
+the process (exit code 1). The test it was in is written to ``SAGA_TEST_CURRENT_FILE`` (when set;
+a pytest-xdist worker adds its name as a suffix) for as long as it runs, so whoever started pytest
+(``tests/run.py``) can say which test hung, and ends what the run left behind.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def pytest_runtest_protocol(
     item: pytest.Item, nextitem: pytest.Item | None
 ) -> Generator[None, object, object]:
     timeout = _timeout(item)
-    current = os.environ.get(CURRENT_FILE)
+    current = current_file()
     if current:
         Path(current).write_text(f"{item.nodeid}\n{timeout + GRACE:.0f}\n")
     _arm(item, timeout + GRACE if timeout > 0 else 0.0)
@@ -74,6 +74,13 @@ def pytest_runtest_teardown(
         # The last test's teardown also ends the session's fixtures: time of its own.
         _arm(item, timeout + GRACE + SESSION_TEARDOWN)
     return (yield)
+
+
+def current_file() -> str | None:
+    """Where this process writes the test it runs: one file per pytest-xdist worker."""
+    current = os.environ.get(CURRENT_FILE)
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return f"{current}.{worker}" if current and worker else current
 
 
 def _arm(item: pytest.Item, limit: float) -> None:

@@ -68,7 +68,7 @@ class Orders:
 
 
 def make_orders(kafka_bootstrap: str, database_url: str, pg_schema: str) -> Orders:
-    """Topics of their own and settings for the order saga (payment timeout 2 s)."""
+    """Topics of their own and settings for the order saga (payment timeout 2 s, short retries)."""
     prefix = f"t{uuid.uuid4().hex[:8]}."
     create_topics(
         kafka_bootstrap,
@@ -83,7 +83,11 @@ def make_orders(kafka_bootstrap: str, database_url: str, pg_schema: str) -> Orde
         pg_schema,
         prefix,
         sagas=["sagas.order:OrderSaga"],
-        settings={"order.payment-timeout": "PT2S"},
+        # Shipping tries twice, 0.2 s apart, before it asks a person.
+        settings={
+            "order.payment-timeout": "PT2S",
+            "order.ship-retry": {"max_attempts": 2, "base_delay": "PT0.2S", "jitter": 0},
+        },
         operator={"key": OPERATOR_KEY, "name": "test-operator"},
     )
     return Orders(settings, Publisher(kafka_bootstrap))

@@ -188,3 +188,21 @@ def test_money_is_conserved_on_every_path(
     assert fixture.pending_deadlines == {}
     assert sum(bank.balances.values()) == Decimal(100)
     assert bank.balances in ({"src": 100, "dst": 0}, {"src": 75, "dst": 25})
+
+
+def test_cancel_before_the_debit_is_confirmed_reverses_it_and_ends() -> None:
+    fixture = SagaFixture(TransferSaga)
+    fixture.when(REQUESTED)
+    result = fixture.when_cancelled("customer called")
+    result.expect_commands(REVERSE).expect_ended().expect_no_deadlines()
+    # The debit's late confirmation finds an ended saga: nothing is credited.
+    assert fixture.when(DEBIT_OK).ignored
+
+
+def test_cancel_after_the_credit_was_sent_is_recorded_and_changes_nothing() -> None:
+    fixture = SagaFixture(TransferSaga)
+    fixture.when(REQUESTED)
+    fixture.when(DEBIT_OK)
+    result = fixture.when_cancelled("too late").expect_no_commands().expect_active()
+    result.expect_state(cancel_refused="credit already sent when saga-fixture cancelled")
+    fixture.when(CREDIT_OK).expect_ended()

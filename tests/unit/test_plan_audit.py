@@ -92,24 +92,39 @@ def test_hashed_history_keeps_the_digest_only_and_off_keeps_neither() -> None:
     assert off.effects["deadlines"][0]["name"] == "remind"
 
 
-def test_an_operator_cancel_ends_a_plain_saga_and_names_who_and_why() -> None:
+def test_an_operator_terminate_ends_a_plain_saga_and_names_who_and_why() -> None:
     log = Log()
-    ws = _plan(_planner(), [_operator(log, OperatorAction.CANCEL)], _loaded(_active()))
+    ws = _plan(_planner(), [_operator(log, OperatorAction.TERMINATE)], _loaded(_active()))
     assert _outcomes(ws) == [("o1", "applied", 2)]
     [h] = ws.history
-    assert (h.kind, h.message_type, h.message_id) == ("operator", "operator:cancel", "operator:c1")
-    assert h.detail == "operator cancel by ana: customer asked"
+    assert (h.kind, h.message_type, h.message_id) == (
+        "operator",
+        "operator:terminate",
+        "operator:c1",
+    )
+    assert h.detail == "operator terminate by ana (no compensation ran): customer asked"
     assert ws.sagas[0].status == ENDED
     assert ws.deadline_clears == [(SAGA, "o1")]
 
 
+def test_cancel_is_refused_for_a_saga_without_a_cancel_path() -> None:
+    log = Log()
+    ws = _plan(_planner(), [_operator(log, OperatorAction.CANCEL)], _loaded(_active()))
+    [h] = ws.history
+    assert h.outcome == "operator-refused"
+    assert h.detail is not None
+    assert "declares no cancel path" in h.detail
+    assert "terminate --force" in h.detail
+    assert ws.sagas == []
+
+
 def test_an_operator_record_is_ordered_with_the_sagas_events() -> None:
-    # A reply that lands before the cancel applies first; the cancel then ends the saga and a
-    # reply after it is ignored: one log, one order.
+    # A reply that lands before the terminate applies first; the terminate then ends the saga
+    # and a reply after it is ignored: one log, one order.
     log = Log()
     records = [
         log.event(Noted(order_id="o1", note="a")),
-        _operator(log, OperatorAction.CANCEL),
+        _operator(log, OperatorAction.TERMINATE),
         log.event(Noted(order_id="o1", note="b")),
     ]
     ws = _plan(_planner(), records, _loaded(_active()))
@@ -122,7 +137,10 @@ def test_an_operator_record_is_ordered_with_the_sagas_events() -> None:
 
 def test_an_operator_record_sent_twice_is_a_duplicate() -> None:
     log = Log()
-    records = [_operator(log, OperatorAction.CANCEL), _operator(log, OperatorAction.CANCEL)]
+    records = [
+        _operator(log, OperatorAction.TERMINATE),
+        _operator(log, OperatorAction.TERMINATE),
+    ]
     ws = _plan(_planner(), records, _loaded(_active()))
     assert [h.outcome for h in ws.history] == ["applied", "duplicate"]
     applied = {(SAGA, "o1", "operator:c1")}

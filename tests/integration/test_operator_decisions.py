@@ -1,0 +1,172 @@
+"""`saga resolve`, `saga terminate` and `saga cancel` from the CLI, on real Kafka and PostgreSQL.
+
+The order saga's shipping step fails twice (its retry schedule comes from a setting) and is
+escalated to a person; `saga resolve ... skip` completes it. `saga terminate` is refused without
+`--force` and ends an order without compensation with it; `saga cancel` of the transfer saga
+before its debit is confirmed reverses the debit. Each command waits for the processor's
+outcome and says it in its exit code.
+"""
+
+from __future__ import annotations
+
+import shlex
+import uuid
+from decimal import Decimal
+
+import pytest
+
+from processor.cli import main
+from processor.settings import ProcessorSettings
+from sagas.transfer import TransferSaga
+from schemas.orders import (
+    EscalateToPerson,
+    FraudReviewApproved,
+    PaymentCaptured,
+    ShipmentFailed,
+    StockReserved,
+)
+from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC, TransferRequested
+from tests.integration.test_operator_trail import wait_until_state
+from tests.support.harness import (
+    Publisher,
+    Reader,
+    create_topics,
+    query,
+    running,
+    settings_for,
+    wait_until,
+)
+from tests.support.orders import SAGA_TYPE, Orders, make_orders
+from tests.support.procs import settings_env
+
+pytestmark = pytest.mark.integration
+
+OPERATOR_KEY = "decisions-operator-key"
+
+
+@pytest.fixture
+def orders(kafka_bootstrap: str, database_url: str, pg_schema: str) -> Orders:
+    return make_orders(kafka_bootstrap, database_url, pg_schema)
+
+
+def _cli(settings: ProcessorSettings, mp: pytest.MonkeyPatch, line: str) -> int:
+    """Runs ``saga-processor LINE`` as a user would, with the processor's settings."""
+    for name, value in settings_env(settings).items():
+        mp.setenv(name, value)
+    return main(shlex.split(line))
+
+
+def _escalate_shipping(o: Orders, order: str) -> None:
+    o.place(order)
+    for version, reply in enumerate((StockReserved, PaymentCaptured, FraudReviewApproved), 2):
+        o.send(reply(order_id=order), order)
+        o.wait_version(order, version)
+    o.send(ShipmentFailed(order_id=order, reason="carrier down"), order)
+    # The failure (5) and the retry 0.2 s later (6): the second attempt is out.
+    o.wait_version(order, 6)
+    o.send(ShipmentFailed(order_id=order, reason="carrier down"), order)
+    o.wait_version(order, 7)
+    wait_until_state(o, order, "WAITING")
+
+
+def test_an_escalated_step_is_resolved_and_terminate_needs_force(
+    orders: Orders, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    o = orders
+    escalated, other = (f"o-{uuid.uuid4().hex[:8]}" for _ in range(2))
+
+    def cli(line: str) -> int:
+        return _cli(o.settings, monkeypatch, line)
+
+    escalations = Reader(kafka_bootstrap, [o.settings.topic_prefix + "escalations"])
+    try:
+        with running(o.settings):
+            _escalate_shipping(o, escalated)
+            escalations.wait_for(lambda rs: len(rs) >= 1, what="the escalation")
+            o.place(other)
+            # Nothing waits for a decision on the other order: refused, exit code 2.
+            assert cli(f"saga resolve {SAGA_TYPE} {other} skip --reason mistake") == 2
+            assert cli(f"saga resolve {SAGA_TYPE} {escalated} skip --reason 'shipped by hand'") == 0
+            o.wait_status(escalated, "ended")
+            assert o.row(escalated)[:2] == ("ended", "COMPLETED")  # type: ignore[index]
+
+            # Without --force nothing is sent at all.
+            assert cli(f"saga terminate {SAGA_TYPE} {other} --reason 'test order'") == 2
+            assert o.row(other)[0] == "active"  # type: ignore[index]
+            assert cli(f"saga terminate {SAGA_TYPE} {other} --reason 'test order' --force") == 0
+            o.wait_status(other, "ended")
+        [escalation] = escalations.records
+        assert escalations.headers(escalation)["message-type"] == "orders.EscalateToPerson"
+        told = EscalateToPerson.model_validate_json(escalation.value() or b"")
+        assert (told.reason, told.step, told.machine_state) == (
+            "retries-exhausted",
+            "ship",
+            "WAITING",
+        )
+        trail = o.db(
+            "SELECT message_type, outcome, detail FROM saga_history "
+            "WHERE saga_id IN (%s, %s) AND kind = 'operator' ORDER BY id",
+            escalated,
+            other,
+        )
+        assert [(t, r) for t, r, _ in trail] == [
+            ("operator:resolve", "operator-refused"),
+            ("operator:resolve", "applied"),
+            ("operator:terminate", "applied"),
+        ]
+        assert "no compensation ran" in trail[2][2]
+        # Terminated as it stood: the order's stock and payment were not undone.
+        assert o.row(other)[1] == "RUNNING"  # type: ignore[index]
+    finally:
+        escalations.close()
+
+
+def test_cancel_before_the_debit_is_confirmed_reverses_it(
+    kafka_bootstrap: str, database_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix = f"t{uuid.uuid4().hex[:8]}."
+    create_topics(
+        kafka_bootstrap,
+        [prefix + t for t in (TRANSFER_EVENTS_TOPIC, ACCOUNT_COMMANDS_TOPIC, "saga-dead-letters")],
+    )
+    settings = settings_for(
+        kafka_bootstrap,
+        database_url,
+        pg_schema,
+        prefix,
+        operator={"key": OPERATOR_KEY, "name": "test-operator"},
+    )
+    commands = Reader(kafka_bootstrap, [prefix + ACCOUNT_COMMANDS_TOPIC])
+    pub = Publisher(kafka_bootstrap)
+    tid = f"tr-{uuid.uuid4().hex[:6]}"
+
+    def cli(line: str) -> int:
+        return _cli(settings, monkeypatch, line)
+
+    try:
+        with running(settings, [TransferSaga]):
+            pub.event(
+                prefix + TRANSFER_EVENTS_TOPIC,
+                tid,
+                TransferRequested(
+                    transfer_id=tid,
+                    source_account_id="A",
+                    target_account_id="B",
+                    amount=Decimal("10.00"),
+                ),
+            )
+            pub.flush()
+            commands.wait_for(lambda rs: len(rs) >= 1, what="DebitAccount")
+            assert cli(f"saga cancel transfer-saga {tid} --reason 'customer called'") == 0
+            commands.wait_for(lambda rs: len(rs) >= 2, what="ReverseDebit")
+            wait_until(
+                lambda: (
+                    query(database_url, pg_schema, "SELECT status FROM saga_instance")
+                    == [("ended",)]
+                ),
+                what="transfer ended",
+            )
+        types = [commands.headers(m)["message-type"] for m in commands.records]
+        assert types == ["transfers.DebitAccount", "transfers.ReverseDebit"]
+    finally:
+        commands.close()
