@@ -24,7 +24,7 @@ from processor.errors import (
     SagaError,
     UnknownMessageType,
 )
-from processor.handles import SagaCommands, SagaDeadlines, SagaLifecycle, Setting
+from processor.handles import SagaCommands, SagaDeadlines, SagaLifecycle, SagaOutcome, Setting
 from processor.messages import Message, MessageMetadata, message_type
 from processor.messages import registry as message_registry
 from processor.upcasting import event_upcaster, upcaster
@@ -42,6 +42,7 @@ __all__ = [
     "SagaDefinitionError",
     "SagaError",
     "SagaLifecycle",
+    "SagaOutcome",
     "SagaState",
     "Setting",
     "UnknownMessageType",

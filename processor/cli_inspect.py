@@ -100,7 +100,11 @@ def format_view(view: SagaView) -> str:
     lines = [
         f"saga      {s.saga_type} {s.saga_id}",
         f"status    {s.status}" + (f" ({s.parked_reason})" if s.parked_reason else ""),
-        f"state     {s.machine_state or '-'} since {s.since.isoformat()}",
+        (
+            f"outcome   {s.machine_state or '-'} at {s.since.isoformat()}"
+            if s.status == "ended"
+            else f"state     {s.machine_state or '-'} since {s.since.isoformat()}"
+        ),
         f"version   {s.version}",
         f"started   {s.created_at.isoformat()}   changed {s.updated_at.isoformat()}",
         "",
@@ -158,7 +162,11 @@ def sagas_arguments(parser: argparse.ArgumentParser) -> None:
     listing = what.add_parser("list", help="sagas, least recently changed first")
     listing.add_argument("--saga-type", default=None)
     listing.add_argument("--status", choices=("active", "parked", "ended"), default=None)
-    listing.add_argument("--machine-state", default=None)
+    listing.add_argument(
+        "--machine-state",
+        default=None,
+        help="a machine state, or how ended sagas ended (CANCELLED)",
+    )
     listing.add_argument("--older-than", type=duration_arg, default=None, help="e.g. 30m, 2h, 1d")
     listing.add_argument("--limit", type=int, default=100)
     json_flag(listing)
@@ -175,7 +183,7 @@ def format_summaries(rows: Sequence[SagaSummary]) -> str:
     if not rows:
         return "no sagas"
     return text_table(
-        ("SAGA TYPE", "SAGA ID", "STATUS", "MACHINE STATE", "SINCE", "VERSION"),
+        ("SAGA TYPE", "SAGA ID", "STATUS", "STATE/OUTCOME", "SINCE", "VERSION"),
         (
             (
                 r.saga_type,

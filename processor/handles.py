@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
@@ -25,6 +26,7 @@ __all__ = [
     "SagaCommands",
     "SagaDeadlines",
     "SagaLifecycle",
+    "SagaOutcome",
     "ScheduleDeadline",
     "Setting",
 ]
@@ -259,20 +261,56 @@ def _to_json(payload: object) -> Any:
         ) from e
 
 
+class SagaOutcome(StrEnum):
+    """How a saga ended, as operators, the CLI, the console and the metrics see it.
+
+    Stored in the saga's ``machine_state`` column once it ends (while it runs, that column
+    holds a state machine's current state).
+    """
+
+    COMPLETED = "COMPLETED"
+    """It did what it was for."""
+    FAILED = "FAILED"
+    """It could not, and undid what it had done (or had nothing to undo)."""
+    COMPENSATION_FAILED = "COMPENSATION_FAILED"
+    """It could not, and an undo failed too: a person has been told."""
+    TIMED_OUT = "TIMED_OUT"
+    """Its deadline passed first."""
+    CANCELLED = "CANCELLED"
+    """An operator cancelled it and its compensation ran."""
+    TERMINATED = "TERMINATED"
+    """An operator ended it as it stood, undoing nothing."""
+
+
 class SagaLifecycle:
-    """Lets a handler end its saga conditionally."""
+    """Lets a handler end its saga conditionally, saying how it ended."""
 
     def __init__(self) -> None:
         self._ended = False
+        self._outcome: SagaOutcome | None = None
 
-    def end(self) -> None:
-        """End the saga once the handler commits; its deadlines are cancelled by the store."""
+    def end(self, outcome: SagaOutcome | str | None = None) -> None:
+        """End the saga once the handler commits; its deadlines are cancelled by the store.
+
+        Args:
+            outcome: How it ended (a :class:`SagaOutcome` or its name); ``COMPLETED`` when
+                not given (``CANCELLED`` in a cancel handler).
+
+        Raises:
+            ValueError: ``outcome`` is not a :class:`SagaOutcome`.
+        """
         self._ended = True
+        self._outcome = None if outcome is None else SagaOutcome(outcome)
 
     @property
     def ended(self) -> bool:
         """Whether :meth:`end` was called."""
         return self._ended
+
+    @property
+    def outcome(self) -> SagaOutcome | None:
+        """The outcome given to :meth:`end`, if any."""
+        return self._outcome
 
 
 class Setting:

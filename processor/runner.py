@@ -36,6 +36,7 @@ from processor.handles import (
     SagaCommands,
     SagaDeadlines,
     SagaLifecycle,
+    SagaOutcome,
     ScheduleDeadline,
 )
 from processor.messages import Message, MessageMetadata, MessageRegistry, registry
@@ -124,6 +125,9 @@ class Outcome:
         deadlines: Deadline schedules and cancellations, in order.
         ended: Whether the saga ended; the store then cancels all its deadlines.
         handler_name: Name of the handler that ran.
+        outcome: How it ended, when ``ended`` and the saga said so
+            (:class:`~processor.handles.SagaOutcome`); the engine counts an end without one
+            as ``COMPLETED``.
     """
 
     state: SagaState
@@ -131,6 +135,7 @@ class Outcome:
     deadlines: list[DeadlineOp]
     ended: bool
     handler_name: str
+    outcome: str | None = None
 
 
 def state_to_json(state: SagaState) -> dict[str, Any]:
@@ -295,6 +300,9 @@ class BoundSaga:
             inp = DeadlineInput(CANCEL_HANDLER, "", request.model_dump(), now)
             outcome = self._run(handler, state, saga_id, now, deadline=inp)
             outcome.handler_name = label
+            if outcome.ended and outcome.outcome is None:
+                # Ended by the cancel path without saying how: cancelled, not completed.
+                outcome.outcome = SagaOutcome.CANCELLED
             return outcome
         working = working_copy(state)
         commands = SagaCommands(saga_id, registry=self._registry)
@@ -311,6 +319,7 @@ class BoundSaga:
             deadlines=deadlines.operations,
             ended=lifecycle.ended,
             handler_name=label,
+            outcome=lifecycle.outcome,
         )
 
     def resolve_refusal(self, state: SagaState, decision: str) -> str | None:
@@ -350,11 +359,19 @@ class BoundSaga:
             deadlines=deadlines.operations,
             ended=lifecycle.ended,
             handler_name=label,
+            outcome=lifecycle.outcome,
         )
 
     def handle_terminate(self, state: SagaState, label: str) -> Outcome:
         """End the saga as it stands: no saga code runs, nothing is compensated."""
-        return Outcome(state=state, commands=[], deadlines=[], ended=True, handler_name=label)
+        return Outcome(
+            state=state,
+            commands=[],
+            deadlines=[],
+            ended=True,
+            handler_name=label,
+            outcome=SagaOutcome.TERMINATED,
+        )
 
     def _run(
         self,
@@ -397,12 +414,14 @@ class BoundSaga:
             self._check_deadline_names(deadlines.operations)
         except Exception as e:
             raise HandlerError(self.saga_type, saga_id, handler.name, e) from e
+        ended = handler.end or lifecycle.ended
         return Outcome(
             state=working,
             commands=commands.intents,
             deadlines=deadlines.operations,
-            ended=handler.end or lifecycle.ended,
+            ended=ended,
             handler_name=handler.name,
+            outcome=lifecycle.outcome if ended else None,
         )
 
     def _check_deadline_names(self, ops: list[DeadlineOp]) -> None:

@@ -76,6 +76,7 @@ class Result:
         ended: Whether the saga has ended after the step.
         state: The saga's state after the step (None if it never started).
         pending: Deadlines pending after the step, name to due time.
+        outcome: How the saga ended (a ``SagaOutcome`` name), once it has.
     """
 
     saga_id: str | None
@@ -86,6 +87,7 @@ class Result:
     ended: bool
     state: SagaState | None
     pending: dict[str, datetime]
+    outcome: str | None = None
 
     @property
     def commands(self) -> list[Message]:
@@ -143,10 +145,12 @@ class Result:
             raise AssertionError(f"deadline {name!r} is still pending, due {self.pending[name]}")
         return self
 
-    def expect_ended(self) -> Self:
-        """Assert the saga has ended."""
+    def expect_ended(self, outcome: str | None = None) -> Self:
+        """Assert the saga has ended, and how when ``outcome`` (a ``SagaOutcome``) is given."""
         if not self.ended:
             raise AssertionError(f"expected the saga to have ended; it is active: {self.state!r}")
+        if outcome is not None and self.outcome != outcome:
+            raise AssertionError(f"expected the saga to end {outcome}; it ended {self.outcome}")
         return self
 
     def expect_active(self) -> Self:
@@ -408,6 +412,7 @@ class SagaFixture:
             ended=row is not None and row.status == ENDED,
             state=self._state_of(saga_id),
             pending=self._pending_of(saga_id),
+            outcome=self._engine.outcomes.get((self.bound.saga_type, saga_id or "")),
         )
 
     def _metadata(self, event: Message, saga_id: str) -> MessageMetadata:

@@ -19,8 +19,8 @@ from processor.definition import SagaState
 from processor.engine.decode import Event, FiredDeadline, Operator, Rejected, TooNew, decode
 from processor.engine.plan import Planner
 from processor.engine.records import Record
+from processor.engine.rows import ENDED, WriteSet
 from processor.engine.rows import Outcome as RowOutcome
-from processor.engine.rows import WriteSet
 from processor.errors import HandlerError
 from processor.memory.store import MemoryBatchStore, MemoryTables, StoredDeadline
 from processor.messages import Message, MessageMetadata, MessageRegistry
@@ -243,6 +243,8 @@ class Engine:
             operator_key=FIXTURE_OPERATOR_KEY,
         )
         self.store = MemoryBatchStore(clock=clock)
+        # How each ended saga ended (the `machine_state` column the store does not keep).
+        self.outcomes: dict[tuple[str, str], str | None] = {}
         self.store.tables.lease_token = FIXTURE_LEASE_TOKEN
 
     def decode(self, record: Record) -> Event | FiredDeadline | TooNew | Operator:
@@ -275,6 +277,9 @@ class Engine:
             # reason, not a parked row.
             raise AssertionError(f"the processor would park the saga: {parked[0].detail}")
         self.store.write(ws, [])
+        for s in ws.sagas:
+            if s.status == ENDED:
+                self.outcomes[(s.saga_type, s.saga_id)] = s.machine_state
         return Batch(ws, self.saga.runs[runs_before:])
 
 

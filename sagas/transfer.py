@@ -17,6 +17,7 @@ from processor import (
     SagaCommands,
     SagaDeadlines,
     SagaLifecycle,
+    SagaOutcome,
     SagaState,
     Setting,
     saga,
@@ -90,9 +91,10 @@ class TransferSaga(SagaState):
         commands.send(self._credit())
         deadlines.cancel(PAYMENT_TIMEOUT)
 
-    @saga_event_handler(DebitFailed, association_property="transfer_id", end=True)
-    def on_debit_failed(self, event: DebitFailed) -> None:
+    @saga_event_handler(DebitFailed, association_property="transfer_id")
+    def on_debit_failed(self, event: DebitFailed, lifecycle: SagaLifecycle) -> None:
         """Nothing moved, so there is nothing to undo."""
+        lifecycle.end(SagaOutcome.FAILED)
 
     @saga_event_handler(CreditConfirmed, association_property="transfer_id")
     def on_credit_confirmed(self, event: CreditConfirmed, lifecycle: SagaLifecycle) -> None:
@@ -101,15 +103,19 @@ class TransferSaga(SagaState):
         if self.debit_confirmed and self.credit_confirmed:
             lifecycle.end()
 
-    @saga_event_handler(CreditFailed, association_property="transfer_id", end=True)
-    def on_credit_failed(self, event: CreditFailed, commands: SagaCommands) -> None:
+    @saga_event_handler(CreditFailed, association_property="transfer_id")
+    def on_credit_failed(
+        self, event: CreditFailed, commands: SagaCommands, lifecycle: SagaLifecycle
+    ) -> None:
         """The target refused the money: give it back to the source."""
         commands.send(self._reverse_debit())
+        lifecycle.end(SagaOutcome.FAILED)
 
-    @saga_deadline_handler(PAYMENT_TIMEOUT, end=True)
-    def on_payment_timeout(self, commands: SagaCommands) -> None:
+    @saga_deadline_handler(PAYMENT_TIMEOUT)
+    def on_payment_timeout(self, commands: SagaCommands, lifecycle: SagaLifecycle) -> None:
         """No debit confirmation in time: reverse whatever may have been debited."""
         commands.send(self._reverse_debit())
+        lifecycle.end(SagaOutcome.TIMED_OUT)
 
     @saga_cancel_handler()
     def on_cancel(

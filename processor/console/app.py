@@ -189,9 +189,21 @@ def create_app(backend: Backend, *, actions: bool = False, token: str | None = N
         action = request.path_params["action"]
         reason = form["reason"]
         try:
-            if action in ("retry", "skip"):
+            if action == "terminate" and form.get("force") != "yes":
+                raise SagaError(
+                    "terminate undoes nothing; tick the box to confirm, or cancel instead"
+                )
+            if action in ("retry", "skip", "cancel", "terminate", "resolve"):
+                op = {
+                    "retry": OperatorAction.PARKED_RETRY,
+                    "skip": OperatorAction.PARKED_SKIP,
+                    "cancel": OperatorAction.CANCEL,
+                    "terminate": OperatorAction.TERMINATE,
+                    "resolve": OperatorAction.RESOLVE,
+                }[action]
+                decision = form.get("decision") if action == "resolve" else None
                 entry, status = await run_in_threadpool(
-                    backend.retry_parked, saga_type, saga_id, reason, 1 if action == "skip" else 0
+                    backend.act, op, saga_type, saga_id, reason, decision or None
                 )
                 notice = (
                     f"{action} sent; no processor applied it yet (see the timeline)"
@@ -202,7 +214,6 @@ def create_app(backend: Backend, *, actions: bool = False, token: str | None = N
                 )
             else:
                 op = {
-                    "cancel": OperatorAction.CANCEL,
                     "fire-now": OperatorAction.DEADLINE_FIRE_NOW,
                     "cancel-deadline": OperatorAction.DEADLINE_CANCEL,
                 }[action]

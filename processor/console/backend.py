@@ -153,7 +153,24 @@ class Backend:
             saga's status afterwards.
         """
         action = OperatorAction.PARKED_SKIP if skip else OperatorAction.PARKED_RETRY
-        message_id = self.request(action, saga_type, saga_id, reason)
+        return self.act(action, saga_type, saga_id, reason, timeout=timeout)
+
+    def act(
+        self,
+        action: OperatorAction,
+        saga_type: str,
+        saga_id: str,
+        reason: str,
+        name: str | None = None,
+        timeout: float = 30.0,
+    ) -> tuple[TimelineEntry | None, str | None]:
+        """Sends an operator request and waits up to ``timeout`` seconds for its outcome.
+
+        Returns:
+            The request's timeline entry (None if no processor applied it in time) and the
+            saga's status afterwards.
+        """
+        message_id = self.request(action, saga_type, saga_id, reason, name)
         with self.inspect() as queries:
             entry = wait_for_outcome(queries, saga_type, saga_id, message_id, timeout)
             summary, _ = queries.saga(saga_type, saga_id)

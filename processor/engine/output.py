@@ -280,7 +280,8 @@ class Output:
                 w.version,
                 row.version if row is not None else None,
                 w.parked_reason if w.status == PARKED else None,
-                bound.machine_state(w.state),
+                # Once ended, how it ended; before, a state machine's current state.
+                w.outcome or bound.machine_state(w.state),
                 state_version,
             )
         )

@@ -118,7 +118,8 @@ class SagaWrite:
     version: int
     expected_version: int | None  # None: the row is new
     parked_reason: str | None
-    # Copied to the queryable `machine_state` column; None for sagas that are not machines.
+    # The queryable `machine_state` column: a state machine's current state while the saga
+    # runs (None for other sagas), how it ended once it has (a SagaOutcome).
     machine_state: str | None = None
     state_version: int = 1
 
@@ -201,6 +202,8 @@ class WriteSet:
     # Ids of held records an operator's retry replayed (or skipped): deleted with the batch.
     held_releases: list[int] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
+    # Sagas this batch ended, by (saga type, outcome): the saga_ended_total metric.
+    outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     def wakes_poller(self, soon: datetime | None = None) -> bool:
         """Whether the deadline poller should look now rather than at its next planned time.

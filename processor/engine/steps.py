@@ -29,7 +29,7 @@ from processor.engine.rows import (
 )
 from processor.engine.working import Item, Working
 from processor.errors import HandlerError, describe_error
-from processor.handles import CancelDeadline, DeadlineOp, ScheduleDeadline
+from processor.handles import CancelDeadline, DeadlineOp, SagaOutcome, ScheduleDeadline
 from processor.messages import (
     HEADER_MESSAGE_ID,
     HEADER_MESSAGE_TYPE,
@@ -240,6 +240,9 @@ class Steps(Output):
         w.version += 1
         w.dirty = True
         w.status = ENDED if outcome.ended else ACTIVE
+        if outcome.ended:
+            w.outcome = outcome.outcome or SagaOutcome.COMPLETED
+            ws.outcomes[(w.bound.saga_type, str(w.outcome))] += 1
         ws.outbox.extend(rows)
         effects: dict[str, Any] = {}
         if rows:

@@ -65,6 +65,8 @@ class Working:
     # Net deadline changes: name -> new row, or None for "delete only".
     deadline_ops: dict[str, DeadlineInsert | None] = field(default_factory=dict)
     cleared: bool = False
+    # How the saga ended, set by the handler that ended it; shown in the machine_state column.
+    outcome: str | None = None
 
 
 def storable(record: Record) -> Record:

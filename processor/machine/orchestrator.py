@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from processor.definition import saga_deadline_handler, saga_event_handler
-from processor.handles import SagaCommands, SagaDeadlines, SagaLifecycle
+from processor.handles import SagaCommands, SagaDeadlines, SagaLifecycle, SagaOutcome
 from processor.machine.analysis import MachineSpec
 from processor.machine.retry import RetryPolicy
 from processor.machine.saga import MachineSaga, _saga_name
@@ -81,6 +81,8 @@ class Progress(BaseModel):
         escalated: The step whose retries ran out and that now waits on a person's decision.
         escalated_in_doubt: Whether that step's last attempt timed out (its effect may land).
         skipped: Steps a person decided to skip; they have nothing to undo.
+        cancelled: An operator cancelled the saga (its outcome is then CANCELLED).
+        timed_out: The saga deadline passed (its outcome is then TIMED_OUT).
         reason: Why compensation started, or why the saga stopped.
     """
 
@@ -101,6 +103,8 @@ class Progress(BaseModel):
     escalated: str | None = None
     escalated_in_doubt: bool = False
     skipped: list[str] = Field(default_factory=list)
+    cancelled: bool = False
+    timed_out: bool = False
     reason: str | None = None
 
 
@@ -286,12 +290,13 @@ class OrchestratedSaga(MachineSaga):
         elif p.step is not None:
             self._mark_in_doubt(self.orchestration.step(p.step))
         p.step = None
+        p.timed_out = True
         self.transition_to(_S.TIMED_OUT, io.now, "saga deadline passed")
         io.deadlines.cancel(STEP_TIMER)
         policy = self.orchestration.on_saga_timeout
         if policy == "escalate":
             self._escalate(io, "saga-timeout", None, "saga deadline passed")
-            io.lifecycle.end()
+            self._end(io)
         elif policy == "fail":
             self._fail(io, "saga deadline passed")
         else:
@@ -320,6 +325,7 @@ class OrchestratedSaga(MachineSaga):
         elif p.step is not None:
             self._mark_in_doubt(self.orchestration.step(p.step))
         p.step = None
+        p.cancelled = True
         self._compensate(io, f"cancelled by an operator: {reason}")
 
     # -- a person's decision -------------------------------------------------------------
@@ -458,9 +464,25 @@ class OrchestratedSaga(MachineSaga):
             return
         self._complete(io, "every step succeeded")
 
+    def _end(self, io: _Io) -> None:
+        """End the saga with the outcome its path says (see ``SagaOutcome``)."""
+        p = self.progress
+        state = self.machine_state
+        if state == _S.COMPENSATION_FAILED:
+            outcome = SagaOutcome.COMPENSATION_FAILED
+        elif p.cancelled:
+            outcome = SagaOutcome.CANCELLED
+        elif p.timed_out:
+            outcome = SagaOutcome.TIMED_OUT
+        elif state == _S.COMPLETED:
+            outcome = SagaOutcome.COMPLETED
+        else:
+            outcome = SagaOutcome.FAILED
+        io.lifecycle.end(outcome)
+
     def _complete(self, io: _Io, why: str) -> None:
         self.transition_to(_S.COMPLETED, io.now, why)
-        io.lifecycle.end()
+        self._end(io)
 
     def _fail(self, io: _Io, why: str) -> None:
         """Stop without undoing anything (the ``fail`` policies)."""
@@ -470,7 +492,7 @@ class OrchestratedSaga(MachineSaga):
         io.deadlines.cancel(STEP_TIMER)
         io.deadlines.cancel(SAGA_DEADLINE)
         self.transition_to(_S.FAILED, io.now, why)
-        io.lifecycle.end()
+        self._end(io)
 
     def _retry_or_compensate(
         self, step: Step, io: _Io, why: str, *, retryable: bool = True, in_doubt: bool = False
@@ -565,7 +587,7 @@ class OrchestratedSaga(MachineSaga):
         p.undo_queue = [n for n in reversed(p.completed) if steps.step(n).compensation]
         if not p.undo_queue and not p.in_doubt:
             self.transition_to(_S.FAILED, io.now, why)
-            io.lifecycle.end()
+            self._end(io)
             return
         self.transition_to(_S.COMPENSATING, io.now, why)
         self._next_undo(io)
@@ -581,7 +603,7 @@ class OrchestratedSaga(MachineSaga):
             io.deadlines.schedule(STEP_TIMER, at=io.now + window, payload=timer)
         else:
             self.transition_to(_S.FAILED, io.now, "compensation finished")
-            io.lifecycle.end()
+            self._end(io)
 
     def _send_undo(self, step: Step, attempt: int, io: _Io) -> None:
         assert step.compensation is not None
@@ -603,7 +625,7 @@ class OrchestratedSaga(MachineSaga):
         p.reason = why
         self.transition_to(_S.COMPENSATION_FAILED, io.now, why)
         self._escalate(io, "compensation-failed", step, why)
-        io.lifecycle.end()
+        self._end(io)
 
     def _escalate(self, io: _Io, reason: str, step: Step | None, detail: str) -> None:
         escalation = Escalation(

@@ -175,6 +175,12 @@ class _Collector(Collector):
             {(): stats.batches if stats is not None else 0},
         )
         yield _counter(
+            "saga_ended",
+            "Sagas this replica ended, by how they ended (SagaOutcome).",
+            ["saga_type", "outcome"],
+            dict(stats.outcomes) if stats is not None else {},
+        )
+        yield _counter(
             "saga_resyncs",
             "Times the worker re-read its offsets from PostgreSQL.",
             [],

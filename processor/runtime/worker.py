@@ -49,6 +49,8 @@ class WorkerStats:
     records: int = 0
     rejected_batches: int = 0
     counts: Counter[str] = field(default_factory=Counter)
+    # Sagas ended, by (saga type, outcome).
+    outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
     # Times the positions were read back from the store (fenced, failed or in-doubt commit).
     resyncs: int = 0
     # time.monotonic() at the start of the last poll: the liveness probe's heartbeat.
@@ -423,6 +425,9 @@ class Worker:
         self.stats.batches += 1
         self.stats.records += planned.batch.size
         self.stats.counts.update(planned.ws.counts)
+        if planned.ws.outcomes:
+            # A new Counter, not an update in place: the metrics thread reads it meanwhile.
+            self.stats.outcomes = self.stats.outcomes + planned.ws.outcomes
         if self.on_batch is not None:
             self.on_batch(self._done(planned), planned.ws)
         self.on_commit(planned.ws)

@@ -199,6 +199,28 @@ def test_an_operator_finds_a_saga_and_retries_a_parked_one_in_the_browser(
             assert "by browser: warehouse fixed" in timeline
             screenshot(b, "parked-saga-retried")
 
+            # The order: terminating it says first that nothing will be undone.
+            b.get(f"{console}/saga/order-saga/{order}")
+            assert "nothing it did is undone" in b.find_element(By.ID, "terminate-warning").text
+            form = b.find_element(By.ID, "form-terminate")
+            form.find_element(By.NAME, "force").click()
+            form.find_element(By.NAME, "reason").send_keys("test order")
+            form.find_element(By.NAME, "token").send_keys(TOKEN)
+            form.find_element(By.TAG_NAME, "button").click()
+            wait.until(lambda d: d.find_elements(By.ID, "notice"))
+            assert "terminate applied, now ended" in b.find_element(By.ID, "notice").text
+            assert "no compensation ran" in b.find_element(By.ID, "timeline").text
+            assert b.find_element(By.ID, "outcome").text == "TERMINATED"
+            screenshot(b, "order-terminated")
+            # Ended sagas are found by how they ended.
+            b.get(console + "/sagas")
+            form = b.find_element(By.ID, "filter")
+            form.find_element(By.NAME, "state").send_keys("TERMINATED")
+            form.find_element(By.TAG_NAME, "button").click()
+            wait.until(lambda d: "state=TERMINATED" in d.current_url)
+            rows = b.find_elements(By.CSS_SELECTOR, "#sagas tr")[1:]
+            assert [r.find_elements(By.TAG_NAME, "td")[1].text for r in rows] == [order]
+
 
 def test_actions_need_the_token(world: Orders, console: str) -> None:
     from processor.postgres.connect import ensure_schema
@@ -211,6 +233,12 @@ def test_actions_need_the_token(world: Orders, console: str) -> None:
     assert refused.status_code == 403
     page = httpx.get(f"{console}/saga/{PACKING}/nobody")
     assert page.status_code == 404
+    # Terminate undoes nothing: without the box ticked it is refused before anything is sent.
+    unforced = httpx.post(
+        f"{console}/saga/{PACKING}/nobody/terminate", data={"reason": "x", "token": TOKEN}
+    )
+    assert unforced.status_code == 303
+    assert "terminate+refused" in unforced.headers["location"]
 
 
 def test_consumer_lag_is_unknown_when_the_broker_is_unreachable(world: Orders) -> None:

@@ -128,6 +128,12 @@ def test_metrics_move_with_a_load_and_commands_continue_the_trace(env: dict[str,
                 ),
                 what="outbox drained",
             )
+            # Nobody confirms a debit: every transfer times out, counted by how it ended.
+            timed_out = (("outcome", "TIMED_OUT"), ("saga_type", "transfer-saga"))
+            wait_until(
+                lambda: _metrics(port).get(("saga_ended_total", timed_out), 0) == 401,
+                what="every transfer counted as timed out",
+            )
             m = _metrics(port)
             assert _total(m, "saga_dead_letters_total") == 1
             assert m[("saga_dead_letters_total", (("reason", "unknown-type"),))] == 1

@@ -115,8 +115,10 @@ def test_an_escalated_step_is_resolved_and_terminate_needs_force(
             ("operator:terminate", "applied"),
         ]
         assert "no compensation ran" in trail[2][2]
-        # Terminated as it stood: the order's stock and payment were not undone.
-        assert o.row(other)[1] == "RUNNING"  # type: ignore[index]
+        # Terminated as it stood (its reservation was never undone), and shown as such.
+        assert o.row(other)[1] == "TERMINATED"  # type: ignore[index]
+        [(state,)] = o.db("SELECT state FROM saga_instance WHERE saga_id = %s", other)
+        assert state["machine"]["state"] == "RUNNING"
     finally:
         escalations.close()
 

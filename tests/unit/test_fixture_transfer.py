@@ -53,7 +53,7 @@ def test_happy_path_cancels_the_timeout_credits_and_ends() -> None:
     # The cancelled timeout must not fire, however long we wait.
     fixture.when_time_elapses(timedelta(hours=2)).expect_no_commands().expect_active()
     result = fixture.when(CREDIT_OK)
-    result.expect_no_commands().expect_ended().expect_no_deadlines()
+    result.expect_no_commands().expect_ended("COMPLETED").expect_no_deadlines()
     result.expect_state(debit_confirmed=True, credit_confirmed=True)
 
 
@@ -63,7 +63,7 @@ def test_no_confirmation_times_out_reverses_the_debit_and_ends() -> None:
     assert fixture.pending_deadlines == {PAYMENT_TIMEOUT: T0 + timedelta(minutes=30)}
 
     result = fixture.when_time_elapses(timedelta(seconds=1))
-    result.expect_commands(REVERSE).expect_ended().expect_no_deadlines()
+    result.expect_commands(REVERSE).expect_ended("TIMED_OUT").expect_no_deadlines()
     assert result.fired == [PAYMENT_TIMEOUT]
     assert fixture.now == T0 + timedelta(minutes=30)
     assert fixture.pending_deadlines == {}
@@ -85,13 +85,13 @@ def test_events_after_the_end_are_ignored_and_recorded() -> None:
 def test_debit_failure_ends_with_nothing_to_undo() -> None:
     fixture = SagaFixture(TransferSaga).given(REQUESTED)
     result = fixture.when(DebitFailed(transfer_id="t-1", account_id="src", reason="funds"))
-    result.expect_no_commands().expect_ended().expect_no_deadlines()
+    result.expect_no_commands().expect_ended("FAILED").expect_no_deadlines()
 
 
 def test_credit_failure_reverses_the_debit() -> None:
     fixture = SagaFixture(TransferSaga).given(REQUESTED, DEBIT_OK)
     result = fixture.when(CreditFailed(transfer_id="t-1", account_id="dst", reason="closed"))
-    result.expect_commands(REVERSE).expect_ended()
+    result.expect_commands(REVERSE).expect_ended("FAILED")
 
 
 def test_timeout_is_configurable() -> None:
@@ -194,7 +194,7 @@ def test_cancel_before_the_debit_is_confirmed_reverses_it_and_ends() -> None:
     fixture = SagaFixture(TransferSaga)
     fixture.when(REQUESTED)
     result = fixture.when_cancelled("customer called")
-    result.expect_commands(REVERSE).expect_ended().expect_no_deadlines()
+    result.expect_commands(REVERSE).expect_ended("CANCELLED").expect_no_deadlines()
     # The debit's late confirmation finds an ended saga: nothing is credited.
     assert fixture.when(DEBIT_OK).ignored
 
@@ -205,4 +205,4 @@ def test_cancel_after_the_credit_was_sent_is_recorded_and_changes_nothing() -> N
     fixture.when(DEBIT_OK)
     result = fixture.when_cancelled("too late").expect_no_commands().expect_active()
     result.expect_state(cancel_refused="credit already sent when saga-fixture cancelled")
-    fixture.when(CREDIT_OK).expect_ended()
+    fixture.when(CREDIT_OK).expect_ended("COMPLETED")

@@ -74,7 +74,9 @@ def test_happy_path_runs_every_step_in_order_and_completes() -> None:
     assert _state(f).machine_state == S.WAITING
     f.when(FraudReviewApproved(order_id=OID)).expect_commands(_cmd(ShipOrder))
     assert _state(f).machine_state == S.RUNNING
-    f.when(OrderShipped(order_id=OID)).expect_no_commands().expect_ended().expect_no_deadlines()
+    f.when(OrderShipped(order_id=OID)).expect_no_commands().expect_ended(
+        "COMPLETED"
+    ).expect_no_deadlines()
     assert _state(f).machine_state == S.COMPLETED
     assert _state(f).progress.completed == ["reserve", "pay", "fraud-review", "ship"]
     assert _trail(f) == [
@@ -147,7 +149,7 @@ def test_an_operator_decides_to_compensate_an_escalated_step() -> None:
     f.when_resolved("compensate", "carrier gone for good").expect_commands(_cmd(RefundPayment))
     assert _state(f).machine_state == S.COMPENSATING
     f.when(PaymentRefunded(order_id=OID)).expect_commands(_cmd(ReleaseStock))
-    f.when(StockReleased(order_id=OID)).expect_ended().expect_no_deadlines()
+    f.when(StockReleased(order_id=OID)).expect_ended("FAILED").expect_no_deadlines()
     assert _state(f).machine_state == S.FAILED
     assert _state(f).progress.undone == ["pay", "reserve"]
     assert _state(f).progress.reason == "step ship: compensate decided: carrier gone for good"
@@ -161,14 +163,14 @@ def test_an_operator_decides_to_retry_an_escalated_step() -> None:
     # A fresh schedule: one failure is retried again rather than escalated at once.
     f.when(ShipmentFailed(order_id=OID, reason="busy")).expect_no_commands()
     assert f.when_time_elapses(timedelta(minutes=1)).commands == [_cmd(ShipOrder)]
-    f.when(OrderShipped(order_id=OID)).expect_ended().expect_no_deadlines()
+    f.when(OrderShipped(order_id=OID)).expect_ended("COMPLETED").expect_no_deadlines()
     assert _state(f).machine_state == S.COMPLETED
 
 
 def test_an_operator_decides_to_skip_an_escalated_step() -> None:
     f = SagaFixture(OrderSaga)
     _shipping_escalated(f)
-    f.when_resolved("skip", "shipped by hand").expect_no_commands().expect_ended()
+    f.when_resolved("skip", "shipped by hand").expect_no_commands().expect_ended("COMPLETED")
     assert _state(f).machine_state == S.COMPLETED
     assert _state(f).progress.skipped == ["ship"]
 
@@ -185,14 +187,16 @@ def test_cancel_releases_the_stock_and_refunds_the_payment() -> None:
     _paid(f)
     f.when_cancelled("customer changed their mind").expect_commands(_cmd(RefundPayment))
     f.when(PaymentRefunded(order_id=OID)).expect_commands(_cmd(ReleaseStock))
-    f.when(StockReleased(order_id=OID)).expect_ended().expect_no_deadlines()
+    f.when(StockReleased(order_id=OID)).expect_ended("CANCELLED").expect_no_deadlines()
     assert _state(f).progress.undone == ["pay", "reserve"]
 
 
 def test_terminate_ends_the_saga_and_undoes_nothing() -> None:
     f = SagaFixture(OrderSaga)
     _paid(f)
-    f.when_terminated("test order").expect_no_commands().expect_ended().expect_no_deadlines()
+    f.when_terminated("test order").expect_no_commands().expect_ended(
+        "TERMINATED"
+    ).expect_no_deadlines()
     with pytest.raises(AssertionError, match="ignored-ended"):
         f.when_cancelled()
 
@@ -200,7 +204,9 @@ def test_terminate_ends_the_saga_and_undoes_nothing() -> None:
 def test_business_refusal_is_not_retried() -> None:
     f = SagaFixture(OrderSaga)
     f.when(_placed())
-    f.when(StockUnavailable(order_id=OID, reason="sold out")).expect_no_commands().expect_ended()
+    f.when(StockUnavailable(order_id=OID, reason="sold out")).expect_no_commands().expect_ended(
+        "FAILED"
+    )
     assert _state(f).machine_state == S.FAILED
     assert _trail(f) == [("NEW", "RUNNING"), ("RUNNING", "FAILED")]
 
@@ -227,7 +233,7 @@ def test_compensation_retries_exhausted_escalate_with_compensation_failed() -> N
             detail="undo of pay failed: provider down",
         )
     ]
-    r.expect_ended().expect_no_deadlines()
+    r.expect_ended("COMPENSATION_FAILED").expect_no_deadlines()
     assert _state(f).machine_state == S.COMPENSATION_FAILED
     # The stock release never ran: the person takes over from the failed refund.
     assert _state(f).progress.undo_queue == ["pay", "reserve"]
@@ -241,7 +247,7 @@ def test_whole_saga_deadline_records_timed_out_then_compensates() -> None:
     r.expect_commands(_cmd(RefundPayment))
     assert _trail(f)[-2:] == [("WAITING", "TIMED_OUT"), ("TIMED_OUT", "COMPENSATING")]
     f.when(PaymentRefunded(order_id=OID))
-    f.when(StockReleased(order_id=OID)).expect_ended()
+    f.when(StockReleased(order_id=OID)).expect_ended("TIMED_OUT")
     assert _state(f).machine_state == S.FAILED
 
 
@@ -253,13 +259,13 @@ def test_budget_too_small_step_is_not_started_and_saga_compensates() -> None:
     f.when(StockReserved(order_id=OID)).expect_commands(_cmd(ReleaseStock))
     assert _state(f).machine_state == S.COMPENSATING
     assert "pay not started" in (_state(f).progress.reason or "")
-    f.when(StockReleased(order_id=OID)).expect_ended()
+    f.when(StockReleased(order_id=OID)).expect_ended("FAILED")
     assert _state(f).machine_state == S.FAILED
 
 
 def test_first_step_without_budget_fails_without_compensation() -> None:
     f = SagaFixture(OrderSaga, settings={"order.sla": timedelta(seconds=5)})
-    f.when(_placed()).expect_no_commands().expect_ended()
+    f.when(_placed()).expect_no_commands().expect_ended("FAILED")
     assert _trail(f) == [("NEW", "FAILED")]
 
 

@@ -233,7 +233,7 @@ def test_a_decision_event_resumes_an_escalated_step() -> None:
     f = _escalated()
     r = f.when(ShopDecision(order_id=OID, decision="retry", reason="stock arrived"))
     assert _sent(r).quantity == 1  # a fresh schedule starts at attempt 1
-    f.when(StockReserved(order_id=OID)).expect_ended()
+    f.when(StockReserved(order_id=OID)).expect_ended("COMPLETED")
     assert isinstance(f.state, Shop)
     assert f.state.machine_state == MachineState.COMPLETED
     # A second decision for the same step comes too late and changes nothing.
@@ -258,7 +258,7 @@ def test_the_fail_policy_stops_without_undoing_anything() -> None:
         "still-waiting"
     ] * 9
     assert not any(isinstance(c, ReleaseStock) for c in r.commands)
-    r.expect_ended().expect_no_deadlines()
+    r.expect_ended("TIMED_OUT").expect_no_deadlines()
     assert isinstance(f.state, EscalatingShop)
     assert f.state.machine_state == MachineState.FAILED
     assert [t.target for t in f.state.machine.transitions][-2:] == [

@@ -143,7 +143,9 @@ def _scrape(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
 
 def test_metrics_follow_batches_samples_and_sweeps() -> None:
     m = Metrics()
-    stats = type("S", (), {"batches": 3, "resyncs": 1})()
+    stats = type(
+        "S", (), {"batches": 3, "resyncs": 1, "outcomes": {(SAGA, "COMPENSATION_FAILED"): 2}}
+    )()
     m.sources.worker_stats = stats
     m.sources.rebalances = {"assigned": 2}
     m.sources.up = lambda: True
@@ -171,6 +173,8 @@ def test_metrics_follow_batches_samples_and_sweeps() -> None:
     assert got[("saga_records_consumed_total", (("topic", "in"),))] == 4
     assert got[("saga_batches_total", ())] == 3
     assert got[("saga_resyncs_total", ())] == 1
+    ended = (("outcome", "COMPENSATION_FAILED"), ("saga_type", SAGA))
+    assert got[("saga_ended_total", ended)] == 2
     assert got[("saga_rebalances_total", (("kind", "assigned"),))] == 2
     assert got[("saga_batch_size_records_sum", ())] == 4
     assert got[("saga_dead_letters_total", (("reason", "undecodable"),))] == 1
@@ -239,6 +243,9 @@ def test_every_metric_of_the_contract_is_exported() -> None:
     m.batch(1, {"in": 1}, 0.0, 0.0)
     m.sources.relay = type("R", (), {"published": 0, "failed_rounds": {"broker": 1}})()
     m.sources.off_partition = {"in": 1}
+    m.sources.worker_stats = type(
+        "S", (), {"batches": 1, "resyncs": 0, "outcomes": {("t", "COMPLETED"): 1}}
+    )()
     exported = {name for name, _ in _scrape(m)}
     bases = {n.removesuffix(s) for n in exported for s in ("_bucket", "_sum", "_count", "")}
     assert names - bases == set()
