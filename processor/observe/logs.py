@@ -12,6 +12,7 @@ import contextvars
 import logging
 import sys
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pythonjsonlogger.json import JsonFormatter
@@ -46,6 +47,27 @@ log_context: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.Cont
 _replica: list[str] = ["-"]
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(threadName)s: %(message)s"
+
+
+def utc_time(record: logging.LogRecord) -> str:
+    """The record's time as ISO-8601 in UTC with milliseconds: comparable across replicas."""
+    return datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
+
+
+class UtcFormatter(logging.Formatter):
+    """The text format, its time in ISO-8601 UTC (see :func:`utc_time`)."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        """ISO-8601 in UTC, whatever the machine's zone."""
+        return utc_time(record)
+
+
+class UtcJsonFormatter(JsonFormatter):
+    """The JSON format, its ``time`` in ISO-8601 UTC (see :func:`utc_time`)."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        """ISO-8601 in UTC, whatever the machine's zone."""
+        return utc_time(record)
 
 
 def set_replica(name: str) -> None:
@@ -86,14 +108,14 @@ def configure_logging(level: str = "INFO", fmt: Literal["text", "json"] = "text"
     handler.addFilter(ContextFilter())
     if fmt == "json":
         handler.setFormatter(
-            JsonFormatter(
+            UtcJsonFormatter(
                 "%(asctime)s %(levelname)s %(name)s %(message)s %(replica)s",
                 rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
                 timestamp=False,
             )
         )
     else:
-        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+        handler.setFormatter(UtcFormatter(TEXT_FORMAT))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

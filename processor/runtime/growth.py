@@ -24,6 +24,7 @@ from processor.engine import growth as rules
 from processor.engine.growth import Growth, GrowthState
 from processor.engine.partitioner import Partitioner
 from processor.errors import Failure, RuntimeFailure
+from processor.observe.repeats import RepeatedWarning
 from processor.ports import TP, GrowthStore, TopicMetadata
 from processor.runtime.heartbeat import beat
 
@@ -188,15 +189,17 @@ class GrowthWatch:
 
     def run(self, stop: threading.Event) -> None:
         """Rounds until ``stop`` is set; transient failures are retried, others propagate."""
+        failures = RepeatedWarning(log, "growth watch")
         try:
             while not stop.is_set():
                 beat()
                 try:
                     wait = self.step()
+                    failures.succeeded()
                 except RuntimeFailure as e:
                     if e.kind is Failure.FATAL:
                         raise
-                    log.warning("growth watch retrying after: %s", e)
+                    failures.failed("growth watch retrying after: %s", e)
                     wait = RETRY_PAUSE
                 self.wake.wait(wait)
                 self.wake.clear()

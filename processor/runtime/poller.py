@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 
 from processor.engine.records import OutboxRow
 from processor.errors import Retryable
+from processor.observe.repeats import RepeatedWarning
 from processor.ports import DeadlineStore, Due, RecordProducer
 from processor.runtime.heartbeat import beat
 from processor.runtime.hooks import Hooks
@@ -195,16 +196,18 @@ class DeadlinePoller:
         A ``Retryable`` failure drops the lease token (the store reconnects on its next call);
         every other failure propagates.
         """
+        failures = RepeatedWarning(log, "deadline poller")
         try:
             while not stop.is_set():
                 beat()
                 try:
                     wait = self.step()
+                    failures.succeeded()
                     # Wakes early on a commit of deadlines in any process.
                     self.store.wait(wait, stop, self.wake)
                     self.wake.clear()
                 except Retryable as e:
-                    log.warning("deadline poller retrying after: %s", e)
+                    failures.failed("deadline poller retrying after: %s", e)
                     self.token = None
                     stop.wait(RETRY_PAUSE)
         finally:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 
 from processor.engine.records import OutboxRow
 from processor.errors import DeliveryFailed, Retryable, SendFailure
+from processor.observe.repeats import RepeatedWarning
 from processor.observe.tracing import MAX_LINKS, Tracing
 from processor.ports import TP, OutboxEntry, OutboxStore, RecordProducer, SetAside
 from processor.runtime.heartbeat import beat
@@ -310,6 +311,7 @@ class Relay:
         thread) with the exception.
         """
         failures = 0
+        repeated = RepeatedWarning(log, "relay")
         while not stop.is_set():
             beat()
             try:
@@ -317,9 +319,10 @@ class Relay:
             except (Retryable, DeliveryFailed) as e:
                 self.failed_rounds["broker" if isinstance(e, DeliveryFailed) else "store"] += 1
                 failures += 1
-                log.warning("relay round failed (%s); rows stay in the outbox", e)
+                repeated.failed("relay round failed (%s); rows stay in the outbox", e)
                 stop.wait(min(5.0, 0.2 * 2 ** min(failures, 5)))
                 continue
+            repeated.succeeded()
             if self.last_failures:
                 # Some rows stay for another try: never send them again in a tight loop.
                 self.failed_rounds["partial"] += 1

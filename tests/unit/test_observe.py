@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -298,6 +299,8 @@ def test_json_log_lines_carry_level_logger_replica_and_ids(
         assert line["logger"] == "processor.report"
         assert line["message"] == "dead letter"
         assert line["replica"] == "replica-1"
+        # ISO-8601 in UTC, so lines of replicas in other zones sort together.
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", line["time"])
         assert (line["saga_id"], line["partition"], line["trace_id"]) == ("o1", 3, TRACE)
     finally:
         root.handlers[:] = saved[0]
@@ -330,3 +333,18 @@ def test_a_taken_metrics_port_stops_the_start_with_exit_2_naming_the_setting() -
     assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
     assert "set SAGA_METRICS__PORT to a free port" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_text_log_lines_start_with_an_iso_utc_time(capsys: pytest.CaptureFixture[str]) -> None:
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        configure_logging("INFO", "text")
+        logging.getLogger("processor.report").warning("relay round failed")
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        stamp, level, logger = line.split(" ")[:3]
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", stamp)
+        assert (level, logger) == ("WARNING", "processor.report")
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
