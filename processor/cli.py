@@ -78,7 +78,7 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "saga",
-        "`saga cancel SAGA_TYPE SAGA_ID --reason WHY`: run its cancel path, in log order",
+        "`saga cancel|terminate|resolve SAGA_TYPE SAGA_ID ... --reason WHY`, in log order",
         o.saga_arguments,
         o.saga,
     ),
@@ -167,7 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parses the command line, runs the subcommand and returns its exit code.
 
     A `SagaError` (refused configuration, a saga that cannot be loaded or is not parked, ...) is
-    printed on one line and gives exit code 2, as argparse's own usage errors do. `run` exits
+    printed on one line and gives exit code 2, as argparse's own usage errors do; a database out
+    of reach one line and exit code 3, without a traceback. `run` exits
     with 70 when a loop of the processor died (see `cli_commands.EXIT_LOOP_DIED`).
     """
     commands = {command.name: command for command in COMMANDS}
@@ -208,3 +209,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SagaError as e:
         print(f"saga-processor: {e}", file=sys.stderr)
         return 2
+    except Exception as e:
+        why = _unavailable(e)
+        if why is None:
+            raise
+        print(f"saga-processor: {why}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+
+
+EXIT_UNAVAILABLE = 3
+"""A service the command needs did not answer: nothing was done (as `cli_inspect.EXIT_NOT_SENT`)."""
+
+
+def _unavailable(e: BaseException) -> str | None:
+    """One line saying the database is out of reach, when that is what ``e`` means."""
+    from processor.postgres.errors import unreachable
+
+    return unreachable(e)

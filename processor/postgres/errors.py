@@ -12,7 +12,7 @@ import psycopg
 
 from processor.errors import LockBusy, RecordDataError, Retryable, RuntimeFailure
 
-__all__ = ["translate"]
+__all__ = ["translate", "unreachable"]
 
 # Connection lost (08), operator intervention such as a shutdown (57P), serialization failure and
 # deadlock (40001, 40P01), lock wait timed out (55P03), insufficient resources (53): the same
@@ -21,6 +21,23 @@ _RETRYABLE = ("08", "57P", "40001", "40P01", "55P03", "53")
 # Data exception (22), integrity constraint violation (23), program limit exceeded (54): the
 # data of one write is refused; sending it again cannot help.
 _RECORD_DATA = ("22", "23", "54")
+
+
+def unreachable(e: BaseException) -> str | None:
+    """One line saying the database could not be reached, when that is what ``e`` is.
+
+    For a command line: a connection refused, timed out or dropped, raised by psycopg or already
+    translated into a ``Retryable`` by an adapter; None for anything else.
+    """
+    if isinstance(e, psycopg.OperationalError) and (
+        e.sqlstate is None or e.sqlstate.startswith(("08", "57P"))
+    ):
+        text = str(e).strip()
+        first = text.splitlines()[0] if text else type(e).__name__
+        return f"the database is unreachable: {first}"
+    if isinstance(e, Retryable) and str(e).startswith("database unavailable"):
+        return f"the database is unreachable: {e}"
+    return None
 
 
 def translate(e: psycopg.Error) -> RuntimeFailure:
