@@ -163,6 +163,10 @@ def package_version() -> str:
         return "unknown"
 
 
+LONG_RUNNING = frozenset({"run", "console", "migrate"})
+"""Commands whose progress is their log; the others answer on stdout and log only trouble."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parses the command line, runs the subcommand and returns its exit code.
 
@@ -173,7 +177,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     commands = {command.name: command for command in COMMANDS}
     parser = argparse.ArgumentParser(prog="saga-processor", description=__doc__)
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-level",
+        default=None,
+        help="INFO for the long-running commands (run, console), WARNING for the others, whose "
+        "output is their answer",
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command")
     for command in COMMANDS:
@@ -193,7 +202,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if log_format not in ("text", "json"):
         print("saga-processor: SAGA_LOG_FORMAT: use text or json", file=sys.stderr)
         return 2
-    configure_logging(args.log_level, "json" if log_format == "json" else "text")
+    level = args.log_level or (
+        "INFO" if (args.command or DEFAULT_COMMAND) in LONG_RUNNING else "WARNING"
+    )
+    configure_logging(level, "json" if log_format == "json" else "text")
     try:
         command = commands[args.command or DEFAULT_COMMAND]
         if command.offline:
