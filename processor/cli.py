@@ -117,7 +117,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "retry",
         "replay a parked saga's held messages after its cause was fixed",
-        c.saga_key_arguments,
+        c.retry_arguments,
         c.retry,
     ),
     Command(

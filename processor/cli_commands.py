@@ -14,7 +14,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from processor.errors import SagaError
 from processor.machine import MachineSpec, lint, mermaid
@@ -23,6 +23,7 @@ from processor.ops.diagram import load_spec
 from processor.ops.machines import MachineSummary, machine_summary
 from processor.ops.outbox import discard_failed_rows, list_failed_rows, retry_failed_rows
 from processor.ops.parked import RetryResult, list_parked, retry_parked_saga
+from processor.ops.views import jsonable
 from processor.settings import ProcessorSettings
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ def limit_arguments(what: str) -> Arguments:
 
     def add(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--limit", type=int, default=100, help=f"at most this many {what}")
+        json_flag(parser)
 
     return add
 
@@ -100,8 +102,29 @@ def spec_of(args: argparse.Namespace) -> MachineSpec:
 
 
 def states_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--saga-type` narrows the state counts to one saga type."""
+    """`--saga-type` narrows the state counts to one saga type; `--json`."""
     parser.add_argument("--saga-type", default=None, help="only this saga type")
+    json_flag(parser)
+
+
+def retry_arguments(parser: argparse.ArgumentParser) -> None:
+    """SAGA_TYPE SAGA_ID; `--json`."""
+    saga_key_arguments(parser)
+    json_flag(parser)
+
+
+def json_flag(parser: argparse.ArgumentParser) -> None:
+    """Adds `--json` to a command."""
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    """Prints ``data`` as one JSON document with `--json`, else ``text``."""
+    if args.json:
+        json.dump(jsonable(data), sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        print(text)
 
 
 def text_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
@@ -230,7 +253,7 @@ def overdue(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     """Prints overdue deadlines, oldest due first; exit code 0."""
     with operator_queries(settings) as queries:
         rows = overdue_deadlines(queries, limit=args.limit)
-    print(format_deadlines(rows) if rows else "no overdue deadlines")
+    emit(args, rows, format_deadlines(rows) if rows else "no overdue deadlines")
     return 0
 
 
@@ -270,7 +293,7 @@ def states(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     """Prints sagas per machine state with the age of the oldest; exit code 0."""
     with operator_queries(settings) as queries:
         summary = machine_summary(queries, args.saga_type)
-    print(format_summary(summary))
+    emit(args, summary, format_summary(summary))
     return 0
 
 
@@ -280,6 +303,9 @@ def states(args: argparse.Namespace, settings: ProcessorSettings) -> int:
 def retry(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     """Exit code 0 when the saga flows again, 1 when a message failed again (nothing changed)."""
     result = retry_from_settings(settings, args.saga_type, args.saga_id, app=app_of(args))
+    if args.json:
+        emit(args, result, "")
+        return 1 if result.failure is not None else 0
     for o in result.outcomes:
         where = f"{o.topic}[{o.partition}]@{o.offset}"
         version = f" v{o.version}" if o.version is not None else ""

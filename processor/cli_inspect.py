@@ -15,9 +15,9 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from processor.cli_commands import text_table
+from processor.cli_commands import emit, json_flag, text_table
 from processor.ops.inspect import (
     replay_dead_letter,
     show_saga,
@@ -41,20 +41,6 @@ def duration_arg(text: str) -> timedelta:
     if not isinstance(value, timedelta):
         value = timedelta(seconds=float(value))
     return value
-
-
-def json_flag(parser: argparse.ArgumentParser) -> None:
-    """Adds `--json` to a command."""
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
-
-
-def emit(args: argparse.Namespace, data: Any, text: str) -> None:
-    """Prints ``data`` as one JSON document with `--json`, else ``text``."""
-    if args.json:
-        json.dump(jsonable(data), sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
-    else:
-        print(text)
 
 
 @contextmanager

@@ -12,15 +12,13 @@ import sys
 from collections.abc import Callable
 from types import FrameType
 
-from processor.cli_commands import app_of
+from processor.cli_commands import app_of, emit, json_flag
 from processor.cli_inspect import (
     EXIT_NOT_SENT,
     EXIT_OK,
     EXIT_PROBLEM,
     EXIT_REFUSED,
-    emit,
     inspect_queries,
-    json_flag,
     producer,
 )
 from processor.ops.inspect import OperatorRefused, send_operator_request, wait_for_outcome

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -510,6 +511,11 @@ def test_operator_listing_of_pending_and_overdue_deadlines(env: dict[str, str]) 
 
     out = _cli(env, settings, "overdue").splitlines()
     assert [line.split()[2] for line in out[1:]] == ["tr-1", "tr-2"]
+    rows = json.loads(_cli(env, settings, "overdue", "--json"))
+    assert [(r["saga_id"], r["name"]) for r in rows] == [
+        ("tr-1", "payment-timeout"),
+        ("tr-2", "payment-timeout"),
+    ]
 
     assert _cli(env, settings, "deadlines", "transfer-saga", "nope").strip() == (
         "no deadlines scheduled for transfer-saga nope"

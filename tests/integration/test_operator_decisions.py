@@ -9,6 +9,7 @@ outcome and says it in its exit code.
 
 from __future__ import annotations
 
+import json
 import shlex
 import uuid
 from decimal import Decimal
@@ -70,7 +71,10 @@ def _escalate_shipping(o: Orders, order: str) -> None:
 
 
 def test_an_escalated_step_is_resolved_and_terminate_needs_force(
-    orders: Orders, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+    orders: Orders,
+    kafka_bootstrap: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     o = orders
     escalated, other = (f"o-{uuid.uuid4().hex[:8]}" for _ in range(2))
@@ -95,6 +99,13 @@ def test_an_escalated_step_is_resolved_and_terminate_needs_force(
             assert o.row(other)[0] == "active"  # type: ignore[index]
             assert cli(f"saga terminate {SAGA_TYPE} {other} --reason 'test order' --force") == 0
             o.wait_status(other, "ended")
+        # Outcomes by saga type, as a script reads them.
+        capsys.readouterr()
+        assert cli(f"states --saga-type {SAGA_TYPE} --json") == 0
+        counts = {
+            s["machine_state"]: s["count"] for s in json.loads(capsys.readouterr().out)["states"]
+        }
+        assert counts == {"COMPLETED": 1, "TERMINATED": 1}
         [escalation] = escalations.records
         assert escalations.headers(escalation)["message-type"] == "orders.EscalateToPerson"
         told = EscalateToPerson.model_validate_json(escalation.value() or b"")

@@ -329,9 +329,10 @@ def test_an_operator_lists_and_retries_a_parked_saga_from_the_command_line(env: 
         assert "warehouse cannot take glass" in line
 
         # The child process has no broken warehouse registered: the fix is deployed there.
-        retried = _cli(env, "retry", SAGA_TYPE, order)
+        retried = _cli(env, "retry", SAGA_TYPE, order, "--json")
         assert retried.returncode == 0, retried.stderr
-        assert "now ended" in retried.stdout
+        result = json.loads(retried.stdout)
+        assert (result["saga_id"], result["status"], result["failure"]) == (order, "ended", None)
         _assert_completed_in_order(env, order)
 
         missing = _cli(env, "retry", SAGA_TYPE, order)
