@@ -21,6 +21,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from processor.engine.rows import WriteSet
+from processor.engine.steps import TOO_NEW
 from processor.observe.sample import TP, DatabaseSample
 
 __all__ = ["Metrics", "Sources"]
@@ -115,7 +116,9 @@ class Metrics:
             for d in ws.dead_letters:
                 self._tallies.dead_letters[d.reason] += 1
             for p in ws.parked:
-                if p.reason != _BEHIND:
+                # Held behind a parked saga, or parked by an event newer than the code: no
+                # handler ran, so no handler failed.
+                if p.reason != _BEHIND and TOO_NEW not in p.reason:
                     self._tallies.handler_errors[p.saga_type] += 1
 
     def fired(self, lags: list[float]) -> None:

@@ -157,6 +157,9 @@ def test_metrics_follow_batches_samples_and_sweeps() -> None:
         parked=[
             ParkedMessage(SAGA, "o1", record, "handler: ValueError"),
             ParkedMessage(SAGA, "o1", record, "behind a parked saga"),
+            ParkedMessage(
+                SAGA, "o2", record, "'orders.X' schema-version 3 is newer than this code knows"
+            ),
         ],
     )
     m.committed(ws)
