@@ -12,7 +12,6 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from typing import cast
 
 from processor import cli_commands as c
@@ -21,6 +20,7 @@ from processor import cli_operate as o
 from processor import cli_preflight as p
 from processor.errors import SagaError
 from processor.observe.logs import configure_logging
+from processor.observe.metrics import package_version
 from processor.ops import contract
 from processor.settings import load_settings
 
@@ -153,14 +153,6 @@ COMMANDS: tuple[Command, ...] = (
     ),
 )
 DEFAULT_COMMAND = "run"
-
-
-def package_version() -> str:
-    """The installed distribution's version (from the git tag it was built at)."""
-    try:
-        return metadata.version("saga-processor")
-    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
-        return "unknown"
 
 
 LONG_RUNNING = frozenset({"run", "console", "migrate"})

@@ -13,9 +13,10 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Histogram, Info, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -67,9 +68,17 @@ class Metrics:
     processors in one process (tests) keep their numbers apart.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, replica: str = "-") -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.sources = Sources()
+        # Memory, CPU, open files and start time of this process (process_* series, on Linux).
+        ProcessCollector(registry=self.registry)
+        build = Info(
+            "saga_build",
+            "The replica's name and the package version it runs.",
+            registry=self.registry,
+        )
+        build.info({"version": package_version(), "replica": replica})
         self._lock = threading.Lock()
         self._tallies = _Tallies()
         self._sample: DatabaseSample | None = None
@@ -149,6 +158,14 @@ class Metrics:
             t = self._tallies
             copy = _Tallies(Counter(t.records), Counter(t.dead_letters), Counter(t.handler_errors))
             return copy, self._sample, dict(self._lag)
+
+
+def package_version() -> str:
+    """The installed distribution's version; ``unknown`` when run from a bare checkout."""
+    try:
+        return metadata.version("saga-processor")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 class _Collector(Collector):

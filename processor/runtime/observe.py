@@ -45,7 +45,7 @@ class Observability:
     def __init__(self, processor: Processor) -> None:
         self._p = processor
         ms = processor.settings.metrics
-        self.metrics = Metrics()
+        self.metrics = Metrics(replica=processor.instance_id)
         self.sampler: Sampler | None = None
         self.server: ObserveServer | None = None
         self._stale_after = ms.stale_after.total_seconds()

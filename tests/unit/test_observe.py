@@ -143,7 +143,7 @@ def _scrape(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
 
 
 def test_metrics_follow_batches_samples_and_sweeps() -> None:
-    m = Metrics()
+    m = Metrics(replica="replica-7")
     stats = type(
         "S", (), {"batches": 3, "resyncs": 1, "outcomes": {(SAGA, "COMPENSATION_FAILED"): 2}}
     )()
@@ -176,6 +176,9 @@ def test_metrics_follow_batches_samples_and_sweeps() -> None:
     got = _scrape(m)
     assert got[("saga_records_consumed_total", (("topic", "in"),))] == 4
     assert got[("saga_batches_total", ())] == 3
+    [(labels, one)] = [(k[1], v) for k, v in got.items() if k[0] == "saga_build_info"]
+    assert (dict(labels)["replica"], one) == ("replica-7", 1.0)
+    assert got[("process_resident_memory_bytes", ())] > 0
     assert got[("saga_resyncs_total", ())] == 1
     ended = (("outcome", "COMPENSATION_FAILED"), ("saga_type", SAGA))
     assert got[("saga_ended_total", ended)] == 2
