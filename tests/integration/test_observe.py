@@ -139,6 +139,8 @@ def test_metrics_move_with_a_load_and_commands_continue_the_trace(env: dict[str,
             assert m[("saga_dead_letters_total", (("reason", "unknown-type"),))] == 1
             assert _total(m, "saga_batches_total") > 0
             assert m[("saga_up", ())] == 1
+            assert _total(m, "saga_build_info") == 1
+            assert _total(m, "process_resident_memory_bytes") > 0
             assert _get(port, "/healthz")[0] == 200
             assert _get(port, "/readyz")[0] == 200
             commands.wait_for(
