@@ -63,13 +63,23 @@ def saga_arguments(parser: argparse.ArgumentParser) -> None:
     resolve.add_argument("decision", choices=("retry", "skip", "compensate"))
     for sub in (cancel, terminate, resolve):
         sub.add_argument("--reason", required=True)
-        sub.add_argument(
-            "--wait",
-            type=float,
-            default=30.0,
-            help="seconds to wait for a processor to apply the request (default 30)",
-        )
+        wait_arguments(sub)
         json_flag(sub)
+
+
+def wait_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--wait SECONDS` (30) for the processor's outcome, or `--no-wait`."""
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=30.0,
+        help="seconds to wait for a processor to apply the request (default 30)",
+    )
+    parser.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="return once the broker has the request; `show` lists its outcome later",
+    )
 
 
 def request(
@@ -78,17 +88,38 @@ def request(
     action: OperatorAction,
     name: str | None = None,
 ) -> int:
-    """Sends one operator request; exit code 0 once the broker has it, 3 if it did not."""
+    """Sends one operator request and, unless `--no-wait`, waits for the processor's outcome.
+
+    Exit code 0 once applied (with `--no-wait`: once the broker has it); 1 when the saga's own
+    code failed on it (the saga is parked); 2 when refused (a decision nothing waits for, no
+    such saga, an ended saga); 3 when not sent, or not applied within `--wait` seconds.
+    """
     sent = send(args, settings, action, name)
     if isinstance(sent, int):
         return sent
-    emit(
-        args,
-        sent,
-        f"{action} of {args.saga_type} {args.saga_id} sent as {sent.message_id}; "
-        "`show` lists it once applied",
-    )
-    return EXIT_OK
+    if args.no_wait:
+        emit(
+            args,
+            sent,
+            f"{action} of {args.saga_type} {args.saga_id} sent as {sent.message_id}; "
+            "`show` lists it once applied",
+        )
+        return EXIT_OK
+    with inspect_queries(settings) as queries:
+        entry = wait_for_outcome(queries, args.saga_type, args.saga_id, sent.message_id, args.wait)
+    if entry is None:
+        print(
+            f"saga-processor: {sent.message_id} sent; no processor applied it within "
+            f"{args.wait:g} s (`show` lists it once applied)",
+            file=sys.stderr,
+        )
+        return EXIT_NOT_SENT
+    emit(args, entry, f"{entry.outcome}: {entry.detail or ''}")
+    if entry.outcome in ("applied", "duplicate"):
+        return EXIT_OK
+    if entry.outcome in ("operator-refused", "no-saga", "ignored-ended"):
+        return EXIT_REFUSED
+    return EXIT_PROBLEM
 
 
 def send(
@@ -141,30 +172,14 @@ def saga(args: argparse.Namespace, settings: ProcessorSettings) -> int:
         "terminate": OperatorAction.TERMINATE,
         "resolve": OperatorAction.RESOLVE,
     }[args.action]
-    sent = send(args, settings, action, getattr(args, "decision", None))
-    if isinstance(sent, int):
-        return sent
-    with inspect_queries(settings) as queries:
-        entry = wait_for_outcome(queries, args.saga_type, args.saga_id, sent.message_id, args.wait)
-    if entry is None:
-        print(
-            f"saga-processor: {sent.message_id} sent; no processor applied it within "
-            f"{args.wait:g} s (`show` lists it once applied)",
-            file=sys.stderr,
-        )
-        return EXIT_NOT_SENT
-    emit(args, entry, f"{entry.outcome}: {entry.detail or ''}")
-    if entry.outcome in ("applied", "duplicate"):
-        return EXIT_OK
-    if entry.outcome in ("operator-refused", "no-saga", "ignored-ended"):
-        return EXIT_REFUSED
-    return EXIT_PROBLEM
+    return request(args, settings, action, getattr(args, "decision", None))
 
 
 def deadline_arguments(parser: argparse.ArgumentParser) -> None:
     """`deadlines SAGA_TYPE SAGA_ID` lists; `deadlines fire-now|cancel T ID NAME --reason`."""
     parser.add_argument("words", nargs="+", metavar="[fire-now|cancel] SAGA_TYPE SAGA_ID [NAME]")
     parser.add_argument("--reason", default=None, help="why (required for fire-now and cancel)")
+    wait_arguments(parser)
     json_flag(parser)
 
 

@@ -87,6 +87,10 @@ def test_an_escalated_step_is_resolved_and_terminate_needs_force(
         with running(o.settings):
             _escalate_shipping(o, escalated)
             escalations.wait_for(lambda rs: len(rs) >= 1, what="the escalation")
+            # The reminder is a day away; an operator makes it due now (and waits until applied).
+            remind = f"deadlines fire-now {SAGA_TYPE} {escalated} machine.step --reason 'remind'"
+            assert cli(remind) == 0
+            escalations.wait_for(lambda rs: len(rs) >= 2, what="the reminder")
             o.place(other)
             # Nothing waits for a decision on the other order: refused, exit code 2.
             assert cli(f"saga resolve {SAGA_TYPE} {other} skip --reason mistake") == 2
@@ -106,14 +110,11 @@ def test_an_escalated_step_is_resolved_and_terminate_needs_force(
             s["machine_state"]: s["count"] for s in json.loads(capsys.readouterr().out)["states"]
         }
         assert counts == {"COMPLETED": 1, "TERMINATED": 1}
-        [escalation] = escalations.records
-        assert escalations.headers(escalation)["message-type"] == "orders.EscalateToPerson"
-        told = EscalateToPerson.model_validate_json(escalation.value() or b"")
-        assert (told.reason, told.step, told.machine_state) == (
-            "retries-exhausted",
-            "ship",
-            "WAITING",
-        )
+        told = [EscalateToPerson.model_validate_json(e.value() or b"") for e in escalations.records]
+        assert [(t.reason, t.step, t.machine_state) for t in told] == [
+            ("retries-exhausted", "ship", "WAITING"),
+            ("still-waiting", "ship", "WAITING"),
+        ]
         trail = o.db(
             "SELECT message_type, outcome, detail FROM saga_history "
             "WHERE saga_id IN (%s, %s) AND kind = 'operator' ORDER BY id",
@@ -121,11 +122,12 @@ def test_an_escalated_step_is_resolved_and_terminate_needs_force(
             other,
         )
         assert [(t, r) for t, r, _ in trail] == [
+            ("operator:deadline-fire-now", "applied"),
             ("operator:resolve", "operator-refused"),
             ("operator:resolve", "applied"),
             ("operator:terminate", "applied"),
         ]
-        assert "no compensation ran" in trail[2][2]
+        assert "no compensation ran" in trail[3][2]
         # Terminated as it stood (its reservation was never undone), and shown as such.
         assert o.row(other)[1] == "TERMINATED"  # type: ignore[index]
         [(state,)] = o.db("SELECT state FROM saga_instance WHERE saga_id = %s", other)
