@@ -20,9 +20,11 @@ venv: $(STAMP)
 ## tests/run.py starts the services, runs pytest, and ends whatever a killed or hung run left.
 test: venv
 	deploy/local/browser.sh
+	deploy/local/promtool.sh >/dev/null
 	$(BIN)/python -m tests.run --split --durations=15
 
 test-unit: venv
+	deploy/local/promtool.sh >/dev/null
 	$(BIN)/pytest tests/unit
 
 lint: venv

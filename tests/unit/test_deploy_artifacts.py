@@ -5,7 +5,10 @@ file is cross-checked against the settings, and the dashboard against deploy/MET
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,10 @@ COMPOSE = DEPLOY / "compose" / "compose.yaml"
 KUBERNETES_VERSION = "1.29"
 METRICS_PORT = 9464
 # Custom resources have no schema in kubernetes-validate.
-CUSTOM_KINDS = {("keda.sh/v1alpha1", "ScaledObject")}
+CUSTOM_KINDS = {
+    ("keda.sh/v1alpha1", "ScaledObject"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+}
 YAMLLINT = YamlLintConfig(
     """
 extends: default
@@ -296,3 +302,64 @@ def test_dashboard_shows_exactly_the_documented_metrics() -> None:
     assert used - documented == set(), "not in deploy/METRICS.md"
     assert documented - used == set(), "documented but on no panel"
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+
+
+# -- alert rules -------------------------------------------------------------------------------
+
+ALERTS = DEPLOY / "prometheus" / "alerts.yml"
+
+
+def _promtool() -> str:
+    """promtool as deploy/local/promtool.sh leaves it (make test runs the script first)."""
+    cache = Path(
+        os.environ.get("SAGA_CACHE_DIR")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "saga-processor"
+    )
+    for found in (os.environ.get("SAGA_PROMTOOL"), cache / "promtool/usr/bin/promtool"):
+        if found and Path(found).is_file():
+            return str(found)
+    on_path = shutil.which("promtool")
+    assert on_path, "promtool is missing: run deploy/local/promtool.sh (make test does)"
+    return on_path
+
+
+def test_every_alert_rule_fires_on_its_test_series_and_stays_quiet_when_healthy() -> None:
+    checked = subprocess.run(
+        [_promtool(), "check", "rules", str(ALERTS)], capture_output=True, text=True, check=False
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    tested = subprocess.run(
+        [_promtool(), "test", "rules", "alerts_test.yml"],
+        cwd=ALERTS.parent,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    # Each rule has a firing case and a quiet case.
+    rules = [r["alert"] for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
+    cases = yaml.safe_load((ALERTS.parent / "alerts_test.yml").read_text())["tests"]
+    firing = {t["alertname"] for t in cases[0]["alert_rule_test"] if t.get("exp_alerts")}
+    quiet = {t["alertname"] for t in cases[1]["alert_rule_test"] if not t.get("exp_alerts")}
+    assert firing == quiet == set(rules)
+
+
+def test_alerts_use_documented_metrics_and_link_a_runbook() -> None:
+    rules = [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
+    used = set().union(*(_metric_names(r["expr"]) for r in rules))
+    assert used - _documented_metrics() == set(), "not in deploy/METRICS.md"
+    operations = (DEPLOY.parent / "docs" / "operations.md").read_text()
+    anchors = {
+        re.sub(r"[^a-z0-9 -]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        for line in operations.splitlines()
+        if line.startswith("#")
+    }
+    for rule in rules:
+        runbook = rule["annotations"]["runbook"]
+        assert runbook == f"docs/operations.md#{rule['alert'].lower()}"
+        assert runbook.split("#")[1] in anchors, f"no runbook section for {rule['alert']}"
+
+
+def test_the_kubernetes_rule_is_the_same_as_the_prometheus_one() -> None:
+    rule = yaml.safe_load((KUBERNETES / "prometheusrule.yaml").read_text())
+    assert rule["spec"] == yaml.safe_load(ALERTS.read_text())
