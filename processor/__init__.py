@@ -9,11 +9,13 @@ saga and schema modules stay cheap to import and test. The in-memory test fixtur
 from processor.application import SagaApp
 from processor.definition import (
     CancelRequest,
+    DecisionRequest,
     SagaState,
     definition_of,
     saga,
     saga_cancel_handler,
     saga_deadline_handler,
+    saga_decision_handler,
     saga_event_handler,
 )
 from processor.errors import (
@@ -32,6 +34,7 @@ from processor.upcasting import event_upcaster, upcaster
 __all__ = [
     "CancelRequest",
     "ConfigurationError",
+    "DecisionRequest",
     "HandlerError",
     "IllegalTransition",
     "Message",
@@ -53,6 +56,7 @@ __all__ = [
     "saga",
     "saga_cancel_handler",
     "saga_deadline_handler",
+    "saga_decision_handler",
     "saga_event_handler",
     "upcaster",
 ]

@@ -224,6 +224,43 @@ def saga_cancel_handler(*, end: bool = False) -> Callable[[_F], _F]:
     return saga_deadline_handler(CANCEL_HANDLER, end=end)
 
 
+DECISION_HANDLER = "saga.decision"
+"""The name a decision handler is kept under among the deadline handlers (it runs like one)."""
+
+
+class DecisionRequest(BaseModel):
+    """What a decision handler is told: a person's decision for a saga waiting on one.
+
+    Attributes:
+        decision: What was decided (``saga resolve TYPE ID DECISION``), e.g. ``"retry"``.
+        reason: Why.
+        by: Who decided.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    decision: str
+    reason: str = ""
+    by: str = ""
+
+
+def saga_decision_handler(*, end: bool = False) -> Callable[[_F], _F]:
+    """Mark a saga method as what ``saga resolve`` runs for a saga waiting on a person.
+
+    The plain-saga counterpart of an orchestrated saga's escalation: a handler calls
+    ``lifecycle.escalate(reason)``, a person looks, and an operator's ``saga-processor saga
+    resolve TYPE ID DECISION --reason WHY`` runs this handler with a :class:`DecisionRequest`
+    (plus the usual handles, settings and dependencies). A saga without one refuses resolve.
+
+    Args:
+        end: The saga ends after this handler runs.
+
+    Returns:
+        The decorator; it returns the function unchanged apart from the mark.
+    """
+    return saga_deadline_handler(DECISION_HANDLER, end=end)
+
+
 _S = TypeVar("_S", bound=type[SagaState])
 
 

@@ -288,6 +288,7 @@ class SagaLifecycle:
     def __init__(self) -> None:
         self._ended = False
         self._outcome: SagaOutcome | None = None
+        self._escalated: str | None = None
 
     def end(self, outcome: SagaOutcome | str | None = None) -> None:
         """End the saga once the handler commits; its deadlines are cancelled by the store.
@@ -311,6 +312,26 @@ class SagaLifecycle:
     def outcome(self) -> SagaOutcome | None:
         """The outcome given to :meth:`end`, if any."""
         return self._outcome
+
+    def escalate(self, reason: str) -> None:
+        """Hand the saga to a person: it stays active, ``WAITING``, until a handler runs again.
+
+        The handler's commands are still sent (typically the one that tells the person). The
+        saga shows as ``WAITING`` with ``reason`` in ``sagas list``, ``sagas stuck``, ``show``
+        and the console; the next event or deadline it handles resumes it, and so does an
+        operator's ``saga resolve`` when the saga declares a ``@saga_decision_handler``.
+
+        Args:
+            reason: Why, for the person (no payload values: it is shown to operators).
+        """
+        if not reason.strip():
+            raise ValueError("say why the saga needs a person")
+        self._escalated = reason
+
+    @property
+    def escalated(self) -> str | None:
+        """The reason given to :meth:`escalate`, if it was called."""
+        return self._escalated
 
 
 class Setting:

@@ -23,7 +23,9 @@ from pydantic import BaseModel, ValidationError
 from processor.binding import ResolvedParam, resolve_handler
 from processor.definition import (
     CANCEL_HANDLER,
+    DECISION_HANDLER,
     CancelRequest,
+    DecisionRequest,
     HandlerDef,
     SagaDefinition,
     SagaState,
@@ -125,6 +127,7 @@ class Outcome:
         deadlines: Deadline schedules and cancellations, in order.
         ended: Whether the saga ended; the store then cancels all its deadlines.
         handler_name: Name of the handler that ran.
+        escalated: Why the saga now waits on a person (``SagaLifecycle.escalate``), if it does.
         outcome: How it ended, when ``ended`` and the saga said so
             (:class:`~processor.handles.SagaOutcome`); the engine counts an end without one
             as ``COMPLETED``.
@@ -136,6 +139,7 @@ class Outcome:
     ended: bool
     handler_name: str
     outcome: str | None = None
+    escalated: str | None = None
 
 
 def state_to_json(state: SagaState) -> dict[str, Any]:
@@ -324,6 +328,8 @@ class BoundSaga:
 
     def resolve_refusal(self, state: SagaState, decision: str) -> str | None:
         """Why the saga cannot take ``decision`` now (``saga resolve``), or None if it can."""
+        if DECISION_HANDLER in self.definition.deadline_handlers:
+            return None if decision.strip() else "say what was decided"
         refusal = getattr(state, "resolution_refusal", None)
         if not callable(refusal):
             return "the saga has no steps that wait on a person's decision"
@@ -338,12 +344,23 @@ class BoundSaga:
         decision: str,
         reason: str,
         now: datetime,
+        by: str = "",
     ) -> Outcome:
-        """Apply an operator's decision on an escalated step (``operator_resolve``).
+        """Apply an operator's decision (``saga resolve``).
+
+        A plain saga runs its ``@saga_decision_handler``; an orchestrated saga its
+        ``operator_resolve``, for its escalated step.
 
         Raises:
             HandlerError: The saga's resolve path raised.
         """
+        handler = self.definition.deadline_handlers.get(DECISION_HANDLER)
+        if handler is not None:
+            request = DecisionRequest(decision=decision, reason=reason, by=by)
+            inp = DeadlineInput(DECISION_HANDLER, "", request.model_dump(), now)
+            outcome = self._run(handler, state, saga_id, now, deadline=inp)
+            outcome.handler_name = label
+            return outcome
         working = working_copy(state)
         commands = SagaCommands(saga_id, registry=self._registry)
         deadlines = SagaDeadlines(now)
@@ -422,6 +439,7 @@ class BoundSaga:
             ended=ended,
             handler_name=handler.name,
             outcome=lifecycle.outcome if ended else None,
+            escalated=None if ended else lifecycle.escalated,
         )
 
     def _check_deadline_names(self, ops: list[DeadlineOp]) -> None:

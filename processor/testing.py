@@ -77,6 +77,9 @@ class Result:
         state: The saga's state after the step (None if it never started).
         pending: Deadlines pending after the step, name to due time.
         outcome: How the saga ended (a ``SagaOutcome`` name), once it has.
+        waiting: Why the step's last handler handed the saga to a person
+            (``SagaLifecycle.escalate``), if it did; the saga is ``WAITING`` until a handler
+            runs again.
     """
 
     saga_id: str | None
@@ -88,6 +91,7 @@ class Result:
     state: SagaState | None
     pending: dict[str, datetime]
     outcome: str | None = None
+    waiting: str | None = None
 
     @property
     def commands(self) -> list[Message]:
@@ -413,6 +417,7 @@ class SagaFixture:
             state=self._state_of(saga_id),
             pending=self._pending_of(saga_id),
             outcome=self._engine.outcomes.get((self.bound.saga_type, saga_id or "")),
+            waiting=runs[-1].outcome.escalated if runs else None,
         )
 
     def _metadata(self, event: Message, saga_id: str) -> MessageMetadata:

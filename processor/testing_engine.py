@@ -128,10 +128,11 @@ class ObservedSaga(BoundSaga):
         decision: str,
         reason: str,
         now: datetime,
+        by: str = "",
     ) -> Outcome:
         """Apply an operator's decision, recording the outcome or the failure."""
         try:
-            outcome = super().handle_resolve(state, saga_id, label, decision, reason, now)
+            outcome = super().handle_resolve(state, saga_id, label, decision, reason, now, by)
         except HandlerError as e:
             self.failure = e
             raise

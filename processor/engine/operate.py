@@ -144,7 +144,7 @@ class OperatorSteps(Steps):
                 return
             label = f"operator resolve {decision} by {req.by}: {req.reason}"[:1000]
             call = lambda: w.bound.handle_resolve(  # noqa: E731
-                state, w.saga_id, label, decision, req.reason, now
+                state, w.saga_id, label, decision, req.reason, now, req.by
             )
             if self._run(ws, w, item, call, now):
                 seen.add(mkey)

@@ -47,6 +47,9 @@ from processor.messages import (
 from processor.runner import BoundSaga, command_message_id
 from processor.wire import HEADER_TRACEPARENT, HEADER_TRACESTATE, Topics, child_traceparent
 
+WAITING = "WAITING"
+"""A saga a handler handed to a person (``SagaLifecycle.escalate``): the machine states' name."""
+
 HistoryPayload = Literal["full", "hashed", "off"]
 """What the history keeps of each record: headers and value; headers and the value's SHA-256;
 or neither (the commands and deadlines each step produced are kept in every mode)."""
@@ -279,9 +282,14 @@ class Output:
                 w.status or PARKED,
                 w.version,
                 row.version if row is not None else None,
-                w.parked_reason if w.status == PARKED else None,
-                # Once ended, how it ended; before, a state machine's current state.
-                w.outcome or bound.machine_state(w.state),
+                w.parked_reason
+                if w.status == PARKED
+                else f"waiting on a person: {w.waiting}"
+                if w.waiting
+                else None,
+                # Once ended, how it ended; waiting on a person, WAITING; else a state
+                # machine's current state.
+                w.outcome or (WAITING if w.waiting else bound.machine_state(w.state)),
                 state_version,
             )
         )

@@ -240,6 +240,7 @@ class Steps(Output):
         w.version += 1
         w.dirty = True
         w.status = ENDED if outcome.ended else ACTIVE
+        w.waiting = outcome.escalated
         if outcome.ended:
             w.outcome = outcome.outcome or SagaOutcome.COMPLETED
             ws.outcomes[(w.bound.saga_type, str(w.outcome))] += 1

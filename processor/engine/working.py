@@ -67,6 +67,8 @@ class Working:
     cleared: bool = False
     # How the saga ended, set by the handler that ended it; shown in the machine_state column.
     outcome: str | None = None
+    # Why the last handler run handed the saga to a person (SagaLifecycle.escalate), if it did.
+    waiting: str | None = None
 
 
 def storable(record: Record) -> Record:
