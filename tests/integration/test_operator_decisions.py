@@ -13,15 +13,27 @@ import json
 import shlex
 import uuid
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
+from processor import (
+    DecisionRequest,
+    SagaCommands,
+    SagaLifecycle,
+    SagaOutcome,
+    SagaState,
+    saga,
+    saga_decision_handler,
+    saga_event_handler,
+)
 from processor.cli import main
 from processor.settings import ProcessorSettings
 from sagas.transfer import TransferSaga
 from schemas.orders import (
     EscalateToPerson,
     FraudReviewApproved,
+    OrderPlaced,
     PaymentCaptured,
     ShipmentFailed,
     StockReserved,
@@ -185,3 +197,71 @@ def test_cancel_before_the_debit_is_confirmed_reverses_it(
         assert types == ["transfers.DebitAccount", "transfers.ReverseDebit"]
     finally:
         commands.close()
+
+
+@saga(type="escalating-parcel")
+class EscalatingParcel(SagaState):
+    """Asks a person as soon as shipping fails; a decision ships again or gives up."""
+
+    order_id: str = ""
+
+    @saga_event_handler(OrderPlaced, association_property="order_id", start=True)
+    def on_placed(self, event: OrderPlaced) -> None:
+        self.order_id = event.order_id
+
+    @saga_event_handler(ShipmentFailed, association_property="order_id")
+    def on_failed(
+        self, event: ShipmentFailed, commands: SagaCommands, lifecycle: SagaLifecycle
+    ) -> None:
+        commands.send(
+            EscalateToPerson(
+                order_id=self.order_id,
+                reason="shipping-failed",
+                step="ship",
+                machine_state="WAITING",
+                detail="the carrier refused the parcel",
+            )
+        )
+        lifecycle.escalate("the carrier refused the parcel")
+
+    @saga_decision_handler()
+    def on_decision(
+        self, request: DecisionRequest, commands: SagaCommands, lifecycle: SagaLifecycle
+    ) -> None:
+        if request.decision != "retry":
+            lifecycle.end(SagaOutcome.FAILED)
+
+
+def test_a_plain_saga_waits_on_a_person_until_an_operator_decides(
+    orders: Orders, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    o = orders
+    parcel = f"p-{uuid.uuid4().hex[:8]}"
+
+    def cli(line: str) -> int:
+        return _cli(o.settings, monkeypatch, line)
+
+    def row() -> tuple[Any, ...] | None:
+        rows = o.db(
+            "SELECT status, machine_state, parked_reason FROM saga_instance WHERE saga_id = %s",
+            parcel,
+        )
+        return rows[0] if rows else None
+
+    with running(o.settings, [EscalatingParcel]):
+        o.send(
+            OrderPlaced(
+                order_id=parcel, customer_id="c", sku="mug", quantity=1, amount=Decimal("1")
+            ),
+            parcel,
+        )
+        o.send(ShipmentFailed(order_id=parcel, reason="refused"), parcel)
+        wait_until(lambda: row() is not None and row()[1] == "WAITING", what="waiting")  # type: ignore[index]
+        assert row() == ("active", "WAITING", "waiting on a person: the carrier refused the parcel")
+        capsys.readouterr()
+        assert cli("sagas stuck --older-than 0s --json") == 0
+        stuck = json.loads(capsys.readouterr().out)
+        assert [(s["saga_id"], s["machine_state"]) for s in stuck] == [(parcel, "WAITING")]
+        assert cli(f"saga resolve escalating-parcel {parcel} give-up --reason 'lost'") == 0
+        wait_until(lambda: row() is not None and row()[0] == "ended", what="ended")  # type: ignore[index]
+    assert row() == ("ended", "FAILED", None)
