@@ -22,7 +22,7 @@ from processor.ops.inspect import (
     replay_dead_letter,
     show_saga,
 )
-from processor.ops.views import SagaSummary, SagaView, jsonable
+from processor.ops.views import SagaSummary, SagaView, jsonable, step_state
 from processor.settings import ProcessorSettings, parse_duration
 
 if TYPE_CHECKING:
@@ -89,7 +89,9 @@ def format_view(view: SagaView) -> str:
         (
             f"outcome   {s.machine_state or '-'} at {s.since.isoformat()}"
             if s.status == "ended"
-            else f"state     {s.machine_state or '-'} since {s.since.isoformat()}"
+            else f"state     {s.machine_state or '-'}"
+            + (f" ({own})" if (own := step_state(view.state)) else "")
+            + f" since {s.since.isoformat()}"
         ),
         f"version   {s.version}",
         f"started   {s.created_at.isoformat()}   changed {s.updated_at.isoformat()}",

@@ -105,6 +105,7 @@ ORDER_ORCHESTRATION = Orchestration(
                 max_attempts=3, base_delay=timedelta(seconds=2), max_delay=timedelta(seconds=20)
             ),
             min_budget=timedelta(seconds=10),
+            state="RESERVING",
         ),
         Step(
             "pay",
@@ -114,6 +115,7 @@ ORDER_ORCHESTRATION = Orchestration(
             min_budget=timedelta(minutes=1),
             late_success="undo",
             late_window=timedelta(hours=1),
+            state="CHARGING",
         ),
         Step(
             "fraud-review",
@@ -121,6 +123,7 @@ ORDER_ORCHESTRATION = Orchestration(
             timeout=DEFAULT_REVIEW_TIMEOUT,
             waits_for_person=True,
             on_timeout="escalate",
+            state="AWAITING_FRAUD_REVIEW",
         ),
         Step(
             "ship",
@@ -131,6 +134,7 @@ ORDER_ORCHESTRATION = Orchestration(
             min_budget=timedelta(minutes=5),
             # A carrier outage is no reason to refund: a person decides (saga resolve).
             on_exhausted="escalate",
+            state="SHIPPING",
         ),
     ),
     escalation=_escalate,

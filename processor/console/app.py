@@ -28,7 +28,7 @@ from processor.console.backend import Backend
 from processor.errors import SagaError
 from processor.ops.diagram import svg
 from processor.ops.inspect import NoSuchSaga, show_saga
-from processor.ops.views import jsonable
+from processor.ops.views import jsonable, step_state
 from processor.settings import parse_duration
 from processor.wire import OperatorAction
 
@@ -134,7 +134,12 @@ def create_app(backend: Backend, *, actions: bool = False, token: str | None = N
         spec = backend.machine(saga_type)
         diagram = svg(spec, view.saga.machine_state) if spec is not None else None
         return render(
-            request, "saga.html", view=view, diagram=diagram, title=f"{saga_type} {saga_id}"
+            request,
+            "saga.html",
+            view=view,
+            diagram=diagram,
+            own_state=step_state(view.state),
+            title=f"{saga_type} {saga_id}",
         )
 
     def saga_json(request: Request) -> Response:

@@ -25,6 +25,7 @@ class MachineSpec:
         ending: States in which the saga ends (its remaining deadlines are then cancelled).
         notes: Extra text per state for the diagram (e.g. the steps run in it).
         wiring: Problems the saga class found in its own handlers, reported by the lint.
+        substates: The saga's own states inside a canonical one (its steps), in order.
     """
 
     name: str
@@ -33,6 +34,7 @@ class MachineSpec:
     ending: frozenset[MachineState] = frozenset()
     notes: Mapping[MachineState, str] = field(default_factory=dict)
     wiring: tuple[str, ...] = ()
+    substates: Mapping[MachineState, tuple[str, ...]] = field(default_factory=dict)
 
     def reachable(self) -> frozenset[MachineState]:
         """States reachable from the initial state."""
@@ -95,6 +97,13 @@ def mermaid(spec: MachineSpec) -> str:
             lines.append(f"    {source} --> {target}")
     for s in _order(spec.terminal()):
         lines.append(f"    {s} --> [*]")
+    for s in _order(spec.transitions.states):
+        inner = spec.substates.get(s, ())
+        if inner:
+            # The saga's own states for its steps, drawn inside the canonical one.
+            lines.append(f"    state {s} {{")
+            lines.extend(f"        {name}" for name in inner)
+            lines.append("    }")
     for s in _order(spec.transitions.states):
         parts = []
         if spec.notes.get(s):

@@ -78,6 +78,8 @@ class Progress(BaseModel):
         in_doubt: Steps whose outcome is unknown and whose late success must be undone.
         late: Late replies observed, as ``"step:ignored"`` or ``"step:undo"``, and decisions
             that came when nothing waited for one.
+        state: The saga's own name for where it is (the running step's ``state_name``, with
+            ``_ESCALATED`` while a person decides for it); None once no step runs.
         escalated: The step whose retries ran out and that now waits on a person's decision.
         escalated_in_doubt: Whether that step's last attempt timed out (its effect may land).
         skipped: Steps a person decided to skip; they have nothing to undo.
@@ -100,6 +102,7 @@ class Progress(BaseModel):
     undone: list[str] = Field(default_factory=list)
     in_doubt: list[str] = Field(default_factory=list)
     late: list[str] = Field(default_factory=list)
+    state: str | None = None
     escalated: str | None = None
     escalated_in_doubt: bool = False
     skipped: list[str] = Field(default_factory=list)
@@ -431,6 +434,7 @@ class OrchestratedSaga(MachineSaga):
             return
         target = _S.WAITING if step.waits_for_person else _S.RUNNING
         self.transition_to(target, io.now, f"step {step.name} started")
+        p.state = step.state_name
         self._send_forward(step, 1, io)
 
     def _send_forward(self, step: Step, attempt: int, io: _Io) -> None:
@@ -467,6 +471,7 @@ class OrchestratedSaga(MachineSaga):
     def _end(self, io: _Io) -> None:
         """End the saga with the outcome its path says (see ``SagaOutcome``)."""
         p = self.progress
+        p.state = None
         state = self.machine_state
         if state == _S.COMPENSATION_FAILED:
             outcome = SagaOutcome.COMPENSATION_FAILED
@@ -529,6 +534,7 @@ class OrchestratedSaga(MachineSaga):
         p.escalated = step.name
         p.escalated_in_doubt = in_doubt
         p.reason = why
+        p.state = f"{step.state_name}_ESCALATED"
         self.transition_to(_S.WAITING, io.now, f"step {step.name} escalated: {why}")
         self._escalate(io, "retries-exhausted", step, why)
         self._arm_reminder(step, io)
@@ -582,6 +588,7 @@ class OrchestratedSaga(MachineSaga):
     def _compensate(self, io: _Io, why: str) -> None:
         p = self.progress
         p.reason = why
+        p.state = None
         io.deadlines.cancel(STEP_TIMER)
         steps = self.orchestration
         p.undo_queue = [n for n in reversed(p.completed) if steps.step(n).compensation]
@@ -742,6 +749,22 @@ class OrchestratedSaga(MachineSaga):
             ending=frozenset(ending),
             notes={s: n for s, n in notes.items() if s in used and n},
             wiring=tuple(cls.wiring_warnings()),
+            substates={
+                state: names
+                for state, names in (
+                    (_S.RUNNING, tuple(s.state_name for s in o.steps if not s.waits_for_person)),
+                    (
+                        _S.WAITING,
+                        tuple(s.state_name for s in o.steps if s.waits_for_person)
+                        + tuple(
+                            f"{s.state_name}_ESCALATED"
+                            for s in o.steps
+                            if s.on_exhausted == "escalate"
+                        ),
+                    ),
+                )
+                if names and state in used
+            },
         )
 
 

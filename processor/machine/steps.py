@@ -112,6 +112,10 @@ class Step:
             ``"fail"`` (end FAILED without undoing anything).
         escalation_timeout: While escalated, how often the person is reminded; the saga
             deadline, if any, still bounds the wait.
+        state: The saga's own name for the time this step runs (``"CHARGING"``,
+            ``"AWAITING_FRAUD_REVIEW"``), drawn by ``diagram`` inside the canonical RUNNING or
+            WAITING state and kept in ``progress.state``; defaults to the step's name in
+            capitals.
     """
 
     name: str
@@ -129,6 +133,12 @@ class Step:
     on_timeout: TimeoutPolicy = "compensate"
     on_exhausted: ExhaustedPolicy = "compensate"
     escalation_timeout: timedelta = timedelta(days=1)
+    state: str | None = None
+
+    @property
+    def state_name(self) -> str:
+        """:attr:`state`, or the step's name in capitals."""
+        return self.state or self.name.upper().replace("-", "_").replace(" ", "_")
 
     @property
     def retries(self) -> bool:
@@ -204,6 +214,17 @@ class Orchestration:
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             problems.append(f"step names must be unique; repeated: {dupes}")
+        states = [s.state_name for s in self.steps]
+        canonical = {"NEW", "RUNNING", "WAITING", "COMPENSATING", "COMPLETED", "FAILED"}
+        canonical |= {"COMPENSATION_FAILED", "TIMED_OUT"}
+        clashes = sorted({n for n in states if states.count(n) > 1 or n in canonical})
+        if clashes:
+            problems.append(
+                f"step states must be unique and not a canonical state's name; clashing: {clashes}"
+            )
+        for n in states:
+            if not n.replace("_", "").isalnum():
+                problems.append(f"step state {n!r}: use letters, digits and underscores")
         for s in self.steps:
             if not s.name:
                 problems.append("every step needs a name")

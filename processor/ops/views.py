@@ -143,6 +143,13 @@ class SagaView:
     timeline: list[TimelineEntry]
 
 
+def step_state(state: dict[str, Any] | None) -> str | None:
+    """An orchestrated saga's own name for where it is (``progress.state``: ``"CHARGING"``)."""
+    progress = (state or {}).get("progress")
+    value = progress.get("state") if isinstance(progress, dict) else None
+    return value if isinstance(value, str) else None
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class DeadLetterRow:
     """A record that could never be handled, and why."""

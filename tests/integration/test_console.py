@@ -163,6 +163,8 @@ def test_an_operator_finds_a_saga_and_retries_a_parked_one_in_the_browser(
                 "orders.StockReserved",
             ]
             assert "sent orders.CapturePayment" in b.find_element(By.ID, "timeline").text
+            # The saga's own name for where it is, inside the canonical state.
+            assert b.find_element(By.ID, "step-state").text == "CHARGING"
             current = b.find_elements(By.CSS_SELECTOR, "#diagram g.state.current")
             assert [c.get_attribute("data-state") for c in current] == [state]
             assert len(b.find_elements(By.CSS_SELECTOR, "#diagram g.state")) >= 6

@@ -8,7 +8,15 @@ from decimal import Decimal
 
 import pytest
 
-from processor.machine import SAGA_DEADLINE, STEP_TIMER, MachineState
+from processor.errors import SagaDefinitionError
+from processor.machine import (
+    SAGA_DEADLINE,
+    STEP_TIMER,
+    MachineState,
+    Orchestration,
+    Step,
+    mermaid,
+)
 from processor.messages import Message
 from processor.testing import SagaFixture
 from sagas.order import OrderSaga
@@ -377,3 +385,49 @@ def test_timers_come_from_settings(key: str) -> None:
     if key == "order.review-timeout":
         f.when(PaymentCaptured(order_id=OID))
     assert f.pending_deadlines[STEP_TIMER] == f.now + timedelta(seconds=3)
+
+
+def test_the_saga_names_where_it_is_inside_the_canonical_states() -> None:
+    f = SagaFixture(OrderSaga)
+    seen: list[tuple[str, str | None]] = []
+    steps: list[Callable[[], object]] = [
+        lambda: f.when(_placed()),
+        lambda: f.when(StockReserved(order_id=OID)),
+        lambda: f.when(PaymentCaptured(order_id=OID)),
+        lambda: f.when(FraudReviewApproved(order_id=OID)),
+        lambda: f.when_time_elapses(timedelta(hours=6)),
+    ]
+    for step in steps:
+        step()
+        seen.append((_state(f).machine_state.value, _state(f).progress.state))
+    assert seen == [
+        ("RUNNING", "RESERVING"),
+        ("RUNNING", "CHARGING"),
+        ("WAITING", "AWAITING_FRAUD_REVIEW"),
+        ("RUNNING", "SHIPPING"),
+        ("WAITING", "SHIPPING_ESCALATED"),
+    ]
+    f.when_resolved("skip").expect_ended("COMPLETED")
+    assert _state(f).progress.state is None
+    text = mermaid(OrderSaga.machine_spec())
+    assert (
+        "    state RUNNING {\n        RESERVING\n        CHARGING\n        SHIPPING\n    }\n"
+        in text
+    )
+    assert (
+        "    state WAITING {\n        AWAITING_FRAUD_REVIEW\n        SHIPPING_ESCALATED\n" in text
+    )
+
+
+def test_step_states_must_not_clash() -> None:
+    def send(_: object) -> Message:
+        return _cmd(ShipOrder)
+
+    with pytest.raises(SagaDefinitionError) as info:
+        Orchestration(
+            steps=(Step("a", action=send, state="RUNNING"), Step("b", action=send, state="X Y")),
+            escalation=lambda o, e: _cmd(ShipOrder),
+        )
+    text = str(info.value)
+    assert "clashing: ['RUNNING']" in text
+    assert "step state 'X Y'" in text
