@@ -1,9 +1,12 @@
 """The order saga's part of the demo: participants on the kit, orders, and the final tally.
 
 Orders are placed by customers with enough money (completed), a customer who cannot pay (the
-payment is declined and the stock released) and a customer the fraud review flags (refunded and
-released). Money only moves between the customers' wallets and the merchant, so its sum is the
-same before and after; stock only moves between the shelf and reservations.
+payment is declined and the stock released), a customer the fraud review flags (refunded and
+released) and a remote customer no carrier serves: shipping fails on every try, the saga
+escalates to a person, and the demo's stand-in for that person decides to compensate with
+``saga resolve`` (refunded and released). Money only moves between the customers' wallets and
+the merchant, so its sum is the same before and after; stock only moves between the shelf and
+reservations.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ __all__ = [
     "order_tally",
     "publish_orders",
     "start_order_participants",
+    "start_order_person",
 ]
 
 ORDER_SAGA = "order-saga"
@@ -57,10 +61,10 @@ class OrderPlan:
 
 
 def order_plan(stamp: str, n: int) -> OrderPlan:
-    """``n`` orders: most paid and shipped, some declined for money, some flagged for fraud."""
+    """``n`` orders: most paid and shipped; some declined, flagged, or never shippable."""
     orders = []
     for i in range(n):
-        customer = "c-poor" if i % 7 == 3 else "fraud-c" if i % 7 == 5 else f"c-{i % 3}"
+        customer = {3: "c-poor", 5: "fraud-c", 6: "c-remote"}.get(i % 7, f"c-{i % 3}")
         orders.append(
             OrderPlaced(
                 order_id=f"{stamp}-o{i}",
@@ -71,7 +75,9 @@ def order_plan(stamp: str, n: int) -> OrderPlan:
             )
         )
     wallets = {f"c-{i}": Decimal("1000.00") for i in range(3)}
-    wallets.update({"c-poor": Decimal("5.00"), "fraud-c": Decimal("500.00")})
+    wallets.update(
+        {"c-poor": Decimal("5.00"), "fraud-c": Decimal("500.00"), "c-remote": Decimal("500.00")}
+    )
     return OrderPlan(tuple(orders), {SKU: n + 5}, wallets)
 
 
@@ -147,3 +153,74 @@ def order_tally(database: str, schema: str) -> dict[str, int]:
             (ORDER_SAGA,),
         ).fetchall()
     return {str(state): int(n) for state, n in rows}
+
+
+PERSON = "demo-person"
+DECISION = "compensate"
+
+
+def start_order_person(
+    cleanup: ExitStack, kafka: str, database: str, schema: str, *, prefix: str, key: str
+) -> Callable[[], int]:
+    """Stands in for the person shipping escalates to; returns a reader of decisions taken.
+
+    Reads the escalations topic; for a step whose retries ran out it decides to compensate,
+    with ``saga resolve`` (an operator record signed with the processor's operator key).
+    """
+    from confluent_kafka import Consumer
+
+    from processor.kafka.producer import KafkaRecordProducer, make_producer
+    from processor.ops.inspect import send_operator_request
+    from processor.postgres.inspect import open_inspect_queries
+    from processor.postgres.schema import Tables
+    from processor.wire import OperatorAction
+    from schemas.orders import EscalateToPerson
+
+    stop = threading.Event()
+    decided: list[str] = []
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka,
+            "group.id": f"{prefix}person",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.subscribe([prefix + ESCALATIONS_TOPIC])
+    producer = KafkaRecordProducer(
+        # The operator record goes to an explicit partition; the partitioner is the default.
+        lambda: make_producer({"bootstrap.servers": kafka}, partitioner="crc32")
+    )
+
+    def decide() -> None:
+        with open_inspect_queries(database, Tables(schema=schema)) as queries:
+            while not stop.is_set():
+                msg = consumer.poll(0.2)
+                if msg is None or msg.error() is not None:
+                    continue
+                told = EscalateToPerson.model_validate_json(msg.value() or b"")
+                if told.reason != "retries-exhausted":
+                    continue
+                send_operator_request(
+                    queries,
+                    producer,
+                    key.encode(),
+                    action=OperatorAction.RESOLVE,
+                    saga_type=ORDER_SAGA,
+                    saga_id=told.order_id,
+                    by=PERSON,
+                    reason=f"{told.detail}: refund the customer",
+                    name=DECISION,
+                )
+                decided.append(told.order_id)
+
+    thread = threading.Thread(target=decide, name="order-person", daemon=True)
+    thread.start()
+
+    def finish() -> None:
+        stop.set()
+        thread.join(10)
+        consumer.close()
+        producer.close(5.0)
+
+    cleanup.callback(finish)
+    return lambda: len(decided)

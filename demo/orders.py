@@ -213,11 +213,18 @@ class FraudReview(_InSchema):
 
 @participant(name="shipping")
 class Shipping(_InSchema):
-    """Hands the parcel to the carrier."""
+    """Hands the parcel to the carrier; no carrier serves the remote customers' addresses."""
+
+    remote_prefix = "c-remote"
 
     @command_handler(expired=lambda c: ShipmentFailed(order_id=c.order_id, reason=EXPIRED))
     def ship(self, command: ShipOrder, replies: Replies, sql: Sql) -> None:
         self.use(sql)
+        if command.customer_id.startswith(self.remote_prefix):
+            replies.send(
+                ShipmentFailed(order_id=command.order_id, reason="no carrier serves the address")
+            )
+            return
         sql.execute("INSERT INTO shipment VALUES (%s) ON CONFLICT DO NOTHING", (command.order_id,))
         replies.send(OrderShipped(order_id=command.order_id))
 

@@ -44,6 +44,9 @@ def test_quick_demo_fires_a_timeout_and_conserves_money(services: Services) -> N
     tally = next(x for x in out.splitlines() if x.strip().startswith("order-saga"))
     assert "completed" in tally, out
     assert "failed" in tally, out
+    assert "DO NOT ADD UP" not in tally, out
+    # A remote customer's shipping failed on every try: a person was asked, and decided.
+    assert "shipping escalated to a person 1 time(s)" in out, out
     # The console answered while the demo ran (its URL is printed only then).
     assert any(x.startswith("console: http://127.0.0.1:") for x in out.splitlines()), out
     metrics = next(x for x in out.splitlines() if x.startswith("metrics"))
