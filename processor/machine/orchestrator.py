@@ -53,7 +53,7 @@ __all__ = [
 STEP_TIMER = "machine.step"
 SAGA_DEADLINE = "machine.deadline"
 
-ReplyKind = Literal["succeeded", "failed", "rejected", "undone", "undo-failed"]
+ReplyKind = Literal["succeeded", "failed", "rejected", "unavailable", "undone", "undo-failed"]
 ReplyHandler = Callable[..., None]
 """Type of the handlers :func:`on_reply` returns; annotate them ``ClassVar[ReplyHandler]``."""
 _REPLY_OF = "__saga_reply_of__"
@@ -83,6 +83,7 @@ class Progress(BaseModel):
         escalated: The step whose retries ran out and that now waits on a person's decision.
         escalated_in_doubt: Whether that step's last attempt timed out (its effect may land).
         skipped: Steps a person decided to skip; they have nothing to undo.
+        breaker_waits: Times a participant answered that its breaker was open.
         cancelled: An operator cancelled the saga (its outcome is then CANCELLED).
         timed_out: The saga deadline passed (its outcome is then TIMED_OUT).
         reason: Why compensation started, or why the saga stopped.
@@ -106,6 +107,7 @@ class Progress(BaseModel):
     escalated: str | None = None
     escalated_in_doubt: bool = False
     skipped: list[str] = Field(default_factory=list)
+    breaker_waits: int = 0
     cancelled: bool = False
     timed_out: bool = False
     reason: str | None = None
@@ -211,7 +213,9 @@ class OrchestratedSaga(MachineSaga):
         Args:
             step: Step name.
             kind: ``"succeeded"``; ``"failed"`` (may be retried); ``"rejected"`` (a business
-                refusal, never retried); ``"undone"`` or ``"undo-failed"`` for the undo.
+                refusal, never retried); ``"unavailable"`` (the participant's breaker is open:
+                the same attempt is sent again after the step's ``breaker_wait``, spending no
+                retry); ``"undone"`` or ``"undo-failed"`` for the undo.
             commands: The handler's commands handle.
             deadlines: The handler's deadlines handle.
             lifecycle: The handler's lifecycle handle.
@@ -220,6 +224,16 @@ class OrchestratedSaga(MachineSaga):
         io = _Io(commands, deadlines, lifecycle)
         if kind == "succeeded":
             self._succeeded(self.orchestration.step(step), io)
+        elif kind == "unavailable":
+            current = self._current_forward(step)
+            if current is None or self.progress.escalated == step:
+                self.progress.late = [*self.progress.late, f"{step}:unavailable-ignored"]
+                return
+            # Not an attempt that failed: the command never ran. Wait, then send it again.
+            p = self.progress
+            p.breaker_waits += 1
+            timer = StepTimer(step=step, phase="forward", purpose="resume", attempt=p.attempt)
+            io.deadlines.schedule(STEP_TIMER, at=io.now + current.breaker_wait, payload=timer)
         elif kind in ("failed", "rejected"):
             current = self._current_forward(step)
             if current is None:
@@ -260,6 +274,8 @@ class OrchestratedSaga(MachineSaga):
             if timer.purpose == "escalated":
                 if p.escalated == step.name:
                     self._remind(step, io)
+            elif timer.purpose == "resume":
+                self._send_forward(step, p.attempt, io)
             elif timer.purpose == "retry":
                 self._send_forward(step, p.attempt + 1, io)
             elif step.waits_for_person and step.on_timeout == "escalate":

@@ -112,6 +112,9 @@ class Step:
             ``"fail"`` (end FAILED without undoing anything).
         escalation_timeout: While escalated, how often the person is reminded; the saga
             deadline, if any, still bounds the wait.
+        breaker_wait: How long to wait before trying again when the participant answers that
+            it cannot take the command now (an ``"unavailable"`` reply: its circuit breaker is
+            open). That wait spends none of the step's retries; the saga deadline bounds it.
         state: The saga's own name for the time this step runs (``"CHARGING"``,
             ``"AWAITING_FRAUD_REVIEW"``), drawn by ``diagram`` inside the canonical RUNNING or
             WAITING state and kept in ``progress.state``; defaults to the step's name in
@@ -133,6 +136,7 @@ class Step:
     on_timeout: TimeoutPolicy = "compensate"
     on_exhausted: ExhaustedPolicy = "compensate"
     escalation_timeout: timedelta = timedelta(days=1)
+    breaker_wait: timedelta = timedelta(seconds=30)
     state: str | None = None
 
     @property
@@ -174,8 +178,9 @@ class StepTimer(BaseModel):
     Attributes:
         step: Step name.
         phase: ``"forward"`` or ``"undo"``.
-        purpose: ``"timeout"`` (waiting for a reply), ``"retry"`` (backing off), ``"late"``
-            (listening for a late success) or ``"escalated"`` (reminding the person).
+        purpose: ``"timeout"`` (waiting for a reply), ``"retry"`` (backing off), ``"resume"``
+            (waiting out an open breaker), ``"late"`` (listening for a late success) or
+            ``"escalated"`` (reminding the person).
         attempt: Attempt the timer belongs to; a timer of an older attempt is ignored.
     """
 
@@ -183,7 +188,7 @@ class StepTimer(BaseModel):
 
     step: str
     phase: Literal["forward", "undo"]
-    purpose: Literal["timeout", "retry", "late", "escalated"]
+    purpose: Literal["timeout", "retry", "resume", "late", "escalated"]
     attempt: int
 
 
@@ -248,6 +253,8 @@ class Orchestration:
                 )
             if s.escalation_timeout <= timedelta(0):
                 problems.append(f"step {s.name!r}: escalation_timeout must be positive")
+            if s.breaker_wait <= timedelta(0):
+                problems.append(f"step {s.name!r}: breaker_wait must be positive")
         if self.on_saga_timeout not in ("compensate", "escalate", "fail"):
             problems.append("on_saga_timeout must be compensate, escalate or fail")
         if self.sla is not None and self.sla <= timedelta(0):

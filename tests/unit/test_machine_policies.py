@@ -265,3 +265,47 @@ def test_the_fail_policy_stops_without_undoing_anything() -> None:
         MachineState.TIMED_OUT,
         MachineState.FAILED,
     ]
+
+
+@message_type("tests.StockServiceBusy", topic="tests.shop-events")
+class StockServiceBusy(Message):
+    """The stock service's breaker is open: it did not run the command."""
+
+    order_id: str
+
+
+@saga(type="breaker-shop")
+class BreakerShop(Shop):
+    on_busy: ClassVar[ReplyHandler] = on_reply(
+        StockServiceBusy, step="reserve", kind="unavailable", association_property="order_id"
+    )
+
+
+def test_an_open_breaker_waits_without_spending_retries() -> None:
+    f = SagaFixture(BreakerShop)
+    f.when(_placed())
+    for _ in range(5):
+        f.when(StockServiceBusy(order_id=OID)).expect_no_commands()
+        # The same attempt again after the step's breaker wait (30 s): no retry spent.
+        assert _sent(f.when_time_elapses(timedelta(seconds=30))).quantity == 1
+    assert isinstance(f.state, Shop)
+    assert (f.state.progress.attempt, f.state.progress.breaker_waits) == (1, 5)
+    # Its real retry is still there: one failure is retried, as the declared schedule says.
+    f.when(StockReservationFailed(order_id=OID, reason="busy"))
+    assert _sent(f.when_time_elapses(timedelta(seconds=1))).quantity == 2
+    f.when(StockReserved(order_id=OID)).expect_ended("COMPLETED")
+
+
+def test_the_saga_deadline_bounds_waiting_out_a_breaker() -> None:
+    f = SagaFixture(BreakerShop)
+    f.when(_placed())
+    for _ in range(20):  # ten minutes of an open breaker: the saga's whole budget
+        f.when(StockServiceBusy(order_id=OID))
+        f.when_time_elapses(timedelta(seconds=30))
+    assert isinstance(f.state, Shop)
+    assert f.state.progress.timed_out
+    assert MachineState.TIMED_OUT in [t.target for t in f.state.machine.transitions]
+    assert f.state.machine_state == MachineState.COMPENSATING
+    # The breaker no longer matters: the step was given up.
+    f.when(StockServiceBusy(order_id=OID)).expect_no_commands()
+    assert f.state.progress.late[-1:] == ["reserve:unavailable-ignored"]
