@@ -17,13 +17,17 @@ from importlib import metadata
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, Info, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+)
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from processor.engine.rows import WriteSet
 from processor.engine.steps import TOO_NEW
-from processor.observe.sample import TP, DatabaseSample
+from processor.observe.sample import AGE_BUCKETS, TP, DatabaseSample
 
 __all__ = ["Metrics", "Sources"]
 
@@ -315,6 +319,20 @@ def _sampled(s: DatabaseSample | None) -> Iterator[Metric]:
         ["saga_type", "state"],
         {k: age for k, (_, age) in s.machine_states.items()},
     )
+    ages = GaugeHistogramMetricFamily(
+        "saga_state_age_seconds",
+        "Sagas not ended by how long they have been in their state (sampled).",
+        labels=["saga_type", "state"],
+    )
+    for key, (cumulative, total) in s.state_ages.items():
+        count = s.machine_states.get(key, (0, 0.0))[0]
+        buckets = [(_le(b), float(n)) for b, n in zip(AGE_BUCKETS, cumulative, strict=True)]
+        ages.add_metric(list(key), [*buckets, ("+Inf", float(count))], total)
+    yield ages
+
+
+def _le(bound: float) -> str:
+    return f"{bound:g}"
 
 
 def _counter(

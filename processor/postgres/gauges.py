@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from processor.observe.sample import DatabaseSample
+from processor.observe.sample import AGE_BUCKETS, DatabaseSample
 from processor.postgres.schema import Tables
 from processor.postgres.store import Conn
 
@@ -23,10 +23,18 @@ _DEADLINES = """
       FROM {deadline} WHERE dispatched_at IS NULL
 """
 _INSTANCES = "SELECT saga_type, status, count(*) FROM {instance} GROUP BY saga_type, status"
-_MACHINES = """
+_SINCE = "coalesce(machine_state_since, created_at)"
+_MACHINES = f"""
     SELECT saga_type, machine_state, count(*),
-           greatest(0, extract(epoch FROM now() - min(coalesce(machine_state_since, created_at))))
-      FROM {instance}
+           greatest(0, extract(epoch FROM now() - min({_SINCE}))),
+           coalesce(sum(greatest(0, extract(epoch FROM now() - {_SINCE}))), 0),
+           {
+    ", ".join(
+        f"count(*) FILTER (WHERE {_SINCE} >= now() - interval '{int(b)} seconds')"
+        for b in AGE_BUCKETS
+    )
+}
+      FROM {{instance}}
      WHERE machine_state IS NOT NULL AND status <> 'ended'
      GROUP BY saga_type, machine_state
 """
@@ -91,10 +99,11 @@ class PostgresGauges:
         instances = {
             (str(t), str(s)): int(n) for t, s, n in conn.execute(q["instances"]).fetchall()
         }
-        machines = {
-            (str(t), str(s)): (int(n), float(a))
-            for t, s, n, a in conn.execute(q["machines"]).fetchall()
-        }
+        machines: dict[tuple[str, str], tuple[int, float]] = {}
+        ages: dict[tuple[str, str], tuple[tuple[int, ...], float]] = {}
+        for t, s, n, oldest, total, *buckets in conn.execute(q["machines"]).fetchall():
+            machines[(str(t), str(s))] = (int(n), float(oldest))
+            ages[(str(t), str(s))] = (tuple(int(b) for b in buckets), float(total))
         offsets = {
             (str(t), int(p)): (None if o is None else int(o))
             for t, p, o in conn.execute(q["offsets"], (self._group_id, self._owner)).fetchall()
@@ -106,6 +115,7 @@ class PostgresGauges:
             deadlines_overdue=int(overdue),
             instances=instances,
             machine_states=machines,
+            state_ages=ages,
             stored_offsets=offsets,
             schema_version=int(version),
         )

@@ -39,6 +39,7 @@ from schemas.orders import (
     StockReserved,
 )
 from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC, TransferRequested
+from tests.integration.test_observe import _metrics
 from tests.integration.test_operator_trail import wait_until_state
 from tests.support.harness import (
     Publisher,
@@ -248,7 +249,7 @@ def test_a_plain_saga_waits_on_a_person_until_an_operator_decides(
         )
         return rows[0] if rows else None
 
-    with running(o.settings, [EscalatingParcel]):
+    with running(o.settings, [EscalatingParcel]) as proc:
         o.send(
             OrderPlaced(
                 order_id=parcel, customer_id="c", sku="mug", quantity=1, amount=Decimal("1")
@@ -258,6 +259,14 @@ def test_a_plain_saga_waits_on_a_person_until_an_operator_decides(
         o.send(ShipmentFailed(order_id=parcel, reason="refused"), parcel)
         wait_until(lambda: row() is not None and row()[1] == "WAITING", what="waiting")  # type: ignore[index]
         assert row() == ("active", "WAITING", "waiting on a person: the carrier refused the parcel")
+        # The metrics see it too: one parcel waiting, for less than a minute so far.
+        young = (("le", "60"), ("saga_type", "escalating-parcel"), ("state", "WAITING"))
+        port = proc.metrics_port
+        assert port is not None
+        wait_until(
+            lambda: _metrics(port).get(("saga_state_age_seconds_bucket", young)) == 1,
+            what="the waiting parcel in the state age histogram",
+        )
         capsys.readouterr()
         assert cli("sagas stuck --older-than 0s --json") == 0
         stuck = json.loads(capsys.readouterr().out)

@@ -169,6 +169,7 @@ def test_metrics_follow_batches_samples_and_sweeps() -> None:
         outbox_oldest_age=1.5,
         instances={(SAGA, "active"): 2, (SAGA, "parked"): 1},
         machine_states={(SAGA, "WAITING"): (2, 30.0)},
+        state_ages={(SAGA, "WAITING"): ((1, 2, 2, 2, 2, 2, 2, 2), 40.0)},
         stored_offsets={("in", 0): 10, ("in", 1): None},
         schema_version=5,
     )
@@ -188,6 +189,10 @@ def test_metrics_follow_batches_samples_and_sweeps() -> None:
     assert got[("saga_handler_errors_total", (("saga_type", SAGA),))] == 1
     assert got[("saga_deadline_fire_lag_seconds_count", ())] == 1
     assert got[("saga_outbox_depth_rows", ())] == 3
+    waiting = (("saga_type", SAGA), ("state", "WAITING"))
+    assert got[("saga_state_age_seconds_bucket", (("le", "60"), *waiting))] == 1
+    assert got[("saga_state_age_seconds_bucket", (("le", "+Inf"), *waiting))] == 2
+    assert got[("saga_state_age_seconds_gsum", waiting)] == 40.0
     assert got[("saga_consumer_lag_records", (("partition", "0"), ("topic", "in")))] == 5
     assert got[("saga_consumer_lag_records", (("partition", "1"), ("topic", "in")))] == 4
     assert ("saga_consumer_lag_records", (("partition", "0"), ("topic", "other"))) not in got
@@ -241,6 +246,7 @@ def test_every_metric_of_the_contract_is_exported() -> None:
         DatabaseSample(
             instances={("t", "parked"): 1},
             machine_states={("t", "S"): (1, 1.0)},
+            state_ages={("t", "S"): ((1,) * 8, 1.0)},
             stored_offsets={("in", 0): 0},
         ),
         {("in", 0): 1},
