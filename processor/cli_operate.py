@@ -55,12 +55,16 @@ def saga_arguments(parser: argparse.ArgumentParser) -> None:
         help="confirm: nothing done so far is undone; the history says so",
     )
     resolve = what.add_parser(
-        "resolve", help="decide for a step escalated to a person: retry, skip or compensate"
+        "resolve", help="a person's decision for a saga waiting on one (retry, skip, compensate)"
     )
     for sub in (cancel, terminate, resolve):
         sub.add_argument("saga_type", metavar="SAGA_TYPE")
         sub.add_argument("saga_id", metavar="SAGA_ID")
-    resolve.add_argument("decision", choices=("retry", "skip", "compensate"))
+    resolve.add_argument(
+        "decision",
+        help="retry, skip or compensate for an orchestrated saga's escalated step; what a plain "
+        "saga's @saga_decision_handler understands otherwise",
+    )
     for sub in (cancel, terminate, resolve):
         sub.add_argument("--reason", required=True)
         wait_arguments(sub)
