@@ -363,21 +363,48 @@ def retry_from_settings(
 
 
 def parked(args: argparse.Namespace, settings: ProcessorSettings) -> int:
-    """Prints parked sagas, longest parked first; exit code 0 even when there are none."""
+    """Prints parked sagas, longest parked first, then sagas waiting on a person; exit code 0."""
+    from processor.cli_inspect import inspect_queries
+    from processor.engine.output import WAITING_ON_A_PERSON
+
     with operator_queries(settings) as queries:
         rows = list_parked(queries, limit=args.limit)
-    if not rows:
+    with inspect_queries(settings) as looks:
+        waiting = [
+            s
+            for s in looks.list_sagas(status="active", machine_state="WAITING", limit=args.limit)
+            if (s.parked_reason or "").startswith(WAITING_ON_A_PERSON)
+        ]
+    if not rows and not waiting:
         print("no parked sagas")
         return 0
-    print(
-        text_table(
-            ("SAGA TYPE", "SAGA ID", "HELD", "PARKED SINCE", "REASON"),
-            (
-                (r.saga_type, r.saga_id, str(r.held), r.parked_at.isoformat(), r.reason or "-")
-                for r in rows
-            ),
+    if rows:
+        print(
+            text_table(
+                ("SAGA TYPE", "SAGA ID", "HELD", "PARKED SINCE", "REASON"),
+                (
+                    (r.saga_type, r.saga_id, str(r.held), r.parked_at.isoformat(), r.reason or "-")
+                    for r in rows
+                ),
+            )
         )
-    )
+    if waiting:
+        # Not parked (their events still flow), but stopped until a person decides.
+        print(("\n" if rows else "") + "waiting on a person (saga resolve TYPE ID DECISION):")
+        print(
+            text_table(
+                ("SAGA TYPE", "SAGA ID", "WAITING SINCE", "WHY"),
+                (
+                    (
+                        s.saga_type,
+                        s.saga_id,
+                        s.since.isoformat(),
+                        (s.parked_reason or "").removeprefix(WAITING_ON_A_PERSON),
+                    )
+                    for s in waiting
+                ),
+            )
+        )
     return 0
 
 

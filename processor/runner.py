@@ -142,6 +142,18 @@ class Outcome:
     escalated: str | None = None
 
 
+def waiting_on(state: SagaState, lifecycle: SagaLifecycle) -> str | None:
+    """Why the saga waits on a person after a handler: its ``escalate`` call, or its state's say.
+
+    An orchestrated saga keeps waiting on a person across handler runs (a reminder, a
+    straggling reply) while its escalated step is undecided; its ``waiting_on()`` says so.
+    """
+    if lifecycle.escalated is not None:
+        return lifecycle.escalated
+    ask = getattr(state, "waiting_on", None)
+    return ask() if callable(ask) else None
+
+
 def state_to_json(state: SagaState) -> dict[str, Any]:
     """Return the JSON-compatible form of a saga's state."""
     # model_dump(mode="json") without its wrapper, which only forwards default arguments: this
@@ -324,6 +336,7 @@ class BoundSaga:
             ended=lifecycle.ended,
             handler_name=label,
             outcome=lifecycle.outcome,
+            escalated=None if lifecycle.ended else waiting_on(working, lifecycle),
         )
 
     def resolve_refusal(self, state: SagaState, decision: str) -> str | None:
@@ -377,6 +390,7 @@ class BoundSaga:
             ended=lifecycle.ended,
             handler_name=label,
             outcome=lifecycle.outcome,
+            escalated=None if lifecycle.ended else waiting_on(working, lifecycle),
         )
 
     def handle_terminate(self, state: SagaState, label: str) -> Outcome:
@@ -439,7 +453,7 @@ class BoundSaga:
             ended=ended,
             handler_name=handler.name,
             outcome=lifecycle.outcome if ended else None,
-            escalated=None if ended else lifecycle.escalated,
+            escalated=None if ended else waiting_on(working, lifecycle),
         )
 
     def _check_deadline_names(self, ops: list[DeadlineOp]) -> None:

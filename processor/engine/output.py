@@ -49,6 +49,8 @@ from processor.wire import HEADER_TRACEPARENT, HEADER_TRACESTATE, Topics, child_
 
 WAITING = "WAITING"
 """A saga a handler handed to a person (``SagaLifecycle.escalate``): the machine states' name."""
+WAITING_ON_A_PERSON = "waiting on a person: "
+"""How the row's reason column starts for such a saga (``parked`` lists them by it)."""
 
 HistoryPayload = Literal["full", "hashed", "off"]
 """What the history keeps of each record: headers and value; headers and the value's SHA-256;
@@ -284,7 +286,7 @@ class Output:
                 row.version if row is not None else None,
                 w.parked_reason
                 if w.status == PARKED
-                else f"waiting on a person: {w.waiting}"
+                else f"{WAITING_ON_A_PERSON}{w.waiting}"
                 if w.waiting
                 else None,
                 # Once ended, how it ended; waiting on a person, WAITING; else a state

@@ -349,6 +349,14 @@ class OrchestratedSaga(MachineSaga):
 
     # -- a person's decision -------------------------------------------------------------
 
+    def waiting_on(self) -> str | None:
+        """Why the saga waits on a person (its escalated step), for operators; else None."""
+        p = self.progress
+        if p.escalated is None:
+            return None
+        # The reason names the step already ("step ship timed out").
+        return p.reason or f"step {p.escalated} escalated"
+
     def resolution_refusal(self, decision: str) -> str | None:
         """Why ``decision`` cannot apply now, or None when it can."""
         if decision not in DECISIONS:

@@ -271,6 +271,13 @@ def test_a_plain_saga_waits_on_a_person_until_an_operator_decides(
         assert cli("sagas stuck --older-than 0s --json") == 0
         stuck = json.loads(capsys.readouterr().out)
         assert [(s["saga_id"], s["machine_state"]) for s in stuck] == [(parcel, "WAITING")]
+        # Not parked (its events still flow), but `parked` lists it beside the parked ones.
+        assert cli("parked") == 0
+        listing = capsys.readouterr().out.splitlines()
+        assert listing[0].startswith("waiting on a person")
+        [line] = [ln for ln in listing if parcel in ln]
+        assert line.split()[0] == "escalating-parcel"
+        assert line.endswith("the carrier refused the parcel")
         assert cli(f"saga resolve escalating-parcel {parcel} give-up --reason 'lost'") == 0
         wait_until(lambda: row() is not None and row()[0] == "ended", what="ended")  # type: ignore[index]
     assert row() == ("ended", "FAILED", None)

@@ -135,6 +135,8 @@ def _shipping_escalated(f: SagaFixture) -> None:
     )
     assert _state(f).machine_state == S.WAITING
     assert _state(f).progress.escalated == "ship"
+    # Operators see why it waits, in the row's reason, as for a plain saga's escalate().
+    assert r.waiting == "step ship timed out"
 
 
 def test_shipping_retries_exhausted_escalate_to_a_person_not_a_refund() -> None:
@@ -144,6 +146,7 @@ def test_shipping_retries_exhausted_escalate_to_a_person_not_a_refund() -> None:
     r = f.when_time_elapses(timedelta(days=1))
     reminders = [c.reason for c in r.commands if isinstance(c, EscalateToPerson)]
     assert reminders == ["still-waiting"]
+    assert r.waiting == "step ship timed out"  # still waiting after the reminder
     assert RefundPayment not in {type(c) for c in r.commands}
     assert _state(f).machine_state == S.WAITING
     # A straggling failure of an earlier attempt changes nothing while a person decides.
