@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
@@ -150,8 +150,17 @@ def waiting_on(state: SagaState, lifecycle: SagaLifecycle) -> str | None:
     """
     if lifecycle.escalated is not None:
         return lifecycle.escalated
-    ask = getattr(state, "waiting_on", None)
-    return ask() if callable(ask) else None
+    # Asked after every handler run: a missing attribute of a pydantic model costs a formatted
+    # AttributeError, so the class's answer is kept.
+    cls = type(state)
+    ask = _WAITING_ON.get(cls, _UNKNOWN)
+    if ask is _UNKNOWN:
+        ask = _WAITING_ON[cls] = getattr(cls, "waiting_on", None)
+    return ask(state) if callable(ask) else None
+
+
+_UNKNOWN: Any = object()
+_WAITING_ON: dict[type, Any] = {}
 
 
 def state_to_json(state: SagaState) -> dict[str, Any]:
@@ -313,30 +322,18 @@ class BoundSaga:
         handler = self.definition.deadline_handlers.get(CANCEL_HANDLER)
         if handler is not None:
             request = CancelRequest(reason=reason, by=by)
-            inp = DeadlineInput(CANCEL_HANDLER, "", request.model_dump(), now)
-            outcome = self._run(handler, state, saga_id, now, deadline=inp)
-            outcome.handler_name = label
+            outcome = self._run_operator_handler(handler, state, saga_id, label, request, now)
             if outcome.ended and outcome.outcome is None:
                 # Ended by the cancel path without saying how: cancelled, not completed.
                 outcome.outcome = SagaOutcome.CANCELLED
             return outcome
-        working = working_copy(state)
-        commands = SagaCommands(saga_id, registry=self._registry)
-        deadlines = SagaDeadlines(now)
-        lifecycle = SagaLifecycle()
-        try:
-            working.operator_cancel(reason, commands, deadlines, lifecycle)  # type: ignore[attr-defined]
-            working = self.definition.state_cls.model_validate(working.__dict__)
-        except Exception as e:
-            raise HandlerError(self.saga_type, saga_id, "operator_cancel", e) from e
-        return Outcome(
-            state=working,
-            commands=commands.intents,
-            deadlines=deadlines.operations,
-            ended=lifecycle.ended,
-            handler_name=label,
-            outcome=lifecycle.outcome,
-            escalated=None if lifecycle.ended else waiting_on(working, lifecycle),
+        return self._call_state(
+            state,
+            saga_id,
+            label,
+            now,
+            "operator_cancel",
+            lambda working, *handles: working.operator_cancel(reason, *handles),
         )
 
     def resolve_refusal(self, state: SagaState, decision: str) -> str | None:
@@ -370,19 +367,53 @@ class BoundSaga:
         handler = self.definition.deadline_handlers.get(DECISION_HANDLER)
         if handler is not None:
             request = DecisionRequest(decision=decision, reason=reason, by=by)
-            inp = DeadlineInput(DECISION_HANDLER, "", request.model_dump(), now)
-            outcome = self._run(handler, state, saga_id, now, deadline=inp)
-            outcome.handler_name = label
-            return outcome
+            return self._run_operator_handler(handler, state, saga_id, label, request, now)
+        return self._call_state(
+            state,
+            saga_id,
+            label,
+            now,
+            "operator_resolve",
+            lambda working, *handles: working.operator_resolve(decision, reason, *handles),
+        )
+
+    def _run_operator_handler(
+        self,
+        handler: HandlerDef,
+        state: SagaState,
+        saga_id: str,
+        label: str,
+        request: BaseModel,
+        now: datetime,
+    ) -> Outcome:
+        """Run a handler an operator's request selects, like a deadline's, under ``label``."""
+        inp = DeadlineInput(str(handler.key), "", request.model_dump(), now)
+        outcome = self._run(handler, state, saga_id, now, deadline=inp)
+        outcome.handler_name = label
+        return outcome
+
+    def _call_state(
+        self,
+        state: SagaState,
+        saga_id: str,
+        label: str,
+        now: datetime,
+        name: str,
+        call: Callable[..., object],
+    ) -> Outcome:
+        """Call a state method as handlers run: on a copy, validated after, failing as one.
+
+        ``call(working, commands, deadlines, lifecycle)`` calls it; ``name`` names it in errors.
+        """
         working = working_copy(state)
         commands = SagaCommands(saga_id, registry=self._registry)
         deadlines = SagaDeadlines(now)
         lifecycle = SagaLifecycle()
         try:
-            working.operator_resolve(decision, reason, commands, deadlines, lifecycle)  # type: ignore[attr-defined]
+            call(working, commands, deadlines, lifecycle)
             working = self.definition.state_cls.model_validate(working.__dict__)
         except Exception as e:
-            raise HandlerError(self.saga_type, saga_id, "operator_resolve", e) from e
+            raise HandlerError(self.saga_type, saga_id, name, e) from e
         return Outcome(
             state=working,
             commands=commands.intents,

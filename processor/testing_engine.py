@@ -82,25 +82,23 @@ class ObservedSaga(BoundSaga):
         self, state: SagaState | None, saga_id: str, inp: EventInput, now: datetime
     ) -> Outcome:
         """Run the event's handler, recording the outcome or the failure."""
-        try:
-            outcome = super().handle_event(state, saga_id, inp, now)
-        except HandlerError as e:
-            self.failure = e
-            raise
-        self.runs.append(HandlerRun(saga_id, outcome, now, None))
-        return outcome
+        return self._observed(
+            saga_id,
+            now,
+            None,
+            lambda: super(ObservedSaga, self).handle_event(state, saga_id, inp, now),
+        )
 
     def handle_deadline(
         self, state: SagaState, saga_id: str, inp: DeadlineInput, now: datetime
     ) -> Outcome:
         """Run the deadline's handler, recording the outcome or the failure."""
-        try:
-            outcome = super().handle_deadline(state, saga_id, inp, now)
-        except HandlerError as e:
-            self.failure = e
-            raise
-        self.runs.append(HandlerRun(saga_id, outcome, now, inp.name))
-        return outcome
+        return self._observed(
+            saga_id,
+            now,
+            inp.name,
+            lambda: super(ObservedSaga, self).handle_deadline(state, saga_id, inp, now),
+        )
 
     def handle_cancel(
         self,
@@ -112,13 +110,12 @@ class ObservedSaga(BoundSaga):
         by: str = "",
     ) -> Outcome:
         """Run the saga's cancel path, recording the outcome or the failure."""
-        try:
-            outcome = super().handle_cancel(state, saga_id, label, reason, now, by)
-        except HandlerError as e:
-            self.failure = e
-            raise
-        self.runs.append(HandlerRun(saga_id, outcome, now, None))
-        return outcome
+        return self._observed(
+            saga_id,
+            now,
+            None,
+            lambda: super(ObservedSaga, self).handle_cancel(state, saga_id, label, reason, now, by),
+        )
 
     def handle_resolve(
         self,
@@ -131,12 +128,24 @@ class ObservedSaga(BoundSaga):
         by: str = "",
     ) -> Outcome:
         """Apply an operator's decision, recording the outcome or the failure."""
+        return self._observed(
+            saga_id,
+            now,
+            None,
+            lambda: super(ObservedSaga, self).handle_resolve(
+                state, saga_id, label, decision, reason, now, by
+            ),
+        )
+
+    def _observed(
+        self, saga_id: str, now: datetime, deadline: str | None, run: Callable[[], Outcome]
+    ) -> Outcome:
         try:
-            outcome = super().handle_resolve(state, saga_id, label, decision, reason, now, by)
+            outcome = run()
         except HandlerError as e:
             self.failure = e
             raise
-        self.runs.append(HandlerRun(saga_id, outcome, now, None))
+        self.runs.append(HandlerRun(saga_id, outcome, now, deadline))
         return outcome
 
 

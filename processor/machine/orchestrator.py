@@ -827,22 +827,8 @@ def on_reply(
         reason = getattr(event, reason_field, None) if reason_field else None
         self.reply(step, kind, commands, deadlines, lifecycle, reason=reason)
 
-    # The handler name keys the runtime's parameter table, so it must be unique per saga; the
-    # event type is (one handler per event type).
-    handler.__name__ = f"on_{event_type.__name__}"
-    handler.__qualname__ = handler.__name__
     setattr(handler, _REPLY_OF, (step, kind))
-    handler.__annotations__ = {
-        "event": event_type,
-        "commands": SagaCommands,
-        "deadlines": SagaDeadlines,
-        "lifecycle": SagaLifecycle,
-        "return": None,
-    }
-    marked: Callable[..., None] = saga_event_handler(
-        event_type, association_property=association_property
-    )(handler)
-    return marked
+    return _event_handler(handler, event_type, association_property)
 
 
 def on_decision(
@@ -878,6 +864,15 @@ def on_decision(
         reason = getattr(event, reason_field, None) if reason_field else None
         self.resolve(decision, commands, deadlines, lifecycle, reason=reason)  # type: ignore[arg-type]
 
+    return _event_handler(handler, event_type, association_property)
+
+
+def _event_handler(
+    handler: Callable[..., None], event_type: type[Message], association_property: str
+) -> ReplyHandler:
+    """``handler`` named, annotated and marked as ``@saga_event_handler`` would leave it."""
+    # The handler name keys the runtime's parameter table, so it must be unique per saga; the
+    # event type is (one handler per event type).
     handler.__name__ = f"on_{event_type.__name__}"
     handler.__qualname__ = handler.__name__
     handler.__annotations__ = {
