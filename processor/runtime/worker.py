@@ -578,13 +578,19 @@ class Worker:
         consumer.consume(self.batch_size, self.batch_timeout)
         if not self._availability.may_try():
             return 0
-        try:
-            self._control(lambda: self.control.read_offsets([]), "probe")
-        except RuntimeFailure as e:
-            if e.kind is Failure.FATAL:
-                raise
-            self._availability.failed(back_off=True)
-            return 0
+        if self._doubt is not None:
+            # A batch whose commit outcome is still unknown is resolved by the read that shows
+            # the database answers; rejoining without it would forget it (and its log lines).
+            if not self._resync():
+                return 0
+        else:
+            try:
+                self._control(lambda: self.control.read_offsets([]), "probe")
+            except RuntimeFailure as e:
+                if e.kind is Failure.FATAL:
+                    raise
+                self._availability.failed(back_off=True)
+                return 0
         log.warning("the database answers again: rejoining the group")
         self.detached = False
         self._unsynced = False

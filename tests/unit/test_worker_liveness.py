@@ -418,3 +418,35 @@ def test_a_commit_that_hangs_counts_as_down_from_when_it_was_submitted(live: Liv
     live.clock.now += 0.06  # 0.21 since the commit began: past the bound
     rig.worker.poll_once()
     assert rig.worker.detached
+
+
+def test_an_in_doubt_commit_is_resolved_when_a_detached_replica_finds_the_database_again(
+    live: Live, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig, store = live.rig, live.store
+    rig.worker.unavailable_timeout = 0.2  # real seconds: the lane wait is real time
+    rig.consumer.assign([P0])
+    rig.send(P0, requested("t1"), "m1")
+    caplog.set_level(logging.WARNING, logger="processor.runtime.worker")
+
+    store.silent.set()  # the commit blocks, as on a black-holed connection ...
+    rig.worker.poll_once()
+    store.down = True  # ... and so does everything else, past the bound
+    assert rig.worker.settle() is False
+    for _ in range(3):
+        live.clock.now += 10
+        live.step()
+    assert rig.worker.detached, "the partitions went back to the group"
+    assert not any("outcome found" in r.message for r in caplog.records)
+
+    store.down = False
+    store.silent.clear()
+    live.clock.now += 10
+    live.step()  # the probe answers: the replica rejoins, and the batch must not be forgotten
+    assert not rig.worker.detached
+    assert any("outcome found: not committed" in r.message for r in caplog.records)
+    rig.consumer.assign([P0])
+    for _ in range(3):
+        live.clock.now += 1
+        live.step()
+    assert rig.applied("t1") == ["m1"], "applied exactly once after the outage"
