@@ -150,6 +150,7 @@ class Worker:
         self._clock = clock
         # No claim retry before this time: the partitions' rows were busy.
         self._claim_after = 0.0
+        self._polled_at = 0.0
         self.detached = False
 
     # -- rebalance callbacks (run inside consume(), on the consuming thread) --------------------
@@ -464,7 +465,7 @@ class Worker:
             return ws
 
         try:
-            ws = isolate_refused(batch.decoded, attempt)
+            ws = isolate_refused(batch.decoded, attempt, between=self._keep_polling)
         except RuntimeFailure as e:
             if e.kind is Failure.FATAL:
                 raise
@@ -476,6 +477,17 @@ class Worker:
         # The records read after the failed batch were dropped with the batch planned on it.
         self._resync()
         return False
+
+    def _keep_polling(self) -> None:
+        # A search through many refused records takes many trial writes: the consumer polls
+        # meanwhile (at most once a second), so the group keeps this replica past its poll
+        # interval and its rebalances are served. What it reads is dropped: the resync after
+        # the search seeks every partition back to its stored position.
+        now = self._clock()
+        if self.consumer is None or now - self._polled_at < 1.0:
+            return
+        self._polled_at = now
+        self.consumer.consume(self.batch_size, 0)
 
     # -- failures and recovery -----------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from processor.engine.records import OffsetCommit
+from processor.engine.records import OffsetCommit, Record
 from processor.engine.rows import Loaded, Outcome, Wants, WriteSet
 from processor.errors import LockBusy, RecordDataError, Retryable
 from processor.memory.consumer import MemoryRecordConsumer
@@ -24,7 +24,7 @@ from processor.runtime.assembly import bind_sagas
 from processor.runtime.worker import Worker
 from processor.settings import ProcessorSettings
 from sagas.transfer import TransferSaga
-from tests.unit.test_worker import P0, P1, Rig, requested
+from tests.unit.test_worker import P0, P1, Rig, debited, requested
 
 SAGA = "transfer-saga"
 BOUND = 20.0
@@ -50,6 +50,8 @@ class Flaky(MemoryBatchStore):
         self.commits_fail = False  # every write fails as retryable; reads still work
         self.busy = 0  # claims still to fail as if another session held the partitions' rows
         self.claims = 0  # claims tried
+        self.writes = 0  # writes tried, trial writes included
+        self.on_write: Callable[[], None] | None = None
 
     def _gate(self) -> None:
         if self.down:
@@ -79,6 +81,9 @@ class Flaky(MemoryBatchStore):
         before_commit: Callable[[], None] | None = None,
         dry_run: bool = False,
     ) -> None:
+        self.writes += 1
+        if self.on_write is not None:
+            self.on_write()
         if self.silent.is_set():
             self.release.wait(30)
         self._gate()
@@ -287,6 +292,52 @@ def test_a_record_the_database_refuses_is_dead_lettered_and_the_rest_commit(live
     assert (letter.record.offset, letter.reason) == (2, "refused-by-database")
     assert "22021" in letter.detail
     assert t.offsets[P0][1] == 5, "the partition moved past the refused record"
+
+
+def test_many_refused_records_are_found_in_few_trial_writes_while_the_consumer_polls(
+    live: Live, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig, store = live.rig, live.store
+    rig.worker.batch_size = 500
+    rig.consumer.assign([P0])
+    # 400 sagas; 50 of them refused at their first record, 10 more at their second.
+    first = {f"m{i}" for i in range(0, 400, 8)}
+    second = {f"n{i}" for i in range(4, 400, 40)}
+    store.refuse = first | second
+    for i in range(400):
+        rig.send(P0, requested(f"t{i}"), f"m{i}")
+    for i in range(4, 400, 40):
+        rig.send(P0, debited(f"t{i}"), f"n{i}")
+    polls = []
+    consume = rig.consumer.consume
+
+    def counting(max_records: int, timeout: float) -> list[Record]:
+        polls.append(store.writes)
+        return consume(max_records, timeout)
+
+    rig.consumer.consume = counting  # type: ignore[method-assign]
+
+    def tick() -> None:
+        live.clock.now += 0.5  # each trial write takes half a second of the worker's clock
+
+    store.on_write = tick
+    caplog.set_level(logging.WARNING, logger="processor.runtime.isolate")
+    live.step()
+    live.step()
+
+    letters = sorted(d.record.offset for d in rig.tables.dead_letters)
+    assert letters == sorted([i for i in range(0, 400, 8)] + [400 + k for k in range(10)])
+    assert all(d.reason == "refused-by-database" for d in rig.tables.dead_letters)
+    assert all(rig.applied(f"t{i}") == [f"m{i}"] for i in range(400) if i % 8 and i % 40 != 4)
+    assert all(rig.applied(f"t{i}") == [f"m{i}"] for i in range(4, 400, 40))
+    assert rig.tables.offsets[P0][1] == 410
+    # 60 refused among 410: about 60 x 2 log2(410 / 60) trials, not 60 full batches of bisection.
+    assert store.writes < 60 * 2 * 4, store.writes
+    [summary] = [r.message for r in caplog.records if "trial writes (" in r.message]
+    assert "60 refused by the database" in summary
+    # The consumer kept polling through the search, about once a second of it.
+    during = [w for w in polls if 1 < w < store.writes - 1]
+    assert len(during) >= store.writes // 4, (len(during), store.writes)
 
 
 def test_a_revocation_before_the_refused_records_are_isolated_does_not_stop_the_worker(
