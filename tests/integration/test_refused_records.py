@@ -91,7 +91,8 @@ def test_a_hundred_refused_records_in_a_batch_of_five_hundred_are_isolated_witho
         )
         revoked = [r.message for r in caplog.records if r.message.startswith("revoked")]
         assigned = [r.message for r in caplog.records if r.message.startswith("assigned")]
-    assert revoked == [] and len(assigned) == 1, (assigned, revoked)
+    assert revoked == [], revoked
+    assert len(assigned) == 1, assigned
 
     [summary] = [r.message for r in caplog.records if "trial writes (" in r.message]
     found = re.search(r"batch of (\d+) records: (\d+) refused .* in (\d+) trial writes", summary)
