@@ -146,6 +146,7 @@ class Worker:
         self._writes_failing = False
         # When the batch in flight was handed to the write lane (the worker's clock).
         self._submitted_at = 0.0
+        self._submitted_mono = 0.0
         self._availability = Availability(clock)
         self._clock = clock
         # No claim retry before this time: the partitions' rows were busy.
@@ -288,6 +289,7 @@ class Worker:
         if planned is not None:
             self._pending = (planned, self._write_lane.submit(lambda: self._write(planned)))
             self._submitted_at = self._clock()
+            self._submitted_mono = time.monotonic()
             self._advance(planned.batch)
         return len(records)
 
@@ -298,8 +300,11 @@ class Worker:
         planned, future = self._pending
         self._pending = None
         size = planned.batch.size
+        # Bounded from the submission: a replica that met a silent database while planning
+        # the next batch has waited for it already.
+        budget = self.unavailable_timeout - (time.monotonic() - self._submitted_mono)
         try:
-            wait(future, self.unavailable_timeout, what="batch commit")
+            wait(future, max(0.0, budget), what="batch commit")
         except Stuck as e:
             self._abandon_write_lane()
             # The commit has hung since it was submitted: the outage began then.
@@ -514,6 +519,10 @@ class Worker:
         self._unsynced = True
         self._carry = []
         in_doubt = self._doubt = in_doubt or self._doubt
+        if self._past_the_bound():
+            # The partitions go back first (the caller's next step): another try of a database
+            # that has not answered for the whole bound would only hold them longer.
+            return False
         tps = list(self.owned)
         if in_doubt is not None:
             # Its partitions too, should they have been revoked since.
@@ -568,10 +577,17 @@ class Worker:
                 self.consumer.pause(lost)
         return True
 
+    def _past_the_bound(self) -> bool:
+        return (
+            not self.detached
+            and self.consumer is not None
+            and self._availability.down_for() >= self.unavailable_timeout
+        )
+
     def _give_back_if_unavailable(self) -> None:
-        down_for = self._availability.down_for()
-        if self.detached or down_for < self.unavailable_timeout or self.consumer is None:
+        if not self._past_the_bound():
             return
+        down_for = self._availability.down_for()
         log.warning(
             "the database has been unavailable for %.0f s: giving this replica's partitions "
             "back to the group until it answers again",

@@ -1,10 +1,13 @@
 """A replica cut off from PostgreSQL (but not from Kafka) gives its partitions back to the
-others within the bound and rejoins after healing; a commit cut off in flight is resolved from
-the stored offsets. Nothing is lost or applied twice."""
+others within the bound and rejoins after healing, its relay and deadline poller working again;
+a commit cut off in flight is resolved from the stored offsets. Nothing is lost or applied
+twice."""
 
 from __future__ import annotations
 
+import re
 import time
+import urllib.request
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -18,12 +21,18 @@ from tests.e2e.conftest import (
     wait_drained,
 )
 from tests.support.harness import wait_until
+from tests.support.procs import ProcessorProcess
 from tests.support.proxy import Proxy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SAGAS = 150
-BLACK_HOLE = 40.0
+# Packets dropped for a minute: longer than every bound in play (the 20 s unavailable timeout,
+# the 30 s TCP user timeout, the keepalives' ~25 s), so each has to act.
+BLACK_HOLE = 60.0
+# SAGA_CONSUMER__UNAVAILABLE_TIMEOUT (its default, 20 s) plus 10 s: the partitions go back, and
+# the loops of a healed replica work again, within it.
+BOUND = 30.0
 
 
 def _via(proxy: Proxy, url: str) -> str:
@@ -32,6 +41,12 @@ def _via(proxy: Proxy, url: str) -> str:
     # Plain text, so the proxy can tell a COMMIT when it sees one.
     query = "&".join(q for q in (parts.query, "sslmode=disable") if q)
     return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def _health(proc: ProcessorProcess) -> int:
+    [port] = re.findall(r"/readyz on port (\d+)", proc.log())
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+        return int(response.status)
 
 
 def _proxy_for(url: str) -> Proxy:
@@ -72,9 +87,15 @@ def test_a_replica_that_loses_the_database_hands_its_partitions_over_and_rejoins
             what="all three replicas owning partitions",
         )
 
-        proxy.black_hole()
+        proxy.black_hole(drop=True)
         started = time.monotonic()
         publish_steps(env, workload, range(1, 3))
+        # Its last commit was before the cut: the partitions go back within the bound of it.
+        wait_until(
+            lambda: log_lines(cut_off, r"giving this replica's partitions back to the group"),
+            timeout=BOUND - (time.monotonic() - started),
+            what="the cut-off replica giving its partitions back",
+        )
         # The others finish everything, the cut-off replica's partitions included, while it
         # still cannot reach the database.
         wait_drained(env, workload, reader)
@@ -89,11 +110,22 @@ def test_a_replica_that_loses_the_database_hands_its_partitions_over_and_rejoins
         if remaining > 0:
             time.sleep(remaining)  # the black hole lasts its full time, as a real partition
         proxy.heal()
+        healed = time.monotonic()
         wait_until(
             lambda: log_lines(cut_off, r"answers again: rejoining the group"),
-            timeout=120,
+            timeout=BOUND,
             what="the cut-off replica rejoining",
         )
+        # Its relay and deadline poller failed through the cut (their connections died with
+        # it) and work again within the bound; health says every loop is alive.
+        for loop in ("relay", "deadline poller"):
+            pattern = rf"{loop} recovered after"
+            wait_until(
+                lambda pattern=pattern: log_lines(cut_off, pattern),  # type: ignore[misc]
+                timeout=BOUND - (time.monotonic() - healed),
+                what=f"the cut-off replica's {loop} working again",
+            )
+        assert _health(cut_off) == 200
         wait_until(
             lambda: (
                 "cut-off" in {o for (o,) in env.query("SELECT DISTINCT owner FROM consumer_offset")}

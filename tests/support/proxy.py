@@ -2,7 +2,9 @@
 
 It stands between one processor and PostgreSQL, so a test can take the database away from that
 replica alone, the way a network partition does: a black hole keeps every socket open and just
-stops moving bytes (nothing errors, nothing answers), and healing moves the held bytes on.
+stops moving bytes (nothing errors, nothing answers), and healing moves the held bytes on, or,
+for a partition that drops packets, ends every connection that lived through it: their bytes
+are lost, and a peer's TCP user timeout and keepalives would have ended them by then.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Proxy:
         self._pairs: list[_Pair] = []
         self._lock = threading.Lock()
         self._holding = threading.Event()
+        self._dropping = False
         self._stopped = threading.Event()
         self._cuts_left = 0
         self._cut_when: tuple[bytes, ...] = ()
@@ -46,12 +49,22 @@ class Proxy:
         self._thread = threading.Thread(target=self._run, name="tcp-proxy", daemon=True)
         self._thread.start()
 
-    def black_hole(self) -> None:
-        """Stops moving bytes in both directions; connections stay open and new ones hang."""
+    def black_hole(self, *, drop: bool = False) -> None:
+        """Stops moving bytes in both directions; connections stay open and new ones hang.
+
+        With ``drop``, the bytes are lost rather than held: see :meth:`heal`.
+        """
+        self._dropping = drop
         self._holding.set()
 
     def heal(self) -> None:
-        """Moves bytes again, the held ones first."""
+        """Moves bytes again: the held ones first, or, after a dropping black hole, on new
+        connections only (the ones that lived through it are closed)."""
+        if self._dropping:
+            with self._lock:
+                pairs = list(self._pairs)
+            for pair in pairs:
+                self._drop(pair)
         self._holding.clear()
 
     def cut_commits(self, count: int, *, after: tuple[bytes, ...] = ()) -> None:
