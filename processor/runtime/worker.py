@@ -585,7 +585,8 @@ class Worker:
         )
 
     def _give_back_if_unavailable(self) -> None:
-        if not self._past_the_bound():
+        consumer = self.consumer
+        if consumer is None or not self._past_the_bound():
             return
         down_for = self._availability.down_for()
         log.warning(
@@ -599,7 +600,7 @@ class Worker:
         self._unclaimed.clear()
         self._to_pause.clear()
         self._carry = []
-        self.consumer.leave()
+        consumer.leave()
 
     def _step_detached(self, consumer: RecordConsumer) -> int:
         # Serves the group's callbacks (the revocation) while away; nothing is assigned.
