@@ -108,6 +108,10 @@ class DatabaseSettings(BaseModel):
     # replica at whatever database happens to answer there.
     url: SecretStr
     schema_name: str = "saga"
+    # The longest one statement of the processor's loops may run (consumer batches, relay,
+    # deadline poller, retention, growth watch, metrics samples); the server cancels it past
+    # that and the loop tries again. Operator commands and migrations are not bounded by it.
+    statement_timeout: Duration = timedelta(seconds=60)
 
     _check_schema = field_validator("schema_name")(classmethod(lambda cls, v: _identifier(v)))
 

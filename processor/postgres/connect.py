@@ -28,6 +28,7 @@ def connect(
     application_name: str = "saga-processor",
     autocommit: bool = False,
     idle_in_transaction_timeout: timedelta | None = None,
+    statement_timeout: timedelta | None = None,
     keyed: bool = False,
 ) -> psycopg.Connection[TupleRow]:
     """A connection with the processor's defaults (UTC session, bounded statement wait).
@@ -40,6 +41,9 @@ def connect(
             transaction open and idle that long. A frozen process (paused, swapped out,
             partitioned) would otherwise keep the row and advisory locks that another replica
             needs to take over its work, for as long as it stays frozen.
+        statement_timeout: When set, the server cancels a statement that runs longer: a loop
+            whose query meets a table far larger than planned for (or a plan gone bad) fails
+            that round and says so, rather than hold its connection and locks indefinitely.
         keyed: Every statement on this connection looks rows up by their keys (a batch's
             reads and writes): the planner is told to probe an index per key. Its statistics
             lag behind a table that fills fast (a young database, a burst of new sagas), and a
@@ -51,6 +55,8 @@ def connect(
     if idle_in_transaction_timeout is not None:
         ms = max(1, int(idle_in_transaction_timeout.total_seconds() * 1000))
         options += f" -c idle_in_transaction_session_timeout={ms}"
+    if statement_timeout is not None:
+        options += f" -c statement_timeout={max(1, int(statement_timeout.total_seconds() * 1000))}"
     if keyed:
         options += " -c enable_seqscan=off -c enable_hashjoin=off -c enable_mergejoin=off"
     given = conninfo_to_dict(url)

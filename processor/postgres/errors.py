@@ -14,10 +14,11 @@ from processor.errors import LockBusy, RecordDataError, Retryable, RuntimeFailur
 
 __all__ = ["translate", "unreachable"]
 
-# Connection lost (08), operator intervention such as a shutdown (57P), serialization failure and
-# deadlock (40001, 40P01), lock wait timed out (55P03), insufficient resources (53): the same
-# work may succeed on a later attempt.
-_RETRYABLE = ("08", "57P", "40001", "40P01", "55P03", "53")
+# Connection lost (08), operator intervention such as a shutdown (57P), a statement cancelled by
+# its timeout or an operator (57014), serialization failure and deadlock (40001, 40P01), lock
+# wait timed out (55P03), insufficient resources (53): the same work may succeed on a later
+# attempt.
+_RETRYABLE = ("08", "57P", "57014", "40001", "40P01", "55P03", "53")
 # Data exception (22), integrity constraint violation (23), program limit exceeded (54): the
 # data of one write is refused; sending it again cannot help.
 _RECORD_DATA = ("22", "23", "54")

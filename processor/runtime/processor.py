@@ -111,6 +111,7 @@ class Processor:
             self.settings.database.url.get_secret_value(),
             application_name=f"saga:{self.instance_id}",
             idle_in_transaction_timeout=idle_in_transaction_timeout,
+            statement_timeout=self.settings.database.statement_timeout,
             keyed=keyed,
         )
 

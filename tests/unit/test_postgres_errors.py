@@ -23,7 +23,7 @@ from processor.postgres.errors import translate
         ("23505", Failure.RECORD_DATA),
         ("54000", Failure.RECORD_DATA),
         ("42P01", Failure.FATAL),
-        ("57014", Failure.FATAL),
+        ("57014", Failure.RETRYABLE),  # statement timeout, or cancelled by an operator
     ],
 )
 def test_sqlstate_classes(sqlstate: str, kind: Failure) -> None:
