@@ -35,6 +35,7 @@ from processor.ops.views import (
 )
 
 __all__ = [
+    "FAILED_VALUE_PREVIEW",
     "TP",
     "BatchStore",
     "DeadlineRow",
@@ -62,6 +63,13 @@ __all__ = [
 
 TP = tuple[str, int]
 """A (topic, partition) pair."""
+
+FAILED_VALUE_PREVIEW = 64 * 1024
+"""Most bytes of a value a failed outbox row shows (:attr:`FailedOutboxRow.row`).
+
+A dead letter keeps its whole input value (2 MB and more), so listing or moving a saga's failed
+rows with their values could load gigabytes; a retry moves the value in the store instead.
+"""
 
 Positions = dict[TP, tuple[int, int | None]]
 """Per partition: (owner epoch, next offset to read, or None when nothing was stored yet)."""
@@ -152,7 +160,9 @@ class FailedOutboxRow:
 
     Attributes:
         id: Its outbox id.
-        row: The record that was not published.
+        row: The record that was not published; its value cut to the first
+            :data:`FAILED_VALUE_PREVIEW` bytes (the outbox gets it whole back on a retry).
+        value_bytes: The whole value's size in bytes.
         reason: Why it failed, or which row it waits behind.
         attempts: Rounds in which it was tried.
         held_behind: Id of the failed row of its saga it waits behind; None when it failed itself.
@@ -162,6 +172,7 @@ class FailedOutboxRow:
 
     id: int
     row: OutboxRow
+    value_bytes: int
     reason: str
     attempts: int
     held_behind: int | None

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from processor.engine.records import OutboxRow
-from processor.ports import TP, FailedOutboxRow, OutboxEntry, SetAside
+from processor.ports import FAILED_VALUE_PREVIEW, TP, FailedOutboxRow, OutboxEntry, SetAside
 
 __all__ = ["MemoryOutboxStore"]
 
@@ -208,7 +208,14 @@ class MemoryOutboxStore:
         for s in settled.set_aside:
             entry = self._rows[s.id]
             self._failed[s.id] = FailedOutboxRow(
-                s.id, entry.row, s.reason, s.attempts, s.held_behind, self._created[s.id], now
+                s.id,
+                entry.row,
+                len(entry.row.value),
+                s.reason,
+                s.attempts,
+                s.held_behind,
+                self._created[s.id],
+                now,
             )
         for i in ids:
             if i in settled.kept:
@@ -226,12 +233,13 @@ class MemoryOutboxStore:
         self, saga_type: str | None = None, saga_id: str | None = None, limit: int = 100
     ) -> list[FailedOutboxRow]:
         with self._state:
-            return [
+            picked = [
                 f
                 for f in sorted(self._failed.values(), key=lambda f: f.id)
                 if (saga_type is None or f.row.saga_type == saga_type)
                 and (saga_id is None or f.row.saga_id == saga_id)
             ][:limit]
+            return [_shown(f) for f in picked]
 
     def retry_failed(
         self, *, saga_type: str | None = None, saga_id: str | None = None, row_id: int | None = None
@@ -241,7 +249,7 @@ class MemoryOutboxStore:
             for f in chosen:
                 del self._failed[f.id]
                 self._rows[f.id] = OutboxEntry(f.id, f.row)
-            return chosen
+            return [_shown(f) for f in chosen]
 
     def discard_failed(
         self, *, saga_type: str | None = None, saga_id: str | None = None, row_id: int | None = None
@@ -251,7 +259,7 @@ class MemoryOutboxStore:
             for f in chosen:
                 del self._failed[f.id]
                 del self._created[f.id]
-            return sorted(chosen, key=lambda f: f.id)
+            return sorted((_shown(f) for f in chosen), key=lambda f: f.id)
 
     @contextmanager
     def _operator(self) -> Iterator[None]:
@@ -289,3 +297,8 @@ def _picked(
     if row_id is not None:
         return f.id == row_id
     return f.row.saga_type == saga_type and f.row.saga_id == saga_id
+
+
+def _shown(f: FailedOutboxRow) -> FailedOutboxRow:
+    """``f`` as the PostgreSQL store returns it: its value cut to the preview (kept whole here)."""
+    return replace(f, row=replace(f.row, value=f.row.value[:FAILED_VALUE_PREVIEW]))

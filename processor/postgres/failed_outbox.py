@@ -11,16 +11,18 @@ from __future__ import annotations
 from typing import Any
 
 from processor.engine.records import OutboxRow
-from processor.ports import FailedOutboxRow
+from processor.ports import FAILED_VALUE_PREVIEW, FailedOutboxRow
 from processor.postgres.outbox import partition_lock_key, relay_lock_key
 from processor.postgres.schema import Tables
 from processor.postgres.store import Conn
 
 __all__ = ["PostgresFailedOutbox"]
 
-_COLUMNS = """
-    id, saga_type, saga_id, topic, partition, key, headers, value, reason, attempts, held_behind,
-    created_at, failed_at, source_topic, source_partition
+# The value only as far as an operator reads it, with its size: a retry copies it in the table.
+_COLUMNS = f"""
+    id, saga_type, saga_id, topic, partition, key, headers,
+    substring(value FROM 1 FOR {FAILED_VALUE_PREVIEW}), octet_length(value), reason, attempts,
+    held_behind, created_at, failed_at, source_topic, source_partition
 """
 _LIST = f"""
     SELECT {_COLUMNS} FROM {{failed_outbox}}
@@ -30,7 +32,7 @@ _LIST = f"""
 """
 # A row of a saga selects its whole saga: its held rows must follow it back, in order.
 _SELECT = f"""
-    WITH picked AS (SELECT * FROM {{failed_outbox}} WHERE id = %(row_id)s)
+    WITH picked AS (SELECT saga_type, saga_id FROM {{failed_outbox}} WHERE id = %(row_id)s)
     SELECT {_COLUMNS} FROM {{failed_outbox}} AS f
      WHERE (%(row_id)s::bigint IS NULL
             AND f.saga_type = %(saga_type)s::text AND f.saga_id = %(saga_id)s::text)
@@ -109,7 +111,7 @@ class PostgresFailedOutbox:
 
 
 def _row(r: tuple[Any, ...]) -> FailedOutboxRow:
-    (id_, saga_type, saga_id, topic, partition, key, headers, value, reason, attempts, behind) = r[
+    (id_, saga_type, saga_id, topic, partition, key, headers, value, size, reason, attempts) = r[
         :11
     ]
     return FailedOutboxRow(
@@ -122,11 +124,12 @@ def _row(r: tuple[Any, ...]) -> FailedOutboxRow:
             headers,
             value,
             partition,
-            source=(r[13], r[14]) if r[13] is not None and r[14] is not None else None,
+            source=(r[14], r[15]) if r[14] is not None and r[15] is not None else None,
         ),
+        value_bytes=size,
         reason=reason,
         attempts=attempts,
-        held_behind=behind,
-        created_at=r[11],
-        failed_at=r[12],
+        held_behind=r[11],
+        created_at=r[12],
+        failed_at=r[13],
     )

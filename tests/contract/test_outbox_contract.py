@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
 from processor.engine.records import OutboxRow
 from processor.memory.outbox import MemoryOutboxStore
-from processor.ports import TP, FailedOutboxStore, OutboxEntry, OutboxStore, SetAside
+from processor.ports import (
+    FAILED_VALUE_PREVIEW,
+    TP,
+    FailedOutboxStore,
+    OutboxEntry,
+    OutboxStore,
+    SetAside,
+)
 from tests.contract import BACKENDS
 
 
@@ -500,3 +507,48 @@ def test_the_byte_bound_spans_rows_of_no_source_and_partition_rows(outbox: Outbo
     with store.claim(10, {T0: epochs[T0]}, max_bytes=1000) as claimed:
         assert _ids(claimed) == [ids[0], ids[2]]
     assert outbox.pending() == []
+
+
+def test_failed_rows_show_a_bounded_value_with_its_size_and_a_retry_loses_nothing(
+    outbox: Outbox,
+) -> None:
+    # Bytes that differ along the value (and are not UTF-8), so a cut in the wrong place shows.
+    whole = bytes(range(256)) * (FAILED_VALUE_PREVIEW // 256 + 10)
+    big, held = replace(_big("a", 0), value=whole), row("a", 1)
+    other = replace(_big("b", 0), value=whole[::-1])
+    ids = outbox.append([big, held, other])
+    store = outbox.store()
+    with store.claim(10) as claimed:
+        assert _ids(claimed) == ids
+        store.settle(
+            [
+                SetAside(ids[0], "too large", 1),
+                SetAside(ids[1], "held", 0, ids[0]),
+                SetAside(ids[2], "too large", 1),
+            ],
+            {},
+        )
+
+    listed = outbox.failed.list_failed()
+    assert [(f.id, f.value_bytes) for f in listed] == [
+        (ids[0], len(whole)),
+        (ids[1], len(held.value)),
+        (ids[2], len(whole)),
+    ]
+    assert listed[0].row == replace(big, value=whole[:FAILED_VALUE_PREVIEW])
+    assert listed[1].row == held
+
+    back = outbox.failed.retry_failed(row_id=ids[0])
+    assert [(b.id, b.value_bytes, b.row.value) for b in back] == [
+        (ids[0], len(whole), whole[:FAILED_VALUE_PREVIEW]),
+        (ids[1], len(held.value), held.value),
+    ]
+    gone = outbox.failed.discard_failed(row_id=ids[2])
+    assert [(g.id, g.value_bytes, g.row.value) for g in gone] == [
+        (ids[2], len(whole), whole[::-1][:FAILED_VALUE_PREVIEW])
+    ]
+    # Nothing lost: the outbox holds the whole value again, and the next claim takes it.
+    assert [(e.id, e.row) for e in outbox.pending()] == [(ids[0], big), (ids[1], held)]
+    with store.claim(10) as again:
+        assert again is not None
+        assert [(e.id, e.row) for e in again] == [(ids[0], big), (ids[1], held)]
