@@ -2,16 +2,20 @@
 
 Orders are placed by customers with enough money (completed), a customer who cannot pay (the
 payment is declined and the stock released), a customer the fraud review flags (refunded and
-released) and a remote customer no carrier serves: shipping fails on every try, the saga
-escalates to a person, and the demo's stand-in for that person decides to compensate with
-``saga resolve`` (refunded and released). Money only moves between the customers' wallets and
-the merchant, so its sum is the same before and after; stock only moves between the shelf and
-reservations.
+released), a remote customer no carrier serves (shipping fails on every try, the saga escalates
+to a person, and the demo's stand-in for that person decides to compensate with ``saga
+resolve``: refunded and released), a customer whose bank is slow (the payment times out, the
+stock is released, and the capture the bank settles afterwards is refunded, never resumed) and
+an unusual customer no analyst reviews (the review times out and escalates; the person rejects
+the order with a review decision event: refunded and released). Money only moves between the
+customers' wallets and the merchant, so its sum is the same before and after; stock only moves
+between the shelf and reservations.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -20,7 +24,8 @@ from decimal import Decimal
 import psycopg
 from confluent_kafka import Producer
 
-from demo.orders import create_tables, order_participants, stock_up
+from demo.orders import create_tables, order_participants, settle_late, stock_up
+from processor.messages import Message, registry
 from processor.participant.service import ParticipantService
 from processor.settings import ConsumerSettings, RelaySettings
 from processor.wire import (
@@ -29,7 +34,14 @@ from processor.wire import (
     HEADER_MESSAGE_TYPE,
     HEADER_SCHEMA_VERSION,
 )
-from schemas.orders import ESCALATIONS_TOPIC, ORDER_COMMANDS_TOPIC, ORDER_EVENTS_TOPIC, OrderPlaced
+from schemas.orders import (
+    ESCALATIONS_TOPIC,
+    ORDER_COMMANDS_TOPIC,
+    ORDER_EVENTS_TOPIC,
+    FraudReviewRejected,
+    OrderPlaced,
+    PaymentCaptured,
+)
 
 __all__ = [
     "ORDER_SAGA",
@@ -38,6 +50,7 @@ __all__ = [
     "order_plan",
     "order_tally",
     "publish_orders",
+    "start_order_bank",
     "start_order_participants",
     "start_order_person",
 ]
@@ -64,7 +77,9 @@ def order_plan(stamp: str, n: int) -> OrderPlan:
     """``n`` orders: most paid and shipped; some declined, flagged, or never shippable."""
     orders = []
     for i in range(n):
-        customer = {3: "c-poor", 5: "fraud-c", 6: "c-remote"}.get(i % 7, f"c-{i % 3}")
+        customer = {3: "c-poor", 5: "fraud-c", 6: "c-remote", 7: "c-slow", 8: "c-unusual"}.get(
+            i % 9, f"c-{i % 3}"
+        )
         orders.append(
             OrderPlaced(
                 order_id=f"{stamp}-o{i}",
@@ -76,7 +91,13 @@ def order_plan(stamp: str, n: int) -> OrderPlan:
         )
     wallets = {f"c-{i}": Decimal("1000.00") for i in range(3)}
     wallets.update(
-        {"c-poor": Decimal("5.00"), "fraud-c": Decimal("500.00"), "c-remote": Decimal("500.00")}
+        {
+            "c-poor": Decimal("5.00"),
+            "fraud-c": Decimal("500.00"),
+            "c-remote": Decimal("500.00"),
+            "c-slow": Decimal("500.00"),
+            "c-unusual": Decimal("500.00"),
+        }
     )
     return OrderPlan(tuple(orders), {SKU: n + 5}, wallets)
 
@@ -129,19 +150,65 @@ def publish_orders(kafka: str, prefix: str, plan: OrderPlan) -> None:
     """Places every order of the plan."""
     producer = Producer({"bootstrap.servers": kafka, "enable.idempotence": True})
     for order in plan.orders:
-        producer.produce(
-            prefix + ORDER_EVENTS_TOPIC,
-            key=order.order_id.encode(),
-            value=order.model_dump_json().encode(),
-            headers={
-                HEADER_MESSAGE_ID: f"placed-{order.order_id}",
-                HEADER_MESSAGE_TYPE: "orders.OrderPlaced",
-                HEADER_SCHEMA_VERSION: "1",
-                HEADER_CORRELATION_ID: order.order_id,
-            },
-        )
+        _produce(producer, prefix, order, order.order_id, f"placed-{order.order_id}")
     if producer.flush(30):
         raise RuntimeError("orders not acknowledged by the broker")
+
+
+def _produce(producer: Producer, prefix: str, event: Message, order_id: str, mid: str) -> None:
+    """One order event, keyed by its order and with the headers the processor reads."""
+    mtype = registry.of(type(event))
+    assert mtype.topic is not None
+    producer.produce(
+        prefix + mtype.topic,
+        key=order_id.encode(),
+        value=event.model_dump_json().encode(),
+        headers={
+            HEADER_MESSAGE_ID: mid,
+            HEADER_MESSAGE_TYPE: mtype.name,
+            HEADER_SCHEMA_VERSION: str(mtype.version),
+            HEADER_CORRELATION_ID: order_id,
+        },
+    )
+
+
+def start_order_bank(
+    cleanup: ExitStack, kafka: str, database: str, schema: str, *, prefix: str
+) -> Callable[[], int]:
+    """Runs the slow customers' bank: returns a reader of the captures it settled late.
+
+    Once the saga has given up on such an order (its stock released after the payment
+    timeout), the bank moves the money after all and the payment service tells the saga, in
+    the same transaction, which then refunds it.
+    """
+    stop = threading.Event()
+    settled: list[str] = []
+    producer = Producer({"bootstrap.servers": kafka, "enable.idempotence": True})
+
+    def settle() -> None:
+        with psycopg.connect(database, options=f"-c search_path={schema}") as conn:
+            while not stop.wait(0.2):
+                with conn.transaction():
+                    late = settle_late(conn)
+                    for order_id in late:
+                        event = PaymentCaptured(order_id=order_id)
+                        _produce(producer, prefix, event, order_id, f"late-capture-{order_id}")
+                    # Told before the money moves for good: a capture the saga never hears
+                    # of would never be refunded.
+                    if late and producer.flush(30):
+                        raise RuntimeError("late captures not acknowledged by the broker")
+                settled.extend(late)
+
+    thread = threading.Thread(target=settle, name="order-bank", daemon=True)
+    thread.start()
+
+    def finish() -> None:
+        stop.set()
+        thread.join(10)
+        producer.flush(5)
+
+    cleanup.callback(finish)
+    return lambda: len(settled)
 
 
 def order_tally(database: str, schema: str) -> dict[str, int]:
@@ -161,11 +228,14 @@ DECISION = "compensate"
 
 def start_order_person(
     cleanup: ExitStack, kafka: str, database: str, schema: str, *, prefix: str, key: str
-) -> Callable[[], int]:
-    """Stands in for the person shipping escalates to; returns a reader of decisions taken.
+) -> Callable[[], dict[str, int]]:
+    """Stands in for the person the order saga escalates to; returns a reader of the decisions
+    taken, by step.
 
-    Reads the escalations topic; for a step whose retries ran out it decides to compensate,
-    with ``saga resolve`` (an operator record signed with the processor's operator key).
+    Reads the escalations topic. For a step whose retries ran out (shipping) it decides to
+    compensate, with ``saga resolve`` (an operator record signed with the processor's operator
+    key); for a fraud review nobody did in time it rejects the order, with the review's own
+    decision event, as an analyst's tool would.
     """
     from confluent_kafka import Consumer
 
@@ -177,7 +247,8 @@ def start_order_person(
     from schemas.orders import EscalateToPerson
 
     stop = threading.Event()
-    decided: list[str] = []
+    decided: Counter[str] = Counter()
+    events = Producer({"bootstrap.servers": kafka, "enable.idempotence": True})
     consumer = Consumer(
         {
             "bootstrap.servers": kafka,
@@ -198,6 +269,15 @@ def start_order_person(
                 if msg is None or msg.error() is not None:
                     continue
                 told = EscalateToPerson.model_validate_json(msg.value() or b"")
+                if told.reason == "approval-timeout":
+                    rejected = FraudReviewRejected(
+                        order_id=told.order_id, reason=f"{PERSON}: nobody could review it in time"
+                    )
+                    _produce(events, prefix, rejected, told.order_id, f"review-{told.order_id}")
+                    if events.flush(30):
+                        raise RuntimeError("review decision not acknowledged by the broker")
+                    decided[str(told.step)] += 1
+                    continue
                 if told.reason != "retries-exhausted":
                     continue
                 send_operator_request(
@@ -211,7 +291,7 @@ def start_order_person(
                     reason=f"{told.detail}: refund the customer",
                     name=DECISION,
                 )
-                decided.append(told.order_id)
+                decided[str(told.step)] += 1
 
     thread = threading.Thread(target=decide, name="order-person", daemon=True)
     thread.start()
@@ -221,6 +301,7 @@ def start_order_person(
         thread.join(10)
         consumer.close()
         producer.close(5.0)
+        events.flush(5)
 
     cleanup.callback(finish)
-    return lambda: len(decided)
+    return lambda: dict(decided)

@@ -36,7 +36,15 @@ from schemas.orders import (
     StockUnavailable,
 )
 
-__all__ = ["MERCHANT", "FraudReview", "Inventory", "Payments", "Shipping", "order_participants"]
+__all__ = [
+    "MERCHANT",
+    "FraudReview",
+    "Inventory",
+    "Payments",
+    "Shipping",
+    "order_participants",
+    "settle_late",
+]
 
 MERCHANT = "merchant"
 EXPIRED = "deadline passed before the command ran"
@@ -64,6 +72,12 @@ CREATE TABLE IF NOT EXISTS payment (
 );
 CREATE TABLE IF NOT EXISTS shipment (order_id text PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS review (order_id text PRIMARY KEY, approved boolean NOT NULL);
+-- Captures the bank has not settled yet (the slow customers' orders).
+CREATE TABLE IF NOT EXISTS pending_capture (
+    order_id text          PRIMARY KEY,
+    customer text          NOT NULL,
+    amount   numeric(18,2) NOT NULL
+);
 """
 
 
@@ -145,7 +159,13 @@ class Inventory(_InSchema):
 
 @participant(name="payment")
 class Payments(_InSchema):
-    """Captures and refunds: moves money between a customer's wallet and the merchant."""
+    """Captures and refunds: moves money between a customer's wallet and the merchant.
+
+    The bank of the slow customers settles their captures only later (see ``settle_late``):
+    their capture gets no answer, the saga's payment timeout fires first.
+    """
+
+    slow_prefix = "c-slow"
 
     @command_handler(expired=lambda c: PaymentDeclined(order_id=c.order_id, reason=EXPIRED))
     def capture(self, command: CapturePayment, replies: Replies, sql: Sql) -> None:
@@ -156,20 +176,15 @@ class Payments(_InSchema):
         if paid is not None:
             replies.send(PaymentCaptured(order_id=command.order_id))
             return
-        taken = sql.execute(
-            "UPDATE wallet SET balance = balance - %s WHERE owner = %s AND balance >= %s",
-            (command.amount, command.customer_id, command.amount),
-        )
-        if taken.rowcount == 0:
+        if command.customer_id.startswith(self.slow_prefix):
+            sql.execute(
+                "INSERT INTO pending_capture VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                (command.order_id, command.customer_id, command.amount),
+            )
+            return
+        if not take_payment(sql, command.order_id, command.customer_id, command.amount):
             replies.send(PaymentDeclined(order_id=command.order_id, reason="insufficient funds"))
             return
-        sql.execute(
-            "UPDATE wallet SET balance = balance + %s WHERE owner = %s", (command.amount, MERCHANT)
-        )
-        sql.execute(
-            "INSERT INTO payment VALUES (%s, %s, %s, false)",
-            (command.order_id, command.customer_id, command.amount),
-        )
         replies.send(PaymentCaptured(order_id=command.order_id))
 
     @command_handler(expired=lambda c: RefundFailed(order_id=c.order_id, reason=EXPIRED))
@@ -190,16 +205,51 @@ class Payments(_InSchema):
         replies.send(PaymentRefunded(order_id=command.order_id))
 
 
+def take_payment(sql: Sql, order_id: str, customer: str, amount: Decimal) -> bool:
+    """Moves ``amount`` from the customer's wallet to the merchant's; False if it is short."""
+    taken = sql.execute(
+        "UPDATE wallet SET balance = balance - %s WHERE owner = %s AND balance >= %s",
+        (amount, customer, amount),
+    )
+    if taken.rowcount == 0:
+        return False
+    sql.execute("UPDATE wallet SET balance = balance + %s WHERE owner = %s", (amount, MERCHANT))
+    sql.execute("INSERT INTO payment VALUES (%s, %s, %s, false)", (order_id, customer, amount))
+    return True
+
+
+def settle_late(sql: Sql) -> list[str]:
+    """The slow bank settles the captures whose order the saga has given up on (its stock is
+    released): the money moves now, after the payment timeout. Returns their order ids; the
+    caller tells the saga (a late ``PaymentCaptured``), which refunds it."""
+    rows = sql.execute(
+        "DELETE FROM pending_capture AS p USING reservation AS r "
+        "WHERE r.order_id = p.order_id AND r.released RETURNING p.order_id, p.customer, p.amount"
+    ).fetchall()
+    return [
+        order_id
+        for order_id, customer, amount in rows
+        if take_payment(sql, order_id, customer, amount)
+    ]
+
+
 @participant(name="fraud-review")
 class FraudReview(_InSchema):
-    """Stands in for an analyst: approves an order unless its customer is flagged."""
+    """Stands in for an analyst: approves an order unless its customer is flagged.
+
+    Nobody reviews the unusual customers' orders: the saga's review timeout escalates them to
+    a person.
+    """
 
     flagged_prefix = "fraud-"
+    unusual_prefix = "c-unusual"
 
     # A review nobody started in time is the saga's to escalate: no reply.
     @command_handler(expired=DROP)
     def review(self, command: RequestFraudReview, replies: Replies, sql: Sql) -> None:
         self.use(sql)
+        if command.customer_id.startswith(self.unusual_prefix):
+            return
         approved = not command.customer_id.startswith(self.flagged_prefix)
         sql.execute(
             "INSERT INTO review VALUES (%s, %s) ON CONFLICT DO NOTHING",

@@ -40,6 +40,7 @@ from demo.order_demo import (
     order_plan,
     order_tally,
     publish_orders,
+    start_order_bank,
     start_order_participants,
     start_order_person,
 )
@@ -53,6 +54,8 @@ from schemas.wallets import WALLET_COMMANDS_TOPIC, WALLET_EVENTS_TOPIC
 REPO = Path(__file__).resolve().parents[1]
 DEAD_LETTERS = "saga-dead-letters"
 PAYMENT_TIMEOUT_S = 5
+# The order saga's payment and fraud-review timeouts in the demo (15 minutes and a day shipped).
+ORDER_STEP_TIMEOUT_S = 4
 # Signs the demo person's `saga resolve` requests; the replicas accept records signed with it.
 OPERATOR_KEY = "demo-operator-key"
 PARTITIONS = 4
@@ -133,6 +136,10 @@ def _replica_env(
                     # Shipping to a remote customer fails twice, half a second apart, then
                     # asks a person.
                     "order.ship-retry": {"max_attempts": 2, "base_delay": "PT0.5S", "jitter": 0},
+                    # The slow bank's customers and the unusual ones (nobody reviews them)
+                    # reach these timeouts; every other payment and review answers in time.
+                    "order.payment-timeout": f"PT{ORDER_STEP_TIMEOUT_S}S",
+                    "order.review-timeout": f"PT{ORDER_STEP_TIMEOUT_S}S",
                 }
             ),
             "SAGA_OPERATOR__KEY": OPERATOR_KEY,
@@ -239,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
     prefix, schema, accounts_schema = f"demo-{stamp}.", f"demo_{stamp}", f"demo_{stamp}_accounts"
     orders_schema = f"demo_{stamp}_orders"
     plan = scenario(stamp, *((12, 6) if args.quick else (40, 20)))
-    orders = order_plan(stamp, 7 if args.quick else 21)
+    orders = order_plan(stamp, 9 if args.quick else 27)
     expected = {
         TRANSFER_SAGA: plan.expected(TRANSFER_SAGA),
         WALLET_SAGA: plan.expected(WALLET_SAGA),
@@ -282,6 +289,7 @@ def run(args: argparse.Namespace) -> int:
         decisions = start_order_person(
             cleanup, kafka, database, schema, prefix=prefix, key=OPERATOR_KEY
         )
+        late_captures = start_order_bank(cleanup, kafka, database, orders_schema, prefix=prefix)
         monitor = Monitor(
             database,
             schema,
@@ -346,9 +354,18 @@ def run(args: argparse.Namespace) -> int:
         # Every order ended with one outcome: the counts add up to the orders placed.
         added = "" if sum(outcomes.values()) == orders.expected() else " (DO NOT ADD UP)"
         say(f"  {ORDER_SAGA:<16} {orders.expected():3d} sagas: {tally}{added}")
+        decided = decisions()
         say(
-            f"  shipping escalated to a person {decisions()} time(s); they decided to "
+            f"  shipping escalated to a person {decided.get('ship', 0)} time(s); they decided to "
             "compensate (saga resolve)"
+        )
+        say(
+            f"  fraud review escalated to a person {decided.get('fraud-review', 0)} time(s); "
+            "they rejected the order (a review decision event)"
+        )
+        say(
+            f"  payments captured by the slow bank after the saga gave up: {late_captures()}, "
+            "each refunded"
         )
         orders_after = order_totals()
         conserved = before == after and orders_before == orders_after

@@ -47,6 +47,10 @@ def test_quick_demo_fires_a_timeout_and_conserves_money(services: Services) -> N
     assert "DO NOT ADD UP" not in tally, out
     # A remote customer's shipping failed on every try: a person was asked, and decided.
     assert "shipping escalated to a person 1 time(s)" in out, out
+    # Nobody reviewed an unusual customer's order in time: a person rejected it.
+    assert "fraud review escalated to a person 1 time(s)" in out, out
+    # A slow bank captured after the payment timeout: the saga refunded it (money conserved).
+    assert "payments captured by the slow bank after the saga gave up: 1, each refunded" in out
     # The console answered while the demo ran (its URL is printed only then).
     assert any(x.startswith("console: http://127.0.0.1:") for x in out.splitlines()), out
     metrics = next(x for x in out.splitlines() if x.startswith("metrics"))
