@@ -144,9 +144,14 @@ class SagaView:
 
 
 def step_state(state: dict[str, Any] | None) -> str | None:
-    """An orchestrated saga's own name for where it is (``progress.state``: ``"CHARGING"``)."""
-    progress = (state or {}).get("progress")
-    value = progress.get("state") if isinstance(progress, dict) else None
+    """A saga's own name for where it is (``"CHARGING"``), if it has one.
+
+    An orchestrated saga's ``progress.state``, or the ``state_label`` field a plain saga may
+    declare.
+    """
+    stored = state or {}
+    progress = stored.get("progress")
+    value = progress.get("state") if isinstance(progress, dict) else stored.get("state_label")
     return value if isinstance(value, str) else None
 
 
