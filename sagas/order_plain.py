@@ -70,7 +70,7 @@ class PlainOrderSaga(SagaState):
     sku: str = ""
     quantity: int = 0
     amount: Decimal = Decimal(0)
-    # Shown by `sagas list`, `show` and the console beside the canonical state.
+    # Shown by `show` and the console beside the canonical state.
     state_label: str = "RESERVING"
     reserved: bool = False
     captured: bool = False
