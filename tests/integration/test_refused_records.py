@@ -77,7 +77,7 @@ def test_a_hundred_refused_records_in_a_batch_of_five_hundred_are_isolated_witho
         database_url,
         pg_schema,
         prefix,
-        consumer={"batch_size": RECORDS, "batch_timeout": "3s"},
+        consumer={"batch_size": RECORDS, "batch_timeout": "5s"},
     )
     caplog.set_level(logging.INFO, logger="processor.runtime")
     with running(settings, [BoxSaga]):
