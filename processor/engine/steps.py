@@ -14,7 +14,7 @@ from processor.engine.decode import (
     FiredDeadline,
     TooNew,
 )
-from processor.engine.output import Output
+from processor.engine.output import WAITING_ON_A_PERSON, Output
 from processor.engine.records import OutboxRow
 from processor.engine.rows import (
     ACTIVE,
@@ -69,7 +69,13 @@ class Steps(Output):
                 at = f" v{bound.state_version} (upcast from v{row.state_version})"
             w.load_error = f"stored state does not load into {cls}{at}: {describe_error(e)}"[:1000]
             return w
-        return Working(bound, saga_id, row, state, row.status, row.version, row.parked_reason)
+        w = Working(bound, saga_id, row, state, row.status, row.version, row.parked_reason)
+        reason = row.parked_reason
+        if row.status == ACTIVE and reason is not None and reason.startswith(WAITING_ON_A_PERSON):
+            # Still with a person: a write that runs no handler (an operator's deadline action)
+            # keeps it so; the next handler that runs decides again.
+            w.waiting = reason[len(WAITING_ON_A_PERSON) :]
+        return w
 
     def _fail(
         self,

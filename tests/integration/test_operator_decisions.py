@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shlex
 import uuid
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -20,10 +21,12 @@ import pytest
 from processor import (
     DecisionRequest,
     SagaCommands,
+    SagaDeadlines,
     SagaLifecycle,
     SagaOutcome,
     SagaState,
     saga,
+    saga_deadline_handler,
     saga_decision_handler,
     saga_event_handler,
 )
@@ -212,8 +215,13 @@ class EscalatingParcel(SagaState):
 
     @saga_event_handler(ShipmentFailed, association_property="order_id")
     def on_failed(
-        self, event: ShipmentFailed, commands: SagaCommands, lifecycle: SagaLifecycle
+        self,
+        event: ShipmentFailed,
+        commands: SagaCommands,
+        deadlines: SagaDeadlines,
+        lifecycle: SagaLifecycle,
     ) -> None:
+        deadlines.schedule("remind", timedelta(days=1))
         commands.send(
             EscalateToPerson(
                 order_id=self.order_id,
@@ -224,6 +232,10 @@ class EscalatingParcel(SagaState):
             )
         )
         lifecycle.escalate("the carrier refused the parcel")
+
+    @saga_deadline_handler("remind")
+    def on_remind(self, lifecycle: SagaLifecycle) -> None:
+        lifecycle.escalate("the carrier refused the parcel, a day ago")
 
     @saga_decision_handler()
     def on_decision(
@@ -278,6 +290,12 @@ def test_a_plain_saga_waits_on_a_person_until_an_operator_decides(
         [line] = [ln for ln in listing if parcel in ln]
         assert line.split()[0] == "escalating-parcel"
         assert line.endswith("the carrier refused the parcel")
+        # An operator's action that runs no handler leaves it with the person (it cleared the
+        # label: the row was written as if nothing waited).
+        cancel = f"deadlines cancel escalating-parcel {parcel} remind --reason 'no reminders'"
+        assert cli(cancel) == 0
+        assert o.db("SELECT count(*) FROM saga_deadline WHERE saga_id = %s", parcel) == [(0,)]
+        assert row() == ("active", "WAITING", "waiting on a person: the carrier refused the parcel")
         assert cli(f"saga resolve escalating-parcel {parcel} give-up --reason 'lost'") == 0
         wait_until(lambda: row() is not None and row()[0] == "ended", what="ended")  # type: ignore[index]
     assert row() == ("ended", "FAILED", None)
