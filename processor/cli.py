@@ -18,6 +18,7 @@ from processor import cli_commands as c
 from processor import cli_inspect as i
 from processor import cli_operate as o
 from processor import cli_preflight as p
+from processor import cli_topics as t
 from processor.errors import SagaError
 from processor.observe.logs import configure_logging
 from processor.observe.metrics import package_version
@@ -63,6 +64,12 @@ COMMANDS: tuple[Command, ...] = (
         "preflight before a deploy: stored sagas load, handlers exist, topics and schema match",
         p.check_arguments,
         p.check,
+    ),
+    Command(
+        "topics",
+        "`topics plan|create|check`: the topics the sagas read and write, made and checked",
+        t.topics_arguments,
+        t.topics,
     ),
     Command(
         "show",

@@ -9,10 +9,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from processor.ops.check import CheckReport
 from processor.settings import ProcessorSettings
+
+if TYPE_CHECKING:
+    from processor.runtime.assembly import BoundSagas
 
 
 def migrate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -91,26 +94,18 @@ def check_from_settings(
     writes nothing.
     """
     from processor.kafka.admin import partition_counts, sample_keys
-    from processor.ops.check import Topology, command_topics, run_check
+    from processor.ops.check import Topology, run_check
     from processor.postgres.check import PostgresCheckSource
     from processor.postgres.connect import connect
     from processor.postgres.schema import MIGRATIONS
     from processor.runtime.assembly import bind_sagas, tables_for
-    from processor.wire import DEADLINE_FIRED, OPERATOR_COMMAND, Topics
+    from processor.wire import DEADLINE_FIRED, OPERATOR_COMMAND
 
     # Records this project placed itself: fired deadlines and operator commands.
     OURS = frozenset({DEADLINE_FIRED, OPERATOR_COMMAND})
 
     bound = bind_sagas(settings, saga_classes, dependencies=dependencies)
-    names = Topics(settings.topic_prefix)
-    handled = bound.planner.event_types
-    if settings.consumer.topics:
-        read = {names.name(t) for t in settings.consumer.topics}
-    else:
-        read = {names.name(t) for c in handled if (t := bound.registry.of(c).topic)}
-    written = {names.name(t) for t in command_topics(bound.sagas.values(), bound.registry)}
-    written -= read
-    written.add(names.name(settings.consumer.dead_letter_topic))
+    read, written = topic_names(settings, bound)
     kafka = settings.kafka.client_config()
     topology = Topology(
         group_id=settings.consumer.group_id,
@@ -129,3 +124,24 @@ def check_from_settings(
             expected_schema=len(MIGRATIONS),
             topology=topology,
         )
+
+
+def topic_names(settings: ProcessorSettings, bound: BoundSagas) -> tuple[set[str], set[str]]:
+    """The topics the bound sagas read, and those they only write (prefix applied).
+
+    Read: ``SAGA_CONSUMER__TOPICS``, else the topics of the events the sagas handle. Written:
+    the topics of the commands their modules refer to, and the dead-letter topic.
+    """
+    from processor.ops.check import command_topics
+    from processor.wire import Topics
+
+    names = Topics(settings.topic_prefix)
+    if settings.consumer.topics:
+        read = {names.name(t) for t in settings.consumer.topics}
+    else:
+        read = {
+            names.name(t) for c in bound.planner.event_types if (t := bound.registry.of(c).topic)
+        }
+    written = {names.name(t) for t in command_topics(bound.sagas.values(), bound.registry)}
+    written.add(names.name(settings.consumer.dead_letter_topic))
+    return read, written - read

@@ -312,6 +312,14 @@ class RetentionSettings(BaseModel):
         return self
 
 
+class TopicsSettings(BaseModel):
+    """What `saga-processor topics create` gives the topics it makes (and `check` expects)."""
+
+    partitions: int = Field(default=12, ge=1)
+    # Three copies: a broker can fail, or be restarted for an upgrade, without losing a record.
+    replication_factor: int = Field(default=3, ge=1)
+
+
 class ProcessorSettings(BaseSettings):
     """Everything the processor needs, from `SAGA_*` variables (nested with `__`)."""
 
@@ -328,6 +336,7 @@ class ProcessorSettings(BaseSettings):
     # Prepended to every topic the processor reads or writes (e.g. "staging.").
     topic_prefix: str = ""
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    topics: TopicsSettings = Field(default_factory=TopicsSettings)
     database: DatabaseSettings
     consumer: ConsumerSettings = Field(default_factory=ConsumerSettings)
     relay: RelaySettings = Field(default_factory=RelaySettings)

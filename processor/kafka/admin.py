@@ -1,4 +1,7 @@
-"""What the preflight check reads of the cluster: topics' partition counts, recent record keys."""
+"""The cluster as `check` and `topics` see it, and the topics `topics create` makes.
+
+Read: topics' partition counts and configs, recent record keys.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +10,16 @@ import uuid
 from collections.abc import Iterable, Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
 
 from processor.errors import RuntimeFailure
 from processor.kafka.client import read_headers
+from processor.ops.topics import TopicFound, TopicPlan
 
-__all__ = ["partition_counts", "sample_keys"]
+__all__ = ["create_topics", "describe_topics", "partition_counts", "sample_keys"]
+
+# The topic configs `topics check` compares.
+_CHECKED_CONFIGS = ("cleanup.policy", "max.message.bytes")
 
 
 def partition_counts(
@@ -37,6 +44,71 @@ def partition_counts(
     for topic in topics:
         found = meta.topics.get(topic)
         out[topic] = None if found is None or found.error is not None else len(found.partitions)
+    return out
+
+
+def describe_topics(
+    config: Mapping[str, str], topics: Iterable[str], timeout: float = 15.0
+) -> dict[str, TopicFound | None]:
+    """Each topic's partition count and the configs `topics check` compares; None if missing.
+
+    Raises:
+        RuntimeFailure: The cluster did not answer in time.
+    """
+    names = list(topics)
+    counts = partition_counts(config, names, timeout)
+    present = [t for t in names if counts.get(t) is not None]
+    out: dict[str, TopicFound | None] = dict.fromkeys(names)
+    if not present:
+        return out
+    admin = AdminClient(dict(config))
+    futures = admin.describe_configs(
+        [ConfigResource(ConfigResource.Type.TOPIC, t) for t in present], request_timeout=timeout
+    )
+    for resource, future in futures.items():
+        try:
+            entries = future.result(timeout)
+        except KafkaException as e:
+            raise RuntimeFailure(f"cannot read the configs of topic {resource.name}: {e}") from e
+        count = counts[resource.name]
+        assert count is not None
+        configs = {k: str(v.value) for k, v in entries.items() if k in _CHECKED_CONFIGS}
+        out[resource.name] = TopicFound(count, configs)
+    return out
+
+
+def create_topics(
+    config: Mapping[str, str], plans: Iterable[TopicPlan], timeout: float = 30.0
+) -> dict[str, str]:
+    """Creates the planned topics the cluster lacks; returns ``created`` or ``exists`` by name.
+
+    Raises:
+        RuntimeFailure: The cluster refused a topic (e.g. more replicas than brokers), or did
+            not answer in time.
+    """
+    wanted = list(plans)
+    if not wanted:
+        return {}
+    admin = AdminClient(dict(config))
+    futures = admin.create_topics(
+        [
+            NewTopic(p.name, p.partitions, p.replication_factor, config=dict(p.configs))
+            for p in wanted
+        ],
+        operation_timeout=timeout,
+        request_timeout=timeout,
+    )
+    out: dict[str, str] = {}
+    for name, future in futures.items():
+        try:
+            future.result(timeout)
+            out[name] = "created"
+        except KafkaException as e:
+            error = e.args[0] if e.args else None
+            if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                out[name] = "exists"
+                continue
+            raise RuntimeFailure(f"cannot create topic {name}: {e}") from e
     return out
 
 

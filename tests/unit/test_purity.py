@@ -80,6 +80,7 @@ EDGES = (
     "cli_inspect.py",
     "cli_operate.py",
     "cli_preflight.py",
+    "cli_topics.py",
     "__main__.py",
 )
 # Where the pure runtime is wired to the real adapters.
