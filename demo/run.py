@@ -55,7 +55,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEAD_LETTERS = "saga-dead-letters"
 PAYMENT_TIMEOUT_S = 5
 # The order saga's payment and fraud-review timeouts in the demo (15 minutes and a day shipped).
-ORDER_STEP_TIMEOUT_S = 4
+ORDER_STEP_TIMEOUT_S = 5
 # Signs the demo person's `saga resolve` requests; the replicas accept records signed with it.
 OPERATOR_KEY = "demo-operator-key"
 PARTITIONS = 4
