@@ -190,6 +190,7 @@ class Planner(OperatorSteps):
         *,
         unrouted: int = 0,
         replay: bool = False,
+        park: Mapping[SagaKey, str] | None = None,
     ) -> WriteSet:
         """Runs the items' handlers in order over ``loaded`` and returns the batch's writes.
 
@@ -201,11 +202,13 @@ class Planner(OperatorSteps):
             replay: The items were held behind a parked saga and are replayed by an operator:
                 a fired deadline then applies if its row still matches and is due, whatever
                 its token (it was consumed in log order; the lease may have moved on since).
+            park: Sagas to park at their first item of the batch, with the reason, instead of
+                running their handlers (the database refused their writes).
 
         Returns:
             Every write of the batch; never raises for one saga's problem.
         """
-        failing: dict[SagaKey, str] = {}
+        failing: dict[SagaKey, str] = dict(park or {})
         while True:
             ws, unstorable = self._pass(items, loaded, now, unrouted, replay, failing)
             if not unstorable:

@@ -21,11 +21,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from processor.engine.decode import Decoded, decode
+from processor.engine.decode import Decoded, Rejected, decode
 from processor.engine.overlay import overlay
 from processor.engine.plan import Planner
 from processor.engine.records import Record
-from processor.engine.rows import WriteSet
+from processor.engine.rows import SagaKey, WriteSet
 from processor.errors import CommitInDoubt, Failure, LockBusy, RecordDataError, RuntimeFailure
 from processor.messages import MessageRegistry
 from processor.observe.tracing import MAX_LINKS, Tracing, trace_headers
@@ -458,10 +458,12 @@ class Worker:
         # have changed (the epoch check then refuses the write, as for any stale batch).
         positions = {(e.topic, e.partition): Owned(e.epoch, e.expected) for e in batch.offsets}
 
-        def attempt(decoded: list[Decoded], dry_run: bool) -> WriteSet:
+        def attempt(decoded: list[Decoded], dry_run: bool, park: Mapping[SagaKey, str]) -> WriteSet:
             part = Batch.of(decoded, self.planner, positions)
             loaded = self._control(lambda: self.control.load(part.wants), "load")
-            ws = self.planner.plan(part.items, loaded, loaded.now, unrouted=part.unrouted)
+            ws = self.planner.plan(
+                part.items, loaded, loaded.now, unrouted=part.unrouted, park=park
+            )
             self._call(
                 self._write_lane,
                 lambda: self.store.write(ws, part.offsets, dry_run=dry_run),
@@ -470,7 +472,9 @@ class Worker:
             return ws
 
         try:
-            ws = isolate_refused(batch.decoded, attempt, between=self._keep_polling)
+            ws = isolate_refused(
+                batch.decoded, attempt, between=self._keep_polling, sagas_of=self._sagas_of
+            )
         except RuntimeFailure as e:
             if e.kind is Failure.FATAL:
                 raise
@@ -482,6 +486,10 @@ class Worker:
         # The records read after the failed batch were dropped with the batch planned on it.
         self._resync()
         return False
+
+    def _sagas_of(self, decoded: list[Decoded]) -> set[SagaKey]:
+        items, _ = self.planner.route(decoded)
+        return {(i.bound.saga_type, i.saga_id) for i in items if not isinstance(i, Rejected)}
 
     def _keep_polling(self) -> None:
         # A search through many refused records takes many trial writes: the consumer polls

@@ -1,10 +1,12 @@
 """A hundred records the database refuses, in one batch of five hundred, cost no rebalance.
 
-Against real Kafka and PostgreSQL: a check constraint (as a database administrator might add)
-refuses the rows of 100 sagas spread through a 500-record batch on one partition. The processor
-finds them by trial writes that are rolled back, dead-letters each with the database's reason,
-commits the other 400 and moves the partition past all 500; the consumer keeps polling through
-the search, so the group never takes the partition away.
+Against real Kafka and PostgreSQL: check constraints (as a database administrator might add)
+refuse the writes of 100 sagas spread through a 500-record batch on one partition. The processor
+finds them by trial writes that are rolled back. The 50 whose state the database refuses are
+parked with its reason, their records held for a retry; the 50 whose very row it refuses (their
+id) cannot even be parked, so their records are dead-lettered with the reason. The other 400
+commit and the partition moves past all 500; the consumer keeps polling through the search, so
+the group never takes the partition away.
 """
 
 from __future__ import annotations
@@ -59,15 +61,21 @@ def test_a_hundred_refused_records_in_a_batch_of_five_hundred_are_isolated_witho
     )
     ensure_schema(database_url, Tables(pg_schema))
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL(
-                "ALTER TABLE {}.saga_instance ADD CONSTRAINT no_refused "
-                "CHECK (saga_id NOT LIKE 'refused-%%')"
-            ).format(sql.Identifier(pg_schema))
-        )
-    # Every fifth saga is refused; all 500 records are on the topic before the processor reads,
-    # and it waits for a full batch.
-    ids = [f"refused-{i}" if i % 5 == 2 else f"box-{i}" for i in range(RECORDS)]
+        for constraint in (
+            "no_refused CHECK (saga_id NOT LIKE 'refused-%%')",
+            "no_held CHECK (state IS NULL OR state->>'box_id' NOT LIKE 'held-%%')",
+        ):
+            conn.execute(
+                sql.SQL("ALTER TABLE {}.saga_instance ADD CONSTRAINT " + constraint).format(
+                    sql.Identifier(pg_schema)
+                )
+            )
+    # Every fifth saga is refused, by one constraint or the other; all 500 records are on the
+    # topic before the processor reads, and it waits for a full batch.
+    ids = [
+        (f"refused-{i}" if i % 10 == 2 else f"held-{i}") if i % 5 == 2 else f"box-{i}"
+        for i in range(RECORDS)
+    ]
     pub = Publisher(kafka_bootstrap)
     for box in ids:
         pub.event(prefix + EVENTS, box, Open(box_id=box))
@@ -95,19 +103,34 @@ def test_a_hundred_refused_records_in_a_batch_of_five_hundred_are_isolated_witho
     assert len(assigned) == 1, assigned
 
     [summary] = [r.message for r in caplog.records if "trial writes (" in r.message]
-    found = re.search(r"batch of (\d+) records: (\d+) refused .* in (\d+) trial writes", summary)
+    found = re.search(
+        r"batch of (\d+) records: the database refused the writes of (\d+) saga\(s\), parked, "
+        r"and (\d+) record\(s\), dead-lettered; found in (\d+) trial writes",
+        summary,
+    )
     assert found is not None, summary
-    size, refused, trials = map(int, found.groups())
-    assert (size, refused) == (RECORDS, REFUSED), summary
+    size, parked, dead, trials = map(int, found.groups())
+    assert (size, parked, dead) == (RECORDS, REFUSED // 2, REFUSED // 2), summary
     # With the refused sagas evenly spread, every half down to about 100 sagas holds one: about
-    # 100 x 2 (log2(500 / 100) + 1) = 664 small trial writes (683 measured). The plain bisection
-    # over prefixes took about 100 x (1 + log2(500)) = 1,000 writes of 250 records on average.
-    assert trials <= 720, summary
+    # 100 x 2 (log2(500 / 100) + 1) = 664 small trial writes, plus one to try parking each
+    # (733 measured). The plain bisection over prefixes took about 100 x (1 + log2(500))
+    # = 1,000 writes of 250 records on average.
+    assert trials <= 850, summary
     letters = query(
         database_url, pg_schema, 'SELECT key, reason, detail FROM dead_letter ORDER BY "offset"'
     )
     assert [bytes(k).decode() for k, _, _ in letters] == [b for b in ids if b.startswith("refused")]
     assert {r for _, r, _ in letters} == {"refused-by-database"}
     assert all("23514" in d for _, _, d in letters)
-    stored = {s for (s,) in query(database_url, pg_schema, "SELECT saga_id FROM saga_instance")}
-    assert stored == {b for b in ids if b.startswith("box")}
+    rows = query(
+        database_url, pg_schema, "SELECT saga_id, status, parked_reason FROM saga_instance"
+    )
+    assert {s for s, _, _ in rows} == {b for b in ids if not b.startswith("refused")}
+    parked_rows = {s: r for s, status, r in rows if status == "parked"}
+    assert set(parked_rows) == {b for b in ids if b.startswith("held")}
+    assert set(parked_rows.values()) == {
+        'the database refused its writes (23514: new row for relation "saga_instance" violates '
+        'check constraint "no_held")'
+    }
+    held = query(database_url, pg_schema, "SELECT saga_id FROM parked_message")
+    assert sorted(s for (s,) in held) == sorted(parked_rows)

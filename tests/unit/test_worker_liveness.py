@@ -47,6 +47,8 @@ class Flaky(MemoryBatchStore):
         self.silent = threading.Event()  # set: writes block until released
         self.release = threading.Event()
         self.refuse: set[str] = set()  # applied message ids the "database" refuses
+        # Message ids refused however they are written (applied, held behind a parked saga).
+        self.refuse_always: set[str] = set()
         self.commits_fail = False  # every write fails as retryable; reads still work
         self.busy = 0  # claims still to fail as if another session held the partitions' rows
         self.claims = 0  # claims tried
@@ -90,6 +92,8 @@ class Flaky(MemoryBatchStore):
         if self.commits_fail:
             raise Retryable("could not serialize access (40001)")
         if any(h.message_id in self.refuse and h.outcome is Outcome.APPLIED for h in ws.history):
+            raise RecordDataError("22021", "invalid byte sequence for encoding")
+        if any(h.message_id in self.refuse_always for h in ws.history):
             raise RecordDataError("22021", "invalid byte sequence for encoding")
         super().write(ws, offsets, before_commit=before_commit, dry_run=dry_run)
 
@@ -279,7 +283,9 @@ def test_an_in_doubt_commit_is_resolved_once_the_offsets_can_be_read_again(
     assert rig.applied("t1") == ["m1"], "applied exactly once after the silence"
 
 
-def test_a_record_the_database_refuses_is_dead_lettered_and_the_rest_commit(live: Live) -> None:
+def test_a_saga_whose_write_the_database_refuses_is_parked_and_the_rest_commit(
+    live: Live,
+) -> None:
     rig, store = live.rig, live.store
     rig.consumer.assign([P0])
     store.refuse = {"m3"}
@@ -292,13 +298,36 @@ def test_a_record_the_database_refuses_is_dead_lettered_and_the_rest_commit(live
     t = rig.tables
     assert [rig.applied(f"t{i}") for i in (1, 2, 4, 5)] == [["m1"], ["m2"], ["m4"], ["m5"]]
     assert rig.applied("t3") == []
-    [letter] = t.dead_letters
-    assert (letter.record.offset, letter.reason) == (2, "refused-by-database")
-    assert "22021" in letter.detail
+    assert t.dead_letters == []
+    row = t.sagas[(SAGA, "t3")]
+    assert row.status == "parked"
+    assert row.parked_reason == (
+        "the database refused its writes (22021: invalid byte sequence for encoding)"
+    )
+    assert [(p.saga_id, p.record.offset) for p in t.parked] == [("t3", 2)]
     assert t.offsets[P0][1] == 5, "the partition moved past the refused record"
 
 
-def test_many_refused_records_are_found_in_few_trial_writes_while_the_consumer_polls(
+def test_a_record_refused_even_behind_its_parked_saga_is_dead_lettered(live: Live) -> None:
+    rig, store = live.rig, live.store
+    rig.consumer.assign([P0])
+    store.refuse_always = {"m3"}  # its own bytes: refused wherever it is written
+    for i in range(1, 6):
+        rig.send(P0, requested(f"t{i}"), f"m{i}")
+
+    live.step()
+    live.step()
+
+    t = rig.tables
+    assert [rig.applied(f"t{i}") for i in (1, 2, 4, 5)] == [["m1"], ["m2"], ["m4"], ["m5"]]
+    [letter] = t.dead_letters
+    assert (letter.record.offset, letter.reason) == (2, "refused-by-database")
+    assert "22021" in letter.detail
+    assert (SAGA, "t3") not in t.sagas
+    assert t.offsets[P0][1] == 5
+
+
+def test_many_refused_sagas_are_found_in_few_trial_writes_while_the_consumer_polls(
     live: Live, caplog: pytest.LogCaptureFixture
 ) -> None:
     rig, store = live.rig, live.store
@@ -329,16 +358,21 @@ def test_many_refused_records_are_found_in_few_trial_writes_while_the_consumer_p
     live.step()
     live.step()
 
-    letters = sorted(d.record.offset for d in rig.tables.dead_letters)
-    assert letters == sorted([i for i in range(0, 400, 8)] + [400 + k for k in range(10)])
-    assert all(d.reason == "refused-by-database" for d in rig.tables.dead_letters)
-    assert all(rig.applied(f"t{i}") == [f"m{i}"] for i in range(400) if i % 8 and i % 40 != 4)
-    assert all(rig.applied(f"t{i}") == [f"m{i}"] for i in range(4, 400, 40))
-    assert rig.tables.offsets[P0][1] == 410
-    # 60 refused among 410: about 60 x 2 log2(410 / 60) trials, not 60 full batches of bisection.
-    assert store.writes < 60 * 2 * 4, store.writes
+    refused = {i for i in range(0, 400, 8)} | set(range(4, 400, 40))
+    t = rig.tables
+    parked = {sid for (_, sid), row in t.sagas.items() if row.status == "parked"}
+    assert parked == {f"t{i}" for i in refused}
+    assert t.dead_letters == []
+    # Parked at their first record of the batch, the later one held behind it in order.
+    held = [p.record.offset for p in t.parked if p.saga_id == "t4"]
+    assert held == [4, 400]
+    assert all(rig.applied(f"t{i}") == [f"m{i}"] for i in range(400) if i not in refused)
+    assert t.offsets[P0][1] == 410
+    # 60 refused among 410: about 60 x (2 (log2(410 / 60) + 1) + 1) trials, not 60 searches
+    # over the whole batch.
+    assert store.writes < 60 * 2 * 5, store.writes
     [summary] = [r.message for r in caplog.records if "trial writes (" in r.message]
-    assert "60 refused by the database" in summary
+    assert "refused the writes of 60 saga(s), parked, and 0 record(s), dead-lettered" in summary
     # The consumer kept polling through the search, about once a second of it.
     during = [w for w in polls if 1 < w < store.writes - 1]
     assert len(during) >= store.writes // 4, (len(during), store.writes)
@@ -360,8 +394,7 @@ def test_a_revocation_before_the_refused_records_are_isolated_does_not_stop_the_
 
     # Isolated under the epoch the batch had (no other owner claimed the partition since).
     assert [rig.applied(f"t{i}") for i in (1, 2, 4, 5)] == [["m1"], ["m2"], ["m4"], ["m5"]]
-    [letter] = rig.tables.dead_letters
-    assert letter.record.offset == 2
+    assert rig.tables.sagas[(SAGA, "t3")].status == "parked"
     assert rig.tables.offsets[P0][1] == 5
 
 
