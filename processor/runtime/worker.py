@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from processor.engine.decode import Decoded, Rejected, decode
+from processor.engine.decode import Decoded, Operator, Rejected, decode
 from processor.engine.overlay import overlay
 from processor.engine.plan import Planner
 from processor.engine.records import Record
@@ -488,7 +488,9 @@ class Worker:
         return False
 
     def _sagas_of(self, decoded: list[Decoded]) -> set[SagaKey]:
-        items, _ = self.planner.route(decoded)
+        # An operator's request is not parked behind its saga: a replay the database refuses
+        # leaves the saga parked as it was, and the request is dead-lettered with the reason.
+        items, _ = self.planner.route(d for d in decoded if not isinstance(d, Operator))
         return {(i.bound.saga_type, i.saga_id) for i in items if not isinstance(i, Rejected)}
 
     def _keep_polling(self) -> None:

@@ -9,12 +9,15 @@ replaying anything: the held records were left behind, never applied.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 
 from processor.engine.plan import Planner
-from processor.engine.records import Record
+from processor.engine.records import OffsetCommit, Record
+from processor.engine.rows import Outcome, WriteSet
+from processor.errors import RecordDataError
 from processor.memory.consumer import MemoryRecordConsumer
 from processor.memory.store import MemoryBatchStore, MemoryTables
 from processor.runner import bind_all
@@ -107,3 +110,75 @@ def test_a_replay_waits_for_the_batch_in_flight_and_replays_every_held_record(
     row = tables.sagas[(SAGA, "o1")]
     assert (row.status, row.state) == ("active", {"order_id": "o1", "notes": ["a", "b"]})
     assert tables.parked == []
+
+
+class _Refusing(MemoryBatchStore):
+    """Refuses, as a database constraint would, any write that applies ``refused`` message ids."""
+
+    def __init__(self, tables: MemoryTables) -> None:
+        super().__init__(tables)
+        self.refused: set[str] = set()
+
+    def write(self, ws: WriteSet, offsets: Sequence[OffsetCommit], **kw: Any) -> None:
+        if any(h.message_id in self.refused and h.outcome is Outcome.APPLIED for h in ws.history):
+            raise RecordDataError("23514", 'new row violates check constraint "no_notes"')
+        super().write(ws, offsets, **kw)
+
+
+def test_a_saga_the_database_refuses_is_parked_and_a_retry_refused_again_leaves_it_so(
+    gate: Gate,
+) -> None:
+    sagas = bind_all([OrderSaga], dependencies={Gate: gate}, registry=REG)
+    planner = Planner(sagas, registry=REG, dead_letter_topic=DEAD, operator_key=KEY)
+    tables = MemoryTables()
+    store = _Refusing(tables)
+    worker = Worker(
+        store=store,
+        control=store,
+        planner=planner,
+        registry=REG,
+        owner="me",
+        max_record_bytes=1 << 20,
+        batch_size=100,
+        batch_timeout=0.0,
+    )
+    consumer = MemoryRecordConsumer(worker.on_assign, worker.on_revoke)
+    worker.consumer = consumer
+    log = Log()
+    try:
+        consumer.assign([(TOPIC, 0)])
+        _send(consumer, log.event(Opened(order_id="o1")))  # offset 0
+        worker.poll_once()
+        worker.settle()
+        store.refused = {"m-2"}
+        _send(consumer, log.event(Noted(order_id="o1", note="a")))  # offset 1
+        for _ in range(3):
+            worker.poll_once()
+            worker.settle()
+        row = tables.sagas[(SAGA, "o1")]
+        assert row.status == "parked"
+        assert row.parked_reason is not None
+        assert row.parked_reason.startswith("the database refused its writes (23514: ")
+        assert [p.record.offset for p in tables.parked] == [1]
+
+        # A retry before the cause is fixed: refused again, the saga stays parked as it was
+        # (its held records unchanged), and the request is dead-lettered with the reason.
+        _send(consumer, _request(log, OperatorAction.PARKED_RETRY, "c1"))  # offset 2
+        for _ in range(3):
+            worker.poll_once()
+            worker.settle()
+        assert tables.sagas[(SAGA, "o1")].status == "parked"
+        assert [p.record.offset for p in tables.parked] == [1]
+        [letter] = tables.dead_letters
+        assert (letter.record.offset, letter.reason) == (2, "refused-by-database")
+
+        store.refused = set()  # the constraint is fixed
+        _send(consumer, _request(log, OperatorAction.PARKED_RETRY, "c2"))
+        for _ in range(3):
+            worker.poll_once()
+            worker.settle()
+        assert tables.sagas[(SAGA, "o1")].status == "active"
+        assert tables.parked == []
+        assert tables.offsets[(TOPIC, 0)][1] == 4
+    finally:
+        worker.close()
