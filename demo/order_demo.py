@@ -25,15 +25,9 @@ import psycopg
 from confluent_kafka import Producer
 
 from demo.orders import create_tables, order_participants, settle_late, stock_up
-from processor.messages import Message, registry
+from demo.traffic import produce_event
 from processor.participant.service import ParticipantService
 from processor.settings import ConsumerSettings, RelaySettings
-from processor.wire import (
-    HEADER_CORRELATION_ID,
-    HEADER_MESSAGE_ID,
-    HEADER_MESSAGE_TYPE,
-    HEADER_SCHEMA_VERSION,
-)
 from schemas.orders import (
     ESCALATIONS_TOPIC,
     ORDER_COMMANDS_TOPIC,
@@ -150,26 +144,9 @@ def publish_orders(kafka: str, prefix: str, plan: OrderPlan) -> None:
     """Places every order of the plan."""
     producer = Producer({"bootstrap.servers": kafka, "enable.idempotence": True})
     for order in plan.orders:
-        _produce(producer, prefix, order, order.order_id, f"placed-{order.order_id}")
+        produce_event(producer, prefix, order, order.order_id, f"placed-{order.order_id}")
     if producer.flush(30):
         raise RuntimeError("orders not acknowledged by the broker")
-
-
-def _produce(producer: Producer, prefix: str, event: Message, order_id: str, mid: str) -> None:
-    """One order event, keyed by its order and with the headers the processor reads."""
-    mtype = registry.of(type(event))
-    assert mtype.topic is not None
-    producer.produce(
-        prefix + mtype.topic,
-        key=order_id.encode(),
-        value=event.model_dump_json().encode(),
-        headers={
-            HEADER_MESSAGE_ID: mid,
-            HEADER_MESSAGE_TYPE: mtype.name,
-            HEADER_SCHEMA_VERSION: str(mtype.version),
-            HEADER_CORRELATION_ID: order_id,
-        },
-    )
 
 
 def start_order_bank(
@@ -192,7 +169,7 @@ def start_order_bank(
                     late = settle_late(conn)
                     for order_id in late:
                         event = PaymentCaptured(order_id=order_id)
-                        _produce(producer, prefix, event, order_id, f"late-capture-{order_id}")
+                        produce_event(producer, prefix, event, order_id, f"late-capture-{order_id}")
                     # Told before the money moves for good: a capture the saga never hears
                     # of would never be refunded.
                     if late and producer.flush(30):
@@ -273,7 +250,9 @@ def start_order_person(
                     rejected = FraudReviewRejected(
                         order_id=told.order_id, reason=f"{PERSON}: nobody could review it in time"
                     )
-                    _produce(events, prefix, rejected, told.order_id, f"review-{told.order_id}")
+                    produce_event(
+                        events, prefix, rejected, told.order_id, f"review-{told.order_id}"
+                    )
                     if events.flush(30):
                         raise RuntimeError("review decision not acknowledged by the broker")
                     decided[str(told.step)] += 1

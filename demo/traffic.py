@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -108,20 +108,33 @@ def publish(kafka: Mapping[str, str], prefix: str, requests: Sequence[Request]) 
             errors.append(err)
 
     for r in requests:
-        mtype = registry.of(type(r.message))
-        headers = {
-            HEADER_MESSAGE_ID: str(uuid.uuid4()),
-            HEADER_MESSAGE_TYPE: mtype.name,
-            HEADER_SCHEMA_VERSION: str(mtype.version),
-            HEADER_CORRELATION_ID: r.transfer_id,
-            HEADER_OCCURRED_AT: datetime.now(UTC).isoformat(),
-        }
-        producer.produce(
-            prefix + (mtype.topic or ""),
-            key=r.transfer_id.encode(),
-            value=r.message.model_dump_json().encode(),
-            headers=[(k, v.encode()) for k, v in headers.items()],
-            on_delivery=delivered,
-        )
+        produce_event(producer, prefix, r.message, r.transfer_id, on_delivery=delivered)
     if producer.flush(30) or errors:
         raise RuntimeError(f"could not publish the demo requests: {errors[:1] or 'timed out'}")
+
+
+def produce_event(
+    producer: Producer,
+    prefix: str,
+    event: Message,
+    key: str,
+    message_id: str | None = None,
+    on_delivery: Callable[[KafkaError | None, object], None] | None = None,
+) -> None:
+    """One domain event as an upstream service sends it: keyed by ``key`` (also its
+    correlation id), with the headers the processor reads, on its registered topic."""
+    mtype = registry.of(type(event))
+    headers = {
+        HEADER_MESSAGE_ID: message_id or str(uuid.uuid4()),
+        HEADER_MESSAGE_TYPE: mtype.name,
+        HEADER_SCHEMA_VERSION: str(mtype.version),
+        HEADER_CORRELATION_ID: key,
+        HEADER_OCCURRED_AT: datetime.now(UTC).isoformat(),
+    }
+    producer.produce(
+        prefix + (mtype.topic or ""),
+        key=key.encode(),
+        value=event.model_dump_json().encode(),
+        headers=[(k, v.encode()) for k, v in headers.items()],
+        on_delivery=on_delivery,
+    )

@@ -160,17 +160,13 @@ class _Search:
         If it refuses even the parked sagas' rows, dead-letters the refused records instead,
         first to last.
         """
-        if refused is None:
-            refused = self.refused(saga)
-            if refused is None:
-                return
-        if self._park(saga, refused):
-            return
-        for _ in range(2 * len(saga) + 1):
+        for tries in range(2 * len(saga) + 1):
             if refused is None:
                 refused = self.refused(saga)
                 if refused is None:
                     return
+            if tries == 0 and self._park(saga, refused):
+                return
             self.dead_letter(*self.first_refused(saga, refused))
             refused = None
 
