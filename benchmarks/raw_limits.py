@@ -1,7 +1,8 @@
 """The Kafka limits the engine is measured against, written by hand with plain confluent-kafka.
 
 - Kafka: consume(num_messages=N) -> produce one record per input -> flush, no database.
-- Deadlines: a claim-and-produce loop over due rows with no lease and no sleeping.
+- Deadlines: a claim-and-produce loop over due rows with no lease and no sleeping, its claims
+  growing during a burst as the deadline poller's sweeps do.
 
 The SQL limit is in :mod:`benchmarks.raw_sql`, the end-to-end one in :mod:`benchmarks.raw_e2e`.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -21,7 +23,7 @@ from benchmarks.raw_sql import Measured
 from processor.postgres.schema import Tables
 from processor.wire import DEADLINE_FIRED
 
-__all__ = ["Measured", "deadline_loop", "kafka_loop", "produce", "raw_producer"]
+__all__ = ["Drain", "Measured", "deadline_loop", "kafka_loop", "produce", "raw_producer"]
 
 
 def raw_producer(kafka: str) -> Producer:
@@ -100,10 +102,33 @@ def kafka_loop(kafka: str, source: str, sink: str, expected: int, batch_size: in
 # -- deadlines -----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Drain:
+    """One run of :func:`deadline_loop`."""
+
+    fired: int
+    # Wall clock (the clock Kafka's CreateTime stamps use) just before the first claim.
+    started_at: float
+    # Rows each claim returned, in order: shows the batches growing.
+    claims: list[int]
+
+
 def deadline_loop(
-    database_url: str, tables: Tables, kafka: str, *, expected: int, batch_size: int
-) -> Measured:
-    """Claims due rows with a plain DELETE ... RETURNING and produces each, until none are left."""
+    database_url: str,
+    tables: Tables,
+    kafka: str,
+    *,
+    expected: int,
+    batch_size: int,
+    burst_limit: int,
+) -> Drain:
+    """Claims due rows with a plain DELETE ... RETURNING and produces each, until none are left.
+
+    Claims grow as the deadline poller's sweeps do: the first takes `batch_size` rows, each
+    claim that comes back full doubles the next one's limit up to `burst_limit`, and the first
+    claim that is not full took every row due, which ends the loop. Each claim commits before
+    its records are produced and flushed, as a sweep does.
+    """
     claim = tables.render(
         """
         DELETE FROM {deadline} WHERE id IN (
@@ -113,14 +138,19 @@ def deadline_loop(
         """
     )
     producer = raw_producer(kafka)
-    fired = 0
+    claims: list[int] = []
+    limit = batch_size
     with psycopg.connect(database_url) as conn:
-        t0 = time.perf_counter()
+        # Connected and with the cluster's metadata before the clock starts: the poller it is
+        # compared with has been running for a while.
+        conn.execute("SELECT 1")
+        conn.commit()
+        producer.list_topics(timeout=10)
+        started_at = time.time()
         while True:
             with conn.transaction():
-                rows = conn.execute(claim, (batch_size,)).fetchall()
-            if not rows:
-                break
+                rows = conn.execute(claim, (limit,)).fetchall()
+            claims.append(len(rows))
             for did, saga_type, saga_id, name, topic, partition, due_at in rows:
                 value = {
                     "saga_type": saga_type,
@@ -138,10 +168,12 @@ def deadline_loop(
                     partition=partition,
                     headers=[("message-type", DEADLINE_FIRED.encode())],
                 )
-            if producer.flush(30):
+            if rows and producer.flush(30):
                 raise RuntimeError("raw deadline loop: records not acknowledged")
-            fired += len(rows)
-        elapsed = time.perf_counter() - t0
+            if len(rows) < limit:
+                break
+            limit = min(2 * limit, max(burst_limit, batch_size))
+    fired = sum(claims)
     if fired < expected:
         say(f"raw deadline loop fired {fired} of {expected} rows")
-    return Measured(fired, elapsed)
+    return Drain(fired, started_at, claims)
