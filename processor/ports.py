@@ -216,7 +216,6 @@ class OutboxStore(Protocol):
         self,
         limit: int,
         owned: Mapping[TP, int] | None = None,
-        after: Mapping[TP, TP] | None = None,
         max_bytes: int | None = None,
     ) -> AbstractContextManager[list[OutboxEntry] | None]:
         """Claims up to ``limit`` committed rows in id order, as one transaction.
@@ -225,13 +224,12 @@ class OutboxStore(Protocol):
         claimed only for a partition in ``owned`` whose owner epoch is still the one given
         there, and a new owner's epoch bump waits for a claim in flight on the partition to end.
         Rows of no source are claimed by one relay at a time, across replicas. A partition row
-        waits behind older rows of no source of its saga.
+        is not claimed while an older row of its saga from another source (another partition,
+        or none) is still in the outbox, so a saga's commands keep their order across relays.
 
         Args:
             limit: Most rows claimed.
             owned: The partitions this replica owns, with the owner epoch it holds for each.
-            after: ``{q: p}``: rows of source partition ``q`` are claimed only while their id is
-                lower than that of every row still pending from source partition ``p``.
             max_bytes: A row is claimed only while the claimed rows before it hold fewer bytes
                 of key and value than this (so the first always is); None: no bound.
 
@@ -360,6 +358,14 @@ class RecordConsumer(Protocol):
 
     def commit_advisory(self, offsets: Mapping[TP, int]) -> None:
         """Mirrors stored positions to Kafka so lag tools work; the store stays the authority."""
+        ...
+
+    def ends(self) -> dict[TP, int]:
+        """Partitions that reached their end since the last call, with the position there.
+
+        The position is past any transaction markers and aborted records after the last record
+        delivered, which no record's offset reaches.
+        """
         ...
 
     def close(self) -> None: ...
@@ -592,31 +598,16 @@ class GrowthStore(Protocol):
         """Records ``count`` for a topic the group knows no count for yet (else nothing)."""
         ...
 
-    def grow(
-        self, group_id: str, topic: str, old_count: int, new_count: int, grace: timedelta
-    ) -> bool:
+    def grow(self, group_id: str, topic: str, old_count: int, new_count: int) -> bool:
         """Records a growth from ``old_count`` (still the known count) to ``new_count``.
 
-        The barrier is set ``grace`` after now. Returns False when the known count is no longer
-        ``old_count`` (another replica recorded it first).
-        """
-        ...
-
-    def store_watermarks(
-        self, group_id: str, topic: str, new_count: int, watermarks: Mapping[int, int]
-    ) -> bool:
-        """Stores a growth's old-partition watermarks if none are stored and its barrier passed.
-
-        The first writer wins; returns whether this call stored them.
+        Returns False when the known count is no longer ``old_count`` (another replica recorded
+        it first).
         """
         ...
 
     def committed(self, group_id: str, topics: Sequence[str]) -> dict[TP, int | None]:
         """The group's committed next offset of every partition it stored one for."""
-        ...
-
-    def mark_passed(self, group_id: str, topic: str, new_count: int) -> None:
-        """Records that every new partition of the growth was released (first call wins)."""
         ...
 
     def close(self) -> None: ...

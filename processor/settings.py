@@ -146,10 +146,6 @@ class ConsumerSettings(BaseModel):
     # moved when a topic grew are fired where it sends them, and records whose key it would
     # send elsewhere are counted and logged. librdkafka's names are accepted too.
     partitioner: Annotated[Partitioner, BeforeValidator(_partitioner)] = "crc32"
-    # After a growth of an input topic is noticed, how long producers may still send to the old
-    # partitions: at least their metadata refresh interval (metadata.max.age.ms in Java clients,
-    # topic.metadata.refresh.interval.ms in librdkafka). New partitions wait at least this long.
-    growth_grace: Duration = timedelta(seconds=30)
     # How often the input topics' partition counts are read (and the consumer's metadata
     # refreshed), so that a growth is noticed within this.
     growth_check_interval: Duration = timedelta(seconds=5)

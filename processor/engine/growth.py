@@ -1,18 +1,14 @@
-"""Decisions about input topics that grew: which partitions wait, and when they may go on.
+"""Decisions about input topics that grew: which partitions wait, and on what.
 
 When a topic grows from M partitions to a multiple N of M, every saga whose partition changes
 moves from an old partition ``p`` to a new partition ``q`` with ``q % M == p`` (see
-:mod:`processor.engine.partitioner`). Producers switch at their next metadata refresh, so for a
-while a moved saga's records still land on ``p`` while later ones land on ``q``. Per-saga order
-holds if ``q`` is consumed only after everything producers sent to ``p`` before they switched:
-
-1. The growth is noticed (``noticed_at``, the database's clock) and given a barrier time
-   ``barrier_at = noticed_at + grace``, grace being at least the producers' metadata refresh
-   interval, so that every producer has switched by then.
-2. At or after ``barrier_at`` the high watermarks of the old partitions are taken once and
-   stored: every record sent to an old partition before the switch lies below them.
-3. New partition ``q`` is released once the group's committed position of ``p = q % M`` has
-   reached ``p``'s stored watermark.
+:mod:`processor.engine.partitioner`). Producers switch when they next refresh their metadata
+(every 5 minutes by default), some never do (a producer that places records itself), and the
+processor cannot know when every producer has. So no time is trusted. Instead a record of ``q``
+is applied only once ``p`` has been consumed past the high watermark ``p`` had when that record
+was read: whatever a producer sent to ``p`` before it sent the record to ``q`` is applied first
+(see :func:`follows`). The rule holds for as long as the topic lives; its cost is that ``q``'s
+records wait for ``p``'s lag, which is short while ``p`` keeps up.
 
 Old partitions never wait: a key that stays where it was has no earlier records elsewhere.
 Everything here is pure; :mod:`processor.runtime.growth` feeds it from Kafka and PostgreSQL.
@@ -21,20 +17,19 @@ Everything here is pure; :mod:`processor.runtime.growth` feeds it from Kafka and
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from processor.engine.partitioner import Partitioner, partition_for
 
 __all__ = [
     "Growth",
     "GrowthState",
-    "barrier",
+    "ancestors",
+    "follows",
     "growth_of",
     "growth_problem",
     "held",
-    "moved_from",
     "originals",
     "route",
     "router",
@@ -52,19 +47,12 @@ class Growth:
         old_count: Partitions before.
         new_count: Partitions after (a multiple of ``old_count``).
         noticed_at: When a replica first saw the new count (the database's clock).
-        barrier_at: When producers are taken to have switched: ``noticed_at`` plus the grace.
-        watermarks: High watermark per old partition, taken at or after ``barrier_at``; None
-            until taken.
-        passed_at: When every new partition of this growth was found released; None before.
     """
 
     topic: str
     old_count: int
     new_count: int
     noticed_at: datetime
-    barrier_at: datetime
-    watermarks: Mapping[int, int] | None = None
-    passed_at: datetime | None = None
 
     def creates(self, partition: int) -> bool:
         """Whether ``partition`` is one of the partitions this growth added."""
@@ -115,48 +103,44 @@ def growth_of(growths: Iterable[Growth], topic: str, partition: int) -> Growth |
     return None
 
 
-def barrier(
-    growth: Growth, partition: int, now: datetime, committed: Mapping[int, int | None]
-) -> str | None:
-    """Why new ``partition`` of ``growth`` must still wait; None once it may be consumed.
+def ancestors(growths: Iterable[Growth], topic: str, partition: int) -> tuple[int, ...]:
+    """The partitions a producer that has not learnt of ``topic``'s growths may send to instead.
+
+    A producer that still hashes with an old count ``M`` puts a key of ``partition`` on
+    ``partition % M``; after 6 -> 12 -> 24, partition 20's records may also arrive on 8 and 2.
+    Empty for a partition that existed before every growth.
+    """
+    out = {partition % g.old_count for g in growths if g.topic == topic}
+    out.discard(partition)
+    return tuple(sorted(out))
+
+
+def follows(marks: Mapping[int, int], committed: Mapping[int, int | None]) -> bool:
+    """Whether every partition in ``marks`` is consumed up to its mark.
 
     Args:
-        growth: The growth that added ``partition``.
-        partition: A new partition of ``growth``.
-        now: The database's clock.
-        committed: The group's committed next offset per partition of the topic (None or
-            absent: nothing consumed yet).
+        marks: High watermark per ancestor partition, taken after the records that wait on them
+            were read: everything sent there before those records lies below.
+        committed: The group's stored next offset per partition (None or absent: nothing yet).
     """
-    if growth.passed_at is not None:
-        return None
-    if now < growth.barrier_at:
-        return f"producers may still send to the old partitions until {growth.barrier_at}"
-    if growth.watermarks is None:
-        return "the old partitions' high watermarks are not taken yet"
-    old = partition % growth.old_count
-    mark = growth.watermarks.get(old, 0)
-    if mark <= 0:
-        return None
-    position = committed.get(old)
-    if position is None or position < mark:
-        return f"partition {old} is consumed up to {position}, not yet to {mark}"
-    return None
+    for p, mark in marks.items():
+        if mark <= 0:
+            continue
+        position = committed.get(p)
+        if position is None or position < mark:
+            return False
+    return True
 
 
-def held(
-    tp: TP, counts: Mapping[str, int], growths: Iterable[Growth], released: AbstractSet[TP]
-) -> bool:
+def held(tp: TP, counts: Mapping[str, int]) -> bool:
     """Whether an assigned partition must wait before it is claimed and consumed.
 
     A topic whose count is not known yet, or a partition beyond the known count (a growth not
-    recorded yet), waits; so does a new partition of a growth until it is released.
+    recorded yet, or one refused), waits.
     """
     topic, partition = tp
     known = counts.get(topic)
-    if known is None or partition >= known:
-        return True
-    g = growth_of(growths, topic, partition)
-    return g is not None and g.passed_at is None and tp not in released
+    return known is None or partition >= known
 
 
 def route(
@@ -205,17 +189,3 @@ def router(state: GrowthState, partitioner: Partitioner) -> Callable[[str, bytes
         return route(key, stored, counts.get(topic), original.get(topic), partitioner)
 
     return to
-
-
-def moved_from(growths: Iterable[Growth], now: datetime, keep: timedelta) -> dict[TP, TP]:
-    """New partition -> the old one its sagas came from, for growths not long passed.
-
-    Covers growths whose barrier has not passed, and those that passed less than ``keep`` ago.
-    """
-    out: dict[TP, TP] = {}
-    for g in growths:
-        if g.passed_at is not None and now - g.passed_at >= keep:
-            continue
-        for q in g.new_partitions():
-            out[(g.topic, q)] = (g.topic, q % g.old_count)
-    return out

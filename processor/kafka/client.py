@@ -93,6 +93,9 @@ class SagaConsumer:
             "enable.auto.offset.store": False,
             "partition.assignment.strategy": "cooperative-sticky",
             "auto.offset.reset": "earliest",
+            # The position at a partition's end is past the transaction markers after its last
+            # record, which no record's offset reaches; the worker stores it (see ends()).
+            "enable.partition.eof": True,
             "session.timeout.ms": session_timeout_ms,
             "max.poll.interval.ms": max_poll_interval_ms,
             "heartbeat.interval.ms": min(3000, session_timeout_ms // 3),
@@ -119,6 +122,8 @@ class SagaConsumer:
         self._marks_client: Consumer | None = None
         self._marks_lock = threading.Lock()
         self._closed = False
+        # Partitions that reached their end since the worker last asked, and where.
+        self._ends: dict[TP, int] = {}
         self._consumer = Consumer(conf)
         self.rejoin()
 
@@ -159,14 +164,21 @@ class SagaConsumer:
             err = msg.error()
             if err is None:
                 out.append(to_record(msg))
-            elif err.code() != KafkaError._PARTITION_EOF:
+            elif err.code() == KafkaError._PARTITION_EOF:
+                self._ends[(str(msg.topic()), int(msg.partition() or 0))] = int(msg.offset() or 0)
+            else:
                 if err.fatal():
                     # The consumer cannot go on; the process restarts (a fatal runtime failure).
                     raise RuntimeFailure(f"consumer failed: {err}")
                 log.warning("consumer error: %s", err)
         return out
 
+    def ends(self) -> dict[TP, int]:
+        ends, self._ends = self._ends, {}
+        return ends
+
     def seek(self, tp: TP, offset: int | None) -> None:
+        self._ends.pop(tp, None)
         try:
             self._consumer.seek(TopicPartition(tp[0], tp[1], _start(offset)))
         except KafkaException as e:

@@ -50,6 +50,9 @@ class MemoryRecordConsumer:
         self.seeks: list[tuple[TP, int | None]] = []
         self.closed = False
         self._left: list[TP] = []
+        # Control records (transaction markers): offsets consume() skips, as Kafka's does.
+        self._markers: dict[TP, set[int]] = {}
+        self._ends: dict[TP, int] = {}
 
     # -- for tests ---------------------------------------------------------------------------
 
@@ -70,6 +73,16 @@ class MemoryRecordConsumer:
             log.append(record)
             self._changed.notify_all()
             return record
+
+    def append_marker(self, topic: str, partition: int) -> int:
+        """Appends a transaction marker: it takes an offset, and no read ever returns it."""
+        with self._changed:
+            log = self._logs.setdefault((topic, partition), [])
+            offset = len(log)
+            log.append(Record(topic, partition, offset, None, None, ()))
+            self._markers.setdefault((topic, partition), set()).add(offset)
+            self._changed.notify_all()
+            return offset
 
     def records(self, tp: TP) -> list[Record]:
         """Everything appended to a partition, in offset order."""
@@ -150,16 +163,26 @@ class MemoryRecordConsumer:
                 log = self._logs.get(tp, [])
                 start = self._positions[tp]
                 taken = log[start : start + max_records - len(out)]
-                out.extend(taken)
-                self._positions[tp] = start + len(taken)
+                markers = self._markers.get(tp, set())
+                out.extend(r for r in taken if r.offset not in markers)
+                position = self._positions[tp] = start + len(taken)
+                if taken and position == len(log):
+                    self._ends[tp] = position
                 if len(out) >= max_records:
                     break
             return out
+
+    def ends(self) -> dict[TP, int]:
+        """Partitions whose reads reached their end since the last call, and where."""
+        with self._changed:
+            ends, self._ends = self._ends, {}
+            return ends
 
     def seek(self, tp: TP, offset: int | None) -> None:
         """Moves an assigned partition's position; None is its beginning. Others are ignored."""
         with self._changed:
             self.seeks.append((tp, offset))
+            self._ends.pop(tp, None)
             # As with Kafka, seeking a partition not assigned (any more) has no effect.
             if tp in self._positions:
                 self._positions[tp] = 0 if offset is None else offset

@@ -1,15 +1,14 @@
 """An in-memory growth store: the PostgreSQL adapter's conditional writes over a given clock.
 
 Tests share one instance between the growth watches of several replicas, as they would share a
-database, and move its clock to pass a barrier without waiting.
+database, and set its offsets as the replicas' commits would.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
-from datetime import datetime, timedelta
+from collections.abc import Callable, Sequence
+from datetime import datetime
 
 from processor.engine.growth import Growth, GrowthState
 from processor.ports import TP
@@ -47,28 +46,16 @@ class MemoryGrowthStore:
         with self._lock:
             self.counts.setdefault((group_id, topic), count)
 
-    def grow(
-        self, group_id: str, topic: str, old_count: int, new_count: int, grace: timedelta
-    ) -> bool:
+    def grow(self, group_id: str, topic: str, old_count: int, new_count: int) -> bool:
         with self._lock:
             if self.counts.get((group_id, topic)) != old_count:
                 return False
             now = self._now()
             self.growths.setdefault(
                 (group_id, topic, new_count),
-                Growth(topic, old_count, new_count, now, now + grace),
+                Growth(topic, old_count, new_count, now),
             )
             self.counts[(group_id, topic)] = new_count
-            return True
-
-    def store_watermarks(
-        self, group_id: str, topic: str, new_count: int, watermarks: Mapping[int, int]
-    ) -> bool:
-        with self._lock:
-            g = self.growths.get((group_id, topic, new_count))
-            if g is None or g.watermarks is not None or self._now() < g.barrier_at:
-                return False
-            self.growths[(group_id, topic, new_count)] = replace(g, watermarks=dict(watermarks))
             return True
 
     def committed(self, group_id: str, topics: Sequence[str]) -> dict[TP, int | None]:
@@ -76,12 +63,6 @@ class MemoryGrowthStore:
             return {
                 (t, p): n for (g, t, p), n in self.offsets.items() if g == group_id and t in topics
             }
-
-    def mark_passed(self, group_id: str, topic: str, new_count: int) -> None:
-        with self._lock:
-            g = self.growths.get((group_id, topic, new_count))
-            if g is not None and g.passed_at is None:
-                self.growths[(group_id, topic, new_count)] = replace(g, passed_at=self._now())
 
     def close(self) -> None:
         """Nothing to release."""

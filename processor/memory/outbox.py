@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -30,8 +31,9 @@ class MemoryOutboxStore:
     claim at a time: a second one, from any thread, does not get them while the first is open,
     nor does any claim while :meth:`held_elsewhere` is active. Rows of a source partition are
     claimed by claims that name the partition with its current epoch (:attr:`epochs`, moved by
-    :meth:`take_over`), several at once. Operator calls wait for every open claim to end, as
-    they take the relays' locks in PostgreSQL.
+    :meth:`take_over`), several at once, each while no older row of its saga from another source
+    is still here. Operator calls wait for every open claim to end, as they take the relays'
+    locks in PostgreSQL.
     """
 
     def __init__(self) -> None:
@@ -98,7 +100,6 @@ class MemoryOutboxStore:
         self,
         limit: int,
         owned: Mapping[TP, int] | None = None,
-        after: Mapping[TP, TP] | None = None,
         max_bytes: int | None = None,
     ) -> Iterator[list[OutboxEntry] | None]:
         """Claims up to ``limit`` rows in id order; they are settled only on a normal exit."""
@@ -121,7 +122,7 @@ class MemoryOutboxStore:
         outer = getattr(self._settled, "value", None)
         try:
             with self._state:
-                ids = self._within(self._pick(limit, global_path, mine, after or {}), max_bytes)
+                ids = self._pick(limit, global_path, mine, max_bytes)
                 self._in_flight.update(ids)
                 entries = [replace(self._rows[i], behind=self._first_failed(i)) for i in ids]
             self._settled.value = _Settled([], {})
@@ -141,49 +142,62 @@ class MemoryOutboxStore:
                 self._relay_lock.release()
 
     def _pick(
-        self, limit: int, global_path: bool, mine: set[TP], after: Mapping[TP, TP]
+        self, limit: int, global_path: bool, mine: set[TP], max_bytes: int | None
     ) -> list[int]:
-        free = [i for i in sorted(self._rows) if i not in self._in_flight]
-        picked = [i for i in free if global_path and self._rows[i].row.source is None][:limit]
-        # Ids of rows of no source by saga: a partition row waits behind older ones.
-        unsourced: dict[tuple[str | None, str], int] = {}
-        for i in sorted(self._rows):
-            r = self._rows[i].row
-            if r.source is None and r.saga_id is not None:
-                unsourced.setdefault((r.saga_type, r.saga_id), i)
-        first: dict[TP, int] = {}
-        for i in sorted(self._rows):
-            src = self._rows[i].row.source
-            if src is not None:
-                first.setdefault(src, i)
-        for i in free:
-            if len(picked) >= limit:
-                break
-            r = self._rows[i].row
-            if r.source is None or r.source not in mine:
-                continue
-            if r.saga_id is not None and unsourced.get((r.saga_type, r.saga_id), i) < i:
-                continue
-            gate = after.get(r.source)
-            if gate is not None and i >= first.get(gate, i + 1):
-                continue
-            picked.append(i)
-        return sorted(picked)
+        """The rows a claim takes, as PostgreSQL picks them.
 
-    def _within(self, ids: list[int], max_bytes: int | None) -> list[int]:
-        """The picked rows, global ones first, while the ones before hold under max_bytes."""
-        if max_bytes is None:
-            return ids
-        ordered = sorted(ids, key=lambda i: (self._rows[i].row.source is not None, i))
+        Rows of no source, then the partitions' oldest rows in what is left of the byte budget,
+        less those the saga guard holds back (it no longer sees the rows of no source this claim
+        took first).
+        """
+        free = [i for i in sorted(self._rows) if i not in self._in_flight]
+        budget = max_bytes if max_bytes is not None else sys.maxsize
+        unsourced = [i for i in free if global_path and self._rows[i].row.source is None]
+        picked = self._within(unsourced[:limit], budget)
+        budget -= sum(map(self._size, picked))
+        window = [i for i in free if self._rows[i].row.source in mine][: limit - len(picked)]
+        held = self._held(set(picked))
+        return sorted(picked + [i for i in self._within(window, budget) if not held(i)])
+
+    def _size(self, row_id: int) -> int:
+        row = self._rows[row_id].row
+        return len(row.value or b"") + len(row.key or b"")
+
+    def _within(self, ids: list[int], budget: int) -> list[int]:
+        """The first of ``ids`` while the ones before them hold fewer than ``budget`` bytes."""
         kept: list[int] = []
         held = 0
-        for i in ordered:
-            if held >= max_bytes:
+        for i in ids:
+            if held >= budget:
                 break
             kept.append(i)
-            row = self._rows[i].row
-            held += len(row.value or b"") + len(row.key or b"")
-        return sorted(kept)
+            held += self._size(i)
+        return kept
+
+    def _held(self, gone: set[int]) -> Callable[[int], bool]:
+        """Whether a row has an older row of its saga from another source (besides ``gone``).
+
+        Per saga: the source of its oldest row, and the first id from another one. A row is
+        held when it is of another source than the oldest, or comes after that first id.
+        """
+        first: dict[tuple[str, str], tuple[TP | None, int | None]] = {}
+        for i in sorted(self._rows):
+            r = self._rows[i].row
+            if i in gone or r.saga_type is None or r.saga_id is None:
+                continue
+            key = (r.saga_type, r.saga_id)
+            source, switch = first.setdefault(key, (r.source, None))
+            if switch is None and r.source != source:
+                first[key] = (source, i)
+
+        def held(i: int) -> bool:
+            r = self._rows[i].row
+            if r.saga_type is None or r.saga_id is None:
+                return False
+            source, switch = first[(r.saga_type, r.saga_id)]
+            return r.source != source or (switch is not None and i > switch)
+
+        return held
 
     def _first_failed(self, row_id: int) -> int | None:
         row = self._rows[row_id].row

@@ -55,6 +55,7 @@ class Sources:
     relay: Any = None
     # Input records whose key the configured partitioner sends elsewhere, by topic.
     off_partition: Mapping[str, int] | None = None
+    stale_producers: Mapping[str, int] | None = None
     up: Callable[[], bool] = lambda: False
 
 
@@ -223,6 +224,13 @@ class _Collector(Collector):
             "Input records whose key SAGA_CONSUMER__PARTITIONER would send to another partition.",
             ["topic"],
             {(t,): n for t, n in off.items()},
+        )
+        stale = dict(src.stale_producers or {})
+        yield _counter(
+            "saga_records_from_stale_producers",
+            "Input records sent where a grown topic's old partition count put their key.",
+            ["topic"],
+            {(t,): n for t, n in stale.items()},
         )
         relay = src.relay
         yield _counter(

@@ -332,11 +332,11 @@ def _topics(report: CheckReport, topology: Topology, stored: Mapping[str, set[in
         if topic in topology.read and partitions and partitions != set(range(count)):
             known = max(partitions) + 1
             if partitions <= set(range(count)) and count > known and count % known == 0:
-                # Grown online to a multiple: the replicas release the new partitions behind
-                # the growth barrier (processor/engine/growth.py).
+                # Grown online to a multiple: the replicas take the new partitions, each one's
+                # records after the old partition's (processor/engine/growth.py).
                 report.notes.append(
                     f"topic {topic!r} grew from {known} to {count} partitions; the replicas "
-                    "take the new ones behind the growth barrier"
+                    "take the new ones, each record after what was sent to the old ones first"
                 )
                 continue
             report.problems.append(

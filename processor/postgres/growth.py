@@ -1,20 +1,18 @@
-"""The growth watch's store: partition counts a consumer group knows, and growths with barriers.
+"""The growth watch's store: partition counts a consumer group knows, its growths, its positions.
 
 Replicas notice a growth independently; every write here is conditional (an insert that does
 nothing on conflict, an update guarded by the value it expects, both under the count row's lock),
-so the growth is recorded once and its watermarks are stored once, by whoever comes first.
+so the growth is recorded once, by whoever comes first.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from datetime import timedelta
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import psycopg
 from psycopg.rows import TupleRow
-from psycopg.types.json import Jsonb
 
 from processor.engine.growth import Growth, GrowthState, router
 from processor.engine.partitioner import Partitioner
@@ -48,7 +46,7 @@ class PostgresGrowthStore:
         self._counts = r("SELECT topic, count FROM {partition_count} WHERE group_id = %s")
         self._growths = r(
             """
-            SELECT topic, old_count, new_count, noticed_at, barrier_at, watermarks, passed_at
+            SELECT topic, old_count, new_count, noticed_at
               FROM {partition_growth} WHERE group_id = %s ORDER BY topic, new_count
             """
         )
@@ -65,7 +63,7 @@ class PostgresGrowthStore:
             """
             INSERT INTO {partition_growth}
                    (group_id, topic, old_count, new_count, noticed_at, barrier_at)
-            VALUES (%(g)s, %(t)s, %(old)s, %(new)s, now(), now() + %(grace)s)
+            VALUES (%(g)s, %(t)s, %(old)s, %(new)s, now(), now())
             ON CONFLICT (group_id, topic, new_count) DO NOTHING
             """
         )
@@ -75,23 +73,10 @@ class PostgresGrowthStore:
              WHERE group_id = %(g)s AND topic = %(t)s
             """
         )
-        self._watermarks = r(
-            """
-            UPDATE {partition_growth} SET watermarks = %s, taken_at = now()
-             WHERE group_id = %s AND topic = %s AND new_count = %s
-               AND watermarks IS NULL AND now() >= barrier_at
-            """
-        )
         self._committed = r(
             """
             SELECT topic, partition, next_offset FROM {offsets}
              WHERE group_id = %s AND topic = ANY(%s)
-            """
-        )
-        self._passed = r(
-            """
-            UPDATE {partition_growth} SET passed_at = now()
-             WHERE group_id = %s AND topic = %s AND new_count = %s AND passed_at IS NULL
             """
         )
 
@@ -101,18 +86,8 @@ class PostgresGrowthStore:
             assert now_row is not None
             counts = {str(t): int(c) for t, c in conn.execute(self._counts, (group_id,))}
             growths = tuple(
-                Growth(
-                    topic=t,
-                    old_count=int(old),
-                    new_count=int(new),
-                    noticed_at=noticed,
-                    barrier_at=barrier,
-                    watermarks=_marks(marks),
-                    passed_at=passed,
-                )
-                for t, old, new, noticed, barrier, marks, passed in conn.execute(
-                    self._growths, (group_id,)
-                )
+                Growth(topic=t, old_count=int(old), new_count=int(new), noticed_at=noticed)
+                for t, old, new, noticed in conn.execute(self._growths, (group_id,))
             )
             return GrowthState(now=now_row[0], counts=counts, growths=growths)
 
@@ -121,31 +96,19 @@ class PostgresGrowthStore:
     def baseline(self, group_id: str, topic: str, count: int) -> None:
         self._run(lambda conn: conn.execute(self._baseline, (group_id, topic, count)))
 
-    def grow(
-        self, group_id: str, topic: str, old_count: int, new_count: int, grace: timedelta
-    ) -> bool:
+    def grow(self, group_id: str, topic: str, old_count: int, new_count: int) -> bool:
         def run(conn: Conn) -> bool:
             # The count row's lock orders replicas recording the same growth: the second one
             # finds the count moved on and records nothing.
             row = conn.execute(self._lock_count, (group_id, topic)).fetchone()
             if row is None or int(row[0]) != old_count:
                 return False
-            args = {"g": group_id, "t": topic, "old": old_count, "new": new_count, "grace": grace}
+            args = {"g": group_id, "t": topic, "old": old_count, "new": new_count}
             conn.execute(self._insert_growth, args)
             conn.execute(self._set_count, args)
             return True
 
         return self._run(run)
-
-    def store_watermarks(
-        self, group_id: str, topic: str, new_count: int, watermarks: Mapping[int, int]
-    ) -> bool:
-        marks = Jsonb({str(p): o for p, o in watermarks.items()})
-        return self._run(
-            lambda conn: (
-                conn.execute(self._watermarks, (marks, group_id, topic, new_count)).rowcount == 1
-            )
-        )
 
     def committed(self, group_id: str, topics: Sequence[str]) -> dict[TP, int | None]:
         def run(conn: Conn) -> dict[TP, int | None]:
@@ -153,9 +116,6 @@ class PostgresGrowthStore:
             return {(str(t), int(p)): (None if n is None else int(n)) for t, p, n in rows}
 
         return self._run(run)
-
-    def mark_passed(self, group_id: str, topic: str, new_count: int) -> None:
-        self._run(lambda conn: conn.execute(self._passed, (group_id, topic, new_count)))
 
     def _run(self, fn: Callable[[Conn], _T]) -> _T:
         try:
@@ -182,8 +142,3 @@ def current_router(
         return router(store.load(group_id), partitioner)
     finally:
         store.close()
-
-
-def _marks(stored: Any) -> dict[int, int] | None:
-    # jsonb keys are strings; partitions are ints everywhere else.
-    return None if stored is None else {int(p): int(o) for p, o in stored.items()}

@@ -6,11 +6,20 @@ claim locks the offsets rows of the partitions it claims for (``FOR KEY SHARE``)
 epoch is still the one this replica holds, and takes only rows of those partitions. A new owner
 bumps the epoch under ``FOR UPDATE``, so it waits for a claim in flight to end (published and
 committed, or rolled back); afterwards the old owner's claims find the epoch moved and take
-nothing of that partition. So a saga's row n+1 never overtakes row n across replicas, while
-replicas owning different partitions publish at the same time. Rows of no partition (written
-before rows carried one, or by other paths) are claimed by whichever relay gets a
-transaction-scoped advisory lock, one relay at a time; a partition row waits behind older such
-rows of its saga.
+nothing of that partition. So a partition's rows go out in id order from one relay at a time,
+while replicas owning different partitions publish at the same time. Rows of no partition
+(written before rows carried one, and every row of a participant's outbox) are claimed by
+whichever relay gets a transaction-scoped advisory lock, one relay at a time.
+
+One saga's rows may come from several sources: rows of no partition written before its rows
+carried one, and, once an input topic grew, rows of its old partition and of its new one (a saga
+parked before the growth and retried later writes under the old one again). A partition row
+stays in the outbox while an older row of its saga from another source is still there, so that
+the relays of different sources never reorder a saga's commands. The saga's oldest row is never
+held back, so every saga moves on as soon as its owners' relays run. Rows of no partition need
+no such guard: they are older than every partition row of their saga (the processor has written
+the source on every row since the column was added, and a retry puts a row back under its own
+id).
 
 The claimed rows are deleted and returned; the delete commits only when the caller's block ends
 normally, after every record was acknowledged. Rows are claimed by what is committed, never by
@@ -71,8 +80,17 @@ _CLAIM_GLOBAL = (
 ).replace("SIZE", _SIZE)
 # SKIP LOCKED: a partition whose new owner is bumping the epoch (FOR UPDATE) is being handed
 # over; waiting for it would only find the epoch moved, and could deadlock with a claim of
-# several partitions. Each partition's oldest rows come from its own index; the guards may
-# then leave some out (they only ever hold rows back).
+# several partitions. Each partition's oldest rows come from its own index; the saga guard may
+# then leave some out (it only ever holds rows back).
+#
+# The guard: a row is held while an older row of its saga from another source is in the outbox.
+# Take the nearest such row: the saga's next row after it is of the held row's source and no newer
+# than the held row, so it is among its partition's oldest rows, in this window. A row is thus
+# held exactly when it, or an older row of its saga and source in the window, comes right after a
+# row of another source: each row needs only the saga's row just before it, one backward probe of
+# the saga index whatever the saga's size. An EXISTS over every older row of the saga would read
+# a busy saga's rows again for each later one, and may be planned as a hash join over the whole
+# outbox.
 _CLAIM_OWNED = """
     WITH mine AS (
         SELECT s.topic, s.partition FROM {offsets} AS s
@@ -81,37 +99,34 @@ _CLAIM_OWNED = """
          WHERE s.group_id = %(group)s
            FOR KEY SHARE OF s SKIP LOCKED
     ), first AS (
-        SELECT c.id, c.size FROM mine CROSS JOIN LATERAL (
-            SELECT x.id, X_SIZE FROM {outbox} AS x
+        SELECT c.* FROM mine CROSS JOIN LATERAL (
+            SELECT x.id, X_SIZE, x.saga_type, x.saga_id, x.source_topic, x.source_partition
+              FROM {outbox} AS x
              WHERE x.source_topic = mine.topic AND x.source_partition = mine.partition
              ORDER BY x.id LIMIT %(limit)s) AS c
          ORDER BY c.id LIMIT %(limit)s
     ), oldest AS (
-        SELECT w.id FROM (
-            SELECT id, sum(size) OVER (ORDER BY id) - size AS before FROM first) AS w
+        SELECT * FROM (
+            SELECT f.*, sum(f.size) OVER (ORDER BY f.id) - f.size AS before FROM first AS f) AS w
          WHERE w.before < %(max_bytes)s
+    ), free AS (
+        SELECT g.id FROM (
+            SELECT c.id, bool_or(b.other) OVER (
+                       PARTITION BY c.saga_type, c.saga_id, c.source_topic, c.source_partition
+                       ORDER BY c.id) AS held
+              FROM oldest AS c LEFT JOIN LATERAL (
+                  SELECT n.source_topic IS DISTINCT FROM c.source_topic
+                         OR n.source_partition IS DISTINCT FROM c.source_partition AS other
+                    FROM {outbox} AS n
+                   WHERE n.saga_type = c.saga_type AND n.saga_id = c.saga_id AND n.id < c.id
+                   ORDER BY n.id DESC LIMIT 1) AS b ON true) AS g
+         WHERE g.held IS NOT TRUE
     )
     DELETE FROM {outbox} AS o WHERE id = ANY(ARRAY(
         SELECT x.id FROM {outbox} AS x
-         WHERE x.id = ANY(ARRAY(SELECT id FROM oldest))
-           AND NOT EXISTS (
-               SELECT 1 FROM {outbox} AS n
-                WHERE x.saga_id IS NOT NULL AND n.source_topic IS NULL
-                  AND n.saga_type = x.saga_type AND n.saga_id = x.saga_id AND n.id < x.id)
-           AFTER
+         WHERE x.id = ANY(ARRAY(SELECT id FROM free))
          ORDER BY x.id FOR UPDATE OF x))
 """.replace("X_SIZE", "octet_length(x.value) + coalesce(octet_length(x.key), 0) AS size")
-# Rows of partition q only while older than every row still pending from partition p.
-_AFTER = f"""
-            AND NOT EXISTS (
-                SELECT 1 FROM unnest(%(aqt)s::text[], %(aqp)s::int[], %(apt)s::text[],
-                                     %(app)s::int[]) AS a(qt, qp, pt, pp)
-                 WHERE a.qt = x.source_topic AND a.qp = x.source_partition
-                   AND x.id >= coalesce(
-                       (SELECT min(y.id) FROM {{outbox}} AS y
-                         WHERE y.source_topic = a.pt AND y.source_partition = a.pp),
-                       {_MAX_ID}))
-"""
 
 
 class PostgresOutboxStore:
@@ -136,9 +151,7 @@ class PostgresOutboxStore:
         self._lock_key = relay_lock_key(tables)
         self._shared_key = partition_lock_key(tables)
         self._claim_global = tables.render(_CLAIM_GLOBAL)
-        owned = _CLAIM_OWNED + _RETURNING
-        self._claim_owned = tables.render(owned.replace("AFTER", ""))
-        self._claim_after = tables.render(owned.replace("AFTER", _AFTER.strip()))
+        self._claim_owned = tables.render(_CLAIM_OWNED + _RETURNING)
         # A kept row goes back under its own id: its place in the commit order stays.
         self._keep = tables.render(
             """
@@ -164,13 +177,13 @@ class PostgresOutboxStore:
         self,
         limit: int,
         owned: Mapping[TP, int] | None = None,
-        after: Mapping[TP, TP] | None = None,
         max_bytes: int | None = None,
     ) -> Iterator[list[OutboxEntry] | None]:
         """Claims up to ``limit`` committed rows in id order, as one transaction.
 
         Takes the rows of no partition when no other relay holds the global lock, and the rows
-        of each partition in ``owned`` whose owner epoch is still the one given.
+        of each partition in ``owned`` whose owner epoch is still the one given, except those
+        with an older row of their saga from another source still in the outbox.
 
         Yields None when there was nothing this claim may take: no partition to claim for and
         another relay holds the global lock. Leaving the block normally commits the delete;
@@ -203,9 +216,8 @@ class PostgresOutboxStore:
                     ).fetchall()
                     budget -= sum(len(r[7] or b"") + len(r[5] or b"") for r in rows)
                 if partitions and len(rows) < limit and budget > 0:
-                    query, params = self._owned_query(limit - len(rows), owned, after)
-                    params["max_bytes"] = budget
-                    rows += conn.execute(query, params, binary=True).fetchall()
+                    params = self._owned_params(limit - len(rows), owned, budget)
+                    rows += conn.execute(self._claim_owned, params, binary=True).fetchall()
                 # DELETE ... RETURNING has no defined order: restore commit order by id.
                 rows.sort(key=lambda r: r[0])
                 self._claimed = {r[0]: (_entry(r), r[10]) for r in rows}
@@ -223,27 +235,18 @@ class PostgresOutboxStore:
                 self._drop()
             raise failure from e
 
-    def _owned_query(
-        self, limit: int, owned: Mapping[TP, int], after: Mapping[TP, TP] | None
-    ) -> tuple[str, dict[str, object]]:
+    def _owned_params(
+        self, limit: int, owned: Mapping[TP, int], max_bytes: int
+    ) -> dict[str, object]:
         tps = sorted(owned)
-        params: dict[str, object] = {
+        return {
             "group": self._group_id,
             "t": [t for t, _ in tps],
             "p": [p for _, p in tps],
             "e": [owned[tp] for tp in tps],
             "limit": limit,
+            "max_bytes": max_bytes,
         }
-        if not after:
-            return self._claim_owned, params
-        pairs = sorted(after.items())
-        params.update(
-            aqt=[q[0] for q, _ in pairs],
-            aqp=[q[1] for q, _ in pairs],
-            apt=[p[0] for _, p in pairs],
-            app=[p[1] for _, p in pairs],
-        )
-        return self._claim_after, params
 
     def settle(self, set_aside: Sequence[SetAside], kept: Mapping[int, str | None]) -> None:
         """Within an open claim: puts ``kept`` rows back, moves ``set_aside`` ones aside.

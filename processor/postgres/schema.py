@@ -289,6 +289,14 @@ MIGRATIONS: tuple[str, ...] = (
     """
     DROP INDEX IF EXISTS "{schema}"."saga_instance_saga_id_idx";
     """,
+    # 12: a partition row waits behind every older row of its saga from another source (another
+    # partition after its input topic grew, or none), not only behind rows of no source: the
+    # saga's index covers every row. It replaces migration 10's partial one, whose name is the
+    # one PostgreSQL gave it, and takes that name.
+    """
+    DROP INDEX IF EXISTS "{schema}"."outbox_saga_type_saga_id_id_idx";
+    CREATE INDEX outbox_saga_type_saga_id_id_idx ON {outbox} (saga_type, saga_id, id);
+    """,
 )
 
 

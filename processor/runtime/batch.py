@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from processor.engine.decode import Decoded, Event, Rejected
 from processor.engine.plan import Item, Planner
@@ -33,19 +33,43 @@ class Batch:
     size: int
 
     @classmethod
-    def of(cls, decoded: list[Decoded], planner: Planner, owned: Mapping[TP, Owned]) -> Batch:
-        """Routes ``decoded`` and computes each partition's offset compare-and-set."""
+    def of(
+        cls,
+        decoded: list[Decoded],
+        planner: Planner,
+        owned: Mapping[TP, Owned],
+        ends: Mapping[TP, int] | None = None,
+    ) -> Batch:
+        """Routes ``decoded`` and computes each partition's offset compare-and-set.
+
+        ``ends`` are positions to store for partitions with no record in the batch (past
+        transaction markers at their end).
+        """
         items, wants = planner.route(decoded)
         routed = planner.event_types  # a fresh set per access: taken once per batch
         unrouted = sum(1 for d in decoded if isinstance(d, Event) and type(d.message) not in routed)
         last: dict[TP, int] = {}
         for d in decoded:
             last[(d.record.topic, d.record.partition)] = d.record.offset + 1
+        for tp, end in (ends or {}).items():
+            last.setdefault(tp, end)
         offsets = [
             OffsetCommit(t, p, nxt, owned[(t, p)].next_offset, owned[(t, p)].epoch)
             for (t, p), nxt in last.items()
         ]
         return cls(decoded, items, wants, unrouted, offsets, last, len(decoded))
+
+    def advancing(self, ends: Mapping[TP, int], owned: Mapping[TP, Owned]) -> Batch:
+        """This batch, also storing ``ends`` for partitions it has no record of."""
+        extra = {tp: end for tp, end in ends.items() if tp not in self.last}
+        offsets = [
+            *self.offsets,
+            *(
+                OffsetCommit(t, p, end, owned[(t, p)].next_offset, owned[(t, p)].epoch)
+                for (t, p), end in extra.items()
+            ),
+        ]
+        return replace(self, offsets=offsets, last={**self.last, **extra})
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,14 +1,18 @@
-"""The growth watch: notices input topics that grew and tells the consumer which partitions wait.
+"""The growth watch: notices input topics that grew, and says when a new partition's records may go.
 
 A loop of its own (``step()`` is one round) reads the input topics' partition counts from the
-cluster, records a new count once for the whole consumer group (with the barrier of
-:mod:`processor.engine.growth`), takes the old partitions' high watermarks once the barrier time
-has come, and works out which new partitions are released. The other loops only read what the
-last round published, so none of them ever waits on the cluster or the database for it:
+cluster and records a new count once for the whole consumer group. Between rounds it follows
+the partitions a growth added (:mod:`processor.engine.growth`): for each one whose records wait
+(the worker says so with :meth:`GrowthWatch.want`), it stamps the time, takes the high watermarks
+of the partitions a late producer may have sent that partition's keys to, and waits until the
+group's stored positions there reach them; every record read before the stamp may then go
+(:meth:`GrowthWatch.cleared`). The other loops only read what the last round published, so none
+of them ever waits on the cluster or the database for it:
 
-- the worker asks :meth:`GrowthWatch.held` before claiming an assigned partition;
+- the worker asks :meth:`GrowthWatch.held` before claiming an assigned partition, and
+  :meth:`GrowthWatch.cleared` before applying a record of a grown topic's new partition;
 - the deadline poller asks :meth:`GrowthWatch.route` where a saga's fired record goes now;
-- the relay may ask :meth:`GrowthWatch.moved_from` which old partition a new one took over.
+- the placement check asks :meth:`GrowthWatch.counts` which counts producers may hash with.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from processor.engine import growth as rules
 from processor.engine.growth import Growth, GrowthState
@@ -31,12 +35,12 @@ from processor.runtime.heartbeat import beat
 __all__ = ["GrowthWatch"]
 
 log = logging.getLogger(__name__)
-# How long after a growth passed its barrier a new partition's outbox rows still wait behind the
-# older rows of the partition it grew from (see moved_from).
-RELAY_GUARD = timedelta(minutes=5)
 
-# Seconds between rounds while a barrier is pending: a released partition is claimed this soon.
-PENDING_EVERY = 0.5
+# Seconds between reads of the stored positions while a follow round waits for them.
+FOLLOW_POLL = 0.02
+# A follow round gives up after this long and starts again with fresh watermarks, so that a
+# partition that was wanted meanwhile is not kept waiting behind a slow one.
+FOLLOW_ROUND = 2.0
 # Pause before the next round after the store or the cluster failed.
 RETRY_PAUSE = 1.0
 
@@ -50,24 +54,24 @@ class _View:
     counts: Mapping[str, int] = field(default_factory=dict)
     original: Mapping[str, int] = field(default_factory=dict)
     growths: tuple[Growth, ...] = ()
-    released: frozenset[TP] = frozenset()
 
 
 class GrowthWatch:
     """Follows the partition counts of one consumer group's input topics.
 
     Args:
-        store: Known counts and growths (shared by every replica of the group).
+        store: Known counts and growths, and the group's stored positions (shared by every
+            replica of the group).
         metadata: The cluster's partition counts and high watermarks.
         group_id: The consumer group.
         topics: Its input topics.
         partitioner: The producers' partitioner (for :meth:`route`).
-        grace: How long after a growth is noticed producers may still send to old partitions.
         interval: Seconds between two reads of the partition counts.
-        monotonic: Elapsed-time clock (tests pass a fake one).
+        monotonic: Elapsed-time clock (tests pass a fake one); :meth:`cleared` speaks it.
 
     Attributes:
-        wake: Set it to run the next round now (a partition beyond the known count showed up).
+        wake: Set it to run the next round now (a partition beyond the known count showed up,
+            or a new partition's records wait).
     """
 
     def __init__(
@@ -78,7 +82,6 @@ class GrowthWatch:
         group_id: str,
         topics: Sequence[str],
         partitioner: Partitioner,
-        grace: timedelta,
         interval: float,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -87,7 +90,6 @@ class GrowthWatch:
         self.group_id = group_id
         self.topics = list(topics)
         self.partitioner = partitioner
-        self.grace = grace
         self.interval = interval
         self._monotonic = monotonic
         self.wake = threading.Event()
@@ -98,6 +100,9 @@ class GrowthWatch:
         # Counts refused (not a multiple), so the error is logged once per count, not per round.
         self._refused: set[tuple[str, int]] = set()
         self._next_metadata = 0.0
+        # New partitions whose records wait, and the stamp up to which each one's are cleared.
+        self._wanted: set[TP] = set()
+        self._cleared: dict[TP, float] = {}
 
     # -- read by the other loops ---------------------------------------------------------------
 
@@ -106,16 +111,34 @@ class GrowthWatch:
         view = self._view
         if not view.loaded:
             return True
-        if not rules.held(tp, view.counts, view.growths, view.released):
+        if not rules.held(tp, view.counts):
             return False
         with self._lock:
             self._since.setdefault(tp, self._monotonic())
-        known = view.counts.get(tp[0])
-        if known is None or tp[1] >= known:
-            # The group assigned a partition before this watch read the new count: read it now.
-            self._next_metadata = 0.0
-            self.wake.set()
+        # The group assigned a partition before this watch read the new count: read it now.
+        self._next_metadata = 0.0
+        self.wake.set()
         return True
+
+    def ancestors(self, tp: TP) -> tuple[int, ...]:
+        """The partitions of ``tp``'s topic a late producer may send ``tp``'s keys to instead."""
+        return rules.ancestors(self._view.growths, tp[0], tp[1])
+
+    def cleared(self, tp: TP) -> float:
+        """Records of ``tp`` read at or before this time (this watch's clock) may be applied.
+
+        Only meaningful for a partition with :meth:`ancestors`; minus infinity before its first
+        follow round.
+        """
+        return self._cleared.get(tp, float("-inf"))
+
+    def want(self, tp: TP) -> None:
+        """Asks for a follow round of ``tp``: records of it read up to now wait (worker thread)."""
+        with self._lock:
+            if tp in self._wanted:
+                return
+            self._wanted.add(tp)
+        self.wake.set()
 
     def route(self, topic: str, key: bytes, stored: int) -> int:
         """The partition a record of the saga keyed ``key`` goes to now (deadline poller).
@@ -131,61 +154,75 @@ class GrowthWatch:
         )
 
     def counts(self, topic: str) -> tuple[int, ...]:
-        """The partition counts producers of ``topic`` may hash keys with now.
+        """The partition counts producers of ``topic`` may hash keys with: the known one first.
 
-        The known count, and while a growth of the topic is recent (see :meth:`moved_from`) the
-        counts it grew from: a producer that has not refreshed its metadata still uses those.
-        Empty before the first round, or for a topic this watch does not know.
+        Every count the topic had: a producer that never refreshed its metadata still uses an
+        old one. Empty before the first round, or for a topic this watch does not know.
         """
         view = self._view
         known = view.counts.get(topic)
         if known is None:
             return ()
-        keep = max(self.grace, RELAY_GUARD)
-        olds = sorted(
-            {
-                g.old_count
-                for g in view.growths
-                if g.topic == topic and (g.passed_at is None or view.now - g.passed_at < keep)
-            },
-            reverse=True,
-        )
+        olds = sorted({g.old_count for g in view.growths if g.topic == topic}, reverse=True)
         return (known, *olds)
 
-    def moved_from(self) -> Mapping[TP, TP]:
-        """New partition -> the old one its sagas came from, for growths not long passed.
-
-        Covers every growth whose barrier has not passed for all its new partitions, and those
-        that passed less than the grace ago.
-        """
-        view = self._view
-        # The relay keeps a new partition's rows behind the old partition's older rows for a
-        # while after the barrier: the old owner's relay may lag behind its worker.
-        return rules.moved_from(view.growths, view.now, max(self.grace, RELAY_GUARD))
-
-    # -- one round -----------------------------------------------------------------------------
+    # -- rounds --------------------------------------------------------------------------------
 
     def step(self) -> float:
-        """One round; returns how long to wait before the next.
+        """One round of the partition counts; returns how long to wait before the next.
 
         Raises:
             RuntimeFailure: The store or the cluster failed (``Retryable`` when transient).
         """
         now_m = self._monotonic()
-        state = self.store.load(self.group_id)
         if now_m >= self._next_metadata or not self._view.loaded:
-            self._next_metadata = now_m + self.interval
+            state = self.store.load(self.group_id)
             observed = self.metadata.partition_counts(self.topics)
             if self._register(observed, state):
                 state = self.store.load(self.group_id)
-        if self._take_watermarks(state):
-            state = self.store.load(self.group_id)
-        released, passed = self._released(state)
-        if passed:
-            state = self.store.load(self.group_id)
-        self._publish(state, released)
-        pending = any(g.passed_at is None for g in state.growths)
-        return min(self.interval, PENDING_EVERY) if pending else self.interval
+            self._next_metadata = now_m + self.interval
+            self._publish(state)
+        return max(0.0, self._next_metadata - self._monotonic())
+
+    def follow(self, stop: threading.Event) -> bool:
+        """One follow round of the partitions wanted now; False when none was wanted.
+
+        Raises:
+            RuntimeFailure: The store or the cluster failed (``Retryable`` when transient).
+        """
+        with self._lock:
+            wanted, self._wanted = self._wanted, set()
+        if not wanted:
+            return False
+        # Stamped before the watermarks are read: a record read before the stamp was appended
+        # before them, and so was everything its producer sent to the old partitions earlier.
+        stamp = self._monotonic()
+        needs = {tp: self.ancestors(tp) for tp in wanted}
+        marks: dict[TP, int] = {}
+        for topic in sorted({t for t, _ in wanted}):
+            olds = sorted({a for (t, _), anc in needs.items() if t == topic for a in anc})
+            if olds:
+                for p, mark in self.metadata.high_watermarks(topic, olds).items():
+                    marks[(topic, p)] = mark
+        topics = sorted({t for t, _ in wanted})
+        give_up = self._monotonic() + FOLLOW_ROUND
+        while True:
+            committed = self.store.committed(self.group_id, topics)
+            for tp in sorted(needs):
+                topic = tp[0]
+                mine = {a: marks.get((topic, a), 0) for a in needs[tp]}
+                positions = {p: n for (t, p), n in committed.items() if t == topic}
+                if rules.follows(mine, positions):
+                    self._cleared[tp] = stamp
+                    del needs[tp]
+            if not needs or stop.is_set() or self._monotonic() >= give_up:
+                break
+            stop.wait(FOLLOW_POLL)
+        if needs:
+            # Still waiting: asked again with fresh watermarks in the next round.
+            with self._lock:
+                self._wanted |= needs.keys()
+        return True
 
     def run(self, stop: threading.Event) -> None:
         """Rounds until ``stop`` is set; transient failures are retried, others propagate."""
@@ -195,13 +232,16 @@ class GrowthWatch:
                 beat()
                 try:
                     wait = self.step()
+                    if self.follow(stop):
+                        wait = 0.0
                     failures.succeeded()
                 except RuntimeFailure as e:
                     if e.kind is Failure.FATAL:
                         raise
                     failures.failed("growth watch retrying after: %s", e)
                     wait = RETRY_PAUSE
-                self.wake.wait(wait)
+                if wait > 0:
+                    self.wake.wait(wait)
                 self.wake.clear()
         finally:
             self.metadata.close()
@@ -224,80 +264,29 @@ class GrowthWatch:
                     self._refused.add((topic, count))
                     log.error("partition count change refused: %s", problem)
                 continue
-            if self.store.grow(self.group_id, topic, known, count, self.grace):
+            if self.store.grow(self.group_id, topic, known, count):
                 log.info(
-                    "growth noticed: topic %s grew from %d to %d partitions; new partitions "
-                    "wait at least %.0f s for the old ones",
+                    "growth noticed: topic %s grew from %d to %d partitions; a new partition's "
+                    "records wait until the one it grew from is consumed past them",
                     topic,
                     known,
                     count,
-                    self.grace.total_seconds(),
                 )
             changed = True
         return changed
 
-    def _take_watermarks(self, state: GrowthState) -> bool:
-        taken = False
-        for g in state.growths:
-            if g.passed_at is not None or g.watermarks is not None or state.now < g.barrier_at:
-                continue
-            # Read after the barrier time (the store's clock said so above): every record sent
-            # to an old partition before producers switched lies below these.
-            marks = self.metadata.high_watermarks(g.topic, range(g.old_count))
-            if self.store.store_watermarks(self.group_id, g.topic, g.new_count, marks):
-                log.info(
-                    "growth barrier taken: topic %s (%d -> %d), old partitions' watermarks %s",
-                    g.topic,
-                    g.old_count,
-                    g.new_count,
-                    dict(sorted(marks.items())),
-                )
-            taken = True
-        return taken
-
-    def _released(self, state: GrowthState) -> tuple[frozenset[TP], bool]:
-        """New partitions whose barrier passed, and whether a whole growth passed."""
-        pending = [g for g in state.growths if g.passed_at is None and g.watermarks is not None]
-        if not pending:
-            return frozenset(), False
-        committed = self.store.committed(self.group_id, sorted({g.topic for g in pending}))
-        released: set[TP] = set()
-        passed = False
-        for g in pending:
-            offsets = {p: n for (t, p), n in committed.items() if t == g.topic}
-            free = {
-                (g.topic, q)
-                for q in g.new_partitions()
-                if rules.barrier(g, q, state.now, offsets) is None
-            }
-            released |= free
-            if len(free) == g.new_count - g.old_count:
-                self.store.mark_passed(self.group_id, g.topic, g.new_count)
-                passed = True
-                log.info(
-                    "growth barrier passed: topic %s (%d -> %d), every new partition released",
-                    g.topic,
-                    g.old_count,
-                    g.new_count,
-                )
-        return frozenset(released), passed
-
-    def _publish(self, state: GrowthState, released: frozenset[TP]) -> None:
+    def _publish(self, state: GrowthState) -> None:
         original = rules.originals(state)
-        view = _View(True, state.now, dict(state.counts), original, state.growths, released)
+        view = _View(True, state.now, dict(state.counts), original, state.growths)
         self._view = view
         with self._lock:
-            waited = {
-                tp: since
-                for tp, since in self._since.items()
-                if not rules.held(tp, view.counts, view.growths, view.released)
-            }
-            for tp in waited:
+            known = {tp: t for tp, t in self._since.items() if not rules.held(tp, view.counts)}
+            for tp in known:
                 del self._since[tp]
         now_m = self._monotonic()
-        for (topic, partition), since in sorted(waited.items()):
+        for (topic, partition), since in sorted(known.items()):
             log.info(
-                "partition %s/%d released after a growth (waited %.1f s)",
+                "partition %s/%d of a grown topic claimed (waited %.1f s for the new count)",
                 topic,
                 partition,
                 now_m - since,

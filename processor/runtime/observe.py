@@ -96,6 +96,7 @@ class Observability:
         placement = self._p.worker.placement if self._p.worker is not None else None
         if placement is not None:
             self.metrics.sources.off_partition = placement.off_partition
+            self.metrics.sources.stale_producers = placement.stale
         if self.sampler is not None:
             self.sampler.high_watermarks = getattr(consumer, "high_watermarks", None)
             self._p.supervisor.spawn("metrics-sampler", self.sampler.run)

@@ -2,12 +2,13 @@
 
 Everything that keeps a saga on one partition rests on the input topics' producers and this
 processor hashing saga ids the same way: the deadline poller and operator records route by
-hash after a growth, the growth barrier orders old and new partitions by it. A producer with
-another partitioner (Java's murmur2 against librdkafka's CRC32 default, say) breaks that without
-any error. Each applied input record's key is checked against its partition at the counts in
-play (a grown topic's old count too, for producers that have not refreshed), counted by topic
-for the metrics endpoint, and logged once per topic and pattern, naming the partitioner that
-would have matched.
+hash after a growth, and a grown topic's new partitions wait on the old ones their keys came
+from. A producer with another partitioner (Java's murmur2 against librdkafka's CRC32 default,
+say) breaks that without any error. Each applied input record's key is checked against its
+partition at the counts in play (every count a grown topic had, for producers that have not
+refreshed), counted by topic for the metrics endpoint, and logged once per topic and pattern,
+naming the partitioner that would have matched. Records a producer sent where only an old count
+puts them are counted too: that producer has not learnt of the growth.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from processor.engine.decode import Decoded, Event
-from processor.engine.partitioner import Partitioner, fits, matching
+from processor.engine.partitioner import Partitioner, fits, matching, partition_for
 
 __all__ = ["PlacementCheck"]
 
@@ -34,13 +35,17 @@ class PlacementCheck:
 
     Attributes:
         off_partition: Records found elsewhere, by topic.
+        stale: Records a producer that has not learnt of the topic's growth sent where the old
+            count put them, by topic.
     """
 
     def __init__(self, partitioner: Partitioner, counts: Callable[[str], tuple[int, ...]]) -> None:
         self.partitioner = partitioner
         self._counts = counts
         self.off_partition: Counter[str] = Counter()
+        self.stale: Counter[str] = Counter()
         self._logged: set[tuple[str, tuple[str, ...]]] = set()
+        self._stale_logged: set[str] = set()
 
     def check(self, decoded: Iterable[Decoded]) -> None:
         """Checks the events among ``decoded`` (fired deadlines and operator records are ours)."""
@@ -54,7 +59,11 @@ class PlacementCheck:
             n = counts.get(r.topic)
             if n is None:
                 n = counts[r.topic] = self._counts(r.topic)
-            if not n or fits(r.key, r.partition, n, self.partitioner):
+            if not n:
+                continue
+            if fits(r.key, r.partition, n, self.partitioner):
+                if len(n) > 1 and not fits(r.key, r.partition, n[:1], self.partitioner):
+                    self._stale(d, n[0])
                 continue
             self.off_partition[r.topic] += 1
             would = tuple(matching([(r.key, r.partition)], n))
@@ -84,3 +93,28 @@ class PlacementCheck:
                 r.offset,
                 hint,
             )
+
+    def _stale(self, d: Event, count: int) -> None:
+        r = d.record
+        self.stale[r.topic] += 1
+        if r.topic in self._stale_logged:
+            return
+        self._stale_logged.add(r.topic)
+        assert r.key is not None
+        log.warning(
+            "records on %s come from a producer that has not learnt of its growth to %d "
+            "partitions (message_type=%s saga_id=%s message_id=%s at %s/%d@%d; its key goes to "
+            "partition %d now). They are applied in order with what was sent to the new "
+            "partitions before them, but one sent after another producer's record of the same "
+            "saga on the new partition may be applied first: have the producer refresh its "
+            "metadata. Logged once per topic; metric saga_records_from_stale_producers",
+            r.topic,
+            count,
+            d.metadata.message_type,
+            r.key.decode(errors="replace"),
+            d.metadata.message_id,
+            r.topic,
+            r.partition,
+            r.offset,
+            partition_for(r.key, count, self.partitioner),
+        )

@@ -179,10 +179,10 @@ class Processor:
             group_id=cs.group_id,
             topics=topics,
             partitioner=cs.partitioner,
-            grace=cs.growth_grace,
             interval=cs.growth_check_interval.total_seconds(),
         )
         self.worker.gate = growth.held
+        self.worker.follow = growth
         self.worker.placement = PlacementCheck(part, growth.counts)
         # Each loop that beats gets a bound on the gap between two beats: its longest legitimate
         # wait plus a minute. Past it the loop is hung and /healthz fails (Supervisor.alive).
@@ -211,9 +211,8 @@ class Processor:
                 max_record_bytes=rs.max_record_bytes,
                 hooks=self.hooks,
                 # Each replica publishes the rows of the partitions it owns (fenced by epoch); a
-                # partition added online publishes behind the older rows of the one it grew from.
+                # saga's row waits for its older rows of other partitions (see the outbox store).
                 owned=lambda: worker.epochs,
-                after=growth.moved_from,
             )
             worker.on_owned = relay.wake.set
             # On a graceful stop the relay publishes the last batch's rows while this replica

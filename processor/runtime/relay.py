@@ -2,8 +2,9 @@
 
 A round claims up to batch-size committed rows in id order: the rows caused by records of the
 input partitions this replica owns (fenced by the owner epochs, so a partition's relaying moves
-with it), and the rows of no partition when no other relay holds them. It sends them and
-settles each row in the claim's transaction:
+with it), and the rows of no partition when no other relay holds them; a row whose saga still
+has an older row of another source waits for that row's relay. It sends them and settles each
+row in the claim's transaction:
 
 - acknowledged: removed;
 - refused for good (too large, unknown topic, not authorized), or failed with a transient error
@@ -113,8 +114,6 @@ class Relay:
             every record of a round was sent but before its rows are settled.
         owned: The input partitions this replica owns, with their owner epochs, read at the
             start of each round (from any thread); None relays only rows of no partition.
-        after: Read with ``owned``: ``{q: p}`` holds rows of partition q back until they are
-            older than every row still pending from partition p (see ``OutboxStore.claim``).
 
     Attributes:
         wake: Set it to start the next round at once (a commit wrote outbox rows).
@@ -140,11 +139,9 @@ class Relay:
         max_record_bytes: int = 1_000_000,
         hooks: Hooks | None = None,
         owned: Callable[[], Mapping[TP, int]] | None = None,
-        after: Callable[[], Mapping[TP, TP]] | None = None,
     ) -> None:
         self._outbox = outbox
         self._owned = owned
-        self._after = after
         self._producer = producer
         self.batch_size = batch_size
         self.max_batch_bytes = max_batch_bytes
@@ -179,11 +176,8 @@ class Relay:
         self._hooks.fire("relay-round")
         self.last_failures = []
         owned = self._owned() if self._owned is not None else None
-        after = self._after() if self._after is not None else None
         self.last_round_full = False
-        with self._outbox.claim(
-            self.batch_size, owned, after, max_bytes=self.max_batch_bytes
-        ) as entries:
+        with self._outbox.claim(self.batch_size, owned, max_bytes=self.max_batch_bytes) as entries:
             if not entries:
                 return 0
             held = sum(len(e.row.value) + len(e.row.key or b"") for e in entries)

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from processor.engine.decode import Decoded, Operator, Rejected, decode
 from processor.engine.overlay import overlay
@@ -41,6 +41,25 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 # Seconds between tries to claim partitions whose rows another session holds.
 CLAIM_RETRY = 1.0
+# A grown topic's new partition whose oldest waiting record has waited this long counts as
+# waiting on its growth (the gauge and its alert): the partitions it follows are not consumed.
+FOLLOW_SLOW = 30.0
+
+
+class Follow(Protocol):
+    """When records of a grown topic's new partitions may be applied (runtime/growth.py)."""
+
+    def ancestors(self, tp: TP) -> tuple[int, ...]:
+        """The partitions a late producer may send ``tp``'s keys to instead; empty if none."""
+        ...
+
+    def cleared(self, tp: TP) -> float:
+        """Records of ``tp`` read at or before this time (the worker's clock) may be applied."""
+        ...
+
+    def want(self, tp: TP) -> None:
+        """Asks that records of ``tp`` read up to now be cleared."""
+        ...
 
 
 @dataclass
@@ -57,7 +76,8 @@ class WorkerStats:
     last_step: float = field(default_factory=time.monotonic)
     # Seconds the last batch's write and commit took (set on the write lane, read after it).
     last_commit_seconds: float = 0.0
-    # Assigned partitions waiting, unclaimed, on a growth barrier (runtime/growth.py).
+    # Assigned partitions waiting, unclaimed, for their topic's new count (runtime/growth.py),
+    # plus new partitions whose records have waited FOLLOW_SLOW for the ones they follow.
     growth_waiting: int = 0
 
 
@@ -116,6 +136,9 @@ class Worker:
         self.tracing: Tracing | None = None
         # True for an assigned partition that must not be claimed yet (a topic's growth).
         self.gate: Callable[[TP], bool] | None = None
+        # Holds a grown topic's new partitions' records until what late producers sent to the
+        # partitions they grew from is applied.
+        self.follow: Follow | None = None
         # Counts input records whose key the configured partitioner would send elsewhere.
         self.placement: PlacementCheck | None = None
         # Named points of a batch ("before-write", "before-commit", "after-commit") where crash
@@ -138,6 +161,15 @@ class Worker:
         self._to_pause: set[TP] = set()
         # Records read beyond the batch's byte bound, first in line for the next batch.
         self._carry: list[Record] = []
+        # Records of new partitions waiting on the partitions they follow, with when each was
+        # read; a partition with any waits whole, in order, and is paused once it holds a batch.
+        self._deferred: dict[TP, list[tuple[float, Record]]] = {}
+        self._follow_paused: set[TP] = set()
+        # Partitions read to their end, and the position there (past transaction markers).
+        self._ends: dict[TP, int] = {}
+        # Held partitions, and new partitions whose records have waited FOLLOW_SLOW.
+        self._held_count = 0
+        self._slow = 0
         # Positions must be read back from the store before the next batch.
         self._unsynced = False
         # A batch whose commit outcome is unknown until the stored offsets can be read.
@@ -176,9 +208,13 @@ class Worker:
             self.owned.pop(tp, None)
         self._publish_owned()
         self._unclaimed -= gone
-        self.stats.growth_waiting = min(self.stats.growth_waiting, len(self._unclaimed))
+        self._held_count = min(self._held_count, len(self._unclaimed))
         self._to_pause -= gone
         self._carry = [r for r in self._carry if (r.topic, r.partition) not in gone]
+        for tp in gone:
+            self._deferred.pop(tp, None)
+            self._ends.pop(tp, None)
+        self._follow_paused -= gone
         log.info("revoked %s", sorted(tps))
 
     def _claim(self) -> dict[TP, tuple[int, int | None]]:
@@ -186,7 +222,7 @@ class Worker:
         # their sagas came from are consumed far enough (processor/runtime/growth.py).
         gate = self.gate
         tps = sorted(tp for tp in self._unclaimed if gate is None or not gate(tp))
-        self.stats.growth_waiting = len(self._unclaimed) - len(tps)
+        self._held_count = len(self._unclaimed) - len(tps)
         if not tps:
             return {}
         try:
@@ -212,6 +248,7 @@ class Worker:
         for tp, (epoch, nxt) in claimed.items():
             self.owned[tp] = Owned(epoch, nxt)
             self._unclaimed.discard(tp)
+            self._ends.pop(tp, None)
         self._publish_owned()
         if claimed:
             # Relaying moves with the partition: its rows are ours to publish now.
@@ -262,7 +299,7 @@ class Worker:
         records = self._take(consumer)
         planned: Planned | None = None
         try:
-            batch = self._prepare(records)
+            batch = self._advance_ends(self._prepare(records))
             # An operator's replay needs the records held behind its saga as stored, with
             # their row ids (to release them), those the batch in flight holds included: planned
             # on top of that batch, it would find none of them and unpark the saga without
@@ -353,11 +390,22 @@ class Worker:
     # -- one batch -----------------------------------------------------------------------------
 
     def _take(self, consumer: RecordConsumer) -> list[Record]:
-        """Up to batch-size records and about max-batch-bytes, carried-over ones first."""
+        """Up to batch-size records and about max-batch-bytes, carried-over ones first.
+
+        Then records of new partitions that were cleared while they waited, then what the
+        consumer reads now, less the records of new partitions that must wait.
+        """
         records, self._carry = self._carry, []
+        self._slow = 0
+        if self._deferred:
+            records.extend(self._release(self.batch_size - len(records)))
+        self.stats.growth_waiting = self._held_count + self._slow
         room = self.batch_size - len(records)
         if room > 0:
-            records.extend(consumer.consume(room, 0.0 if records else self.batch_timeout))
+            wait = 0.0 if records or self._deferred else self.batch_timeout
+            fresh = consumer.consume(room, wait)
+            records.extend(self._defer(fresh) if self.follow is not None else fresh)
+        self._note_ends(consumer)
         size = 0
         for i, r in enumerate(records):
             size += len(r.value or b"") + len(r.key or b"")
@@ -365,6 +413,103 @@ class Worker:
                 self._carry = records[i:]
                 return records[:i]
         return records
+
+    def _defer(self, fresh: list[Record]) -> list[Record]:
+        """``fresh`` less the records of new partitions that must wait, which are kept."""
+        follow = self.follow
+        assert follow is not None
+        read_at = self._clock()
+        waits: dict[TP, bool] = {}
+        out: list[Record] = []
+        for r in fresh:
+            tp = (r.topic, r.partition)
+            queue = self._deferred.get(tp)
+            if queue is None:
+                must = waits.get(tp)
+                if must is None:
+                    must = waits[tp] = (
+                        tp in self.owned
+                        and bool(follow.ancestors(tp))
+                        and follow.cleared(tp) < read_at
+                    )
+                if not must:
+                    out.append(r)
+                    continue
+                queue = self._deferred[tp] = []
+            queue.append((read_at, r))
+        full = []
+        for tp, queue in self._deferred.items():
+            follow.want(tp)
+            if len(queue) >= self.batch_size and tp not in self._follow_paused:
+                full.append(tp)
+        if full and self.consumer is not None:
+            # Bounded memory: a partition that holds a batch's worth reads no more until then.
+            self.consumer.pause(full)
+            self._follow_paused.update(full)
+        return out
+
+    def _release(self, room: int) -> list[Record]:
+        """Up to ``room`` waiting records that were cleared, each partition's in order."""
+        follow = self.follow
+        assert follow is not None
+        out: list[Record] = []
+        slow = 0
+        now = self._clock()
+        for tp in list(self._deferred):
+            queue = self._deferred[tp]
+            cleared = follow.cleared(tp)
+            n = 0
+            while n < len(queue) and n < room - len(out) and queue[n][0] <= cleared:
+                n += 1
+            out.extend(r for _, r in queue[:n])
+            del queue[:n]
+            if queue:
+                follow.want(tp)
+                slow += now - queue[0][0] >= FOLLOW_SLOW
+                continue
+            del self._deferred[tp]
+            if tp in self._follow_paused:
+                self._follow_paused.discard(tp)
+                if self.consumer is not None:
+                    self.consumer.resume([tp])
+        self._slow = slow
+        return out
+
+    def _note_ends(self, consumer: RecordConsumer) -> None:
+        """Keeps where partitions were read to their end, for :meth:`_advance_ends`."""
+        for tp, position in consumer.ends().items():
+            if tp in self.owned:
+                self._ends[tp] = position
+
+    def _advance_ends(self, batch: Batch | None) -> Batch | None:
+        """``batch`` (or a batch of no records) storing positions past trailing markers.
+
+        A partition read to its end whose last records were transaction markers (or aborted
+        records) is stored at its end, not after its last record: a new partition that follows
+        it waits for its stored position to reach its high watermark, which no record reaches.
+        Only when every record read before the end is applied: none waits, none is carried.
+        """
+        if not self._ends:
+            return batch
+        busy = {tp for tp in self._deferred}
+        busy.update((r.topic, r.partition) for r in self._carry)
+        if batch is not None:
+            busy.update(batch.last)
+        advances: dict[TP, int] = {}
+        for tp, end in list(self._ends.items()):
+            if tp in busy:
+                continue
+            owned = self.owned.get(tp)
+            if owned is None or owned.next_offset is None or owned.next_offset >= end:
+                del self._ends[tp]
+                continue
+            advances[tp] = end
+            del self._ends[tp]
+        if not advances:
+            return batch
+        if batch is None:
+            return Batch.of([], self.planner, self.owned, advances)
+        return batch.advancing(advances, self.owned)
 
     def _prepare(self, records: list[Record]) -> Batch | None:
         # Positions are those the batch in flight (if any) will leave behind: see _advance.
@@ -527,7 +672,7 @@ class Worker:
         if not self._unsynced:
             self.stats.resyncs += 1
         self._unsynced = True
-        self._carry = []
+        self._drop_read_ahead()
         in_doubt = self._doubt = in_doubt or self._doubt
         if self._past_the_bound():
             # The partitions go back first (the caller's next step): another try of a database
@@ -587,6 +732,15 @@ class Worker:
                 self.consumer.pause(lost)
         return True
 
+    def _drop_read_ahead(self) -> None:
+        # Everything read past the stored positions is read again after the seeks back to them.
+        self._carry = []
+        self._deferred.clear()
+        self._ends.clear()
+        if self._follow_paused and self.consumer is not None:
+            self.consumer.resume(sorted(self._follow_paused & set(self.owned)))
+        self._follow_paused.clear()
+
     def _past_the_bound(self) -> bool:
         return (
             not self.detached
@@ -609,7 +763,7 @@ class Worker:
         self._publish_owned()
         self._unclaimed.clear()
         self._to_pause.clear()
-        self._carry = []
+        self._drop_read_ahead()
         consumer.leave()
 
     def _step_detached(self, consumer: RecordConsumer) -> int:

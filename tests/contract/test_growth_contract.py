@@ -19,8 +19,6 @@ from processor.postgres.growth import PostgresGrowthStore
 from processor.postgres.schema import Tables
 from tests.contract import BACKENDS, postgres_args
 
-HOUR = timedelta(hours=1)
-
 
 class Backend(Protocol):
     def replica(self) -> GrowthStore:
@@ -91,50 +89,20 @@ def test_the_first_baseline_stands(backend: Backend) -> None:
     assert a.load("other").counts == {}
 
 
-def test_a_growth_is_recorded_once_with_its_barrier_after_the_grace(backend: Backend) -> None:
+def test_a_growth_is_recorded_once(backend: Backend) -> None:
     a, b = backend.replica(), backend.replica()
     a.baseline("g", "in", 6)
-    assert a.grow("g", "in", 6, 12, HOUR)
+    assert a.grow("g", "in", 6, 12)
     # The second replica saw the same change: the known count is no longer its old count.
-    assert not b.grow("g", "in", 6, 12, HOUR)
+    assert not b.grow("g", "in", 6, 12)
     state = b.load("g")
     assert state.counts == {"in": 12}
     [g] = state.growths
-    assert (g.topic, g.old_count, g.new_count, g.watermarks, g.passed_at) == (
-        "in",
-        6,
-        12,
-        None,
-        None,
-    )
-    assert g.barrier_at - g.noticed_at == HOUR
+    assert (g.topic, g.old_count, g.new_count) == ("in", 6, 12)
     assert abs(state.now - g.noticed_at) < timedelta(minutes=1)
-
-
-def test_watermarks_wait_for_the_barrier_and_the_first_writer_wins(backend: Backend) -> None:
-    a, b = backend.replica(), backend.replica()
-    a.baseline("g", "in", 6)
-    a.baseline("g", "late", 2)
-    assert a.grow("g", "late", 2, 4, HOUR)
-    assert not a.store_watermarks("g", "late", 4, {0: 1, 1: 1})
-    assert a.grow("g", "in", 6, 12, timedelta(0))
-    assert a.store_watermarks("g", "in", 12, {p: 10 + p for p in range(6)})
-    assert not b.store_watermarks("g", "in", 12, {p: 99 for p in range(6)})
-    growths = {g.topic: g for g in b.load("g").growths}
-    assert growths["in"].watermarks == {p: 10 + p for p in range(6)}
-    assert growths["late"].watermarks is None
-
-
-def test_passed_is_marked_once(backend: Backend) -> None:
-    a, b = backend.replica(), backend.replica()
-    a.baseline("g", "in", 6)
-    assert a.grow("g", "in", 6, 12, timedelta(0))
-    a.mark_passed("g", "in", 12)
-    [first] = b.load("g").growths
-    assert first.passed_at is not None
-    b.mark_passed("g", "in", 12)
-    [again] = a.load("g").growths
-    assert again.passed_at == first.passed_at
+    # Growing again keeps both, oldest first.
+    assert b.grow("g", "in", 12, 24)
+    assert [(g.old_count, g.new_count) for g in a.load("g").growths] == [(6, 12), (12, 24)]
 
 
 def test_committed_offsets_are_the_groups_own(backend: Backend) -> None:

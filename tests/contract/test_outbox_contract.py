@@ -2,7 +2,8 @@
 
 Both must give the same results: claims in id order, rollback puts every row back, rows of no
 source partition by one claim at a time across relays, rows of a source partition only by claims
-that hold its current owner epoch (several at once), and the ``after`` guard.
+that hold its current owner epoch (several at once), and a saga's row held while an older row of
+the saga from another source is still in the outbox.
 """
 
 from __future__ import annotations
@@ -388,28 +389,81 @@ def test_a_take_over_waits_for_a_claim_in_flight_on_the_partition(outbox: Outbox
         assert _ids(current) == ids[1:]
 
 
-def test_after_holds_a_partition_back_behind_the_older_rows_of_another(outbox: Outbox) -> None:
+def _no_saga(n: int, source: TP) -> OutboxRow:
+    return OutboxRow(
+        None, None, "dead-letters", None, {"message-id": f"dl-{n}"}, b"x", None, source
+    )
+
+
+def test_a_partition_row_waits_behind_an_older_row_of_its_saga_from_another_partition(
+    outbox: Outbox,
+) -> None:
+    # After a growth: saga a's first command came from partition T0, its next ones from T1.
     epochs = outbox.take_over([T0, T1])
     ids = outbox.append(
         [
             row("a", 1, source=T0),
             row("b", 1, source=T1),
-            row("a", 2, source=T0),
-            row("b", 2, source=T1),
+            row("a", 2, source=T1),
+            _no_saga(1, T1),
+            row("a", 3, source=T1),
+        ]
+    )
+    old, new = outbox.store(), outbox.store()
+
+    # T1's owner: nothing of saga a while its older row of T0 is pending; the rest flows.
+    with new.claim(10, {T1: epochs[T1]}) as first:
+        assert _ids(first) == [ids[1], ids[3]]
+    with old.claim(10, {T0: epochs[T0]}) as published:
+        assert _ids(published) == [ids[0]]
+        # Claimed but not committed: the row is still there, and still holds saga a back.
+        with new.claim(10, {T1: epochs[T1]}) as meanwhile:
+            assert _ids(meanwhile) == []
+    with new.claim(10, {T1: epochs[T1]}) as rest:
+        assert _ids(rest) == [ids[2], ids[4]]
+    assert outbox.pending() == []
+
+
+def test_a_sagas_rows_alternating_between_partitions_go_out_one_source_at_a_time(
+    outbox: Outbox,
+) -> None:
+    # A saga parked before a growth and retried after it writes under its old partition again.
+    epochs = outbox.take_over([T0, T1])
+    ids = outbox.append(
+        [
+            row("a", 1, source=T0),
+            row("a", 2, source=T1),
+            row("a", 3, source=T0),
+            row("a", 4, source=T0),
+            row("a", 5, source=T1),
         ]
     )
     store = outbox.store()
-    after = {T0: T1}
 
-    # Only the row of T0 older than every pending row of T1.
-    with store.claim(10, epochs, after) as first:
-        assert _ids(first) == [ids[0], ids[1], ids[3]]
-    with store.claim(10, epochs, after) as rest:
-        assert _ids(rest) == [ids[2]]
-    # With T1 empty, nothing holds T0 back.
-    (later,) = outbox.append([row("a", 3, source=T0)])
-    with store.claim(10, {T0: epochs[T0]}, after) as free:
-        assert _ids(free) == [later]
+    # Even a relay owning both partitions takes one run of a source per claim: the run before
+    # it, of the other source, holds it back until its claim has committed.
+    rounds = []
+    for _ in range(5):
+        with store.claim(10, epochs) as claimed:
+            rounds.append(_ids(claimed))
+    assert rounds == [[ids[0]], [ids[1]], [ids[2], ids[3]], [ids[4]], []]
+
+
+def test_a_row_behind_a_failed_row_of_another_partition_is_claimed_knowing_it(
+    outbox: Outbox,
+) -> None:
+    epochs = outbox.take_over([T0, T1])
+    ids = outbox.append([row("a", 1, source=T0), row("a", 2, source=T1)])
+    store = outbox.store()
+    with store.claim(10, {T0: epochs[T0]}) as claimed:
+        assert _ids(claimed) == [ids[0]]
+        store.settle([SetAside(ids[0], "unknown topic", 1)], {})
+
+    # The older row left the outbox for the failed one: the later row is claimed, and says
+    # which failed row it is held behind.
+    with store.claim(10, {T1: epochs[T1]}) as claimed:
+        assert claimed is not None
+        assert [(e.id, e.behind) for e in claimed] == [(ids[1], ids[0])]
 
 
 def test_rows_of_no_source_go_to_one_claim_at_a_time(outbox: Outbox) -> None:
@@ -507,6 +561,25 @@ def test_the_byte_bound_spans_rows_of_no_source_and_partition_rows(outbox: Outbo
     with store.claim(10, {T0: epochs[T0]}, max_bytes=1000) as claimed:
         assert _ids(claimed) == [ids[0], ids[2]]
     assert outbox.pending() == []
+
+
+def test_the_byte_bound_is_taken_over_the_oldest_rows_before_the_saga_guard(
+    outbox: Outbox,
+) -> None:
+    epochs = outbox.take_over([T0, T1])
+    ids = outbox.append(
+        [
+            _big("b", 600, source=T1),
+            _big("a", 600, source=T0),
+            _big("b", 600, source=T0),
+            _big("c", 600, source=T0),
+        ]
+    )
+    store = outbox.store()
+    # T0's two oldest rows fill the bound; saga b's is held behind its row of T1, so only one
+    # goes, and saga c's waits for a later claim rather than taking the held row's place.
+    with store.claim(10, {T0: epochs[T0]}, max_bytes=1000) as claimed:
+        assert _ids(claimed) == [ids[1]]
 
 
 def test_failed_rows_show_a_bounded_value_with_its_size_and_a_retry_loses_nothing(

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+from confluent_kafka.admin import AdminClient, NewPartitions  # type: ignore[attr-defined]
 from pydantic import Field, SecretStr
 
 from processor import (
@@ -28,6 +29,7 @@ from processor import (
     saga,
     saga_event_handler,
 )
+from processor.engine.partitioner import partition_for
 from processor.ops.parked import RetryResult, list_parked, retry_parked_saga
 from processor.postgres.operator import OperatorQueries, open_operator_queries
 from processor.runtime.assembly import bind_sagas, tables_for
@@ -435,3 +437,71 @@ def test_parked_retry_all_requests_a_replay_of_every_matching_parked_saga(env: E
     for order in orders:
         assert env.held(order) == []
         assert env.packed_items(order) == [("cup", 1), ("glass", 2), ("plate", 3), ("bowl", 4)]
+
+
+@pytest.mark.slow
+def test_a_saga_parked_before_a_growth_is_retried_after_it_with_its_commands_in_order(
+    kafka_bootstrap: str, database_url: str, pg_schema: str
+) -> None:
+    """Its first records are on the partition it had; those sent after the growth, on its new
+    one. Nothing about the replay depends on how long ago the growth was."""
+    prefix = f"t{uuid.uuid4().hex[:8]}."
+    create_topics(
+        kafka_bootstrap,
+        [prefix + EVENTS, prefix + COMMANDS, prefix + "saga-dead-letters"],
+        partitions=2,
+    )
+    settings = settings_for(
+        kafka_bootstrap,
+        database_url,
+        pg_schema,
+        prefix,
+        consumer={"growth_check_interval": "300ms"},
+    )
+    packed = Reader(kafka_bootstrap, [prefix + COMMANDS])
+    env = Env(settings, Publisher(kafka_bootstrap), packed)
+    order = next(
+        o
+        for i in range(100)
+        if partition_for((o := f"o-{uuid.uuid4().hex[:6]}").encode(), 4, "crc32") >= 2
+    )
+    old, new = partition_for(order.encode(), 2, "crc32"), partition_for(order.encode(), 4, "crc32")
+    warehouse = Warehouse("glass")
+    try:
+        with running(settings, [PackingSaga], dependencies={Warehouse: warehouse}) as proc:
+            worker = proc.worker
+            assert worker is not None
+            for event in (
+                OrderPlaced(order_id=order),
+                ItemAdded(order_id=order, item="cup"),
+                ItemAdded(order_id=order, item="glass"),
+            ):
+                env.pub.event(env.events, order, event)
+            env.pub.flush()
+            wait_until(lambda: env.status(order) == "parked", timeout=60, what="order parked")
+
+            admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+            for future in admin.create_partitions([NewPartitions(env.events, 4)]).values():
+                future.result(30)
+            wait_until(lambda: len(worker.epochs) == 4, 60, "the new partitions claimed")
+            # A producer that knows the new count sends the rest to the saga's new partition.
+            late = Publisher(kafka_bootstrap)
+            late.event(env.events, order, ItemAdded(order_id=order, item="plate"))
+            late.event(env.events, order, OrderClosed(order_id=order))
+            late.flush()
+            wait_until(lambda: len(env.held(order)) == 3, timeout=60, what="three held messages")
+            partitions = env.db(
+                "SELECT partition FROM parked_message WHERE saga_id = %s ORDER BY id", order
+            )
+            assert partitions == [(old,), (new,), (new,)]
+
+            warehouse.broken.clear()
+            result = _retry(env, order, warehouse)
+            assert result.ok, result.failure
+            assert (result.held, result.status) == (3, "ended")
+            env.packed.wait_for(
+                lambda rs: len(env.packed_items(order)) >= 3, timeout=60, what="every item packed"
+            )
+            assert env.packed_items(order) == [("cup", 1), ("glass", 2), ("plate", 3)]
+    finally:
+        packed.close()

@@ -4,13 +4,16 @@ Two relays owning different input partitions publish at the same time (one holds
 until the other has published everything). A partition handed over while its old owner's claim
 is open: the new owner's epoch bump waits for that claim (the old owner's own offset updates do
 not), the old owner then claims nothing of it, and each saga's commands reach the command topic
-in order.
+in order. A saga whose rows come from two partitions (its input topic grew) has its commands
+published in order by the two owners' relays.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -74,15 +77,19 @@ class Env:
         self.relays.append(relay)
         return relay
 
-    def add(self, source: TP, sagas: range, n: int) -> None:
-        """Command n of each saga, caused by a record of ``source``."""
+    def add(self, source: TP, sagas: range, n: int, prefix: str | None = None) -> None:
+        """Command n of each saga, caused by a record of ``source``.
+
+        The sagas are ``<prefix>-<i>``; without a prefix, each partition has sagas of its own.
+        """
+        name = prefix if prefix is not None else str(source[1])
         rows = [
             (
                 "transfer",
-                f"{source[1]}-{i}",
+                f"{name}-{i}",
                 self.commands,
-                f"{source[1]}-{i}".encode(),
-                Jsonb({"message-id": f"{source[1]}-{i}-{n}"}),
+                f"{name}-{i}".encode(),
+                Jsonb({"message-id": f"{name}-{i}-{n}"}),
                 b"v",
                 *source,
             )
@@ -233,6 +240,42 @@ def test_a_handed_over_partition_waits_for_the_old_owners_claim(env: Env) -> Non
         for saga, ids in seen.items():
             assert in_order(ids), (saga, ids)
             assert sorted(set(ids)) == [f"{saga}-1", f"{saga}-2", f"{saga}-3"]
+    finally:
+        reader.close()
+
+
+def test_a_sagas_commands_from_two_partitions_reach_the_topic_in_order(env: Env) -> None:
+    # After its input topic grew, a saga's records come from its new partition; a saga parked
+    # before the growth and retried after it writes under its old one again. Two replicas own
+    # the two partitions, and their relays run at the same time.
+    old, new = ("events", 1), ("events", 7)
+    epochs = {**env.take_over([old], "one"), **env.take_over([new], "two")}
+    sources = (old, new, old, new)
+    for n, source in enumerate(sources, start=1):
+        env.add(source, range(SAGAS), n, prefix="s")
+    one = env.relay(lambda: {old: epochs[old]})
+    two = env.relay(lambda: {new: epochs[new]})
+
+    def publish(relay: Relay) -> None:
+        deadline = time.monotonic() + 60
+        while one.published + two.published < len(sources) * SAGAS:
+            assert time.monotonic() < deadline, "the relays stopped publishing"
+            if not relay.run_once():
+                time.sleep(0.01)
+
+    runs = [run_in_thread(functools.partial(publish, r)) for r in (one, two)]
+    for thread, out in runs:
+        thread.join(90)
+        assert out == [None]
+    assert one.published == two.published == 2 * SAGAS
+
+    reader = Reader(env.kafka, [env.commands])
+    try:
+        reader.wait_for(lambda rs: len(rs) >= len(sources) * SAGAS, what="every command")
+        seen = per_saga(reader)
+        assert len(seen) == SAGAS
+        for saga, ids in seen.items():
+            assert ids == [f"{saga}-{n}" for n in range(1, len(sources) + 1)], (saga, ids)
     finally:
         reader.close()
 

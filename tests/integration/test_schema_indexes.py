@@ -1,14 +1,16 @@
-"""The schema's indexes against a real PostgreSQL: what migration 11 drops, and what still serves.
+"""The schema's indexes against a real PostgreSQL: what migrations 11 and 12 change, what serves.
 
 Every index on the saga tables costs each saga write an entry, so an index goes once another
-serves its queries. These tests pin the names PostgreSQL gave the dropped indexes (an upgraded
-schema ends up with the same indexes as a fresh one) and that each query the dropped indexes
-served still finds its rows through an index: with sequential scans disabled, the plan must not
-fall back to one, and the whole key must be the index condition, not a walk of the whole index.
+serves its queries. These tests pin the names PostgreSQL gave the indexes the migrations drop (an
+upgraded schema ends up with the same indexes as a fresh one) and that each query they served
+still finds its rows through an index: with sequential scans disabled, the plan must not fall back
+to one, and the whole key must be the index condition, not a walk of the whole index. The relay's
+claim probes the outbox's saga index once per row it considers, however large the outbox.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 
@@ -19,10 +21,13 @@ from psycopg import sql
 from processor.postgres import schema as schema_module
 from processor.postgres.connect import ensure_schema
 from processor.postgres.inspect import InspectQueries
+from processor.postgres.outbox import PostgresOutboxStore
 from processor.postgres.schema import MIGRATIONS, Tables
 from processor.postgres.store import BatchStore, Conn
 
 DROPPED = ("saga_instance_saga_id_idx",)
+# Partial (rows of no source) before migration 12, every row after it, under the same name.
+SAGA_ROWS = "outbox_saga_type_saga_id_id_idx"
 TABLES = ("saga_instance", "saga_history", "saga_deadline", "outbox")
 
 
@@ -45,7 +50,7 @@ def fresh_schema(database_url: str) -> Iterator[str]:
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(name)))
 
 
-def test_migration_11_drops_the_indexes_of_an_existing_schema(
+def test_an_upgraded_schema_ends_with_the_indexes_of_a_fresh_one(
     database_url: str, pg_schema: str, fresh_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tables = Tables(pg_schema)
@@ -56,13 +61,15 @@ def test_migration_11_drops_the_indexes_of_an_existing_schema(
     with psycopg.connect(database_url, autocommit=True) as conn:
         before = _indexes(conn, pg_schema)
     assert set(DROPPED) <= set(before)
+    assert before[SAGA_ROWS].endswith(" WHERE (source_topic IS NULL)")
 
-    assert ensure_schema(database_url, tables) == 11 == len(MIGRATIONS)
+    assert ensure_schema(database_url, tables) == 12 == len(MIGRATIONS)
     with psycopg.connect(database_url, autocommit=True) as conn:
         after = _indexes(conn, pg_schema)
         fresh = _indexes(conn, fresh_schema)
     assert set(before) - set(after) == set(DROPPED)
     assert set(after) <= set(before)
+    assert after[SAGA_ROWS] == before[SAGA_ROWS].removesuffix(" WHERE (source_topic IS NULL)")
     # Upgraded or fresh, the same indexes with the same definitions.
     assert after == fresh
 
@@ -123,3 +130,53 @@ def test_lookups_by_saga_id_still_use_an_index(database_url: str, pg_schema: str
                 conds = [line for line in plan.splitlines() if "Index Cond" in line]
                 assert any("saga_type =" in c and "saga_id =" in c for c in conds), (name, plan)
                 assert "saga_instance_saga_id_idx" not in plan, (name, plan)
+
+
+def test_the_relays_saga_guard_is_one_index_probe_per_row(
+    database_url: str, pg_schema: str
+) -> None:
+    tables = Tables(pg_schema)
+    ensure_schema(database_url, tables)
+    partitions = [("in", p) for p in range(12)]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        # 50,000 rows, four per saga. Each saga's input partition is one of the first six; every
+        # other saga moved to the partition six above it (its input topic grew) for half of its
+        # rows, alternating, so those sagas' rows come from two partitions.
+        conn.execute(
+            tables.render(
+                """
+                INSERT INTO {outbox} (saga_type, saga_id, topic, headers, value, source_topic,
+                                      source_partition)
+                SELECT 'transfer', 's-' || g / 4, 'commands', '{{}}'::jsonb, '\\x00'::bytea, 'in',
+                       (g / 4) % 6 + CASE WHEN (g / 4) % 2 = 0 AND g % 2 = 1 THEN 6 ELSE 0 END
+                  FROM generate_series(0, 49999) AS g
+                """
+            )
+        )
+        conn.execute(tables.render("ANALYZE {outbox}"))
+    with psycopg.connect(database_url) as conn:
+        epochs = BatchStore(conn, tables, "g").claim(partitions, "me")
+        conn.commit()
+    owned = {tp: epoch for tp, (epoch, _) in epochs.items()}
+    outbox = PostgresOutboxStore(lambda: psycopg.connect(database_url), tables, "g")
+    params = outbox._owned_params(1000, owned, 16 * 1024 * 1024)
+    with psycopg.connect(database_url) as conn, conn.transaction(force_rollback=True):
+        plan = "\n".join(
+            str(row[0])
+            for row in conn.execute(
+                "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + outbox._claim_owned, params
+            )
+        )
+    assert "Seq Scan on outbox" not in plan, plan
+    # One backward probe of the saga index per row of the window, for the row just before it.
+    probe = (
+        rf"Index Scan Backward using {SAGA_ROWS} on outbox n \(actual rows=\d+ loops=1000\)\n"
+        r" *Index Cond: \(\(saga_type = (\w+)\.saga_type\) AND \(saga_id = \1\.saga_id\)"
+        r" AND \(id < \1\.id\)\)"
+    )
+    assert re.search(probe, plan), plan
+    # The window is the 250 oldest sagas; of the 125 moved ones only the first row goes, the
+    # others each follow a row of the saga's other partition.
+    claimed = re.match(r"Delete on outbox o \(actual rows=(\d+) ", plan)
+    assert claimed is not None, plan
+    assert int(claimed[1]) == 125 * 4 + 125, plan

@@ -110,8 +110,8 @@ def test_a_topic_grown_to_a_multiple_is_a_note_and_any_other_count_a_problem() -
     problems, notes = check(set(range(6)), 12)
     assert problems == []
     assert notes == [
-        "topic 'in' grew from 6 to 12 partitions; the replicas take the new ones behind the "
-        "growth barrier"
+        "topic 'in' grew from 6 to 12 partitions; the replicas take the new ones, each record "
+        "after what was sent to the old ones first"
     ]
     problems, _ = check(set(range(6)), 8)
     assert len(problems) == 1

@@ -1,13 +1,14 @@
-"""Online growth of input topics: the barrier rules, the growth watch, and gated claims.
+"""Online growth of input topics: the rules, the growth watch, and the worker's waits.
 
 The rules are pure functions; the watch runs over an in-memory store and cluster with one fake
-clock (the "database's" and the elapsed-time clock), so barriers pass without waiting.
+clock (the "database's" and the elapsed-time clock), so nothing waits on time.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -19,30 +20,22 @@ from processor.engine.partitioner import partition_for
 from processor.errors import Retryable, RuntimeFailure
 from processor.memory.growth import MemoryGrowthStore
 from processor.ports import TP
-from processor.runtime.growth import RELAY_GUARD, GrowthWatch
+from processor.runtime.growth import GrowthWatch
 from tests.support.harness import wait_until
 from tests.unit.test_worker import (
     P0,
     Rig,
+    debited,
     requested,
     rig,  # noqa: F401 - the worker fixture
 )
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-GRACE = timedelta(seconds=30)
 TOPIC = "in"
 
 
-def growth(**kw: object) -> Growth:
-    base: dict[str, object] = {
-        "topic": TOPIC,
-        "old_count": 6,
-        "new_count": 12,
-        "noticed_at": T0,
-        "barrier_at": T0 + GRACE,
-    }
-    base.update(kw)
-    return Growth(**base)  # type: ignore[arg-type]
+def growth(old: int = 6, new: int = 12) -> Growth:
+    return Growth(topic=TOPIC, old_count=old, new_count=new, noticed_at=T0)
 
 
 # -- the rules ------------------------------------------------------------------------------------
@@ -58,43 +51,37 @@ def test_only_growth_to_a_multiple_can_be_followed() -> None:
     assert "cannot shrink" in (rules.growth_problem(TOPIC, 6, 3) or "")
 
 
-def test_a_new_partition_waits_for_the_barrier_time_then_the_watermarks() -> None:
-    g = growth()
-    assert "until" in (rules.barrier(g, 7, T0 + GRACE / 2, {1: 100}) or "")
-    assert "not taken" in (rules.barrier(g, 7, T0 + GRACE, {1: 100}) or "")
+def test_a_new_partitions_keys_may_arrive_on_the_partition_of_every_earlier_count() -> None:
+    once = [growth()]
+    assert rules.ancestors(once, TOPIC, 7) == (1,)
+    assert rules.ancestors(once, TOPIC, 6) == (0,)
+    assert rules.ancestors(once, TOPIC, 5) == ()  # old partitions follow nothing
+    assert rules.ancestors(once, "other", 7) == ()
+    twice = [growth(), growth(12, 24)]
+    assert rules.ancestors(twice, TOPIC, 20) == (2, 8)
+    assert rules.ancestors(twice, TOPIC, 14) == (2,)  # 14 % 12 = 2 = 14 % 6
+    assert rules.ancestors(twice, TOPIC, 8) == (2,)
+    assert rules.ancestors(twice, TOPIC, 3) == ()
 
 
-def test_a_new_partition_waits_until_its_old_partition_is_consumed_to_the_watermark() -> None:
-    g = growth(watermarks={p: 10 * p for p in range(6)})
-    now = T0 + GRACE
-    # Partition 7 took its sagas from 7 % 6 = 1, whose watermark is 10.
-    assert "partition 1 is consumed up to 9, not yet to 10" in (
-        rules.barrier(g, 7, now, {1: 9}) or ""
-    )
-    assert "up to None" in (rules.barrier(g, 7, now, {}) or "")
-    assert rules.barrier(g, 7, now, {1: 10}) is None
-    assert rules.barrier(g, 7, now, {1: 11}) is None
-    # Partition 6's old partition 0 was empty: nothing to wait for, even unconsumed.
-    assert rules.barrier(g, 6, now, {}) is None
-    # Another old partition's progress does not count.
-    assert rules.barrier(g, 8, now, {1: 100, 2: 19}) is not None
-
-
-def test_a_passed_growth_holds_nothing() -> None:
-    g = growth(passed_at=T0 + GRACE)
-    assert rules.barrier(g, 7, T0, {}) is None
-    assert not rules.held((TOPIC, 7), {TOPIC: 12}, [g], frozenset())
+def test_a_new_partition_follows_once_every_ancestor_is_consumed_to_its_watermark() -> None:
+    assert not rules.follows({1: 10}, {1: 9})
+    assert not rules.follows({1: 10}, {})
+    assert not rules.follows({1: 10}, {1: None})
+    assert rules.follows({1: 10}, {1: 10})
+    assert rules.follows({1: 10}, {1: 11})
+    # An empty ancestor holds nothing back, consumed or not.
+    assert rules.follows({0: 0}, {})
+    assert not rules.follows({2: 5, 8: 7}, {2: 5, 8: 6})
+    assert rules.follows({2: 5, 8: 7}, {2: 5, 8: 7, 3: 0})
 
 
 def test_which_assigned_partitions_are_held() -> None:
-    g = growth(watermarks={p: 1 for p in range(6)})
     counts = {TOPIC: 12}
-    assert rules.held(("other", 0), counts, [g], frozenset())  # count not known yet
-    assert rules.held((TOPIC, 12), counts, [g], frozenset())  # beyond the known count
-    assert not rules.held((TOPIC, 5), counts, [g], frozenset())  # old partitions never wait
-    assert rules.held((TOPIC, 6), counts, [g], frozenset())
-    assert not rules.held((TOPIC, 6), counts, [g], frozenset({(TOPIC, 6)}))
-    assert not rules.held((TOPIC, 0), {TOPIC: 6}, [], frozenset())
+    assert rules.held(("other", 0), counts)  # count not known yet
+    assert rules.held((TOPIC, 12), counts)  # beyond the known count
+    assert not rules.held((TOPIC, 5), counts)
+    assert not rules.held((TOPIC, 6), counts)  # a new partition is claimed at once
 
 
 def test_a_moved_sagas_record_is_routed_to_its_new_partition() -> None:
@@ -107,16 +94,6 @@ def test_a_moved_sagas_record_is_routed_to_its_new_partition() -> None:
     # Stored where the configured partitioner would not put it: the producers use another one,
     # and the stored partition is the better guess.
     assert rules.route(moved, (old + 1) % 6, 12, 6, "murmur2") == (old + 1) % 6
-
-
-def test_moved_from_maps_new_partitions_to_old_ones_until_well_past() -> None:
-    pending = growth()
-    assert rules.moved_from([pending], T0, GRACE) == {
-        (TOPIC, q): (TOPIC, q % 6) for q in range(6, 12)
-    }
-    passed = growth(passed_at=T0)
-    assert rules.moved_from([passed], T0 + GRACE / 2, GRACE) != {}
-    assert rules.moved_from([passed], T0 + GRACE, GRACE) == {}
 
 
 # -- the watch ------------------------------------------------------------------------------------
@@ -172,7 +149,6 @@ def watch(store: MemoryGrowthStore, cluster: MemoryCluster, clock: Clock) -> Gro
         group_id="g",
         topics=[TOPIC],
         partitioner="murmur2",
-        grace=GRACE,
         interval=5.0,
         monotonic=clock.monotonic,
     )
@@ -186,10 +162,10 @@ def test_everything_waits_until_the_first_round_then_the_count_is_the_baseline(
     assert w.step() == 5.0
     assert store.counts == {("g", TOPIC): 6}
     assert not any(w.held((TOPIC, p)) for p in range(6))
-    assert w.moved_from() == {}
+    assert w.counts(TOPIC) == (6,)
 
 
-def test_a_growth_is_recorded_once_and_its_new_partitions_wait_for_the_barrier(
+def test_a_growth_is_recorded_once_and_its_new_partitions_are_claimed_at_once(
     store: MemoryGrowthStore,
     cluster: MemoryCluster,
     clock: Clock,
@@ -200,68 +176,74 @@ def test_a_growth_is_recorded_once_and_its_new_partitions_wait_for_the_barrier(
     a.step()
     b.step()
     cluster.counts[TOPIC] = 12
-    cluster.marks = {(TOPIC, p): 100 + p for p in range(6)}
-    store.offsets = {("g", TOPIC, p): 50 for p in range(6)}
-    # A partition beyond the known count wakes the watch at once.
+    # A partition beyond the known count wakes the watch at once, and reads the count now.
     assert a.held((TOPIC, 7))
     assert a.wake.is_set()
     clock.t = 1.0
-    assert a.step() == 0.5  # a barrier is pending: short rounds
+    assert a.step() == 5.0
     clock.t = 2.0
     b.step()
     assert len(store.growths) == 1
     [g] = store.growths.values()
-    assert (g.old_count, g.new_count, g.barrier_at) == (6, 12, T0 + timedelta(seconds=31))
+    assert (g.old_count, g.new_count) == (6, 12)
     assert [r.getMessage() for r in caplog.records if "growth noticed" in r.getMessage()] == [
-        "growth noticed: topic in grew from 6 to 12 partitions; new partitions wait at least "
-        "30 s for the old ones"
+        "growth noticed: topic in grew from 6 to 12 partitions; a new partition's records "
+        "wait until the one it grew from is consumed past them"
     ]
-    assert a.held((TOPIC, 7))
-    assert not a.held((TOPIC, 1))
-    assert a.moved_from()[(TOPIC, 7)] == (TOPIC, 1)
-
-    # Before the barrier time no watermark is read, whatever the offsets.
-    store.offsets = {("g", TOPIC, p): 1000 for p in range(6)}
-    clock.t = 30.0
-    a.step()
-    assert cluster.watermark_reads == 0
-    assert a.held((TOPIC, 7))
-
-    # At the barrier the watermarks are taken once; records sent later do not move them.
-    store.offsets = {("g", TOPIC, p): 50 for p in range(6)}
-    clock.t = 31.0
-    a.step()
-    cluster.marks = {(TOPIC, p): 500 for p in range(6)}
-    b.step()
-    assert store.growths[("g", TOPIC, 12)].watermarks == {p: 100 + p for p in range(6)}
-    assert any("growth barrier taken" in r.getMessage() for r in caplog.records)
-    assert a.held((TOPIC, 7))
-
-    # Old partition 1 consumed to its watermark: 7 (= 1 + 6) goes, 8 still waits on 2.
-    store.offsets[("g", TOPIC, 1)] = 101
-    clock.t = 40.0
-    a.step()
     assert not a.held((TOPIC, 7))
-    assert a.held((TOPIC, 8))
-    released = [r.getMessage() for r in caplog.records if "released" in r.getMessage()]
-    assert released == ["partition in/7 released after a growth (waited 40.0 s)"]
+    assert any(
+        "partition in/7 of a grown topic claimed (waited 1.0 s" in r.getMessage()
+        for r in caplog.records
+    )
+    assert a.ancestors((TOPIC, 7)) == (1,)
+    clock.t = 6.0
+    b.step()
+    assert b.ancestors((TOPIC, 11)) == (5,)
+    # Producers that never refreshed still hash with 6: their records are not off-partition.
+    assert a.counts(TOPIC) == (12, 6)
+    clock.t = 10_000.0
+    a.step()
+    assert a.counts(TOPIC) == (12, 6)
 
-    for p in range(6):
-        store.offsets[("g", TOPIC, p)] = 100 + p
-    clock.t = 41.0
-    assert a.step() == 5.0  # passed: back to the normal interval
-    assert store.growths[("g", TOPIC, 12)].passed_at == T0 + timedelta(seconds=41)
-    assert not any(a.held((TOPIC, q)) for q in range(12))
-    b.step()
-    assert not b.held((TOPIC, 11))
-    assert b.moved_from()[(TOPIC, 11)] == (TOPIC, 5)
-    # The relay's guard outlives the grace: the old partition's relay may lag its worker.
-    clock.t = 41.0 + GRACE.total_seconds()
-    b.step()
-    assert b.moved_from()[(TOPIC, 11)] == (TOPIC, 5)
-    clock.t = 41.0 + RELAY_GUARD.total_seconds()
-    b.step()
-    assert b.moved_from() == {}
+
+def test_a_follow_round_clears_what_was_read_before_its_watermarks_were_taken(
+    store: MemoryGrowthStore, cluster: MemoryCluster, clock: Clock
+) -> None:
+    w = watch(store, cluster, clock)
+    w.step()
+    cluster.counts[TOPIC] = 24
+    store.counts[("g", TOPIC)] = 6
+    # 6 -> 12 -> 24 recorded as two growths, as replicas that saw both would.
+    store.grow("g", TOPIC, 6, 12)
+    store.grow("g", TOPIC, 12, 24)
+    clock.t = 10.0
+    w.step()
+    assert w.ancestors((TOPIC, 20)) == (2, 8)
+    assert w.cleared((TOPIC, 20)) == float("-inf")
+    stopped = threading.Event()
+    stopped.set()  # one look at the positions per round, no waiting
+    assert not w.follow(stopped)  # nothing wanted
+
+    cluster.marks = {(TOPIC, 2): 40, (TOPIC, 8): 70}
+    store.offsets = {("g", TOPIC, 2): 40, ("g", TOPIC, 8): 69}
+    w.want((TOPIC, 20))
+    w.want((TOPIC, 7))
+    clock.t = 11.0
+    assert w.follow(stopped)
+    # 7 follows 1, which is empty; 20 waits for 8, one record short of its watermark.
+    assert w.cleared((TOPIC, 7)) == 11.0
+    assert w.cleared((TOPIC, 20)) == float("-inf")
+    # Still wanted: the next round takes the watermarks again.
+    cluster.marks[(TOPIC, 8)] = 75
+    store.offsets[("g", TOPIC, 8)] = 70
+    clock.t = 12.0
+    assert w.follow(stopped)
+    assert w.cleared((TOPIC, 20)) == float("-inf")
+    store.offsets[("g", TOPIC, 8)] = 75
+    clock.t = 13.0
+    assert w.follow(stopped)
+    assert w.cleared((TOPIC, 20)) == 13.0
+    assert not w.follow(stopped)
 
 
 def test_growth_to_a_count_that_is_not_a_multiple_is_refused_and_logged_once(
@@ -283,6 +265,7 @@ def test_growth_to_a_count_that_is_not_a_multiple_is_refused_and_logged_once(
     assert w.held((TOPIC, 6))
     assert w.held((TOPIC, 7))
     assert not w.held((TOPIC, 5))
+    assert w.counts(TOPIC) == (6,)
 
 
 def test_deadlines_of_moved_sagas_are_routed_with_the_known_count(
@@ -320,6 +303,120 @@ def test_a_held_partition_is_not_claimed_or_read_until_released(rig: Rig) -> Non
     assert rig.tables.offsets[P0] == (1, 1)
     assert rig.applied("t1") == ["m1"]
     assert rig.worker.stats.growth_waiting == 0
+
+
+class Follow:
+    """The growth watch as the worker sees it: P1 follows P0; clearances set by the test."""
+
+    def __init__(self) -> None:
+        self.until = float("-inf")
+        self.wanted: list[TP] = []
+
+    def ancestors(self, tp: TP) -> tuple[int, ...]:
+        return (0,) if tp == P1 else ()
+
+    def cleared(self, tp: TP) -> float:
+        return self.until
+
+    def want(self, tp: TP) -> None:
+        self.wanted.append(tp)
+
+
+P1 = (P0[0], 1)
+
+
+def test_a_new_partitions_records_wait_until_cleared_and_go_in_order(rig: Rig) -> None:  # noqa: F811
+    follow = rig.worker.follow = Follow()
+    rig.consumer.assign([P0, P1])
+    rig.send(P1, requested("t1"), "m1")
+    rig.send(P0, requested("t0"), "m0")
+    rig.step()
+    # The old partition goes on; the new one's record waits, and a round is asked for.
+    assert rig.applied("t0") == ["m0"]
+    assert rig.applied("t1") == []
+    assert follow.wanted == [P1]
+    assert rig.tables.offsets[P1] == (1, None)
+    # Read later than the clearance: still waits, with the earlier one, in order.
+    rig.send(P1, debited("t1"), "m2")
+    rig.step()
+    assert rig.applied("t1") == []
+    follow.until = time.monotonic()
+    rig.send(P1, debited("t1"), "m3")
+    rig.step()
+    # The two read before the clearance go; the one read after it waits again.
+    assert rig.applied("t1") == ["m1", "m2"]
+    assert rig.tables.offsets[P1] == (1, 2)
+    follow.until = time.monotonic()
+    rig.step()
+    assert rig.applied("t1") == ["m1", "m2", "m3"]
+    assert rig.tables.offsets[P1] == (1, 3)
+    assert rig.worker.stats.growth_waiting == 0
+
+
+def test_a_new_partition_holding_a_batch_is_paused_until_its_records_go(rig: Rig) -> None:  # noqa: F811
+    follow = rig.worker.follow = Follow()
+    rig.consumer.assign([P1])
+    for i in range(rig.worker.batch_size + 5):
+        rig.send(P1, requested(f"t{i}"), f"m{i}")
+    rig.step()
+    assert P1 in rig.consumer.paused()
+    assert rig.tables.offsets[P1] == (1, None)
+    follow.until = time.monotonic()
+    rig.step()
+    assert rig.tables.offsets[P1] == (1, rig.worker.batch_size)
+    assert P1 not in rig.consumer.paused()
+    follow.until = float("inf")
+    rig.step()
+    assert rig.tables.offsets[P1] == (1, rig.worker.batch_size + 5)
+
+
+def test_a_resync_drops_the_waiting_records_and_reads_them_again(rig: Rig) -> None:  # noqa: F811
+    follow = rig.worker.follow = Follow()
+    rig.consumer.assign([P1])
+    for i in range(rig.worker.batch_size):
+        rig.send(P1, requested(f"t{i}"), f"m{i}")
+    rig.step()
+    assert P1 in rig.consumer.paused()
+    rig.worker._resync()
+    assert P1 not in rig.consumer.paused()
+    follow.until = float("inf")
+    rig.step()
+    rig.step()
+    assert rig.tables.offsets[P1] == (1, rig.worker.batch_size)
+    assert rig.applied("t0") == ["m0"]
+
+
+def test_a_partition_ending_in_transaction_markers_is_stored_at_its_end(rig: Rig) -> None:  # noqa: F811
+    rig.consumer.assign([P0])
+    rig.send(P0, requested("t1"), "m1")
+    rig.consumer.append_marker(*P0)
+    rig.step()
+    rig.step()
+    # Past the marker: a new partition following P0 compares this with P0's high watermark.
+    assert rig.tables.offsets[P0] == (1, 2)
+    assert rig.applied("t1") == ["m1"]
+    rig.send(P0, debited("t1"), "m2")
+    rig.consumer.append_marker(*P0)
+    rig.consumer.append_marker(*P0)
+    rig.step()
+    rig.step()
+    assert rig.tables.offsets[P0] == (1, 5)
+    assert rig.applied("t1") == ["m1", "m2"]
+
+
+def test_an_end_is_not_stored_past_records_that_still_wait(rig: Rig) -> None:  # noqa: F811
+    follow = rig.worker.follow = Follow()
+    rig.consumer.assign([P1])
+    rig.send(P1, requested("t1"), "m1")
+    rig.consumer.append_marker(*P1)
+    rig.step()
+    rig.step()
+    assert rig.tables.offsets[P1] == (1, None)
+    follow.until = float("inf")
+    rig.step()
+    rig.step()
+    assert rig.applied("t1") == ["m1"]
+    assert rig.tables.offsets[P1] == (1, 2)
 
 
 class FlakyCluster(MemoryCluster):

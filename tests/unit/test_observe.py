@@ -256,6 +256,7 @@ def test_every_metric_of_the_contract_is_exported() -> None:
     m.batch(1, {"in": 1}, 0.0, 0.0)
     m.sources.relay = type("R", (), {"published": 0, "failed_rounds": {"broker": 1}})()
     m.sources.off_partition = {"in": 1}
+    m.sources.stale_producers = {"in": 1}
     m.sources.worker_stats = type(
         "S", (), {"batches": 1, "resyncs": 0, "outcomes": {("t", "COMPLETED"): 1}}
     )()

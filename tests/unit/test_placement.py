@@ -76,3 +76,24 @@ def test_nothing_is_checked_while_the_counts_are_unknown() -> None:
     key = _keys_that_differ(1)[0]
     check.check([_on(partition_for(key.encode(), COUNT, "murmur2"), key)])  # type: ignore[list-item]
     assert check.off_partition == {}
+
+
+def test_records_of_a_producer_that_missed_the_growth_are_counted_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    check = PlacementCheck("crc32", lambda topic: (12, 6))
+    keys = [f"order-{i}" for i in range(40)]
+    moved = [k for k in keys if partition_for(k.encode(), 12, "crc32") >= 6]
+    stayed = [k for k in keys if partition_for(k.encode(), 12, "crc32") < 6]
+    fresh = [_on(partition_for(k.encode(), 12, "crc32"), k) for k in keys]
+    late = [_on(partition_for(k.encode(), 6, "crc32"), k) for k in moved[:3]]
+    with caplog.at_level(logging.WARNING):
+        check.check([*fresh, *late, *late])  # type: ignore[list-item]
+    # A key that did not move is where both counts put it: nothing stale about it.
+    assert stayed
+    assert check.off_partition == {}
+    assert check.stale == {"in": 6}
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "has not learnt of its growth to 12 partitions" in line
+    assert f"saga_id={moved[0]}" in line
+    assert f"goes to partition {partition_for(moved[0].encode(), 12, 'crc32')} now" in line
