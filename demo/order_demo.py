@@ -20,14 +20,17 @@ from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Protocol
 
 import psycopg
 from confluent_kafka import Producer
 
-from demo.orders import create_tables, order_participants, settle_late, stock_up
+from demo.orders import settle_late
+from demo.participants import app as participants_app
+from demo.participants import seed
 from demo.traffic import produce_event
-from processor.participant.service import ParticipantService
-from processor.settings import ConsumerSettings, RelaySettings
+from processor.participant.serve import migrate
+from processor.settings import ProcessorSettings
 from schemas.orders import (
     ESCALATIONS_TOPIC,
     ORDER_COMMANDS_TOPIC,
@@ -96,33 +99,39 @@ def order_plan(stamp: str, n: int) -> OrderPlan:
     return OrderPlan(tuple(orders), {SKU: n + 5}, wallets)
 
 
+class Stoppable(Protocol):
+    """A started process the demo stops when it ends."""
+
+    def stop(self, timeout: float = ...) -> None: ...
+
+
 def start_order_participants(
-    cleanup: ExitStack, kafka: str, database: str, schema: str, *, prefix: str, plan: OrderPlan
+    cleanup: ExitStack,
+    env: Mapping[str, str],
+    database: str,
+    schema: str,
+    *,
+    plan: OrderPlan,
+    spawn: Callable[[dict[str, str]], Stoppable],
 ) -> Callable[[], tuple[Decimal, int]]:
-    """Runs the order participants in a thread; returns a reader of (money, stock) totals."""
-    service = ParticipantService(
-        order_participants(schema),
-        kafka={"bootstrap.servers": kafka},
-        database_url=database,
-        schema=schema,
-        group_id=f"{prefix}order-participants",
-        topic_prefix=prefix,
-        consumer=ConsumerSettings(session_timeout="PT6S"),
-        relay=RelaySettings(poll_interval="PT0.2S"),
-        application_name="demo-order-participants",
-    )
-    with service.store.transaction() as tx:
-        create_tables(tx.sql, schema)
-        stock_up(tx.sql, schema, plan.stock, plan.wallets)
-    thread = threading.Thread(target=service.run, name="order-participants", daemon=True)
-    thread.start()
+    """Runs the order participants as `saga-processor participant run demo.participants:app`.
 
-    def stop() -> None:
-        service.stop()
-        thread.join(15)
-        service.close()
-
-    cleanup.callback(stop)
+    Their tables are migrated and stocked first, in this process; ``env`` is a replica's
+    environment (Kafka, database, topic prefix), ``spawn`` starts the command's process.
+    Returns a reader of (money, stock) totals.
+    """
+    service_env = {
+        **env,
+        "SAGA_APP": "demo.participants:app",
+        "SAGA_INSTANCE_ID": "demo-order-participants",
+        "SAGA_PARTICIPANT__SCHEMA_NAME": schema,
+        "SAGA_PARTICIPANT__GROUP_ID": f"{env.get('SAGA_TOPIC_PREFIX', '')}order-participants",
+    }
+    settings = ProcessorSettings(database={"url": database}, participant={"schema_name": schema})
+    migrate(settings, participants_app())
+    seed(database, schema, plan.stock, plan.wallets)
+    proc = spawn(service_env)
+    cleanup.callback(proc.stop)
 
     def totals() -> tuple[Decimal, int]:
         # A connection of its own: the service's serves its consumer thread, one transaction

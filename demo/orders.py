@@ -37,6 +37,8 @@ from schemas.orders import (
 )
 
 __all__ = [
+    "DDL",
+    "EXPIRED",
     "MERCHANT",
     "FraudReview",
     "Inventory",
@@ -44,6 +46,7 @@ __all__ = [
     "Shipping",
     "order_participants",
     "settle_late",
+    "stock_up",
 ]
 
 MERCHANT = "merchant"
@@ -81,17 +84,11 @@ CREATE TABLE IF NOT EXISTS pending_capture (
 """
 
 
-def create_tables(sql: Sql, schema: str) -> None:
-    """Creates the services' tables in ``schema`` (which must exist)."""
-    sql.execute(f'SET LOCAL search_path TO "{schema}"')
-    sql.execute(DDL)
+def stock_up(sql: Sql, stock: Mapping[str, int], wallets: Mapping[str, Decimal]) -> None:
+    """Sets stock levels and wallet balances (the merchant's included, at 0 when absent).
 
-
-def stock_up(
-    sql: Sql, schema: str, stock: Mapping[str, int], wallets: Mapping[str, Decimal]
-) -> None:
-    """Sets stock levels and wallet balances (the merchant's included, at 0 when absent)."""
-    sql.execute(f'SET LOCAL search_path TO "{schema}"')
+    ``sql`` finds the services' tables first (a connection whose search path is their schema).
+    """
     for sku, n in stock.items():
         sql.execute(
             "INSERT INTO stock VALUES (%s, %s) ON CONFLICT (sku) DO UPDATE SET available = %s",
@@ -104,24 +101,12 @@ def stock_up(
         )
 
 
-class _InSchema:
-    """Points each command's transaction at the services' schema."""
-
-    def __init__(self, schema: str) -> None:
-        self.schema = schema
-
-    def use(self, sql: Sql) -> Sql:
-        sql.execute(f'SET LOCAL search_path TO "{self.schema}"')
-        return sql
-
-
 @participant(name="inventory")
-class Inventory(_InSchema):
+class Inventory:
     """Holds and releases stock."""
 
     @command_handler(expired=lambda c: StockReservationFailed(order_id=c.order_id, reason=EXPIRED))
     def reserve(self, command: ReserveStock, replies: Replies, sql: Sql) -> None:
-        self.use(sql)
         held = sql.execute(
             "SELECT released FROM reservation WHERE order_id = %s", (command.order_id,)
         ).fetchone()
@@ -144,7 +129,6 @@ class Inventory(_InSchema):
 
     @command_handler()
     def release(self, command: ReleaseStock, replies: Replies, sql: Sql) -> None:
-        self.use(sql)
         row = sql.execute(
             "UPDATE reservation SET released = true WHERE order_id = %s AND NOT released "
             "RETURNING sku, quantity",
@@ -158,7 +142,7 @@ class Inventory(_InSchema):
 
 
 @participant(name="payment")
-class Payments(_InSchema):
+class Payments:
     """Captures and refunds: moves money between a customer's wallet and the merchant.
 
     The bank of the slow customers settles their captures only later (see ``settle_late``):
@@ -169,7 +153,6 @@ class Payments(_InSchema):
 
     @command_handler(expired=lambda c: PaymentDeclined(order_id=c.order_id, reason=EXPIRED))
     def capture(self, command: CapturePayment, replies: Replies, sql: Sql) -> None:
-        self.use(sql)
         paid = sql.execute(
             "SELECT refunded FROM payment WHERE order_id = %s", (command.order_id,)
         ).fetchone()
@@ -189,7 +172,6 @@ class Payments(_InSchema):
 
     @command_handler(expired=lambda c: RefundFailed(order_id=c.order_id, reason=EXPIRED))
     def refund(self, command: RefundPayment, replies: Replies, sql: Sql) -> None:
-        self.use(sql)
         row = sql.execute(
             "UPDATE payment SET refunded = true WHERE order_id = %s AND NOT refunded "
             "RETURNING customer, amount",
@@ -234,7 +216,7 @@ def settle_late(sql: Sql) -> list[str]:
 
 
 @participant(name="fraud-review")
-class FraudReview(_InSchema):
+class FraudReview:
     """Stands in for an analyst: approves an order unless its customer is flagged.
 
     Nobody reviews the unusual customers' orders: the saga's review timeout escalates them to
@@ -247,7 +229,6 @@ class FraudReview(_InSchema):
     # A review nobody started in time is the saga's to escalate: no reply.
     @command_handler(expired=DROP)
     def review(self, command: RequestFraudReview, replies: Replies, sql: Sql) -> None:
-        self.use(sql)
         if command.customer_id.startswith(self.unusual_prefix):
             return
         approved = not command.customer_id.startswith(self.flagged_prefix)
@@ -262,14 +243,13 @@ class FraudReview(_InSchema):
 
 
 @participant(name="shipping")
-class Shipping(_InSchema):
+class Shipping:
     """Hands the parcel to the carrier; no carrier serves the remote customers' addresses."""
 
     remote_prefix = "c-remote"
 
     @command_handler(expired=lambda c: ShipmentFailed(order_id=c.order_id, reason=EXPIRED))
     def ship(self, command: ShipOrder, replies: Replies, sql: Sql) -> None:
-        self.use(sql)
         if command.customer_id.startswith(self.remote_prefix):
             replies.send(
                 ShipmentFailed(order_id=command.order_id, reason="no carrier serves the address")
@@ -279,6 +259,6 @@ class Shipping(_InSchema):
         replies.send(OrderShipped(order_id=command.order_id))
 
 
-def order_participants(schema: str) -> list[object]:
-    """One instance of each order participant, using tables in ``schema``."""
-    return [Inventory(schema), Payments(schema), FraudReview(schema), Shipping(schema)]
+def order_participants() -> list[object]:
+    """One instance of each order participant."""
+    return [Inventory(), Payments(), FraudReview(), Shipping()]

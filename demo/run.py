@@ -283,7 +283,12 @@ def run(args: argparse.Namespace) -> int:
         )
         before = service.total()
         order_totals = start_order_participants(
-            cleanup, kafka, database, orders_schema, prefix=prefix, plan=orders
+            cleanup,
+            _replica_env(kafka, database, schema, prefix, 0, _free_port()),
+            database,
+            orders_schema,
+            plan=orders,
+            spawn=lambda env: Replica(env, logs / "order-participants.log", ("participant", "run")),
         )
         orders_before = order_totals()
         decisions = start_order_person(

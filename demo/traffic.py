@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from decimal import Decimal
 
 from confluent_kafka import KafkaError, Producer
 
-from processor.messages import (
-    HEADER_CORRELATION_ID,
-    HEADER_MESSAGE_ID,
-    HEADER_MESSAGE_TYPE,
-    HEADER_OCCURRED_AT,
-    HEADER_SCHEMA_VERSION,
-    Message,
-    registry,
-)
+from processor.messages import Message
+from processor.publish import EventPublisher, EventRecordBuilder, PublishFailed
+from sagas import EXAMPLE_SAGAS
 from schemas.transfers import TransferRequested
 from schemas.wallets import WalletTransferRequested
 
@@ -99,18 +91,14 @@ def scenario(run_id: str, transfers: int = 40, wallets: int = 20) -> Scenario:
 
 
 def publish(kafka: Mapping[str, str], prefix: str, requests: Sequence[Request]) -> None:
-    """Publishes the requests as the upstream services would: keyed by transfer id."""
-    producer = Producer({**kafka, "enable.idempotence": True, "linger.ms": 5})
-    errors: list[KafkaError] = []
-
-    def delivered(err: KafkaError | None, _msg: object) -> None:
-        if err is not None:
-            errors.append(err)
-
-    for r in requests:
-        produce_event(producer, prefix, r.message, r.transfer_id, on_delivery=delivered)
-    if producer.flush(30) or errors:
-        raise RuntimeError(f"could not publish the demo requests: {errors[:1] or 'timed out'}")
+    """Publishes the requests as the upstream services would: keyed by transfer id (the sagas'
+    association property), the transfer id also naming the conversation."""
+    try:
+        with EventPublisher(kafka, topic_prefix=prefix, sagas=EXAMPLE_SAGAS) as events:
+            for r in requests:
+                events.publish(r.message, correlation_id=r.transfer_id)
+    except PublishFailed as e:
+        raise RuntimeError(f"could not publish the demo requests: {e}") from e
 
 
 def produce_event(
@@ -121,20 +109,16 @@ def produce_event(
     message_id: str | None = None,
     on_delivery: Callable[[KafkaError | None, object], None] | None = None,
 ) -> None:
-    """One domain event as an upstream service sends it: keyed by ``key`` (also its
-    correlation id), with the headers the processor reads, on its registered topic."""
-    mtype = registry.of(type(event))
-    headers = {
-        HEADER_MESSAGE_ID: message_id or str(uuid.uuid4()),
-        HEADER_MESSAGE_TYPE: mtype.name,
-        HEADER_SCHEMA_VERSION: str(mtype.version),
-        HEADER_CORRELATION_ID: key,
-        HEADER_OCCURRED_AT: datetime.now(UTC).isoformat(),
-    }
+    """One domain event as an upstream service sends it, on a producer the caller flushes:
+    keyed by ``key`` (also its correlation id), with the headers the event publisher sets, on
+    its registered topic."""
+    row = EventRecordBuilder(topic_prefix=prefix).build(
+        event, key=key, message_id=message_id, correlation_id=key
+    )
     producer.produce(
-        prefix + (mtype.topic or ""),
-        key=key.encode(),
-        value=event.model_dump_json().encode(),
-        headers=[(k, v.encode()) for k, v in headers.items()],
+        row.topic,
+        key=row.key,
+        value=row.value,
+        headers=dict(row.headers),
         on_delivery=on_delivery,
     )

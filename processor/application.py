@@ -31,7 +31,15 @@ from processor.errors import ConfigurationError, SagaError
 if TYPE_CHECKING:
     from processor.settings import ProcessorSettings
 
-__all__ = ["APP_VARIABLE", "Factory", "SagaApp", "app_target", "load_app"]
+__all__ = [
+    "APP_VARIABLE",
+    "Factory",
+    "ParticipantApp",
+    "SagaApp",
+    "app_target",
+    "load_app",
+    "load_participant_app",
+]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +69,9 @@ class SagaApp:
             and exited when the process shuts down, in the reverse order of building.
         settings: Processor settings under the environment's, as a mapping of
             `ProcessorSettings` fields (nested mappings for nested settings).
+        participants: Participants the same process also runs, for small deployments: a
+            participant service (`SAGA_PARTICIPANT__*`) beside the processor, sharing its
+            dependencies; empty for none.
     """
 
     def __init__(
@@ -70,6 +81,8 @@ class SagaApp:
         dependencies: Mapping[type, object] | None = None,
         factories: Mapping[type, Factory] | None = None,
         settings: ProcessorSettings | Mapping[str, Any] | None = None,
+        participants: Iterable[object] = (),
+        participant_migrations: Iterable[str] = (),
     ) -> None:
         """Defines an application.
 
@@ -78,18 +91,19 @@ class SagaApp:
             dependencies: Ready objects by the type handlers declare.
             factories: Builders of dependencies by the type handlers declare.
             settings: A `ProcessorSettings`, or a mapping of its fields; the environment wins.
+            participants: Participants to run in the same process (see the attribute).
+            participant_migrations: Their service's own DDL, as `ParticipantApp(migrations=)`.
 
         Raises:
             ConfigurationError: A type is both a dependency and a factory, or no saga is given.
         """
         self.sagas: tuple[type[Any], ...] = tuple(sagas)
+        self.participants: tuple[object, ...] = tuple(participants)
+        self.participant_migrations: tuple[str, ...] = tuple(participant_migrations)
         self.dependencies: dict[type, object] = dict(dependencies or {})
         self.factories: dict[type, Factory] = dict(factories or {})
         self.settings = _settings_mapping(settings)
-        problems = [
-            f"{_name(t)} is given both as a dependency and as a factory; keep one"
-            for t in self.dependencies.keys() & self.factories.keys()
-        ]
+        problems = _both(self.dependencies, self.factories)
         if not self.sagas:
             problems.append("SagaApp(sagas=...) names no saga")
         if problems:
@@ -118,6 +132,20 @@ class SagaApp:
             settings=settings.settings,
             dependencies=self.provided(),
         )
+        if self.participants:
+            from processor.participant.kit import bind_participants
+
+            bind_participants(self.participants, settings.settings, self.provided())
+
+    def hosted(self) -> ParticipantApp | None:
+        """The participants this app runs beside its sagas, as their own app; None if none."""
+        if not self.participants:
+            return None
+        return ParticipantApp(
+            participants=self.participants,
+            dependencies=self.dependencies,
+            migrations=self.participant_migrations,
+        )
 
     @contextmanager
     def open(self, settings: ProcessorSettings) -> Iterator[dict[type, object]]:
@@ -130,15 +158,114 @@ class SagaApp:
             ConfigurationError: As :meth:`check`; raised before any factory runs.
         """
         self.check(settings)
-        with ExitStack() as stack:
-            built = dict(self.dependencies)
-            for kind, factory in self.factories.items():
-                made = factory()
-                if isinstance(made, AbstractContextManager):
-                    stack.callback(log.info, "closed dependency %s", _name(kind))
-                    made = stack.enter_context(made)
-                built[kind] = made
+        with _built(self.dependencies, self.factories) as built:
             yield built
+
+
+class ParticipantApp:
+    """The participants a service runs, the dependencies their handlers ask for, and settings.
+
+    The counterpart of :class:`SagaApp` for the services that answer a saga's commands::
+
+        # inventory/service.py
+        app = ParticipantApp(
+            participants=[Inventory],
+            factories={Warehouse: open_warehouse},
+            settings={"participant": {"schema_name": "inventory"}},
+        )
+
+        $ saga-processor participant run inventory.service:app
+
+    Handlers get their dependencies by declared type; factories run once per process and what
+    they return as a context manager is closed on shutdown. Settings given here are defaults
+    under the `SAGA_*` environment (`SAGA_KAFKA__*`, `SAGA_DATABASE__URL`,
+    `SAGA_PARTICIPANT__SCHEMA_NAME`, `SAGA_PARTICIPANT__GROUP_ID`, ...).
+
+    Attributes:
+        participants: Participant classes (created without arguments) or instances.
+        migrations: The service's own DDL scripts, applied once each, in order.
+        dependencies: Objects injected as they are; the app never closes them.
+        factories: Callables building one dependency each, once per process.
+        settings: Settings under the environment's, as a mapping of `ProcessorSettings` fields.
+    """
+
+    def __init__(
+        self,
+        *,
+        participants: Iterable[object],
+        dependencies: Mapping[type, object] | None = None,
+        factories: Mapping[type, Factory] | None = None,
+        settings: ProcessorSettings | Mapping[str, Any] | None = None,
+        migrations: Iterable[str] = (),
+    ) -> None:
+        """Defines a participant service.
+
+        Args:
+            participants: Participant classes (created without arguments) or instances.
+            dependencies: Ready objects by the type handlers declare.
+            factories: Builders of dependencies by the type handlers declare.
+            settings: A `ProcessorSettings`, or a mapping of its fields; the environment wins.
+            migrations: The service's own tables, as DDL scripts applied once each, in order,
+                in its schema (`participant migrate`, and at every start); append, never edit.
+
+        Raises:
+            ConfigurationError: A type is both a dependency and a factory, or no participant
+                is given.
+        """
+        self.participants: tuple[object, ...] = tuple(participants)
+        self.migrations: tuple[str, ...] = tuple(migrations)
+        self.dependencies: dict[type, object] = dict(dependencies or {})
+        self.factories: dict[type, Factory] = dict(factories or {})
+        self.settings = _settings_mapping(settings)
+        problems = _both(self.dependencies, self.factories)
+        if not self.participants:
+            problems.append("ParticipantApp(participants=...) names no participant")
+        if problems:
+            raise ConfigurationError(problems)
+
+    def __repr__(self) -> str:
+        names = ", ".join(_name(p if isinstance(p, type) else type(p)) for p in self.participants)
+        return f"ParticipantApp(participants=[{names}])"
+
+    def check(self, settings: ProcessorSettings) -> None:
+        """Binds every command handler against what the app provides, building nothing.
+
+        Raises:
+            ConfigurationError: Every handler parameter nothing provides, in one error.
+        """
+        from processor.participant.kit import bind_participants
+
+        provided = {**self.dependencies, **{t: _Unbuilt() for t in self.factories}}
+        bind_participants(self.participants, settings.settings, provided)
+
+    @contextmanager
+    def open(self, settings: ProcessorSettings) -> Iterator[dict[type, object]]:
+        """Checks the handlers, builds the dependencies, and closes them on leaving."""
+        self.check(settings)
+        with _built(self.dependencies, self.factories) as built:
+            yield built
+
+
+def _both(dependencies: Mapping[type, object], factories: Mapping[type, Factory]) -> list[str]:
+    return [
+        f"{_name(t)} is given both as a dependency and as a factory; keep one"
+        for t in dependencies.keys() & factories.keys()
+    ]
+
+
+@contextmanager
+def _built(
+    dependencies: Mapping[type, object], factories: Mapping[type, Factory]
+) -> Iterator[dict[type, object]]:
+    with ExitStack() as stack:
+        built = dict(dependencies)
+        for kind, factory in factories.items():
+            made = factory()
+            if isinstance(made, AbstractContextManager):
+                stack.callback(log.info, "closed dependency %s", _name(kind))
+                made = stack.enter_context(made)
+            built[kind] = made
+        yield built
 
 
 def _settings_mapping(settings: ProcessorSettings | Mapping[str, Any] | None) -> dict[str, Any]:
@@ -175,6 +302,31 @@ def load_app(target: str) -> SagaApp:
     Raises:
         SagaError: The target is malformed, cannot be imported, or is not a `SagaApp`.
     """
+    found = _load(target)
+    if not isinstance(found, SagaApp):
+        raise SagaError(
+            f"{target} is a {type(found).__name__}, not a SagaApp; "
+            "define app = processor.SagaApp(sagas=[...]) there"
+        )
+    return found
+
+
+def load_participant_app(target: str) -> ParticipantApp:
+    """Imports `MODULE:ATTR` and returns the `ParticipantApp` it names (as :func:`load_app`).
+
+    Raises:
+        SagaError: The target is malformed, cannot be imported, or is not a `ParticipantApp`.
+    """
+    found = _load(target)
+    if not isinstance(found, ParticipantApp):
+        raise SagaError(
+            f"{target} is a {type(found).__name__}, not a ParticipantApp; "
+            "define app = processor.ParticipantApp(participants=[...]) there"
+        )
+    return found
+
+
+def _load(target: str) -> Any:
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         raise SagaError(f"name the app as MODULE:ATTR, e.g. myapp.service:app; got {target!r}")
@@ -186,11 +338,7 @@ def load_app(target: str) -> SagaApp:
             found = getattr(found, part)
     except (ImportError, AttributeError) as e:
         raise SagaError(f"cannot load app {target!r}: {type(e).__name__}: {e}") from e
-    if not isinstance(found, SagaApp) and callable(found) and not isinstance(found, type):
+    apps = (SagaApp, ParticipantApp)
+    if not isinstance(found, apps) and callable(found) and not isinstance(found, type):
         found = found()
-    if not isinstance(found, SagaApp):
-        raise SagaError(
-            f"{target} is a {type(found).__name__}, not a SagaApp; "
-            "define app = processor.SagaApp(sagas=[...]) there"
-        )
     return found

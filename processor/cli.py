@@ -17,6 +17,7 @@ from typing import cast
 from processor import cli_commands as c
 from processor import cli_inspect as i
 from processor import cli_operate as o
+from processor import cli_participant as pa
 from processor import cli_preflight as p
 from processor import cli_topics as t
 from processor.errors import SagaError
@@ -52,6 +53,12 @@ COMMANDS: tuple[Command, ...] = (
         "consume, run sagas, relay the outbox and fire deadlines (the default)",
         c.app_arguments,
         c.run,
+    ),
+    Command(
+        "participant",
+        "`participant run|migrate MODULE:ATTR`: a service answering the sagas' commands",
+        pa.participant_arguments,
+        pa.participant,
     ),
     Command(
         "migrate",
@@ -162,7 +169,7 @@ COMMANDS: tuple[Command, ...] = (
 DEFAULT_COMMAND = "run"
 
 
-LONG_RUNNING = frozenset({"run", "console", "migrate"})
+LONG_RUNNING = frozenset({"run", "console", "migrate", "participant"})
 """Commands whose progress is their log; the others answer on stdout and log only trouble."""
 
 
@@ -209,11 +216,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = commands[args.command or DEFAULT_COMMAND]
         if command.offline:
             return cast(c.Offline, command.run)(args)
-        from processor.application import app_target, load_app
+        from processor.application import app_target, load_app, load_participant_app
 
         # The app is loaded before the settings: its settings lie under the environment's.
         target = app_target(getattr(args, "target", None) or getattr(args, "app", None))
-        app = load_app(target) if target else None
+        load = load_participant_app if command.name == "participant" else load_app
+        app = load(target) if target else None
         args.saga_app = app
         settings = load_settings(defaults=app.settings if app is not None else None)
         return cast(c.Run, command.run)(args, settings)

@@ -167,6 +167,7 @@ def run_processor(
     settings: ProcessorSettings, app: SagaApp | None, hooks: Hooks | None = None
 ) -> int:
     """Builds the app's dependencies and runs the processor until it stops; see :func:`run`."""
+    from processor.participant.serve import hosted
     from processor.runtime.assembly import open_sagas
     from processor.runtime.processor import Processor
     from processor.runtime.stopping import exit_now
@@ -175,7 +176,15 @@ def run_processor(
     # stopped (on SIGTERM too: serve() returns once the processor has shut down).
     with open_sagas(settings, app) as (saga_classes, dependencies):
         proc = Processor(settings, saga_classes, dependencies=dependencies, hooks=hooks)
-        code = serve(proc, settings)
+        guests = app.hosted() if app is not None else None
+        with hosted(settings, guests, dependencies, proc.stop) as participants:
+            code = serve(proc, settings)
+            # A hosted participant loop that died stopped the processor: restart the process.
+            supervisor = participants.supervisor if participants is not None else None
+            if supervisor is not None and supervisor.failure is not None:
+                code = EXIT_LOOP_DIED
+        if participants is not None and participants.left_running:
+            proc.left_running.extend(participants.left_running)
     if proc.left_running:
         # A close still waits on the broker; the interpreter's finalisation would wait on it.
         exit_now(code)

@@ -316,6 +316,24 @@ class TopicsSettings(BaseModel):
     replication_factor: int = Field(default=3, ge=1)
 
 
+class ParticipantSettings(BaseModel):
+    """A participant service run by `saga-processor participant run` (`SAGA_PARTICIPANT__*`).
+
+    Its Kafka client, database URL, consumer batch and timeouts, relay, metrics endpoint and
+    shutdown budget are the processor's settings of the same names.
+    """
+
+    # The schema of its inbox, reply outbox and positions, in the service's own database (kept
+    # apart from the processor's tables, and from the service's own if they share a database).
+    schema_name: str = "participant"
+    # Its consumer group: every replica of one service shares it, two services never do.
+    group_id: str = "saga-participants"
+    # Shown in pg_stat_activity.
+    application_name: str = "saga-participant"
+
+    _check_schema = field_validator("schema_name")(classmethod(lambda cls, v: _identifier(v)))
+
+
 class ProcessorSettings(BaseSettings):
     """Everything the processor needs, from `SAGA_*` variables (nested with `__`)."""
 
@@ -343,6 +361,7 @@ class ProcessorSettings(BaseSettings):
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
     shutdown_timeout: Duration = timedelta(seconds=20)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    participant: ParticipantSettings = Field(default_factory=ParticipantSettings)
     # Read by the command line only (it configures logging): `text` for a terminal, `json` for
     # a log pipeline. A setting, so that a misspelt value is refused like any other.
     log_format: Literal["text", "json"] = "text"

@@ -22,6 +22,7 @@ from datetime import datetime
 
 from processor.engine.decode import (
     Decoded,
+    Event,
     FiredDeadline,
     Operator,
     Reason,
@@ -37,7 +38,7 @@ from processor.engine.working import Item, Working, storable
 from processor.errors import describe_error
 from processor.messages import Message, MessageRegistry
 from processor.runner import BoundSaga
-from processor.wire import Topics
+from processor.wire import HEADER_SAGA_TYPE, Topics
 
 __all__ = ["TOO_NEW", "HistoryPayload", "Item", "Planner", "describe_error", "storable"]
 
@@ -112,6 +113,27 @@ class Planner(OperatorSteps):
         """The message types some saga handles; other events are skipped."""
         return set(self._routes)
 
+    def routes_of(self, d: Event) -> list[BoundSaga]:
+        """The sagas ``d`` goes to: those handling its type, narrowed by its saga-type header.
+
+        A reply names the saga type whose command it answers: two saga types that handle one
+        reply type each get only their own replies, and a reply to a saga type this processor
+        does not run (another deployment's, on a shared topic) goes to none (see
+        :meth:`addressed_elsewhere`), rather than being recorded as finding no saga.
+        """
+        routes = self._routes.get(type(d.message), [])
+        addressed = d.metadata.headers.get(HEADER_SAGA_TYPE)
+        if not addressed or len(routes) == 0:
+            return routes
+        return [b for b in routes if b.saga_type == addressed]
+
+    def addressed_elsewhere(self, d: Event) -> str | None:
+        """The saga type ``d`` is addressed to, when it is one this processor does not run."""
+        addressed: str | None = d.metadata.headers.get(HEADER_SAGA_TYPE)
+        if not addressed or addressed in self._sagas or type(d.message) not in self._routes:
+            return None
+        return addressed
+
     def route(self, decoded: Iterable[Decoded]) -> tuple[list[Item | Rejected], Wants]:
         """Expands each record into per-saga items, in order, and names the rows to load."""
         out: list[Item | Rejected] = []
@@ -134,7 +156,7 @@ class Planner(OperatorSteps):
             elif isinstance(d, TooNew):
                 out.extend(self._route_too_new(d, wants))
             else:
-                routes = self._routes.get(type(d.message), [])
+                routes = self.routes_of(d)
                 items: list[Item | Rejected] = []
                 for bound in routes:
                     saga_id = bound.definition.association_value(d.message)

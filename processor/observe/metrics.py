@@ -206,6 +206,12 @@ class _Collector(Collector):
             dict(stats.outcomes) if stats is not None else {},
         )
         yield _counter(
+            "saga_records_for_other_sagas",
+            "Replies whose saga-type header names a saga type this processor does not run.",
+            ["topic", "saga_type"],
+            dict(stats.foreign) if stats is not None else {},
+        )
+        yield _counter(
             "saga_resyncs",
             "Times the worker re-read its offsets from PostgreSQL.",
             [],

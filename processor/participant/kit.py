@@ -272,6 +272,17 @@ class CommandKit:
         return "dead-lettered"
 
 
+def bind_participants(
+    participants: Sequence[object], settings: Mapping[str, Any], dependencies: Mapping[type, object]
+) -> None:
+    """Checks that every command handler's parameters are provided, running nothing.
+
+    Raises:
+        ConfigurationError: Every parameter nothing provides, and command types handled twice.
+    """
+    _bind(participants, settings, dependencies)
+
+
 def _bind(
     participants: Sequence[object], settings: Mapping[str, Any], dependencies: Mapping[type, object]
 ) -> dict[type, _Bound]:

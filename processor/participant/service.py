@@ -142,10 +142,16 @@ class ParticipantService:
             topics = sorted(t for t in found if t is not None)
         self.topics = [self._names.name(t) for t in topics]
         self.failed_rounds = 0
+        # For the probes: the running loops, when the consumer loop last stepped (monotonic),
+        # and how many batches in a row have failed.
+        self.supervisor: Supervisor | None = None
+        self.last_step: float | None = None
+        self.failing = 0
         self._guard = RewindGuard(lambda tp, offset: None)  # replaced by the consumer's
 
     def _connect(self) -> Any:
-        return connect(self._url, application_name=self._app)
+        # Handlers name the service's tables without the schema: they live in its schema.
+        return connect(self._url, application_name=self._app, search_path=self.tables.schema)
 
     def _positions(self, tps: list[TP]) -> Mapping[TP, int | None]:
         # Inside the consumer's rebalance callback: wait for the database rather than start
@@ -170,7 +176,7 @@ class ParticipantService:
             LoopDied: The relay loop or the consumer loop met a fatal failure.
         """
         stop = stop or self.stop_event
-        supervisor = Supervisor(stop)
+        supervisor = self.supervisor = Supervisor(stop)
         supervisor.spawn("participant-relay", self.relay.run)
         listener = PostgresWakeSource(self._connect, outbox_channel(self.tables.schema))
         supervisor.spawn(
@@ -204,17 +210,19 @@ class ParticipantService:
         failures = 0
         try:
             while not stop.is_set():
+                self.last_step = time.monotonic()
                 records = self._guard.admit(
                     consumer.consume(self._cs.batch_size, self._cs.batch_timeout.total_seconds())
                 )
                 if self.handle_batch(records):
-                    failures = 0
+                    failures = self.failing = 0
                     # PostgreSQL holds the positions; Kafka's copy only serves lag tools.
                     consumer.commit_advisory(
                         {(r.topic, r.partition): r.offset + 1 for r in records}
                     )
                     continue
                 failures += 1
+                self.failing = failures
                 self.failed_rounds += 1
                 stop.wait(_backoff(failures))
         finally:

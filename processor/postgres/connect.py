@@ -30,6 +30,7 @@ def connect(
     idle_in_transaction_timeout: timedelta | None = None,
     statement_timeout: timedelta | None = None,
     keyed: bool = False,
+    search_path: str | None = None,
 ) -> psycopg.Connection[TupleRow]:
     """A connection with the processor's defaults (UTC session, bounded statement wait).
 
@@ -50,6 +51,8 @@ def connect(
             table that still looks empty gets a batch's keys hashed against a scan of all of it,
             which costs each batch the whole table. Sequential scans, hash joins and merge joins
             are then only taken where nothing else can run.
+        search_path: A schema that unqualified names find first (then ``public``): a
+            participant service's handlers name their own tables without the schema.
     """
     options = "-c timezone=UTC -c lock_timeout=30s"
     if idle_in_transaction_timeout is not None:
@@ -59,6 +62,10 @@ def connect(
         options += f" -c statement_timeout={max(1, int(statement_timeout.total_seconds() * 1000))}"
     if keyed:
         options += " -c enable_seqscan=off -c enable_hashjoin=off -c enable_mergejoin=off"
+    if search_path is not None:
+        # Quoted as an identifier, and its spaces escaped for the options string.
+        quoted = '"' + search_path.replace('"', '""') + '"'
+        options += " -c search_path=" + (quoted + ",public").replace(" ", "\\ ")
     given = conninfo_to_dict(url)
     # A peer that vanished without a FIN or RST (packets dropped by a partition, a host gone)
     # leaves a blocked call waiting on TCP retransmission for ~15 minutes by the kernel's

@@ -8,12 +8,14 @@ same ``{outbox}`` and ``{failed_outbox}`` names inside the participant's schema)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import psycopg
 from psycopg import sql
 
 from processor.postgres.schema import Tables
 
-__all__ = ["PARTICIPANT_MIGRATIONS", "migrate_participant"]
+__all__ = ["PARTICIPANT_MIGRATIONS", "migrate_participant", "migrate_service"]
 
 # Each entry is one migration; never edit a released one, append a new one.
 PARTICIPANT_MIGRATIONS: tuple[str, ...] = (
@@ -111,3 +113,30 @@ def migrate_participant(conn: psycopg.Connection[object], tables: Tables) -> int
             conn.execute(tables.render(ddl.replace("{schema_q}", f'"{tables.schema}"')))
             conn.execute(f"INSERT INTO {version_table} (version) VALUES (%s)", (number,))
         return len(PARTICIPANT_MIGRATIONS)
+
+
+def migrate_service(
+    conn: psycopg.Connection[object], tables: Tables, migrations: Sequence[str]
+) -> int:
+    """Applies a service's own pending migrations in its schema; returns how many it applied.
+
+    Each entry of ``migrations`` is applied once, in order, with unqualified names landing in the
+    participant's schema; never edit a released one, append a new one. Runs after
+    :func:`migrate_participant`, which makes the schema.
+    """
+    with conn.transaction():
+        conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtext(%s))", (f"service-migrate:{tables.schema}",)
+        )
+        version_table = f'"{tables.schema}".service_schema_version'
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {version_table} "
+            "(version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        row = conn.execute(f"SELECT coalesce(max(version), 0) FROM {version_table}").fetchone()
+        current = int(row[0]) if row else 0  # type: ignore[index]
+        conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(tables.schema)))
+        for number, ddl in enumerate(migrations[current:], start=current + 1):
+            conn.execute(ddl.encode())
+            conn.execute(f"INSERT INTO {version_table} (version) VALUES (%s)", (number,))
+        return max(0, len(migrations) - current)

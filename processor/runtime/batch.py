@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from processor.engine.decode import Decoded, Event, Rejected
 from processor.engine.plan import Item, Planner
@@ -31,6 +32,8 @@ class Batch:
     offsets: list[OffsetCommit]
     last: dict[TP, int]
     size: int
+    # Replies addressed to saga types this processor does not run, by (topic, saga type).
+    foreign: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     @classmethod
     def of(
@@ -48,6 +51,10 @@ class Batch:
         items, wants = planner.route(decoded)
         routed = planner.event_types  # a fresh set per access: taken once per batch
         unrouted = sum(1 for d in decoded if isinstance(d, Event) and type(d.message) not in routed)
+        foreign: Counter[tuple[str, str]] = Counter()
+        for d in decoded:
+            if isinstance(d, Event) and (elsewhere := planner.addressed_elsewhere(d)) is not None:
+                foreign[(d.record.topic, elsewhere)] += 1
         last: dict[TP, int] = {}
         for d in decoded:
             last[(d.record.topic, d.record.partition)] = d.record.offset + 1
@@ -57,7 +64,7 @@ class Batch:
             OffsetCommit(t, p, nxt, owned[(t, p)].next_offset, owned[(t, p)].epoch)
             for (t, p), nxt in last.items()
         ]
-        return cls(decoded, items, wants, unrouted, offsets, last, len(decoded))
+        return cls(decoded, items, wants, unrouted, offsets, last, len(decoded), foreign)
 
     def advancing(self, ends: Mapping[TP, int], owned: Mapping[TP, Owned]) -> Batch:
         """This batch, also storing ``ends`` for partitions it has no record of."""

@@ -70,6 +70,8 @@ class WorkerStats:
     counts: Counter[str] = field(default_factory=Counter)
     # Sagas ended, by (saga type, outcome).
     outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # Replies addressed to saga types this processor does not run, by (topic, saga type).
+    foreign: Counter[tuple[str, str]] = field(default_factory=Counter)
     # Times the positions were read back from the store (fenced, failed or in-doubt commit).
     resyncs: int = 0
     # time.monotonic() at the start of the last poll: the liveness probe's heartbeat.
@@ -579,6 +581,8 @@ class Worker:
         if planned.ws.outcomes:
             # A new Counter, not an update in place: the metrics thread reads it meanwhile.
             self.stats.outcomes = self.stats.outcomes + planned.ws.outcomes
+        if planned.batch.foreign:
+            self.stats.foreign = self.stats.foreign + planned.batch.foreign
         if self.on_batch is not None:
             self.on_batch(self._done(planned), planned.ws)
         self.on_commit(planned.ws)

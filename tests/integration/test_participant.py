@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from demo.orders import EXPIRED, create_tables, order_participants, stock_up
+from demo.orders import DDL, EXPIRED, order_participants, stock_up
 from processor.messages import Message
 from processor.participant.service import ParticipantService
 from processor.settings import ConsumerSettings, RelaySettings
@@ -68,7 +68,7 @@ def env(kafka_bootstrap: str, database_url: str, pg_schema: str) -> Iterator[Env
         partitions=2,
     )
     service = ParticipantService(
-        order_participants(pg_schema),
+        order_participants(),
         kafka={"bootstrap.servers": kafka_bootstrap},
         database_url=database_url,
         schema=pg_schema,
@@ -77,9 +77,10 @@ def env(kafka_bootstrap: str, database_url: str, pg_schema: str) -> Iterator[Env
         consumer=ConsumerSettings(session_timeout="PT6S"),
         relay=RelaySettings(poll_interval="PT0.2S"),
     )
+    # The handle the handlers get finds the service's schema first: no schema in their SQL.
     with service.store.transaction() as tx:
-        create_tables(tx.sql, pg_schema)
-        stock_up(tx.sql, pg_schema, {"sku-1": 5}, {"c-1": Decimal("100.00")})
+        tx.sql.execute(DDL)
+        stock_up(tx.sql, {"sku-1": 5}, {"c-1": Decimal("100.00")})
     stop = threading.Event()
     thread = threading.Thread(target=service.run, args=(stop,), daemon=True)
     thread.start()

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import psycopg
 from confluent_kafka import Consumer, KafkaError, Producer
@@ -22,6 +22,7 @@ from processor.messages import (
     Message,
     registry,
 )
+from processor.publish import EventPublisher
 from processor.runtime.processor import Processor
 from processor.settings import ProcessorSettings
 
@@ -109,22 +110,34 @@ def headers_for(
 
 
 class Publisher:
-    """An idempotent producer that publishes events as an upstream service would."""
+    """Publishes events as an upstream service would: through the event publisher.
+
+    ``raw`` sends hand-made records on the same producer, so that they keep their order with
+    the events sent through ``event``.
+    """
 
     def __init__(self, kafka: str) -> None:
-        self.producer = Producer(
-            {"bootstrap.servers": kafka, "enable.idempotence": True, "linger.ms": 2}
-        )
+        self.events = EventPublisher({"bootstrap.servers": kafka})
         self.errors: list[KafkaError] = []
+
+    @property
+    def producer(self) -> Producer:
+        return cast(Producer, self.events.producer)
 
     def event(
         self, topic: str, key: str, message: Message, message_id: str | None = None, **headers: str
     ) -> None:
-        self.raw(
-            topic,
-            key.encode(),
-            message.model_dump_json().encode(),
-            headers_for(message, message_id, **headers),
+        # The publisher sets these from its own arguments; tests name them as headers.
+        correlation = headers.pop("correlation-id", None)
+        causation = headers.pop("causation-id", None)
+        self.events.publish(
+            message,
+            key=key,
+            message_id=message_id,
+            topic=topic,
+            headers=headers,
+            correlation_id=correlation,
+            causation_id=causation,
         )
 
     def raw(
@@ -143,7 +156,9 @@ class Publisher:
             self.errors.append(err)
 
     def flush(self) -> None:
-        assert self.producer.flush(30) == 0
+        # Raises PublishFailed naming any event the broker did not take.
+        self.events.flush(30)
+        assert len(self.producer) == 0
         assert not self.errors, self.errors
 
 

@@ -1,4 +1,4 @@
-"""The demo's participant service as a process, with a fault named by SAGA_FAULT_* variables.
+"""The demo's participant app as `participant run` runs it, with a fault named by SAGA_FAULT_*.
 
 The same variables as ``tests.support.proc_main``; the service fires ``revoke`` only.
 """
@@ -7,8 +7,14 @@ from __future__ import annotations
 
 import sys
 
-from demo.participants import main as participants_main
+from demo.participants import app
+from processor.observe.logs import configure_logging
+from processor.participant.serve import run_participant
+from processor.settings import load_settings
 from tests.support.proc_main import hooks_from_env
 
 if __name__ == "__main__":
-    sys.exit(participants_main(sys.argv[1:], hooks=hooks_from_env()))
+    configure_logging("INFO", "text")
+    participants = app()
+    settings = load_settings(defaults=participants.settings)
+    sys.exit(run_participant(settings, participants, hooks=hooks_from_env()))

@@ -1,4 +1,4 @@
-"""Starts the demo's order participants (``python -m demo.participants``) as a process."""
+"""Starts the demo's order participants as `saga-processor participant run` runs them."""
 
 from __future__ import annotations
 
@@ -31,35 +31,35 @@ class ParticipantProcess:
         fault: Mapping[str, str] | None = None,
         shutdown_timeout: float | None = None,
     ) -> None:
-        """Starts ``python -m demo.participants``; with a ``fault`` (SAGA_FAULT_* variables,
-        see tests.support.proc_main), the same service through tests.support.participant_main.
+        """Starts ``python -m processor participant run demo.participants:app``; with a
+        ``fault`` (SAGA_FAULT_* variables, see tests.support.proc_main), the same app through
+        tests.support.participant_main. ``stock`` and ``wallets`` are set first, from here.
         """
-        args = [
-            sys.executable,
-            "-m",
-            "tests.support.participant_main" if fault else "demo.participants",
-            "--bootstrap",
-            kafka,
-            "--database-url",
-            database,
-            "--schema",
-            schema,
-            "--prefix",
-            prefix,
-        ]
-        if only:
-            args += ["--only", ",".join(only)]
-        if group:
-            args += ["--group", group]
-        if stock:
-            args += ["--stock", ",".join(f"{k}={v}" for k, v in stock.items())]
-        if wallets:
-            args += ["--wallets", ",".join(f"{k}={v}" for k, v in wallets.items())]
-        if shutdown_timeout is not None:
-            args += ["--shutdown-timeout", str(shutdown_timeout)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
+        env.update(
+            {
+                "SAGA_APP": "demo.participants:app",
+                "SAGA_KAFKA__BOOTSTRAP_SERVERS": kafka,
+                "SAGA_DATABASE__URL": database,
+                "SAGA_PARTICIPANT__SCHEMA_NAME": schema,
+                "SAGA_PARTICIPANT__GROUP_ID": group or f"{prefix}order-participants",
+                "SAGA_TOPIC_PREFIX": prefix,
+                # Any free port: several services run on one machine.
+                "SAGA_METRICS__BIND_ANY": "true",
+                "SAGA_METRICS__HOST": "127.0.0.1",
+                "DEMO_PARTICIPANTS": ",".join(only),
+                "PYTHONPATH": str(REPO),
+            }
+        )
+        if shutdown_timeout is not None:
+            env["SAGA_SHUTDOWN_TIMEOUT"] = f"{shutdown_timeout}s"
         env.update(fault or {})
-        env["PYTHONPATH"] = str(REPO)
+        if stock or wallets:
+            _stock(database, schema, stock or {}, wallets or {})
+        if fault:
+            args = [sys.executable, "-m", "tests.support.participant_main"]
+        else:
+            args = [sys.executable, "-m", "processor", "participant", "run"]
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.popen = subprocess.Popen(
@@ -92,3 +92,16 @@ class ParticipantProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+def _stock(
+    database: str, schema: str, stock: Mapping[str, int], wallets: Mapping[str, Decimal]
+) -> None:
+    """Migrates the service's schema and sets its stock and wallets, as its operator would."""
+    from demo.participants import app, seed
+    from processor.participant.serve import migrate
+    from processor.settings import ProcessorSettings
+
+    settings = ProcessorSettings(database={"url": database}, participant={"schema_name": schema})
+    migrate(settings, app())
+    seed(database, schema, stock, wallets)

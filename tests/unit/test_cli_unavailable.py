@@ -10,6 +10,7 @@ from processor.cli import EXIT_UNAVAILABLE, main
 
 COMMANDS = [
     "migrate",
+    "participant migrate",
     "show order-saga o-1",
     "sagas list",
     "sagas stuck",

@@ -145,7 +145,9 @@ def _scrape(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
 def test_metrics_follow_batches_samples_and_sweeps() -> None:
     m = Metrics(replica="replica-7")
     stats = type(
-        "S", (), {"batches": 3, "resyncs": 1, "outcomes": {(SAGA, "COMPENSATION_FAILED"): 2}}
+        "S",
+        (),
+        {"batches": 3, "resyncs": 1, "outcomes": {(SAGA, "COMPENSATION_FAILED"): 2}, "foreign": {}},
     )()
     m.sources.worker_stats = stats
     m.sources.rebalances = {"assigned": 2}
@@ -258,7 +260,14 @@ def test_every_metric_of_the_contract_is_exported() -> None:
     m.sources.off_partition = {"in": 1}
     m.sources.stale_producers = {"in": 1}
     m.sources.worker_stats = type(
-        "S", (), {"batches": 1, "resyncs": 0, "outcomes": {("t", "COMPLETED"): 1}}
+        "S",
+        (),
+        {
+            "batches": 1,
+            "resyncs": 0,
+            "outcomes": {("t", "COMPLETED"): 1},
+            "foreign": {("in", "other-saga"): 1},
+        },
     )()
     exported = {name for name, _ in _scrape(m)}
     bases = {n.removesuffix(s) for n in exported for s in ("_bucket", "_sum", "_count", "")}

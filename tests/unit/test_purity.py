@@ -81,7 +81,10 @@ EDGES = (
     "cli_operate.py",
     "cli_preflight.py",
     "cli_topics.py",
+    "cli_participant.py",
     "__main__.py",
+    # The event publishers: wire the Kafka producer and the Postgres outbox for services.
+    "publish.py",
 )
 # Where the pure runtime is wired to the real adapters.
 ASSEMBLY_POINTS = {
@@ -89,6 +92,7 @@ ASSEMBLY_POINTS = {
     "runtime/assembly.py",
     "runtime/observe.py",
     "participant/service.py",
+    "participant/serve.py",
 }
 CLI_ENTRIES = {"cli.py", "__main__.py"}
 
