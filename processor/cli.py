@@ -3,6 +3,11 @@
 `MODULE:ATTR` names the application object (`processor.SagaApp`): its sagas, dependencies and
 settings. Every command that needs configuration takes it as `--app MODULE:ATTR` or from
 `SAGA_APP`; `SAGA_*` variables override the app's settings.
+
+Every command but `run`, `console` and `participant run` (which serve until stopped: their log
+is their output) takes `--json` and then prints one JSON document on stdout. Exit codes: 0 done;
+1 found what was asked about, or refused; 2 a usage or configuration mistake; 3 the database or
+the broker did not answer (or no processor applied a request within `--wait`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from processor import cli_operate as o
 from processor import cli_participant as pa
 from processor import cli_preflight as p
 from processor import cli_topics as t
-from processor.errors import SagaError
+from processor.errors import Refused, SagaError
 from processor.observe.logs import configure_logging
 from processor.observe.metrics import package_version
 from processor.ops import contract
@@ -80,7 +85,8 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "show",
-        "one saga in full: status, state, deadlines, held and failed rows, timeline",
+        "one saga in full: status, state, deadlines, held and failed rows, operator actions, "
+        "timeline",
         i.show_arguments,
         i.show,
     ),
@@ -147,6 +153,12 @@ COMMANDS: tuple[Command, ...] = (
         i.dead_letters,
     ),
     Command(
+        "audit",
+        "`audit list`: operator actions (replays, purges, discards, skips, terminations, ...)",
+        i.audit_arguments,
+        i.audit,
+    ),
+    Command(
         "console",
         "serve the web console (read-only unless --enable-actions and a token)",
         o.console_arguments,
@@ -172,16 +184,13 @@ DEFAULT_COMMAND = "run"
 LONG_RUNNING = frozenset({"run", "console", "migrate", "participant"})
 """Commands whose progress is their log; the others answer on stdout and log only trouble."""
 
+NO_JSON = frozenset({"run", "console"})
+"""Commands that serve until stopped: their output is their log, so `--json` does not apply
+(nor to `participant run`). Every other command takes `--json`: one JSON document on stdout."""
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Parses the command line, runs the subcommand and returns its exit code.
 
-    A `SagaError` (refused configuration, a saga that cannot be loaded or is not parked, ...) is
-    printed on one line and gives exit code 2, as argparse's own usage errors do; a database out
-    of reach one line and exit code 3, without a traceback. `run` exits
-    with 70 when a loop of the processor died (see `cli_commands.EXIT_LOOP_DIED`).
-    """
-    commands = {command.name: command for command in COMMANDS}
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser: the global options and every subcommand's arguments."""
     parser = argparse.ArgumentParser(prog="saga-processor", description=__doc__)
     parser.add_argument(
         "--log-level",
@@ -201,7 +210,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 default=None,
                 help="the application object (default: SAGA_APP)",
             )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parses the command line, runs the subcommand and returns its exit code.
+
+    The operator commands' exit codes: 0 done; 1 found what was asked about, or refused (a
+    `processor.errors.Refused`: no such saga, not parked, nothing matched); 2 a usage or
+    configuration mistake (any other `SagaError`, as argparse's own usage errors); 3 a database
+    or broker out of reach (`EXIT_UNAVAILABLE`). Each error is one line on stderr, without a
+    traceback. `run` exits with 70 when a loop of the processor died (see
+    `cli_commands.EXIT_LOOP_DIED`).
+    """
+    commands = {command.name: command for command in COMMANDS}
+    args = build_parser().parse_args(argv)
     # Read before the settings, so that their own errors are logged in the chosen format; the
     # settings check the value again (a typo there is refused like any other).
     log_format = os.environ.get("SAGA_LOG_FORMAT", "text").strip().lower()
@@ -225,23 +248,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.saga_app = app
         settings = load_settings(defaults=app.settings if app is not None else None)
         return cast(c.Run, command.run)(args, settings)
-    except SagaError as e:
-        print(f"saga-processor: {e}", file=sys.stderr)
-        return 2
     except Exception as e:
         why = _unavailable(e)
-        if why is None:
+        if why is not None:
+            print(f"saga-processor: {why}", file=sys.stderr)
+            return EXIT_UNAVAILABLE
+        if not isinstance(e, SagaError):
             raise
-        print(f"saga-processor: {why}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
+        print(f"saga-processor: {e}", file=sys.stderr)
+        return EXIT_REFUSED if isinstance(e, Refused) else EXIT_USAGE
 
 
+EXIT_REFUSED = 1
+"""The command ran and the answer is no (as `cli_inspect.EXIT_PROBLEM`): nothing changed."""
+EXIT_USAGE = 2
+"""Bad arguments or configuration (argparse's own usage errors exit 2 as well)."""
 EXIT_UNAVAILABLE = 3
 """A service the command needs did not answer: nothing was done (as `cli_inspect.EXIT_NOT_SENT`)."""
 
 
 def _unavailable(e: BaseException) -> str | None:
-    """One line saying the database is out of reach, when that is what ``e`` means."""
+    """One line saying the database or the broker is out of reach, when that is what ``e`` means."""
+    from processor.kafka.errors import unreachable as broker_unreachable
+    from processor.ops.inspect import NotSent
     from processor.postgres.errors import unreachable
 
-    return unreachable(e)
+    if isinstance(e, NotSent):
+        return str(e)
+    return unreachable(e) or broker_unreachable(e)

@@ -9,6 +9,7 @@ either. `processor.cli` lists the commands.
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import logging
 import sys
@@ -89,6 +90,7 @@ def target_arguments(parser: argparse.ArgumentParser) -> None:
         help="a state machine saga class, or the application object (default: SAGA_APP)",
     )
     parser.add_argument("--saga", default=None, help="with an app: the saga type or class name")
+    json_flag(parser)
 
 
 def spec_of(args: argparse.Namespace) -> MachineSpec:
@@ -120,7 +122,7 @@ def json_flag(parser: argparse.ArgumentParser) -> None:
 
 def emit(args: argparse.Namespace, data: Any, text: str) -> None:
     """Prints ``data`` as one JSON document with `--json`, else ``text``."""
-    if args.json:
+    if getattr(args, "json", False):
         json.dump(jsonable(data), sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
     else:
@@ -134,6 +136,11 @@ def text_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
     )
+
+
+def operator_name(settings: ProcessorSettings) -> str:
+    """Who is asking: `SAGA_OPERATOR__NAME`, else the OS user (recorded in the audit trail)."""
+    return settings.operator.name or getpass.getuser()
 
 
 def operator_queries(settings: ProcessorSettings) -> OperatorQueries:
@@ -271,17 +278,19 @@ def overdue(args: argparse.Namespace, settings: ProcessorSettings) -> int:
 
 def diagram(args: argparse.Namespace) -> int:
     """Prints the Mermaid ``stateDiagram-v2`` of the saga; exit code 0."""
-    sys.stdout.write(mermaid(spec_of(args)))
+    text = mermaid(spec_of(args))
+    if args.json:
+        emit(args, {"format": "mermaid", "diagram": text}, "")
+    else:
+        sys.stdout.write(text)
     return 0
 
 
 def lint_saga(args: argparse.Namespace) -> int:
     """Prints the machine's problems; exit code 1 when there are any."""
     problems = lint(spec_of(args))
-    for line in problems:
-        print(line)
-    if not problems:
-        print(f"{args.target or 'the app'}: no problems found")
+    text = "\n".join(problems) or f"{args.target or 'the app'}: no problems found"
+    emit(args, {"ok": not problems, "problems": problems}, text)
     return 1 if problems else 0
 
 
@@ -438,7 +447,11 @@ def outbox_arguments(parser: argparse.ArgumentParser) -> None:
         else:
             sub.add_argument("--id", dest="row_id", type=int, default=None, help="one row's id")
         if name == "discard":
-            sub.add_argument("--reason", required=True, help="why; logged with every row")
+            sub.add_argument(
+                "--reason", required=True, help="why; logged with every row and audited"
+            )
+        elif name == "retry":
+            sub.add_argument("--reason", default=None, help="why; recorded in the audit trail")
         sub.add_argument(
             "--json", action="store_true", help="print one JSON document: the action and its rows"
         )
@@ -456,7 +469,11 @@ def failed_outbox(settings: ProcessorSettings) -> Iterator[PostgresFailedOutbox]
 
 
 def outbox(args: argparse.Namespace, settings: ProcessorSettings) -> int:
-    """Lists, retries or discards failed outbox rows; exit code 0, 2 when nothing matches."""
+    """Lists, retries or discards failed outbox rows; exit code 0, 1 when nothing matches.
+
+    A retry or discard is recorded in the audit trail with the rows it moved, in their
+    transaction.
+    """
     with failed_outbox(settings) as store:
         if args.action == "list":
             rows = list_failed_rows(
@@ -464,7 +481,12 @@ def outbox(args: argparse.Namespace, settings: ProcessorSettings) -> int:
             )
         elif args.action == "retry":
             rows = retry_failed_rows(
-                store, saga_type=args.saga_type, saga_id=args.saga_id, row_id=args.row_id
+                store,
+                saga_type=args.saga_type,
+                saga_id=args.saga_id,
+                row_id=args.row_id,
+                actor=operator_name(settings),
+                reason=args.reason,
             )
         else:
             rows = discard_failed_rows(
@@ -473,6 +495,7 @@ def outbox(args: argparse.Namespace, settings: ProcessorSettings) -> int:
                 saga_type=args.saga_type,
                 saga_id=args.saga_id,
                 row_id=args.row_id,
+                actor=operator_name(settings),
             )
     if args.json:
         from processor.ops.views import jsonable

@@ -1,10 +1,11 @@
-"""Operator commands that read: `show`, `sagas`, `dead-letters` (and its replay).
+"""Operator commands that read: `show`, `sagas`, `audit`, `dead-letters` (and its replay, purge).
 
 Every command takes `--json` (one JSON document on stdout, the same data the web console shows).
-Exit codes: 0 done; 1 the command ran but found a problem the operator asked about (a retry that
-failed again, `sagas stuck` with stuck sagas when `--fail-if-any` is given); 2 refused (no such
-saga or dead letter, a missing reason or operator key, bad arguments); 3 the broker did not take
-an operator request.
+Exit codes, the same for every command: 0 done; 1 the command ran and found what the operator
+asked about (a retry that failed again, `sagas stuck --fail-if-any` with stuck sagas) or was
+refused (no such saga or dead letter, a request the processor refused); 2 a usage or
+configuration mistake (bad arguments, a missing reason or operator key); 3 a service did not
+answer (the database, the broker), or no processor applied a request in time.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from processor.cli_commands import emit, json_flag, text_table
+from processor.cli_commands import emit, json_flag, operator_name, text_table
 from processor.ops.inspect import (
+    purge_dead_letters,
     replay_dead_letter,
     show_saga,
 )
-from processor.ops.views import SagaSummary, SagaView, jsonable, step_state
+from processor.ops.views import AuditRow, SagaSummary, SagaView, jsonable, step_state
 from processor.settings import ProcessorSettings, parse_duration
 
 if TYPE_CHECKING:
@@ -31,8 +33,12 @@ if TYPE_CHECKING:
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
-EXIT_REFUSED = 2
+"""Found what was asked about, or refused: the command ran and the answer is no."""
+EXIT_REFUSED = EXIT_PROBLEM
+EXIT_USAGE = 2
+"""Bad arguments or configuration (argparse's own usage errors exit 2 as well)."""
 EXIT_NOT_SENT = 3
+"""A service did not answer, or no processor applied a request in time: nothing is known done."""
 
 
 def duration_arg(text: str) -> timedelta:
@@ -113,6 +119,8 @@ def format_view(view: SagaView) -> str:
             f"  #{f.id} {f.topic} {f.message_id} ({f.attempts}x): {f.reason}"
             for f in view.failed_outbox
         ),
+        "operator actions:",
+        *(f"  {format_audit_entry(a)}" for a in view.audit),
         "",
         "timeline:",
     ]
@@ -133,8 +141,14 @@ def format_view(view: SagaView) -> str:
     return "\n".join(lines)
 
 
+def format_audit_entry(a: AuditRow) -> str:
+    """One audit entry on one line: when, who, what, how it ended, why, what it touched."""
+    target = json.dumps(a.target, sort_keys=True, separators=(",", ":"))
+    return f"{a.at.isoformat()}  {a.actor}  {a.action}  {a.outcome}: {a.reason or '-'}  {target}"
+
+
 def show(args: argparse.Namespace, settings: ProcessorSettings) -> int:
-    """Prints one saga in full; exit code 0, 2 when there is no such saga."""
+    """Prints one saga in full; exit code 0, 1 when there is no such saga."""
     with inspect_queries(settings) as queries:
         view = show_saga(queries, args.saga_type, args.saga_id, limit=args.limit)
     emit(args, view, format_view(view))
@@ -235,7 +249,11 @@ def dead_letter_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def dead_letters(args: argparse.Namespace, settings: ProcessorSettings) -> int:
-    """Lists, shows, replays or purges dead letters; exit code 0, 2 when none matches."""
+    """Lists, shows, replays or purges dead letters; exit code 0, 1 when none matches.
+
+    A replay or purge is recorded in the audit trail (`audit list`) with the rows it deleted,
+    in their transaction.
+    """
     with inspect_queries(settings) as queries:
         if args.action == "list":
             rows = queries.dead_letters(
@@ -266,18 +284,84 @@ def dead_letters(args: argparse.Namespace, settings: ProcessorSettings) -> int:
                 row, _, _ = queries.dead_letter(args.id)
             except LookupError as e:
                 print(f"saga-processor: {e}", file=sys.stderr)
-                return EXIT_REFUSED
+                return EXIT_PROBLEM
             emit(args, row, json.dumps(jsonable(row), indent=2, sort_keys=True))
         elif args.action == "replay":
             with producer(settings) as out:
-                row = replay_dead_letter(queries, out, args.id)
+                row = replay_dead_letter(
+                    queries, out, args.id, actor=operator_name(settings), reason=args.reason
+                )
             emit(args, row, f"dead letter {row.id} sent back to {row.topic}[{row.partition}]")
         else:
             if not args.ids and args.older_than is None:
                 print("saga-processor: name --id or --older-than", file=sys.stderr)
-                return EXIT_REFUSED
-            n = queries.purge_dead_letters(args.ids, args.older_than)
+                return EXIT_USAGE
+            n = purge_dead_letters(
+                queries,
+                actor=operator_name(settings),
+                reason=args.reason,
+                ids=args.ids,
+                older_than=args.older_than,
+            )
             emit(args, {"purged": n}, f"{n} dead letters purged")
+            if args.ids and n == 0:
+                # Named rows that are not there: nothing was done.
+                return EXIT_PROBLEM
+    return EXIT_OK
+
+
+# -- the audit trail -----------------------------------------------------------------------------
+
+
+def audit_arguments(parser: argparse.ArgumentParser) -> None:
+    """`audit list` with filters."""
+    what = parser.add_subparsers(dest="action", required=True)
+    listing = what.add_parser("list", help="operator actions, newest first")
+    listing.add_argument(
+        "--since", type=duration_arg, default=None, help="only the last so long (e.g. 2h, 1d)"
+    )
+    listing.add_argument("--saga-type", default=None, help="only actions on this saga type")
+    listing.add_argument("--saga-id", default=None, help="only actions on this saga id")
+    listing.add_argument(
+        "--action",
+        dest="only_action",
+        default=None,
+        help="only this action: terminate, parked-skip, dead-letter-purge, outbox-discard, ...",
+    )
+    listing.add_argument("--limit", type=int, default=100, help="at most this many entries")
+    json_flag(listing)
+
+
+def audit(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    """Lists recorded operator actions, newest first; exit code 0."""
+    with inspect_queries(settings) as queries:
+        rows = queries.audit(
+            since=args.since,
+            saga_type=args.saga_type,
+            saga_id=args.saga_id,
+            action=args.only_action,
+            limit=args.limit,
+        )
+    text = (
+        text_table(
+            ("AT", "ACTOR", "ACTION", "SAGA", "OUTCOME", "REASON", "TARGET"),
+            (
+                (
+                    a.at.isoformat(),
+                    a.actor,
+                    a.action,
+                    f"{a.saga_type} {a.saga_id}" if a.saga_type else "-",
+                    a.outcome,
+                    a.reason or "-",
+                    json.dumps(a.target, sort_keys=True, separators=(",", ":")),
+                )
+                for a in rows
+            ),
+        )
+        if rows
+        else "no operator actions recorded"
+    )
+    emit(args, rows, text)
     return EXIT_OK
 
 

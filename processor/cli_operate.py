@@ -2,28 +2,32 @@
 
 Requests go to the saga's input partition as operator records (see `processor.wire`), so they
 run in log order with the saga's own events; exit codes are those of `processor.cli_inspect`.
+The processor records each request it decides in the audit trail (`audit list`), with the
+operator's name (`SAGA_OPERATOR__NAME`, else the OS user).
 """
 
 from __future__ import annotations
 
 import argparse
-import getpass
+import logging
 import sys
 from collections.abc import Callable
 from types import FrameType
 
-from processor.cli_commands import app_of, emit, json_flag
+from processor.cli_commands import app_of, emit, json_flag, operator_name
 from processor.cli_inspect import (
     EXIT_NOT_SENT,
     EXIT_OK,
     EXIT_PROBLEM,
-    EXIT_REFUSED,
+    EXIT_USAGE,
     inspect_queries,
     producer,
 )
-from processor.ops.inspect import OperatorRefused, send_operator_request, wait_for_outcome
+from processor.ops.inspect import NotSent, OperatorRefused, send_operator_request, wait_for_outcome
 from processor.settings import ProcessorSettings
 from processor.wire import OperatorAction, OperatorRecord
+
+log = logging.getLogger(__name__)
 
 
 def operator_route(settings: ProcessorSettings) -> Callable[[str, bytes, int], int]:
@@ -35,11 +39,6 @@ def operator_route(settings: ProcessorSettings) -> Callable[[str, bytes, int], i
     url = settings.database.url.get_secret_value()
     cs = settings.consumer
     return current_router(lambda: connect(url), tables_for(settings), cs.group_id, cs.partitioner)
-
-
-def operator_name(settings: ProcessorSettings) -> str:
-    """Who is asking: `SAGA_OPERATOR__NAME`, else the OS user."""
-    return settings.operator.name or getpass.getuser()
 
 
 def saga_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,13 +70,13 @@ def saga_arguments(parser: argparse.ArgumentParser) -> None:
         json_flag(sub)
 
 
-def wait_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--wait SECONDS` (30) for the processor's outcome, or `--no-wait`."""
+def wait_arguments(parser: argparse.ArgumentParser, seconds: float = 30.0) -> None:
+    """`--wait SECONDS` for the processor's outcome, or `--no-wait`."""
     parser.add_argument(
         "--wait",
         type=float,
-        default=30.0,
-        help="seconds to wait for a processor to apply the request (default 30)",
+        default=seconds,
+        help=f"seconds to wait for a processor to apply the request (default {seconds:g})",
     )
     parser.add_argument(
         "--no-wait",
@@ -94,9 +93,10 @@ def request(
 ) -> int:
     """Sends one operator request and, unless `--no-wait`, waits for the processor's outcome.
 
-    Exit code 0 once applied (with `--no-wait`: once the broker has it); 1 when the saga's own
-    code failed on it (the saga is parked); 2 when refused (a decision nothing waits for, no
-    such saga, an ended saga); 3 when not sent, or not applied within `--wait` seconds.
+    Exit code 0 once applied (with `--no-wait`: once the broker has it); 1 when refused (a
+    decision nothing waits for, no such saga, an ended saga, a replay that failed again) or
+    when the saga's own code failed on it (the saga is parked); 3 when not sent, or not applied
+    within `--wait` seconds.
     """
     sent = send(args, settings, action, name)
     if isinstance(sent, int):
@@ -121,8 +121,6 @@ def request(
     emit(args, entry, f"{entry.outcome}: {entry.detail or ''}")
     if entry.outcome in ("applied", "duplicate"):
         return EXIT_OK
-    if entry.outcome in ("operator-refused", "no-saga", "ignored-ended"):
-        return EXIT_REFUSED
     return EXIT_PROBLEM
 
 
@@ -149,9 +147,7 @@ def send(
                 name=name,
                 route=operator_route(settings),
             )
-        except OperatorRefused as e:
-            if "broker" not in str(e):
-                raise
+        except NotSent as e:
             print(f"saga-processor: {e}", file=sys.stderr)
             return EXIT_NOT_SENT
     return sent
@@ -160,9 +156,10 @@ def send(
 def saga(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     """`saga cancel|terminate|resolve`: sends the request and waits for its outcome.
 
-    Exit code 0 once applied; 1 when the saga's own code failed on it (the saga is parked); 2
-    when refused (``terminate`` without ``--force``, a decision nothing waits for, no such
-    saga, an ended saga); 3 when not sent, or not applied within ``--wait`` seconds.
+    Exit code 0 once applied; 1 when refused (a decision nothing waits for, no such saga, an
+    ended saga) or the saga's own code failed on it (the saga is parked); 2 for ``terminate``
+    without ``--force`` (nothing is sent); 3 when not sent, or not applied within ``--wait``
+    seconds.
     """
     if args.action == "terminate" and not args.force:
         print(
@@ -170,7 +167,7 @@ def saga(args: argparse.Namespace, settings: ProcessorSettings) -> int:
             "stays done. Use `saga cancel` to undo it, or pass --force to terminate anyway",
             file=sys.stderr,
         )
-        return EXIT_REFUSED
+        return EXIT_USAGE
     action = {
         "cancel": OperatorAction.CANCEL,
         "terminate": OperatorAction.TERMINATE,
@@ -198,7 +195,7 @@ def deadlines(args: argparse.Namespace, settings: ProcessorSettings) -> int:
                 "saga-processor: deadlines fire-now|cancel SAGA_TYPE SAGA_ID NAME --reason WHY",
                 file=sys.stderr,
             )
-            return EXIT_REFUSED
+            return EXIT_USAGE
         args.saga_type, args.saga_id, name = words[1:]
         action = (
             OperatorAction.DEADLINE_FIRE_NOW
@@ -208,7 +205,7 @@ def deadlines(args: argparse.Namespace, settings: ProcessorSettings) -> int:
         return request(args, settings, action, name)
     if len(words) != 2:
         print("saga-processor: deadlines SAGA_TYPE SAGA_ID", file=sys.stderr)
-        return EXIT_REFUSED
+        return EXIT_USAGE
     args.saga_type, args.saga_id = words
     if args.json:
         with inspect_queries(settings) as queries:
@@ -238,9 +235,7 @@ def parked_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="with --all: only sagas whose parked reason contains this text",
     )
-    parser.add_argument(
-        "--wait", type=float, default=60.0, help="seconds to wait for the processor's outcome"
-    )
+    wait_arguments(parser, 60.0)
     json_flag(parser)
 
 
@@ -250,9 +245,10 @@ def parked(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     A retry replays the held messages; a skip drops the failing one first.
 
     The request goes as an operator record into the saga's partition, so the processor applies
-    it in the saga's log order, fenced and deduplicated, and records who asked and why. Exit
-    code 0 once applied; 1 when the replay failed again (nothing changed); 2 when refused; 3 when
-    not sent, or not applied within ``--wait`` seconds.
+    it in the saga's log order, fenced and deduplicated, and records who asked and why (in the
+    history and the audit trail). Exit code 0 once applied (with ``--no-wait``: once sent); 1
+    when refused (the replay failed again: nothing changed); 2 for a usage mistake; 3 when not
+    sent, or not applied within ``--wait`` seconds.
     """
     from processor import cli_commands
 
@@ -269,25 +265,10 @@ def parked(args: argparse.Namespace, settings: ProcessorSettings) -> int:
         return retry_all(args, settings)
     if words[0] not in ("retry", "skip") or len(words) != 3 or not args.reason:
         print("saga-processor: parked retry|skip SAGA_TYPE SAGA_ID --reason WHY", file=sys.stderr)
-        return EXIT_REFUSED
+        return EXIT_USAGE
     action = OperatorAction.PARKED_SKIP if words[0] == "skip" else OperatorAction.PARKED_RETRY
     args.saga_type, args.saga_id = words[1], words[2]
-    sent_code = send(args, settings, action)
-    if isinstance(sent_code, int):
-        return sent_code
-    with inspect_queries(settings) as queries:
-        entry = wait_for_outcome(
-            queries, args.saga_type, args.saga_id, sent_code.message_id, args.wait
-        )
-    if entry is None:
-        print(
-            f"saga-processor: {sent_code.message_id} sent; no processor applied it within "
-            f"{args.wait:g} s (`show` lists it once applied)",
-            file=sys.stderr,
-        )
-        return EXIT_NOT_SENT
-    emit(args, entry, f"{entry.outcome}: {entry.detail or ''}")
-    return EXIT_OK if entry.outcome in ("applied", "duplicate") else EXIT_PROBLEM
+    return request(args, settings, action)
 
 
 def retry_all(args: argparse.Namespace, settings: ProcessorSettings) -> int:
@@ -296,7 +277,8 @@ def retry_all(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     Sends one retry request per matching parked saga into its partition (the processor replays
     each in its log order, as for a single retry) and reports progress; it does not wait for
     the outcomes: `parked` lists what is still parked. Exit code 0 when every request was sent,
-    2 when refused, 3 when some were not sent.
+    2 for a usage mistake, 3 when some were not sent. With ``--json`` the progress lines are
+    left out and one document says what was sent.
     """
     from datetime import UTC, datetime
 
@@ -308,14 +290,14 @@ def retry_all(args: argparse.Namespace, settings: ProcessorSettings) -> int:
 
     if not args.reason:
         print("saga-processor: parked retry --all needs --reason WHY", file=sys.stderr)
-        return EXIT_REFUSED
+        return EXIT_USAGE
     try:
         since = TypeAdapter(Duration).validate_python(args.since) if args.since else None
     except ValidationError:
         print(
             f"saga-processor: --since {args.since!r} is not a duration (e.g. 2h)", file=sys.stderr
         )
-        return EXIT_REFUSED
+        return EXIT_USAGE
     with cli_commands.operator_queries(settings) as queries:
         found = queries.parked_sagas(1_000_000)
     now = datetime.now(UTC)
@@ -326,13 +308,17 @@ def retry_all(args: argparse.Namespace, settings: ProcessorSettings) -> int:
         and (since is None or p.parked_at is None or now - p.parked_at <= since)
         and (args.parked_for is None or args.parked_for in (p.reason or ""))
     ]
-    print(f"{len(chosen)} of {len(found)} parked sagas match", flush=True)
-    sent = failed = 0
+    progress = not args.json
+    if progress:
+        print(f"{len(chosen)} of {len(found)} parked sagas match", flush=True)
+    sent: list[dict[str, str]] = []
+    failed: list[dict[str, str]] = []
     key, by, route = operator_key(settings), operator_name(settings), operator_route(settings)
     with inspect_queries(settings) as inspect, producer(settings) as out:
         for n, p in enumerate(chosen, start=1):
+            saga = {"saga_type": p.saga_type, "saga_id": p.saga_id}
             try:
-                send_operator_request(
+                record = send_operator_request(
                     inspect,
                     out,
                     key,
@@ -343,19 +329,21 @@ def retry_all(args: argparse.Namespace, settings: ProcessorSettings) -> int:
                     reason=args.reason,
                     route=route,
                 )
-                sent += 1
+                sent.append({**saga, "message_id": record.message_id})
             except OperatorRefused as e:
-                if "broker" not in str(e) and "no event on record" not in str(e):
+                if not isinstance(e, NotSent) and "no event on record" not in str(e):
                     raise
-                failed += 1
+                failed.append({**saga, "error": str(e)})
                 print(f"not sent: {p.saga_type} {p.saga_id}: {e}", file=sys.stderr)
-            if n % 100 == 0 or n == len(chosen):
-                print(f"sent {sent} of {len(chosen)} retry requests", flush=True)
-    print(
-        f"sent {sent} retry request(s), {failed} not sent; `saga-processor parked` lists the "
-        "sagas still parked once the processors applied them"
+            if progress and (n % 100 == 0 or n == len(chosen)):
+                print(f"sent {len(sent)} of {len(chosen)} retry requests", flush=True)
+    emit(
+        args,
+        {"parked": len(found), "matched": len(chosen), "sent": sent, "not_sent": failed},
+        f"sent {len(sent)} retry request(s), {len(failed)} not sent; `saga-processor parked` "
+        "lists the sagas still parked once the processors applied them",
     )
-    return EXIT_OK if failed == 0 else EXIT_NOT_SENT
+    return EXIT_OK if not failed else EXIT_NOT_SENT
 
 
 def console_arguments(parser: argparse.ArgumentParser) -> None:
@@ -374,16 +362,45 @@ def console(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     import uvicorn
 
     from processor.console import Backend, create_app
+    from processor.console.auth import Authenticator
     from processor.runtime.stopping import ShutdownBound
 
-    token = settings.console.token.get_secret_value() if settings.console.token else None
-    if args.enable_actions and not token:
-        print("saga-processor: --enable-actions needs SAGA_CONSOLE__TOKEN", file=sys.stderr)
-        return EXIT_REFUSED
+    cs = settings.console
+    token = cs.token.get_secret_value() if cs.token else None
+    auth = Authenticator(
+        keys={n: (o.key.get_secret_value(), o.role) for n, o in cs.operators.items()},
+        trusted_proxies=cs.trusted_proxies,
+        user_header=cs.user_header,
+        proxy_roles=cs.roles,
+        proxy_role=cs.proxy_role,
+        anonymous=cs.anonymous,
+    )
+    if args.enable_actions and not (token or auth.authenticates):
+        print(
+            "saga-processor: --enable-actions needs a way to sign in: SAGA_CONSOLE__OPERATORS, "
+            "SAGA_CONSOLE__TRUSTED_PROXIES or SAGA_CONSOLE__TOKEN",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    host = args.host or cs.host
+    port = args.port if args.port is not None else cs.port
+    if not _loopback(host) and cs.anonymous is not None:
+        log.warning(
+            "the console listens on %s and anyone who reaches it reads as a %s: put it behind an "
+            "authenticating proxy (SAGA_CONSOLE__TRUSTED_PROXIES) or set SAGA_CONSOLE__ANONYMOUS="
+            "null and sign operators in (SAGA_CONSOLE__OPERATORS)",
+            host,
+            cs.anonymous,
+        )
     backend = Backend(settings, app=app_of(args))
-    app = create_app(backend, actions=args.enable_actions, token=token)
-    host = args.host or settings.console.host
-    port = args.port if args.port is not None else settings.console.port
+    app = create_app(
+        backend,
+        actions=args.enable_actions,
+        token=token,
+        auth=auth,
+        show_payloads=cs.show_payloads,
+        token_name=backend.by,
+    )
     print(f"saga console on http://{host}:{port}/", flush=True)
     budget = settings.shutdown_timeout.total_seconds()
     server = uvicorn.Server(
@@ -403,3 +420,15 @@ def console(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     server.handle_exit = handle_exit  # type: ignore[method-assign]
     server.run()
     return EXIT_OK
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` is reachable only from this machine."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from processor.application import ParticipantApp
 from processor.errors import SagaError
@@ -25,6 +26,12 @@ def participant_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MODULE:ATTR",
         help="the ParticipantApp (default: --app or SAGA_APP)",
     )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="with migrate: print one JSON document (run serves until stopped: its log is its "
+        "output)",
+    )
 
 
 def participant(args: argparse.Namespace, settings: ProcessorSettings) -> int:
@@ -33,8 +40,13 @@ def participant(args: argparse.Namespace, settings: ProcessorSettings) -> int:
 
     app = args.saga_app
     if args.action == "migrate":
-        serve.migrate(settings, app if isinstance(app, ParticipantApp) else None)
+        applied = serve.migrate(settings, app if isinstance(app, ParticipantApp) else None)
+        if args.json:
+            done = {"schema": settings.participant.schema_name, "applied": applied}
+            print(json.dumps(done, indent=2, sort_keys=True))
         return 0
+    if args.json:
+        raise SagaError("--json applies to `participant migrate`; `participant run` logs")
     if not isinstance(app, ParticipantApp):
         raise SagaError(
             "name the participant app: saga-processor participant run MODULE:ATTR (or SAGA_APP)"

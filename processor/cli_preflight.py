@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from processor.cli_commands import emit, json_flag
 from processor.ops.check import CheckReport
 from processor.settings import ProcessorSettings
 
@@ -19,10 +20,11 @@ if TYPE_CHECKING:
 
 
 def migrate_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--sql` prints the pending DDL instead of applying it."""
+    """`--sql` prints the pending DDL instead of applying it; `--json`."""
     parser.add_argument(
         "--sql", action="store_true", help="print the DDL that would run, change nothing"
     )
+    json_flag(parser)
 
 
 def migrate(args: argparse.Namespace, settings: ProcessorSettings) -> int:
@@ -43,13 +45,17 @@ def migrate(args: argparse.Namespace, settings: ProcessorSettings) -> int:
         ddl = pending_sql(current, tables)
         target = len(MIGRATIONS)
         where = f"schema {settings.database.schema_name} is at migration {current}"
-        if not ddl:
+        if args.json:
+            plan = {"schema": tables.schema, "current": current, "target": target, "sql": ddl}
+            emit(args, plan, "")
+        elif not ddl:
             print(f"-- {where}; nothing to apply")
         else:
             sys.stdout.write(f"-- {where}; this brings it to {target}\n\n{ddl}")
         return 0
     version = ensure_schema(url, tables)
-    print(f"schema {settings.database.schema_name} at version {version}")
+    done = {"schema": tables.schema, "version": version}
+    emit(args, done, f"schema {settings.database.schema_name} at version {version}")
     return 0
 
 
@@ -57,10 +63,11 @@ def migrate(args: argparse.Namespace, settings: ProcessorSettings) -> int:
 
 
 def check_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--skip-topics` leaves Kafka out (database checks only)."""
+    """`--skip-topics` leaves Kafka out (database checks only); `--json`."""
     parser.add_argument(
         "--skip-topics", action="store_true", help="do not compare topics with the cluster"
     )
+    json_flag(parser)
 
 
 def check(args: argparse.Namespace, settings: ProcessorSettings) -> int:
@@ -77,7 +84,14 @@ def check(args: argparse.Namespace, settings: ProcessorSettings) -> int:
         report = check_from_settings(
             settings, saga_classes, dependencies=dependencies, topics=not args.skip_topics
         )
-    print(report.render())
+    found = {
+        "ok": report.ok,
+        "problems": report.problems,
+        "notes": report.notes,
+        "counts": dict(report.counts),
+        "schema_newer": report.schema_newer,
+    }
+    emit(args, found, report.render())
     return 0 if report.ok else 1
 
 

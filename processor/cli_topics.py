@@ -31,7 +31,7 @@ def topics(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     """Runs the action; returns the exit code.
 
     0; 1 when `check` found a problem; 2 when the cluster refused a topic (e.g. more replicas
-    than brokers); 3 when the cluster did not answer `check`.
+    than brokers); 3 when the cluster did not answer.
     """
     from processor.cli_commands import app_of
     from processor.cli_preflight import topic_names
@@ -54,7 +54,12 @@ def topics(args: argparse.Namespace, settings: ProcessorSettings) -> int:
         _print(args, [_planned(p) for p in plans], [_line(p) for p in plans])
         return 0
     if args.action == "create":
-        made = create_topics(kafka, plans)
+        try:
+            made = create_topics(kafka, plans)
+        except TimeoutError:
+            # The creation requests went unanswered: whether any topic was made is unknown.
+            print("saga-processor: the Kafka cluster did not answer in time", file=sys.stderr)
+            return EXIT_NOT_SENT
         rows = [{**_planned(p), "result": made[p.name]} for p in plans]
         lines = [f"{made[p.name]:<8} {_line(p)}" for p in plans]
         _print(args, rows, lines)

@@ -26,6 +26,7 @@ __all__ = [
     "LockBusy",
     "LoopDied",
     "RecordDataError",
+    "Refused",
     "Retryable",
     "RuntimeFailure",
     "SagaDefinitionError",
@@ -131,6 +132,15 @@ class SagaNotStarted(SagaError):
 
 class IllegalTransition(SagaError):
     """A state machine saga attempted a transition its definition does not allow."""
+
+
+class Refused(SagaError):
+    """An operator's request was understood and the answer is no: nothing was changed.
+
+    No such saga or dead letter, a saga that is not parked, no row matching the selection. The
+    command line exits 1 on it, 2 on every other ``SagaError`` (a usage or configuration
+    mistake).
+    """
 
 
 # -- runtime failures ---------------------------------------------------------------------------

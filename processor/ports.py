@@ -23,9 +23,10 @@ from typing import Any, Protocol
 
 from processor.engine.growth import GrowthState
 from processor.engine.records import OffsetCommit, OutboxRow, Record
-from processor.engine.rows import HeldMessage, Loaded, SagaRow, Wants, WriteSet
+from processor.engine.rows import AuditEntry, HeldMessage, Loaded, SagaRow, Wants, WriteSet
 from processor.errors import SendFailure
 from processor.ops.views import (
+    AuditRow,
     DeadLetterRow,
     FailedRow,
     HeldRow,
@@ -193,19 +194,30 @@ class FailedOutboxStore(Protocol):
         ...
 
     def retry_failed(
-        self, *, saga_type: str | None = None, saga_id: str | None = None, row_id: int | None = None
+        self,
+        *,
+        saga_type: str | None = None,
+        saga_id: str | None = None,
+        row_id: int | None = None,
+        audit: AuditEntry | None = None,
     ) -> list[FailedOutboxRow]:
         """Moves the selected rows back into the outbox under their own ids; returns them.
 
         A row id that belongs to a saga selects every failed and held row of that saga, so
-        that its rows are published again in their original order.
+        that its rows are published again in their original order. ``audit``, when rows
+        moved, is recorded in the same transaction (see :meth:`AuditEntry.touching`).
         """
         ...
 
     def discard_failed(
-        self, *, saga_type: str | None = None, saga_id: str | None = None, row_id: int | None = None
+        self,
+        *,
+        saga_type: str | None = None,
+        saga_id: str | None = None,
+        row_id: int | None = None,
+        audit: AuditEntry | None = None,
     ) -> list[FailedOutboxRow]:
-        """Deletes the selected rows for good; returns them."""
+        """Deletes the selected rows for good; returns them. ``audit`` as for a retry."""
         ...
 
 
@@ -529,8 +541,29 @@ class InspectStore(Protocol):
     def dead_letter(self, row_id: int) -> tuple[DeadLetterRow, bytes | None, bytes | None]: ...
 
     def purge_dead_letters(
-        self, ids: Sequence[int] | None = None, older_than: timedelta | None = None
-    ) -> int: ...
+        self,
+        ids: Sequence[int] | None = None,
+        older_than: timedelta | None = None,
+        audit: AuditEntry | None = None,
+    ) -> int:
+        """Deletes the selected dead letters, recording ``audit`` with them if any went."""
+        ...
+
+    def record_audit(self, entry: AuditEntry) -> None:
+        """Records one operator action on its own."""
+        ...
+
+    def audit(
+        self,
+        *,
+        since: timedelta | None = None,
+        saga_type: str | None = None,
+        saga_id: str | None = None,
+        action: str | None = None,
+        limit: int = 100,
+    ) -> list[AuditRow]:
+        """Operator actions newest first, narrowed by the filters given."""
+        ...
 
 
 class Purge(StrEnum):

@@ -2,31 +2,37 @@
 
 Pages are server-rendered (Jinja2) and work without JavaScript. Every list is paginated by key
 and every query is served by an index, so pages stay fast on a database of a million sagas.
-Actions exist only when the app is created with ``actions=True`` and a token; each one is a form
-POST that must carry that token and a reason.
+Actions exist only when the app is created with ``actions=True`` and someone can sign in (a
+proxy, operator keys or the shared token: see :mod:`processor.console.auth`); each one is a form
+POST with a reason, by an identity whose role allows it, and records that identity as "by".
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hmac
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
+from processor.console.auth import COOKIE, Authenticator, Identity, allowed
 from processor.console.backend import Backend
 from processor.errors import SagaError
+from processor.handles import SagaOutcome
 from processor.ops.diagram import svg
+from processor.ops.filters import state_documents
 from processor.ops.inspect import NoSuchSaga, show_saga
 from processor.ops.views import jsonable, step_state
 from processor.settings import parse_duration
@@ -54,23 +60,74 @@ def _age(value: timedelta | datetime | None) -> str:
     return f"{s}s"
 
 
-def create_app(backend: Backend, *, actions: bool = False, token: str | None = None) -> Starlette:
+def create_app(
+    backend: Backend,
+    *,
+    actions: bool = False,
+    token: str | None = None,
+    auth: Authenticator | None = None,
+    show_payloads: bool = False,
+    token_name: str | None = None,
+) -> Starlette:
     """The console over ``backend``.
 
     Args:
         backend: Database, broker and saga classes.
         actions: Whether the action forms are shown and accepted.
-        token: The secret every action must carry; actions stay off without one.
+        token: A key shared by everyone: signing in with it (or sending it with an action) makes
+            an admin named ``token_name``.
+        auth: Who may sign in and how; by default only the shared token, anyone reads.
+        show_payloads: Whether viewers see state, payloads and dead-letter values.
+        token_name: The name recorded for actions done with the shared token (by default the
+            backend's operator name).
     """
+    token_name = token_name or backend.by
     templates = Jinja2Templates(directory=str(TEMPLATES))
     templates.env.filters["age"] = _age
     templates.env.filters["pretty"] = lambda v: json.dumps(jsonable(v), indent=2, sort_keys=True)
-    enabled = actions and bool(token)
+    templates.env.globals.update(saga_outcomes=OUTCOMES, refresh_choices=REFRESH_CHOICES)
+    keys: dict[str, tuple[str, Any]] = {token_name: (token, "admin")} if token else {}
+    auth = auth or Authenticator(keys=keys)
+    if token and auth is not None and auth.sign_in(token_name, token) is None:
+        auth = _with_token(auth, token_name, token)
+    enabled = actions and auth.authenticates
+
+    def who(request: Request) -> Identity:
+        client = request.client.host if request.client is not None else None
+        return auth.identify(request.headers, client, request.cookies.get(COOKIE))
+
+    def sees_payloads(identity: Identity) -> bool:
+        return show_payloads or identity.may("operator")
 
     def render(request: Request, name: str, status: int = 200, **context: Any) -> Response:
         context.setdefault("notice", request.query_params.get("notice"))
-        context["actions"] = enabled
+        identity = context.setdefault("identity", who(request))
+        signed_in = identity.name is not None
+        # Someone not signed in sees the forms and proves themselves with a key per action.
+        context["actions"] = enabled and (identity.may("operator") or not signed_in)
+        context["admin"] = enabled and (identity.may("admin") or not signed_in)
+        context["signed_in"] = signed_in
+        context["can_sign_in"] = auth.authenticates
         return templates.TemplateResponse(request, name, context, status_code=status)
+
+    def login_page(request: Request) -> Response:
+        return render(request, "login.html", title="Sign in")
+
+    async def login(request: Request) -> Response:
+        form = {k: str(v) for k, v in (await request.form()).items()}
+        identity = auth.sign_in(form.get("name", "").strip(), form.get("key", ""))
+        if identity is None:
+            return render(request, "login.html", 403, title="Sign in", failed=True)
+        response = RedirectResponse("/", 303)
+        response.set_cookie(
+            COOKIE, auth.cookie(identity), httponly=True, samesite="strict", max_age=12 * 3600
+        )
+        return response
+
+    def logout(request: Request) -> Response:
+        response = RedirectResponse("/", 303)
+        response.delete_cookie(COOKIE)
+        return response
 
     def overview(request: Request) -> Response:
         with backend.inspect() as q:
@@ -80,20 +137,20 @@ def create_app(backend: Backend, *, actions: bool = False, token: str | None = N
 
     def sagas(request: Request) -> Response:
         p = request.query_params
-        after = None
-        if p.get("after"):
-            at, saga_type, saga_id = p["after"].split("|", 2)
-            after = (datetime.fromisoformat(at), saga_type, saga_id)
-        older = parse_duration(p["older_than"]) if p.get("older_than") else None
+
+        def refuse(status: int, notice: str) -> Response:
+            page: dict[str, Any] = {"rows": [], "more": None, "title": "Sagas", "notice": notice}
+            return render(request, "sagas.html", status, params=p, **page)
+
+        try:
+            filters = _list_filters(p)
+        except SagaError as e:
+            return refuse(400, str(e))
+        # Matching on the state shows what it holds: only to those who may read it.
+        if filters["state_contains"] and not sees_payloads(who(request)):
+            return refuse(403, "searching the saga state needs the operator role")
         with backend.inspect() as q:
-            rows = q.list_sagas(
-                saga_type=p.get("type") or None,
-                status=p.get("status") or None,
-                machine_state=p.get("state") or None,
-                older_than=older,
-                after=after,
-                limit=PAGE,
-            )
+            rows = q.list_sagas(**filters, limit=PAGE)
         more = None
         if len(rows) == PAGE:
             last = rows[-1]
@@ -133,12 +190,18 @@ def create_app(backend: Backend, *, actions: bool = False, token: str | None = N
             return render(request, "error.html", 404, message=str(e), title="Not found")
         spec = backend.machine(saga_type)
         diagram = svg(spec, view.saga.machine_state) if spec is not None else None
+        identity = who(request)
+        own = step_state(view.state)
+        if not sees_payloads(identity):
+            view = _redacted(view)
         return render(
             request,
             "saga.html",
+            identity=identity,
+            hidden=not sees_payloads(identity),
             view=view,
             diagram=diagram,
-            own_state=step_state(view.state),
+            own_state=own,
             title=f"{saga_type} {saga_id}",
         )
 
@@ -150,6 +213,8 @@ def create_app(backend: Backend, *, actions: bool = False, token: str | None = N
                 )
         except NoSuchSaga as e:
             return JSONResponse({"error": str(e)}, 404)
+        if not sees_payloads(who(request)):
+            view = _redacted(view)
         return JSONResponse(jsonable(view))
 
     def dead_letters(request: Request) -> Response:
@@ -165,7 +230,19 @@ def create_app(backend: Backend, *, actions: bool = False, token: str | None = N
                 row, _, _ = q.dead_letter(int(request.path_params["row_id"]))
         except LookupError as e:
             return render(request, "error.html", 404, message=str(e), title="Not found")
-        return render(request, "dead_letter.html", row=row, title=f"Dead letter {row.id}")
+        identity = who(request)
+        return render(
+            request,
+            "dead_letter.html",
+            identity=identity,
+            hidden=not sees_payloads(identity),
+            row=row,
+            title=f"Dead letter {row.id}",
+        )
+
+    def audit(request: Request) -> Response:
+        rows = backend.audit(limit=200)
+        return render(request, "audit.html", rows=rows, title="Operator actions")
 
     def failed_outbox(request: Request) -> Response:
         rows = backend.failed_outbox(limit=200)
@@ -173,26 +250,38 @@ def create_app(backend: Backend, *, actions: bool = False, token: str | None = N
 
     # -- actions -------------------------------------------------------------------------------
 
-    async def _form(request: Request) -> tuple[dict[str, str], Response | None]:
+    async def _form(
+        request: Request, action: str
+    ) -> tuple[dict[str, str], Identity, Response | None]:
         form = {k: str(v) for k, v in (await request.form()).items()}
-        if not enabled or token is None:
-            return form, Response("actions are disabled", 403)
-        if not hmac.compare_digest(form.get("token", "").encode(), token.encode()):
-            return form, Response("wrong token", 403)
+        identity = who(request)
+        if not enabled:
+            return form, identity, Response("actions are disabled", 403)
+        if form.get("token"):
+            # A key sent with the action: the shared token, or an operator's own with its name.
+            signed = auth.sign_in(form.get("operator") or token_name, form["token"])
+            if signed is None:
+                return form, identity, Response("wrong token", 403)
+            identity = signed
+        needed = allowed(identity, action)
+        if needed is not None:
+            who_text = identity.name or "nobody signed in"
+            return form, identity, Response(f"{action} needs the {needed} role ({who_text})", 403)
         if not form.get("reason", "").strip():
-            return form, Response("a reason is required", 400)
-        return form, None
+            return form, identity, Response("a reason is required", 400)
+        return form, identity, None
 
     async def saga_action(request: Request) -> Response:
         from starlette.concurrency import run_in_threadpool
 
-        form, refused = await _form(request)
+        action = request.path_params["action"]
+        form, identity, refused = await _form(request, action)
         if refused is not None:
             return refused
         saga_type = request.path_params["saga_type"]
         saga_id = request.path_params["saga_id"]
-        action = request.path_params["action"]
         reason = form["reason"]
+        by = identity.name
         try:
             if action == "terminate" and form.get("force") != "yes":
                 raise SagaError(
@@ -208,7 +297,7 @@ def create_app(backend: Backend, *, actions: bool = False, token: str | None = N
                 }[action]
                 decision = form.get("decision") if action == "resolve" else None
                 entry, status = await run_in_threadpool(
-                    backend.act, op, saga_type, saga_id, reason, decision or None
+                    partial(backend.act, actor=by), op, saga_type, saga_id, reason, decision or None
                 )
                 notice = (
                     f"{action} sent; no processor applied it yet (see the timeline)"
@@ -223,7 +312,12 @@ def create_app(backend: Backend, *, actions: bool = False, token: str | None = N
                     "cancel-deadline": OperatorAction.DEADLINE_CANCEL,
                 }[action]
                 mid = await run_in_threadpool(
-                    backend.request, op, saga_type, saga_id, reason, form.get("name") or None
+                    partial(backend.request, actor=by),
+                    op,
+                    saga_type,
+                    saga_id,
+                    reason,
+                    form.get("name") or None,
                 )
                 notice = f"{action} sent as {mid}; it shows in the timeline once applied"
         except (SagaError, KeyError) as e:
@@ -234,16 +328,21 @@ def create_app(backend: Backend, *, actions: bool = False, token: str | None = N
     async def dead_letter_action(request: Request) -> Response:
         from starlette.concurrency import run_in_threadpool
 
-        _, refused = await _form(request)
+        action = request.path_params["action"]
+        form, identity, refused = await _form(request, action)
         if refused is not None:
             return refused
         row_id = int(request.path_params["row_id"])
-        action = request.path_params["action"]
+        reason = form["reason"]
         try:
             if action == "replay":
-                await run_in_threadpool(backend.replay_dead_letter, row_id)
+                await run_in_threadpool(
+                    partial(backend.replay_dead_letter, actor=identity.name, reason=reason), row_id
+                )
             else:
-                await run_in_threadpool(backend.purge_dead_letter, row_id)
+                await run_in_threadpool(
+                    partial(backend.purge_dead_letter, actor=identity.name, reason=reason), row_id
+                )
             notice = f"dead letter {row_id}: {action} done"
         except SagaError as e:
             notice = f"{action} refused: {e}"
@@ -252,19 +351,27 @@ def create_app(backend: Backend, *, actions: bool = False, token: str | None = N
     async def outbox_action(request: Request) -> Response:
         from starlette.concurrency import run_in_threadpool
 
-        form, refused = await _form(request)
+        retry = request.path_params["action"] == "retry"
+        form, identity, refused = await _form(request, "outbox-retry" if retry else "discard")
         if refused is not None:
             return refused
         row_id = int(request.path_params["row_id"])
-        retry = request.path_params["action"] == "retry"
         try:
-            rows = await run_in_threadpool(backend.outbox_action, row_id, retry, form["reason"])
+            rows = await run_in_threadpool(
+                partial(backend.outbox_action, actor=identity.name),
+                row_id,
+                retry,
+                form["reason"],
+            )
             notice = f"{len(rows)} rows {'put back' if retry else 'discarded'}"
         except SagaError as e:
             notice = f"refused: {e}"
         return RedirectResponse("/failed-outbox?" + urlencode({"notice": notice}), 303)
 
     routes = [
+        Route("/login", login_page),
+        Route("/login", login, methods=["POST"]),
+        Route("/logout", logout, methods=["POST"]),
         Route("/", overview),
         Route("/sagas", sagas),
         Route("/stuck", stuck),
@@ -276,7 +383,9 @@ def create_app(backend: Backend, *, actions: bool = False, token: str | None = N
         Route("/dead-letters/{row_id:int}", dead_letter),
         Route("/dead-letters/{row_id:int}/{action}", dead_letter_action, methods=["POST"]),
         Route("/failed-outbox", failed_outbox),
+        Route("/audit", audit),
         Route("/failed-outbox/{row_id:int}/{action}", outbox_action, methods=["POST"]),
+        *_cluster_routes(backend, render),
     ]
 
     @contextlib.asynccontextmanager
@@ -284,4 +393,88 @@ def create_app(backend: Backend, *, actions: bool = False, token: str | None = N
         yield
         backend.close()
 
-    return Starlette(routes=routes, lifespan=lifespan)
+    class SignedInOnly(BaseHTTPMiddleware):
+        """Sends a request nobody signed to the sign-in page when anonymous reading is off."""
+
+        async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+            open_paths = ("/login", "/logout", "/healthz", "/readyz")
+            if request.url.path not in open_paths and who(request).role is None:
+                if request.url.path.startswith("/api/"):
+                    return JSONResponse({"error": "sign in first"}, 401)
+                return RedirectResponse("/login", 303)
+            return await call_next(request)
+
+    middleware = [] if auth.open_to_anyone else [Middleware(SignedInOnly)]
+    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
+
+
+def _with_token(auth: Authenticator, name: str, token: str) -> Authenticator:
+    """``auth`` also accepting the shared token, as an admin named ``name``."""
+    auth.add_key(name, token, "admin")
+    return auth
+
+
+def _redacted(view: Any) -> Any:
+    """A saga view without its state, payloads, headers and held or failed values."""
+    timeline = [dataclasses.replace(t, payload=None, headers=None) for t in view.timeline]
+    return dataclasses.replace(view, state=None, timeline=timeline)
+
+
+# -- the sagas list's filters, the cluster page and the probes ---------------------------------
+
+OUTCOMES = tuple(o.value for o in SagaOutcome)
+# Seconds between reloads the auto-refresh offers; anything else in `?refresh=` is ignored.
+REFRESH_CHOICES = ("5", "10", "30", "60")
+
+
+def _list_filters(params: Mapping[str, str]) -> dict[str, Any]:
+    """The sagas list's filters from its query string, as `InspectQueries.list_sagas` takes them.
+
+    Raises:
+        SagaError: A filter is malformed (a state search, an outcome, a duration or a cursor).
+    """
+    after = None
+    try:
+        if params.get("after"):
+            at, saga_type, saga_id = params["after"].split("|", 2)
+            after = (datetime.fromisoformat(at), saga_type, saga_id)
+        older = parse_duration(params["older_than"]) if params.get("older_than") else None
+    except ValueError as e:
+        raise SagaError(f"bad filter: {e}") from e
+    outcome = params.get("outcome") or None
+    if outcome is not None and outcome not in OUTCOMES:
+        raise SagaError(f"no outcome {outcome!r}: one of {', '.join(OUTCOMES)}")
+    search = (params.get("attr") or "").strip()
+    return {
+        "saga_type": params.get("type") or None,
+        "status": params.get("status") or None,
+        "machine_state": params.get("state") or None,
+        "older_than": older,
+        "after": after,
+        "outcome": outcome,
+        "correlation_id": (params.get("correlation") or "").strip() or None,
+        "state_contains": state_documents(search) if search else [],
+    }
+
+
+def _cluster_routes(backend: Backend, render: Callable[..., Response]) -> list[Route]:
+    """The cluster page and the probes; all read-only."""
+
+    def cluster(request: Request) -> Response:
+        return render(request, "cluster.html", cluster=backend.cluster(), title="Cluster")
+
+    def healthz(_request: Request) -> Response:
+        # Alive: the process serves requests. The database is readiness's business, so a
+        # database outage takes the console out of its Service instead of restarting it.
+        return PlainTextResponse("ok")
+
+    def readyz(_request: Request) -> Response:
+        if backend.database_answers():
+            return PlainTextResponse("ok")
+        return PlainTextResponse("the database does not answer", 503)
+
+    return [
+        Route("/cluster", cluster),
+        Route("/healthz", healthz),
+        Route("/readyz", readyz),
+    ]

@@ -18,9 +18,15 @@ from processor.application import SagaApp
 from processor.definition import definition_of
 from processor.errors import SagaDefinitionError, SagaError
 from processor.machine import MachineSaga, MachineSpec
-from processor.ops.inspect import replay_dead_letter, send_operator_request, wait_for_outcome
+from processor.ops.cluster import ClusterView, with_lag
+from processor.ops.inspect import (
+    purge_dead_letters,
+    replay_dead_letter,
+    send_operator_request,
+    wait_for_outcome,
+)
 from processor.ops.outbox import discard_failed_rows, retry_failed_rows
-from processor.ops.views import ConsumerLag, TimelineEntry, consumer_lag
+from processor.ops.views import AuditRow, ConsumerLag, TimelineEntry, consumer_lag
 from processor.ports import FailedOutboxRow, RecordProducer
 from processor.postgres.connect import connect
 from processor.postgres.failed_outbox import PostgresFailedOutbox
@@ -86,6 +92,28 @@ class Backend:
         marks = watermarks(self.settings.kafka.client_config(), stored, timeout)
         return None if marks is None else consumer_lag(stored, marks)
 
+    # -- the cluster page and the probes --------------------------------------------------------
+
+    def cluster(self, timeout: float = 3.0) -> ClusterView:
+        """Replicas, partitions with owners and lag, the deadline lease and the relay's backlog.
+
+        The lag is unknown (None) when the broker does not answer within ``timeout`` seconds.
+        """
+        from processor.kafka.watermarks import watermarks
+        from processor.postgres.cluster import cluster_view
+
+        with connect(self._url, application_name="saga-processor-console", autocommit=True) as c:
+            view = cluster_view(c, self._tables, self.settings.consumer.group_id)
+        stored = {(p.topic, p.partition): p.stored for p in view.partitions}
+        marks = watermarks(self.settings.kafka.client_config(), stored, timeout)
+        return with_lag(view, None if marks is None else consumer_lag(stored, marks))
+
+    def database_answers(self) -> bool:
+        """Whether the database takes a connection and answers a query (the readiness probe)."""
+        from processor.postgres.cluster import database_answers
+
+        return database_answers(self._url)
+
     def route(self) -> Callable[[str, bytes, int], int]:
         """Routes operator records to where a saga's events go now (input topics may grow)."""
         from processor.postgres.connect import connect
@@ -123,8 +151,14 @@ class Backend:
         saga_id: str,
         reason: str,
         name: str | None = None,
+        *,
+        actor: str | None = None,
     ) -> str:
-        """Sends an operator record into the saga's partition; returns its message id."""
+        """Sends an operator record into the saga's partition; returns its message id.
+
+        ``actor`` is who asks (the console's signed-in identity); the process's operator name
+        when None.
+        """
         with self.inspect() as queries:
             sent = send_operator_request(
                 queries,
@@ -133,7 +167,7 @@ class Backend:
                 action=action,
                 saga_type=saga_type,
                 saga_id=saga_id,
-                by=self.by,
+                by=actor or self.by,
                 reason=reason,
                 name=name,
                 route=self.route(),
@@ -141,7 +175,14 @@ class Backend:
         return sent.message_id
 
     def retry_parked(
-        self, saga_type: str, saga_id: str, reason: str, skip: int, timeout: float = 30.0
+        self,
+        saga_type: str,
+        saga_id: str,
+        reason: str,
+        skip: int,
+        timeout: float = 30.0,
+        *,
+        actor: str | None = None,
     ) -> tuple[TimelineEntry | None, str | None]:
         """Asks the processor to replay a parked saga (``skip``: drop its failing message first).
 
@@ -153,7 +194,7 @@ class Backend:
             saga's status afterwards.
         """
         action = OperatorAction.PARKED_SKIP if skip else OperatorAction.PARKED_RETRY
-        return self.act(action, saga_type, saga_id, reason, timeout=timeout)
+        return self.act(action, saga_type, saga_id, reason, timeout=timeout, actor=actor)
 
     def act(
         self,
@@ -163,6 +204,8 @@ class Backend:
         reason: str,
         name: str | None = None,
         timeout: float = 30.0,
+        *,
+        actor: str | None = None,
     ) -> tuple[TimelineEntry | None, str | None]:
         """Sends an operator request and waits up to ``timeout`` seconds for its outcome.
 
@@ -170,32 +213,57 @@ class Backend:
             The request's timeline entry (None if no processor applied it in time) and the
             saga's status afterwards.
         """
-        message_id = self.request(action, saga_type, saga_id, reason, name)
+        message_id = self.request(action, saga_type, saga_id, reason, name, actor=actor)
         with self.inspect() as queries:
             entry = wait_for_outcome(queries, saga_type, saga_id, message_id, timeout)
             summary, _ = queries.saga(saga_type, saga_id)
         return entry, summary.status
 
-    def replay_dead_letter(self, row_id: int) -> None:
-        """Sends a dead letter back to its source partition and deletes it."""
-        with self.inspect() as queries:
-            replay_dead_letter(queries, self.producer(), row_id)
+    def replay_dead_letter(
+        self, row_id: int, *, actor: str | None = None, reason: str | None = None
+    ) -> None:
+        """Sends a dead letter back to its source partition and deletes it.
 
-    def purge_dead_letter(self, row_id: int) -> None:
-        """Deletes a dead letter for good."""
+        The replay is recorded in the audit trail with the delete: ``actor`` (the signed-in
+        user; the process's operator name when None) and ``reason``.
+        """
         with self.inspect() as queries:
-            if queries.purge_dead_letters([row_id]) == 0:
-                raise SagaError(f"no dead letter {row_id}")
+            replay_dead_letter(
+                queries, self.producer(), row_id, actor=actor or self.by, reason=reason
+            )
+
+    def purge_dead_letter(
+        self, row_id: int, *, actor: str | None = None, reason: str | None = None
+    ) -> None:
+        """Deletes a dead letter for good, recording who (``actor``) and why in the audit trail."""
+        with self.inspect() as queries:
+            gone = purge_dead_letters(queries, actor=actor or self.by, reason=reason, ids=[row_id])
+        if gone == 0:
+            raise SagaError(f"no dead letter {row_id}")
 
     def failed_outbox(self, limit: int) -> list[FailedOutboxRow]:
         """Failed and held outbox rows in their order."""
         with connect(self._url, autocommit=True) as conn:
             return PostgresFailedOutbox(conn, self._tables).list_failed(None, None, limit)
 
-    def outbox_action(self, row_id: int, retry: bool, reason: str) -> list[FailedOutboxRow]:
-        """Retries (puts back, with its saga's held rows) or discards a failed outbox row."""
+    def outbox_action(
+        self, row_id: int, retry: bool, reason: str, *, actor: str | None = None
+    ) -> list[FailedOutboxRow]:
+        """Retries (puts back, with its saga's held rows) or discards a failed outbox row.
+
+        Either is recorded in the audit trail in its transaction, with ``actor`` (the signed-in
+        user; the process's operator name when None) and ``reason``.
+        """
+        who = actor or self.by
         with connect(self._url, autocommit=True) as conn:
             store = PostgresFailedOutbox(conn, self._tables)
             if retry:
-                return retry_failed_rows(store, row_id=row_id)
-            return discard_failed_rows(store, reason=reason, row_id=row_id)
+                return retry_failed_rows(store, row_id=row_id, actor=who, reason=reason)
+            return discard_failed_rows(store, reason=reason, row_id=row_id, actor=who)
+
+    def audit(
+        self, limit: int, saga_type: str | None = None, saga_id: str | None = None
+    ) -> list[AuditRow]:
+        """Recorded operator actions, newest first; of one saga (type, or type and id) if given."""
+        with self.inspect() as queries:
+            return queries.audit(saga_type=saga_type, saga_id=saga_id, limit=limit)

@@ -26,7 +26,16 @@ from processor.engine.decode import (
     decode,
 )
 from processor.engine.records import Record
-from processor.engine.rows import ACTIVE, ENDED, PARKED, Loaded, Outcome, Wants, WriteSet
+from processor.engine.rows import (
+    ACTIVE,
+    ENDED,
+    PARKED,
+    AuditEntry,
+    Loaded,
+    Outcome,
+    Wants,
+    WriteSet,
+)
 from processor.engine.steps import Steps
 from processor.engine.working import Item, Working
 from processor.messages import HEADER_MESSAGE_ID
@@ -42,10 +51,24 @@ class OperatorSteps(Steps):
 
     def _route_operator(self, d: Operator, wants: Wants) -> Item | Rejected:
         req = d.request
-        if self._operator_key is None or not operator_signed(
-            self._operator_key, d.record.value or b"", d.signature
-        ):
-            return Rejected(d.record, Reason.UNAUTHENTICATED, "bad or missing operator-auth")
+        value = d.record.value or b""
+        trusted = self._operator_key is not None and operator_signed(
+            self._operator_key, value, d.signature
+        )
+        if not trusted:
+            # A person's own key: who asked is the key's owner, whatever name the record says.
+            owner = next(
+                (
+                    n
+                    for n, k in self._operator_keys.items()
+                    if operator_signed(k, value, d.signature)
+                ),
+                None,
+            )
+            if owner is None:
+                return Rejected(d.record, Reason.UNAUTHENTICATED, "bad or missing operator-auth")
+            d = dataclasses.replace(d, request=dataclasses.replace(req, by=owner))
+            req = d.request
         bound = self._sagas.get(req.saga_type)
         if bound is None:
             return Rejected(d.record, Reason.UNKNOWN_TYPE, f"no saga type {req.saga_type!r}")
@@ -75,7 +98,9 @@ class OperatorSteps(Steps):
         if mkey in seen:
             self._history(ws, w, item, Outcome.DUPLICATE)
         elif isinstance(item.decoded, Operator):
+            written = (len(ws.history), len(ws.audit))
             self._operate(ws, w, item, item.decoded, loaded, now, seen, mkey)
+            _audit(ws, w, item, item.decoded, *written)
         elif isinstance(item.decoded, TooNew):
             self._too_new(ws, w, item, item.decoded)
         else:
@@ -259,6 +284,43 @@ class OperatorSteps(Steps):
 
 
 _REPLAYS = (OperatorAction.PARKED_RETRY, OperatorAction.PARKED_SKIP)
+
+
+def _audit(ws: WriteSet, w: Working, item: Item, op: Operator, history: int, audit: int) -> None:
+    """Records the operator's request in the audit table, in the batch that decided it.
+
+    The entry rides the same write as the request's history row, so it is stored exactly when
+    the decision is: a batch that does not commit leaves neither, and a redelivered request is
+    a duplicate that reaches no decision. A request held behind a parked saga is decided (and
+    recorded) when a retry replays it: after the retry's entry, which goes before those of the
+    requests it replayed (``history`` and ``audit`` are the lengths before the request).
+    """
+    req = op.request
+    key = (w.bound.saga_type, w.saga_id)
+    rows = [h for h in ws.history[history:] if (h.saga_type, h.saga_id) == key]
+    decided = next((h for h in rows if h.message_id == item.message_id), None)
+    if decided is None or decided.outcome is Outcome.PARKED_BEHIND:
+        return
+    target: dict[str, Any] = {"request": item.message_id}
+    if req.name is not None:
+        target["name"] = req.name
+    if decided.version is not None:
+        target["version"] = decided.version
+    skipped = [h.message_id for h in rows if h.outcome is Outcome.SKIPPED]
+    if skipped:
+        target["skipped"] = skipped
+    ws.audit.insert(
+        audit,
+        AuditEntry(
+            req.by,
+            str(req.action),
+            req.reason,
+            w.bound.saga_type,
+            w.saga_id,
+            target,
+            str(decided.outcome),
+        ),
+    )
 
 
 def _drop_skipped_deadline(w: Working, fired: FiredDeadline, loaded: Loaded) -> None:

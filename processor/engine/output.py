@@ -64,6 +64,7 @@ class Output:
     _sagas: dict[str, BoundSaga]
     _history_payload: HistoryPayload
     _operator_key: bytes | None
+    _operator_keys: Mapping[str, bytes]
     _deadline_ids: Callable[[], str]
     _registry: MessageRegistry
     _dead_letter_topic: str

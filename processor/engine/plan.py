@@ -74,11 +74,14 @@ class Planner(OperatorSteps):
         deadline_ids: Callable[[], str] | None = None,
         history_payload: HistoryPayload = "full",
         operator_key: bytes | None = None,
+        operator_keys: Mapping[str, bytes] | None = None,
     ) -> None:
         self._sagas = dict(sagas)
         self._history_payload = history_payload
         # Without a key no operator record is accepted: they are dead-lettered, unauthenticated.
         self._operator_key = operator_key
+        # Each operator's own key, by name: a record signed with one names its owner as "by".
+        self._operator_keys = dict(operator_keys or {})
         # A virtual clock (the saga fixture) passes ids that grow in scheduling order, so equal
         # due times fire in that order; in production the order of ties is unspecified.
         self._deadline_ids = deadline_ids or _random_id

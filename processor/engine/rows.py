@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -182,6 +182,53 @@ class ParkedMessage:
     error: BaseException | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One operator action for the audit table, written in the transaction of its effect.
+
+    Attributes:
+        actor: Who asked: the operator's name the request carries.
+        action: What was asked: an operator record's action (``terminate``, ``parked-skip``,
+            ...), ``dead-letter-replay``, ``dead-letter-purge``, ``outbox-retry`` or
+            ``outbox-discard``.
+        reason: Why, in the operator's words.
+        saga_type: The saga acted on, when the action concerns one.
+        saga_id: Its id.
+        target: What was touched, as JSON: ids and counts. A store adds the ids it changed.
+        outcome: How it ended: a history outcome (``applied``, ``operator-refused``, ...) for
+            an operator record; ``replayed``, ``purged``, ``retried``, ``discarded`` otherwise.
+    """
+
+    actor: str
+    action: str
+    reason: str | None
+    saga_type: str | None = None
+    saga_id: str | None = None
+    target: Mapping[str, Any] = field(default_factory=dict)
+    outcome: str = "applied"
+
+    def touching(
+        self, ids: Sequence[int], sagas: AbstractSet[tuple[str | None, str | None]] = frozenset()
+    ) -> AuditEntry:
+        """This entry with the rows an action changed: their count and (the first) ids.
+
+        A purge may take millions of rows; the entry keeps their count and the first
+        :data:`AUDIT_IDS` ids, in order. ``sagas`` are the rows' sagas: an entry naming no
+        saga takes theirs when they all belong to one (a row picked by its id).
+        """
+        ordered = sorted(ids)
+        target = {**self.target, "count": len(ordered), "ids": ordered[:AUDIT_IDS]}
+        entry = replace(self, target=target)
+        if self.saga_type is None and len(sagas) == 1:
+            [(saga_type, saga_id)] = sagas
+            entry = replace(entry, saga_type=saga_type, saga_id=saga_id)
+        return entry
+
+
+AUDIT_IDS = 1000
+"""Most row ids an audit entry lists (its count covers them all)."""
+
+
 @dataclass
 class WriteSet:
     sagas: list[SagaWrite] = field(default_factory=list)
@@ -201,6 +248,8 @@ class WriteSet:
     wake_deadlines: bool = False
     # Ids of held records an operator's retry replayed (or skipped): deleted with the batch.
     held_releases: list[int] = field(default_factory=list)
+    # Operator actions this batch decided, for the audit table (written with their effects).
+    audit: list[AuditEntry] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
     # Sagas this batch ended, by (saga type, outcome): the saga_ended_total metric.
     outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)

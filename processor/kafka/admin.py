@@ -8,18 +8,25 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
 
 from processor.errors import RuntimeFailure
 from processor.kafka.client import read_headers
+from processor.kafka.logs import client_logger
 from processor.ops.topics import TopicFound, TopicPlan
 
 __all__ = ["create_topics", "describe_topics", "partition_counts", "sample_keys"]
 
 # The topic configs `topics check` compares.
 _CHECKED_CONFIGS = ("cleanup.policy", "max.message.bytes")
+
+
+def _admin_config(config: Mapping[str, str]) -> dict[str, Any]:
+    """``config`` with librdkafka's own log lines routed through Python logging."""
+    return {**config, "logger": client_logger()}
 
 
 def partition_counts(
@@ -35,7 +42,7 @@ def partition_counts(
     Raises:
         RuntimeFailure: The cluster did not answer in time.
     """
-    admin = AdminClient(dict(config))
+    admin = AdminClient(_admin_config(config))
     try:
         meta = admin.list_topics(timeout=timeout)
     except KafkaException as e:
@@ -61,7 +68,7 @@ def describe_topics(
     out: dict[str, TopicFound | None] = dict.fromkeys(names)
     if not present:
         return out
-    admin = AdminClient(dict(config))
+    admin = AdminClient(_admin_config(config))
     futures = admin.describe_configs(
         [ConfigResource(ConfigResource.Type.TOPIC, t) for t in present], request_timeout=timeout
     )
@@ -89,7 +96,7 @@ def create_topics(
     wanted = list(plans)
     if not wanted:
         return {}
-    admin = AdminClient(dict(config))
+    admin = AdminClient(_admin_config(config))
     futures = admin.create_topics(
         [
             NewTopic(p.name, p.partitions, p.replication_factor, config=dict(p.configs))
@@ -109,7 +116,37 @@ def create_topics(
                 out[name] = "exists"
                 continue
             raise RuntimeFailure(f"cannot create topic {name}: {e}") from e
+    _until_visible(
+        admin, {p.name: p.partitions for p in wanted if out[p.name] == "created"}, timeout
+    )
     return out
+
+
+def _until_visible(admin: AdminClient, partitions: Mapping[str, int], timeout: float) -> None:
+    """Waits until the cluster's metadata shows each topic with at least the given partitions.
+
+    The controller acknowledges a creation before every broker's metadata has it: a `check`
+    (or a producer) right after `create` would otherwise find the topic missing.
+    """
+    deadline = time.monotonic() + timeout
+    pending = dict(partitions)
+    while pending:
+        try:
+            topics = admin.list_topics(timeout=max(0.1, deadline - time.monotonic())).topics
+        except KafkaException as e:
+            raise RuntimeFailure(f"cannot read the cluster's metadata: {e}") from e
+        pending = {
+            name: n
+            for name, n in pending.items()
+            if name not in topics
+            or topics[name].error is not None
+            or len(topics[name].partitions) < n
+        }
+        if not pending:
+            return
+        if time.monotonic() >= deadline:
+            raise RuntimeFailure(f"topics created but not yet visible: {sorted(pending)}")
+        time.sleep(0.1)
 
 
 def sample_keys(
@@ -135,6 +172,7 @@ def sample_keys(
             "group.id": f"saga-check-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
             "enable.partition.eof": True,
+            "logger": client_logger(),
         }
     )
     try:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from processor.engine.records import OutboxRow
+from processor.engine.rows import AuditEntry
+from processor.memory.audit import MemoryAuditLog
 from processor.ports import FAILED_VALUE_PREVIEW, TP, FailedOutboxRow, OutboxEntry, SetAside
 
 __all__ = ["MemoryOutboxStore"]
@@ -36,7 +38,9 @@ class MemoryOutboxStore:
     locks in PostgreSQL.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, audit: MemoryAuditLog | None = None) -> None:
+        # Where operator retries and discards are recorded (shared with other stores if given).
+        self.audit = audit if audit is not None else MemoryAuditLog()
         self._rows: dict[int, OutboxEntry] = {}
         self._created: dict[int, datetime] = {}
         self._failed: dict[int, FailedOutboxRow] = {}
@@ -256,24 +260,41 @@ class MemoryOutboxStore:
             return [_shown(f) for f in picked]
 
     def retry_failed(
-        self, *, saga_type: str | None = None, saga_id: str | None = None, row_id: int | None = None
+        self,
+        *,
+        saga_type: str | None = None,
+        saga_id: str | None = None,
+        row_id: int | None = None,
+        audit: AuditEntry | None = None,
     ) -> list[FailedOutboxRow]:
         with self._operator():
             chosen = self._select(saga_type, saga_id, row_id)
             for f in chosen:
                 del self._failed[f.id]
                 self._rows[f.id] = OutboxEntry(f.id, f.row)
+            self._audited(chosen, audit)
             return [_shown(f) for f in chosen]
 
     def discard_failed(
-        self, *, saga_type: str | None = None, saga_id: str | None = None, row_id: int | None = None
+        self,
+        *,
+        saga_type: str | None = None,
+        saga_id: str | None = None,
+        row_id: int | None = None,
+        audit: AuditEntry | None = None,
     ) -> list[FailedOutboxRow]:
         with self._operator():
             chosen = [f for f in self._failed.values() if _picked(f, saga_type, saga_id, row_id)]
             for f in chosen:
                 del self._failed[f.id]
                 del self._created[f.id]
+            self._audited(chosen, audit)
             return sorted((_shown(f) for f in chosen), key=lambda f: f.id)
+
+    def _audited(self, rows: list[FailedOutboxRow], audit: AuditEntry | None) -> None:
+        if audit is not None and rows:
+            sagas = {(f.row.saga_type, f.row.saga_id) for f in rows}
+            self.audit.record([audit.touching([f.id for f in rows], sagas)])
 
     @contextmanager
     def _operator(self) -> Iterator[None]:

@@ -25,6 +25,7 @@ from processor.engine.rows import (
     WriteSet,
 )
 from processor.errors import ConcurrentUpdate, FencedOut, RecordDataError
+from processor.memory.audit import MemoryAuditLog
 from processor.ports import TP, Positions
 
 
@@ -61,6 +62,8 @@ class MemoryTables:
     deadline_fire_now: list[tuple[str, str, str]] = field(default_factory=list)
     # Ended sagas whose rows retention purged, with when they ended.
     tombstones: dict[SagaKey, datetime] = field(default_factory=dict)
+    # The operator actions batches decided (skips, terminations, ...).
+    audit: MemoryAuditLog = field(default_factory=MemoryAuditLog)
 
 
 class MemoryBatchStore:
@@ -226,6 +229,8 @@ class MemoryBatchStore:
         self._parked_ids()
         t.parked.extend(ws.parked)
         self._parked_ids()
+        if ws.audit:
+            t.audit.record(ws.audit, self.clock())
         for o in offsets:
             t.offsets[(o.topic, o.partition)] = (o.epoch, o.next_offset)
 

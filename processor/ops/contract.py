@@ -29,6 +29,9 @@ def contract_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version", dest="doc_version", default="1.0.0")
     parser.add_argument("--topic-prefix", default="", help="prefix of every topic address")
     parser.add_argument("--dead-letter-topic", default="saga-dead-letters")
+    parser.add_argument(
+        "--json", action="store_true", help="accepted for uniformity: the document is JSON"
+    )
 
 
 def find_sagas(modules: Iterable[str]) -> list[SagaDefinition]:

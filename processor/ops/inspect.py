@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import timedelta
 
 from processor.engine.records import OutboxRow
-from processor.errors import SagaError
+from processor.engine.rows import AuditEntry
+from processor.errors import Refused, SagaError
 from processor.ops.views import DeadLetterRow, SagaView, TimelineEntry
 from processor.ports import InspectStore, RecordProducer
 from processor.wire import (
@@ -28,7 +30,9 @@ from processor.wire import (
 
 __all__ = [
     "NoSuchSaga",
+    "NotSent",
     "OperatorRefused",
+    "purge_dead_letters",
     "replay_dead_letter",
     "send_operator_request",
     "show_saga",
@@ -46,7 +50,7 @@ _DEAD_LETTER_HEADERS = frozenset(
 )
 
 
-class NoSuchSaga(SagaError):
+class NoSuchSaga(Refused):
     """No saga instance (or dead letter) has that key."""
 
 
@@ -54,8 +58,19 @@ class OperatorRefused(SagaError):
     """An operator request could not be sent (no key, no partition known, delivery failed)."""
 
 
+class NotSent(OperatorRefused):
+    """The broker did not acknowledge the record in time: nothing was done."""
+
+
+# A saga's operator actions `show` lists, at most.
+SHOWN_AUDIT = 1000
+
+
 def show_saga(store: InspectStore, saga_type: str, saga_id: str, limit: int = 1000) -> SagaView:
-    """Everything known about one saga: row, state, deadlines, held and failed rows, timeline.
+    """Everything known about one saga: row, state, pending work, timeline, operator actions.
+
+    Pending work is its deadlines and its held and failed rows; the operator actions are the
+    latest 1,000 recorded for it, oldest first.
 
     Raises:
         NoSuchSaga: There is no such saga instance.
@@ -71,6 +86,7 @@ def show_saga(store: InspectStore, saga_type: str, saga_id: str, limit: int = 10
         parked_messages=store.held(saga_type, saga_id),
         failed_outbox=store.failed(saga_type, saga_id),
         timeline=store.timeline(saga_type, saga_id, limit=limit),
+        audit=store.audit(saga_type=saga_type, saga_id=saga_id, limit=SHOWN_AUDIT)[::-1],
     )
 
 
@@ -123,7 +139,7 @@ def send_operator_request(
     )
     failures = producer.send([row], timeout)
     if failures:
-        raise OperatorRefused(f"the broker did not take the request: {failures[0]}")
+        raise NotSent(f"the broker did not take the request: {failures[0]}")
     return request
 
 
@@ -162,16 +178,24 @@ def wait_for_outcome(
 
 
 def replay_dead_letter(
-    store: InspectStore, producer: RecordProducer, row_id: int, timeout: float = 30.0
+    store: InspectStore,
+    producer: RecordProducer,
+    row_id: int,
+    timeout: float = 30.0,
+    *,
+    actor: str,
+    reason: str | None,
 ) -> DeadLetterRow:
     """Sends a dead letter back to its source topic and partition, then deletes it.
 
     The record goes back with its key, value and original headers (the dead-letter headers
-    dropped); a record that is still bad is dead-lettered again, with a new row.
+    dropped); a record that is still bad is dead-lettered again, with a new row. The delete
+    records the replay in the audit trail (who, why, which row, where it went); should
+    another operator's purge have taken the row meanwhile, the replay is recorded alone.
 
     Raises:
         NoSuchSaga: There is no such dead letter.
-        OperatorRefused: The broker did not acknowledge the record (the row is kept).
+        NotSent: The broker did not acknowledge the record (the row is kept).
     """
     try:
         row, key, value = store.dead_letter(row_id)
@@ -181,6 +205,40 @@ def replay_dead_letter(
     out = OutboxRow(None, None, row.topic, key, headers, value or b"", partition=row.partition)
     failures = producer.send([out], timeout)
     if failures:
-        raise OperatorRefused(f"the broker did not take dead letter {row_id}: {failures[0]}")
-    store.purge_dead_letters([row_id])
+        raise NotSent(f"the broker did not take dead letter {row_id}: {failures[0]}")
+    where = {"topic": row.topic, "partition": row.partition, "offset": row.offset}
+    entry = AuditEntry(
+        actor,
+        "dead-letter-replay",
+        reason,
+        target={**where, "message_id": row.message_id, "message_type": row.message_type},
+        outcome="replayed",
+    )
+    if store.purge_dead_letters([row_id], audit=entry) == 0:
+        store.record_audit(entry.touching([]))
     return row
+
+
+def purge_dead_letters(
+    store: InspectStore,
+    *,
+    actor: str,
+    reason: str | None,
+    ids: Sequence[int] | None = None,
+    older_than: timedelta | None = None,
+) -> int:
+    """Deletes the selected dead letters for good and records who did it and why.
+
+    The audit entry is written with the delete (when anything went), with the count and the
+    ids; returns how many went.
+
+    Raises:
+        OperatorRefused: Neither ids nor an age selects anything.
+    """
+    if not ids and older_than is None:
+        raise OperatorRefused("name the dead letters: --id or --older-than")
+    selection: dict[str, object] = {}
+    if older_than is not None:
+        selection["older_than_seconds"] = older_than.total_seconds()
+    entry = AuditEntry(actor, "dead-letter-purge", reason, target=selection, outcome="purged")
+    return store.purge_dead_letters(ids or None, older_than, audit=entry)

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import logging
 
-from processor.errors import SagaError
+from processor.engine.rows import AuditEntry
+from processor.errors import Refused, SagaError
 from processor.ports import FailedOutboxRow, FailedOutboxStore
 from processor.wire import HEADER_MESSAGE_ID
 
 __all__ = [
+    "NoFailedRows",
     "NothingSelected",
     "discard_failed_rows",
     "list_failed_rows",
@@ -27,6 +29,10 @@ log = logging.getLogger(__name__)
 
 class NothingSelected(SagaError):
     """The selection names neither one saga nor one row, or no failed row matches it."""
+
+
+class NoFailedRows(NothingSelected, Refused):
+    """No failed row matches the selection: nothing was changed."""
 
 
 def list_failed_rows(
@@ -48,17 +54,22 @@ def retry_failed_rows(
     saga_type: str | None = None,
     saga_id: str | None = None,
     row_id: int | None = None,
+    actor: str | None = None,
+    reason: str | None = None,
 ) -> list[FailedOutboxRow]:
     """Puts the selected rows back into the outbox, in their original order.
 
     A row id of a saga's row retries the whole saga (its failed row and every row held behind
-    it). The relay publishes them again under their original message ids.
+    it). The relay publishes them again under their original message ids. With an ``actor``,
+    the retry is recorded in the audit trail in the same transaction (who, ``reason``, ids).
 
     Raises:
-        NothingSelected: The selection is incomplete or matches no row.
+        NothingSelected: The selection is incomplete.
+        NoFailedRows: It matches no row.
     """
     _check(saga_type, saga_id, row_id)
-    rows = store.retry_failed(saga_type=saga_type, saga_id=saga_id, row_id=row_id)
+    audit = _entry("outbox-retry", "retried", actor, reason, saga_type, saga_id, row_id)
+    rows = store.retry_failed(saga_type=saga_type, saga_id=saga_id, row_id=row_id, audit=audit)
     _require(rows, saga_type, saga_id, row_id)
     for r in rows:
         log.warning("failed outbox row %d put back into the outbox: %s", r.id, _describe(r))
@@ -72,18 +83,22 @@ def discard_failed_rows(
     saga_type: str | None = None,
     saga_id: str | None = None,
     row_id: int | None = None,
+    actor: str | None = None,
 ) -> list[FailedOutboxRow]:
     """Deletes the selected rows for good, logging each with ``reason``.
 
     A row id deletes that row alone: rows held behind it stay until retried or discarded.
+    With an ``actor``, the discard is recorded in the audit trail in the same transaction.
 
     Raises:
-        NothingSelected: The selection is incomplete, matches no row, or no reason is given.
+        NothingSelected: The selection is incomplete, or no reason is given.
+        NoFailedRows: It matches no row.
     """
     if not reason.strip():
         raise NothingSelected("a discard needs a reason")
     _check(saga_type, saga_id, row_id)
-    rows = store.discard_failed(saga_type=saga_type, saga_id=saga_id, row_id=row_id)
+    audit = _entry("outbox-discard", "discarded", actor, reason, saga_type, saga_id, row_id)
+    rows = store.discard_failed(saga_type=saga_type, saga_id=saga_id, row_id=row_id, audit=audit)
     _require(rows, saga_type, saga_id, row_id)
     for r in rows:
         log.warning("failed outbox row %d discarded (%s): %s", r.id, reason, _describe(r))
@@ -97,12 +112,27 @@ def _check(saga_type: str | None, saga_id: str | None, row_id: int | None) -> No
         raise NothingSelected("name either --saga-type and --saga-id, or --id")
 
 
+def _entry(
+    action: str,
+    outcome: str,
+    actor: str | None,
+    reason: str | None,
+    saga_type: str | None,
+    saga_id: str | None,
+    row_id: int | None,
+) -> AuditEntry | None:
+    if actor is None:
+        return None
+    selection = {"row_id": row_id} if row_id is not None else {}
+    return AuditEntry(actor, action, reason, saga_type, saga_id, selection, outcome)
+
+
 def _require(
     rows: list[FailedOutboxRow], saga_type: str | None, saga_id: str | None, row_id: int | None
 ) -> None:
     if not rows:
         what = f"row {row_id}" if row_id is not None else f"saga {saga_type} {saga_id}"
-        raise NothingSelected(f"no failed outbox rows for {what}")
+        raise NoFailedRows(f"no failed outbox rows for {what}")
 
 
 def _describe(r: FailedOutboxRow) -> str:

@@ -22,6 +22,7 @@ from processor.engine.plan import TOO_NEW, Item, Planner
 from processor.engine.rows import (
     ACTIVE,
     PARKED,
+    AuditEntry,
     HistoryRow,
     Outcome,
     SagaRow,
@@ -29,7 +30,7 @@ from processor.engine.rows import (
     Wants,
     WriteSet,
 )
-from processor.errors import ConcurrentUpdate, SagaError
+from processor.errors import ConcurrentUpdate, Refused
 from processor.messages import MessageRegistry
 from processor.ports import HeldMessage, OperatorStore, ParkedSaga, ParkedStore
 
@@ -44,7 +45,7 @@ __all__ = [
 ]
 
 
-class NotParked(SagaError):
+class NotParked(Refused):
     """The saga instance does not exist or is not parked, so there is nothing to retry."""
 
 
@@ -194,6 +195,7 @@ def retry_parked_saga(
             ws.deadline_deletes[:0] = ctx.skipped_deadlines(key, held[:skip])
             if by is not None or skip:
                 ws.history[:0] = _operator_rows(saga_type, saga_id, held, skip, by, reason)
+                ws.audit.insert(0, _audit_entry(saga_type, saga_id, held, skip, by, reason))
             if held:
                 store.release_held([h.parked_id for h in held])
             # The poller skipped this saga's deadlines while it was parked: wake it, so the
@@ -356,6 +358,24 @@ def _operator_rows(
             )
         )
     return rows
+
+
+def _audit_entry(
+    saga_type: str,
+    saga_id: str,
+    held: Sequence[HeldMessage],
+    skip: int,
+    by: str | None,
+    reason: str | None,
+) -> AuditEntry:
+    """The audit trail's record of the retry (or skip), written with the replay."""
+    target: dict[str, object] = {"held": len(held)}
+    if skip:
+        target["skipped"] = [
+            h.record.header("message-id") or f"parked:{h.parked_id}" for h in held[:skip]
+        ]
+    action = "parked-skip" if skip else "parked-retry"
+    return AuditEntry(by or "unknown", action, reason, saga_type, saga_id, target)
 
 
 def _failure(h: HeldMessage, reason: str) -> RetryFailure:

@@ -14,6 +14,7 @@ from enum import Enum
 from typing import Any
 
 __all__ = [
+    "AuditRow",
     "DeadLetterRow",
     "FailedRow",
     "HeldRow",
@@ -132,6 +133,33 @@ class PendingDeadline:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class AuditRow:
+    """One operator action from the audit table: who, when, why, what, and how it ended.
+
+    Attributes:
+        id: The row's id (the order the actions were recorded in).
+        at: When it was recorded (with its effect, in the same transaction).
+        actor: Who asked.
+        action: What was asked (see `processor.engine.rows.AuditEntry`).
+        reason: Why.
+        saga_type: The saga acted on, if one.
+        saga_id: Its id.
+        target: Ids and counts of what was touched.
+        outcome: How it ended.
+    """
+
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    reason: str | None
+    saga_type: str | None
+    saga_id: str | None
+    target: dict[str, Any]
+    outcome: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class SagaView:
     """Everything known about one saga instance, for `show` and the console's detail page."""
 
@@ -141,6 +169,8 @@ class SagaView:
     parked_messages: list[HeldRow]
     failed_outbox: list[FailedRow]
     timeline: list[TimelineEntry]
+    # The operator actions recorded for the saga, oldest first.
+    audit: list[AuditRow] = dataclasses.field(default_factory=list)
 
 
 def step_state(state: dict[str, Any] | None) -> str | None:

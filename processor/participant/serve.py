@@ -42,14 +42,19 @@ EXIT_LOOP_DIED = 70
 """Exit code when the consumer or the relay died (EX_SOFTWARE): restart the process."""
 
 
-def migrate(settings: ProcessorSettings, app: ParticipantApp | None = None) -> None:
-    """Creates or upgrades the participant's tables, and the app's own, in its schema."""
+def migrate(settings: ProcessorSettings, app: ParticipantApp | None = None) -> int:
+    """Creates or upgrades the participant's tables, and the app's own, in its schema.
+
+    Returns:
+        How many of the app's own migrations were applied.
+    """
     tables = Tables(settings.participant.schema_name)
     url = settings.database.url.get_secret_value()
     with connect(url, application_name=settings.participant.application_name) as conn:
         migrate_participant(conn, tables)
         applied = migrate_service(conn, tables, app.migrations) if app is not None else 0
     log.info("participant schema %s is up to date (%d new migration(s))", tables.schema, applied)
+    return applied
 
 
 def build_service(

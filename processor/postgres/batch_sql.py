@@ -186,3 +186,11 @@ UPDATE {offsets} AS o SET next_offset = u.n, updated_at = now()
    AND o.owner_epoch = u.epoch AND o.next_offset IS NOT DISTINCT FROM u.expected
 RETURNING o.topic, o.partition
 """
+
+# Operator actions the batch decided (see migration 13), in decision order; one JSON array per
+# entry, its target nested as it is.
+INSERT_AUDIT = """
+INSERT INTO {audit} (actor, action, reason, saga_type, saga_id, target, outcome)
+SELECT x->>0, x->>1, x->>2, x->>3, x->>4, x->5, x->>6
+  FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS u(x, n) ORDER BY n
+"""

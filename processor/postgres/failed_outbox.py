@@ -11,7 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from processor.engine.records import OutboxRow
+from processor.engine.rows import AuditEntry
 from processor.ports import FAILED_VALUE_PREVIEW, FailedOutboxRow
+from processor.postgres.audit import AuditSql
 from processor.postgres.outbox import partition_lock_key, relay_lock_key
 from processor.postgres.schema import Tables
 from processor.postgres.store import Conn
@@ -71,6 +73,7 @@ class PostgresFailedOutbox:
         self._delete = r(_DELETE)
         self._reinsert = r(_REINSERT)
         self._lock_keys = (relay_lock_key(tables), partition_lock_key(tables))
+        self._audit = AuditSql(conn, tables)
 
     def list_failed(
         self, saga_type: str | None = None, saga_id: str | None = None, limit: int = 100
@@ -79,17 +82,33 @@ class PostgresFailedOutbox:
         return [_row(r) for r in self.conn.execute(self._list, params).fetchall()]
 
     def retry_failed(
-        self, *, saga_type: str | None = None, saga_id: str | None = None, row_id: int | None = None
+        self,
+        *,
+        saga_type: str | None = None,
+        saga_id: str | None = None,
+        row_id: int | None = None,
+        audit: AuditEntry | None = None,
     ) -> list[FailedOutboxRow]:
-        return self._take(saga_type, saga_id, row_id, retry=True)
+        return self._take(saga_type, saga_id, row_id, retry=True, audit=audit)
 
     def discard_failed(
-        self, *, saga_type: str | None = None, saga_id: str | None = None, row_id: int | None = None
+        self,
+        *,
+        saga_type: str | None = None,
+        saga_id: str | None = None,
+        row_id: int | None = None,
+        audit: AuditEntry | None = None,
     ) -> list[FailedOutboxRow]:
-        return self._take(saga_type, saga_id, row_id, retry=False)
+        return self._take(saga_type, saga_id, row_id, retry=False, audit=audit)
 
     def _take(
-        self, saga_type: str | None, saga_id: str | None, row_id: int | None, *, retry: bool
+        self,
+        saga_type: str | None,
+        saga_id: str | None,
+        row_id: int | None,
+        *,
+        retry: bool,
+        audit: AuditEntry | None,
     ) -> list[FailedOutboxRow]:
         params = {
             "saga_type": saga_type,
@@ -107,6 +126,9 @@ class PostgresFailedOutbox:
                 self.conn.execute(self._reinsert, (ids,))
             if ids:
                 self.conn.execute(self._delete, (ids,))
+                if audit is not None:
+                    sagas = {(r.row.saga_type, r.row.saga_id) for r in rows}
+                    self._audit.insert([audit.touching(ids, sagas)])
         return rows
 
 

@@ -7,12 +7,15 @@ Every query is served by an index (see migration 5) and bounded by a limit; list
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 
+from processor.engine.rows import AUDIT_IDS, AuditEntry
 from processor.ops.views import (
+    AuditRow,
     DeadLetterRow,
     FailedRow,
     HeldRow,
@@ -23,6 +26,7 @@ from processor.ops.views import (
     TypeStatusCount,
     payload_text,
 )
+from processor.postgres.audit import AuditSql, encode_entries
 from processor.postgres.connect import connect
 from processor.postgres.schema import Tables
 from processor.postgres.store import Conn
@@ -81,8 +85,47 @@ _LIST_FILTERS = {
     "state": "machine_state = %(state)s",
     "older": "updated_at <= now() - %(older)s::interval",
     "after_at": "(updated_at, saga_type, saga_id) > (%(after_at)s, %(after_type)s, %(after_id)s)",
+    # How an ended saga ended is kept in machine_state (see SagaOutcome).
+    "outcome": "status = 'ended' AND machine_state = %(outcome)s",
 }
 _LIST_TAIL = " ORDER BY updated_at, saga_type, saga_id LIMIT %(limit)s"
+# A correlation id is a header of the history's rows. The sagas of one are few, so they are
+# looked up first, in migration 14's index of the events that started sagas, and each one's row
+# then by its key (LATERAL with LIMIT 1 keeps that a probe per saga). As a semi-join, the
+# planner walks the age index and probes the history for every saga, hoping to meet 50 early.
+_LIST_BY_CORRELATION = f"""
+    SELECT s.* FROM (
+        SELECT DISTINCT saga_type, saga_id FROM {{history}}
+         WHERE kind = 'event' AND outcome = 'applied' AND version = 1
+           AND headers->>'correlation-id' = %(correlation)s) AS c
+     CROSS JOIN LATERAL (
+        SELECT {_SUMMARY} FROM {{instance}}
+         WHERE saga_type = c.saga_type AND saga_id = c.saga_id{{where}} LIMIT 1) AS s
+     ORDER BY s.updated_at, s.saga_type, s.saga_id LIMIT %(limit)s
+"""
+
+
+def list_statement(params: dict[str, Any], state_contains: Sequence[Mapping[str, Any]] = ()) -> str:
+    """The sagas list's statement (still to be rendered) for the filters set in ``params``.
+
+    Only the filters given are in it: a catch-all ``%s IS NULL OR ...`` keeps the planner off
+    the indexes. ``state_contains`` adds a condition that the state contains one of the
+    documents, each as a parameter ``doc<n>`` added to ``params``.
+    """
+    where = [sql for key, sql in _LIST_FILTERS.items() if params.get(key) is not None]
+    if state_contains:
+        docs = []
+        for n, doc in enumerate(state_contains):
+            params[f"doc{n}"] = json.dumps(doc)
+            docs.append(f"state @> %(doc{n})s::jsonb")
+        where.append("(" + " OR ".join(docs) + ")")
+    if params.get("correlation") is not None:
+        extra = "".join(" AND " + w for w in where)
+        # `{where}` is this statement's own slot; the table slots stay for `Tables.render`.
+        return _LIST_BY_CORRELATION.replace("{where}", extra)
+    return _LIST_HEAD + (" WHERE " + " AND ".join(where) if where else "") + _LIST_TAIL
+
+
 # Stalest first by time in the current machine state (or since the last change, for sagas
 # that are not machines): the expression index over unfinished sagas serves the order.
 _STUCK = f"""
@@ -131,10 +174,25 @@ _DEAD_LETTERS = f"""
      ORDER BY id DESC LIMIT %(limit)s
 """
 _DEAD_LETTER = f"SELECT {_DL_COLUMNS}, key, value, headers FROM {{dead_letter}} WHERE id = %s"
+# One statement, so the rows go and their audit entry is written together: the entry (when
+# one is given and any row went) carries the count and the first ids, as
+# `AuditEntry.touching` makes them.
 _PURGE = """
-    DELETE FROM {dead_letter}
-     WHERE (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
-       AND (%(older)s::interval IS NULL OR created_at <= now() - %(older)s::interval)
+    WITH gone AS (
+        DELETE FROM {dead_letter}
+         WHERE (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+           AND (%(older)s::interval IS NULL OR created_at <= now() - %(older)s::interval)
+        RETURNING id
+    ), counted AS (
+        SELECT count(*) AS n, (array_agg(id ORDER BY id))[1:%(cap)s] AS ids FROM gone
+    ), audited AS (
+        INSERT INTO {audit} (actor, action, reason, saga_type, saga_id, target, outcome)
+        SELECT e->>0, e->>1, e->>2, e->>3, e->>4,
+               (e->5) || jsonb_build_object('count', c.n, 'ids', to_jsonb(c.ids)), e->>6
+          FROM counted AS c, jsonb_array_elements(%(audit)s::jsonb) AS e
+         WHERE c.n > 0
+    )
+    SELECT n FROM counted
 """
 _OFFSETS = """
     SELECT topic, partition, next_offset FROM {offsets} WHERE group_id = %s
@@ -157,6 +215,7 @@ class InspectQueries:
         self.conn = conn
         r = tables.render
         self._render = r
+        self._audit = AuditSql(conn, tables)
         self._sql = {
             name: r(text)
             for name, text in (
@@ -230,9 +289,17 @@ class InspectQueries:
         older_than: timedelta | None = None,
         after: tuple[datetime, str, str] | None = None,
         limit: int = 50,
+        outcome: str | None = None,
+        correlation_id: str | None = None,
+        state_contains: Sequence[Mapping[str, Any]] = (),
     ) -> list[SagaSummary]:
-        """Sagas least recently changed first; ``after`` is the previous page's last row."""
-        params = {
+        """Sagas least recently changed first; ``after`` is the previous page's last row.
+
+        ``outcome`` keeps ended sagas that ended so (a `SagaOutcome` value); ``correlation_id``
+        sagas started by an event with that ``correlation-id`` header; ``state_contains``
+        sagas whose state contains one of these documents (`processor.ops.filters`).
+        """
+        params: dict[str, Any] = {
             "type": saga_type,
             "status": status,
             "state": machine_state,
@@ -240,10 +307,11 @@ class InspectQueries:
             "after_at": after[0] if after else None,
             "after_type": after[1] if after else None,
             "after_id": after[2] if after else None,
+            "outcome": outcome,
+            "correlation": correlation_id,
             "limit": limit,
         }
-        where = [sql for key, sql in _LIST_FILTERS.items() if params[key] is not None]
-        text = _LIST_HEAD + (" WHERE " + " AND ".join(where) if where else "") + _LIST_TAIL
+        text = list_statement(params, state_contains)
         rows = self.conn.execute(self._render(text), params).fetchall()
         return [SagaSummary(*r) for r in rows]
 
@@ -295,11 +363,44 @@ class InspectQueries:
         return full, key, value
 
     def purge_dead_letters(
-        self, ids: Sequence[int] | None = None, older_than: timedelta | None = None
+        self,
+        ids: Sequence[int] | None = None,
+        older_than: timedelta | None = None,
+        audit: AuditEntry | None = None,
     ) -> int:
-        """Deletes the selected dead letters; returns how many."""
-        cur = self.conn.execute(self._sql["purge"], {"ids": ids, "older": older_than})
-        return cur.rowcount
+        """Deletes the selected dead letters; returns how many.
+
+        ``audit``, when given, is recorded with them (the count and ids added to its target),
+        unless none was selected.
+        """
+        params = {
+            "ids": ids,
+            "older": older_than,
+            "cap": AUDIT_IDS,
+            "audit": encode_entries([audit] if audit is not None else []),
+        }
+        found = self.conn.execute(self._sql["purge"], params).fetchone()
+        return int(found[0]) if found is not None else 0
+
+    # -- the audit trail -----------------------------------------------------------------------
+
+    def record_audit(self, entry: AuditEntry) -> None:
+        """Records one operator action on its own."""
+        self._audit.insert([entry])
+
+    def audit(
+        self,
+        *,
+        since: timedelta | None = None,
+        saga_type: str | None = None,
+        saga_id: str | None = None,
+        action: str | None = None,
+        limit: int = 100,
+    ) -> list[AuditRow]:
+        """Operator actions newest first, narrowed by the filters given."""
+        return self._audit.entries(
+            since=since, saga_type=saga_type, saga_id=saga_id, action=action, limit=limit
+        )
 
     # -- lifetime ------------------------------------------------------------------------------
 

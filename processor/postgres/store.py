@@ -38,6 +38,7 @@ from processor.engine.rows import (
 )
 from processor.errors import ConcurrentUpdate, FencedOut
 from processor.postgres import batch_sql as sql
+from processor.postgres.audit import encode_entries
 from processor.postgres.deadlines import LEASE_NAME
 from processor.postgres.schema import Tables
 from processor.wire import deadline_channel, outbox_channel
@@ -155,6 +156,7 @@ class BatchStore:
         self._fire_now = r(sql.FIRE_NOW)
         self._insert_parked = r(sql.INSERT_PARKED)
         self._commit_offsets = r(sql.COMMIT_OFFSETS)
+        self._insert_audit = r(sql.INSERT_AUDIT)
         # The batch's combined write statements, by the parts a batch has (see _combine).
         self._combined: dict[tuple[bool, ...], str] = {}
 
@@ -385,6 +387,8 @@ class BatchStore:
             conn.execute(self._release_held, (ws.held_releases,))
         if ws.parked:
             self.insert_parked(ws.parked)
+        if ws.audit:
+            conn.execute(self._insert_audit, (encode_entries(ws.audit),))
 
     @staticmethod
     def _check_fence(offsets: Sequence[OffsetCommit], moved: Iterable[tuple[str, int]]) -> None:

@@ -132,6 +132,7 @@ def bind_sagas(
         topic_prefix=settings.topic_prefix,
         history_payload=settings.history.payload,
         operator_key=operator_key(settings),
+        operator_keys={n: k.get_secret_value().encode() for n, k in settings.operator.keys.items()},
     )
     return BoundSagas(sagas, registry, planner)
 

@@ -20,6 +20,7 @@ from processor.engine.records import OffsetCommit, OutboxRow, Record
 from processor.engine.rows import (
     ACTIVE,
     ENDED,
+    AuditEntry,
     DeadlineInsert,
     DeadlineRef,
     HistoryRow,
@@ -38,6 +39,7 @@ from processor.errors import (
     Retryable,
 )
 from processor.memory.store import MemoryBatchStore, MemoryTables
+from processor.ops.views import AuditRow
 from processor.ports import TP, BatchStore, Purge
 from tests.contract import BACKENDS
 
@@ -64,6 +66,8 @@ class Backing:
     outbox: Callable[[], int]
     kill: Callable[[], None] | None = None
     purge_ended: Callable[[], None] | None = None
+    # The audit trail's entries, newest first.
+    audit: Callable[[], list[AuditRow]] = list
 
 
 def _memory() -> Iterator[Backing]:
@@ -73,7 +77,10 @@ def _memory() -> Iterator[Backing]:
         MemoryBatchStore(tables).purge_ended()
 
     yield Backing(
-        lambda: MemoryBatchStore(tables), lambda: len(tables.outbox), purge_ended=purge_ended
+        lambda: MemoryBatchStore(tables),
+        lambda: len(tables.outbox),
+        purge_ended=purge_ended,
+        audit=tables.audit.audit,
     )
 
 
@@ -119,8 +126,13 @@ def _postgres(request: pytest.FixtureRequest) -> Iterator[Backing]:
             finally:
                 retention.close()
 
+        def audit() -> list[AuditRow]:
+            from processor.postgres.inspect import InspectQueries
+
+            return InspectQueries(admin, tables).audit()
+
         try:
-            yield Backing(store, outbox, kill, purge_ended)
+            yield Backing(store, outbox, kill, purge_ended, audit)
         finally:
             for s in opened:
                 s.close()
@@ -590,3 +602,33 @@ def test_held_records_load_in_arrival_order_with_the_sagas_deadlines_and_release
     assert [h.record for h in again.held[(SAGA, "s1")]] == [second]
     assert [h.record for h in again.held[(SAGA, "s2")]] == [other]
     assert again.held[(SAGA, "s1")][0].parked_id == held[1].parked_id
+
+
+# -- the operators' audit trail ------------------------------------------------------------------
+
+
+def test_a_batchs_audit_entries_are_stored_with_it_in_order_or_not_at_all(
+    backing: Backing,
+) -> None:
+    zombie, owner = backing.store(), backing.store()
+    zombie.claim([A], "zombie")
+    owner.claim([A], "owner")
+    odd = 'q"b\\s\nn\u2028l\U0001f600e'
+    skip = AuditEntry("ana", "parked-skip", odd, SAGA, "s1", {"skipped": ["m-2"], "n": [1]})
+    terminate = AuditEntry("ana", "terminate", "done", SAGA, "s1", {}, "operator-refused")
+    batch = WriteSet(history=[applied("s1", "m1")], audit=[skip, terminate])
+
+    with pytest.raises(FencedOut):
+        zombie.write(batch, [at(A, 1, None, 1)])
+    assert backing.audit() == []
+
+    owner.write(batch, [at(A, 1, None, 2)])
+    stored = backing.audit()[::-1]
+    assert [
+        (a.actor, a.action, a.reason, a.saga_type, a.saga_id, a.target, a.outcome) for a in stored
+    ] == [
+        ("ana", "parked-skip", odd, SAGA, "s1", {"skipped": ["m-2"], "n": [1]}, "applied"),
+        ("ana", "terminate", "done", SAGA, "s1", {}, "operator-refused"),
+    ]
+    assert stored[0].id < stored[1].id
+    assert stored[0].at == stored[1].at  # one transaction

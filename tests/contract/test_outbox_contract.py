@@ -15,7 +15,9 @@ from dataclasses import dataclass, replace
 import pytest
 
 from processor.engine.records import OutboxRow
+from processor.engine.rows import AuditEntry
 from processor.memory.outbox import MemoryOutboxStore
+from processor.ops.views import AuditRow
 from processor.ports import (
     FAILED_VALUE_PREVIEW,
     TP,
@@ -37,12 +39,16 @@ class Outbox:
     failed: FailedOutboxStore
     # A new owner's claim of partitions (bumps their epochs); returns the epochs it holds.
     take_over: Callable[[list[TP]], dict[TP, int]]
+    # The audit trail's entries, newest first.
+    audit: Callable[[], list[AuditRow]]
 
 
 def _memory() -> Iterator[Outbox]:
     store = MemoryOutboxStore()
     # One object is every relay's view of the same outbox; its lock is not reentrant.
-    yield Outbox(lambda: store, store.append, store.pending, store, store.take_over)
+    yield Outbox(
+        lambda: store, store.append, store.pending, store, store.take_over, store.audit.audit
+    )
 
 
 def _postgres(request: pytest.FixtureRequest) -> Iterator[Outbox]:
@@ -50,6 +56,7 @@ def _postgres(request: pytest.FixtureRequest) -> Iterator[Outbox]:
 
     from processor.postgres.connect import connect, ensure_schema
     from processor.postgres.failed_outbox import PostgresFailedOutbox
+    from processor.postgres.inspect import InspectQueries
     from processor.postgres.outbox import PostgresOutboxStore
     from processor.postgres.schema import Tables
     from processor.postgres.store import BatchStore
@@ -104,7 +111,14 @@ def _postgres(request: pytest.FixtureRequest) -> Iterator[Outbox]:
             return {tp: epoch for tp, (epoch, _) in claimed.items()}
 
         try:
-            yield Outbox(store, append, pending, PostgresFailedOutbox(admin, tables), take_over)
+            yield Outbox(
+                store,
+                append,
+                pending,
+                PostgresFailedOutbox(admin, tables),
+                take_over,
+                InspectQueries(admin, tables).audit,
+            )
         finally:
             for s in opened:
                 s.close()
@@ -315,6 +329,45 @@ def test_retry_puts_a_sagas_rows_back_under_their_ids_and_discard_drops_them(
     with store.claim(10) as claimed:
         assert claimed is not None
         assert [e.id for e in claimed] == [ids[0], ids[1], ids[3], newer]
+
+
+def test_a_retry_and_a_discard_are_audited_with_the_rows_they_moved(outbox: Outbox) -> None:
+    rows = [row("a", 1), row("a", 2), row("b", 1)]
+    ids = outbox.append(rows)
+    store = outbox.store()
+    with store.claim(10) as claimed:
+        assert claimed is not None
+        store.settle(
+            [
+                SetAside(ids[0], "unknown topic", 1),
+                SetAside(ids[1], "held", 0, ids[0]),
+                SetAside(ids[2], "too large", 1),
+            ],
+            {},
+        )
+    retried = AuditEntry("ana", "outbox-retry", None, target={"row_id": ids[1]}, outcome="retried")
+    outbox.failed.retry_failed(row_id=ids[1], audit=retried)
+    # Nothing matches: nothing moved, nothing recorded.
+    outbox.failed.discard_failed(saga_type="transfer", saga_id="a", audit=retried)
+    discarded = AuditEntry("bo", "outbox-discard", "sent by hand", "transfer", "b")
+    outbox.failed.discard_failed(saga_type="transfer", saga_id="b", audit=discarded)
+
+    [second, first] = outbox.audit()
+    assert (first.actor, first.action, first.reason, first.outcome) == (
+        "ana",
+        "outbox-retry",
+        None,
+        "retried",
+    )
+    # Picked by a row id, the entry names the rows' saga.
+    assert (first.saga_type, first.saga_id) == ("transfer", "a")
+    assert first.target == {"row_id": ids[1], "count": 2, "ids": ids[:2]}
+    assert (second.actor, second.saga_id, second.target) == (
+        "bo",
+        "b",
+        {"count": 1, "ids": ids[2:]},
+    )
+    assert second.id > first.id
 
 
 # -- rows of source partitions, fenced by the owner epoch -------------------------------------

@@ -15,12 +15,13 @@ with a replica killed mid-growth.
 
 from __future__ import annotations
 
+import itertools
 import signal
 import threading
 import time
 import uuid
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from functools import partial
 from typing import Any
@@ -146,7 +147,9 @@ def traffic_in_background(
 
     A replied saga's debit reply is sent as soon as its start is acknowledged, and its credit
     as soon as the debit is: a reply often reaches its partition before the start is applied
-    on another, which is what the processor must order.
+    on another, which is what the processor must order. Past the sagas given, more (replied)
+    ones follow, appended to ``ids`` and ``replied``, until the fresh producer has sent to the
+    new partitions for a while: however long the growth takes to reach it, the stream spans it.
     """
     next_up: deque[tuple[str, str]] = deque()
 
@@ -162,8 +165,21 @@ def traffic_in_background(
                 credit = CreditConfirmed(transfer_id=tid, account_id="B", amount=AMOUNT)
                 producers.fresh.send(tid, credit, partial(producers.replied.add, tid))
 
+    def more() -> Iterator[tuple[int, str]]:
+        yield from enumerate(list(ids), start=1)
+        after = 0
+        for i in itertools.count(len(ids) + 1):
+            if producers.switched():
+                after += 1
+            if after > 300 or i > 50_000:
+                return
+            tid = f"{ids[0].rsplit('-', 1)[0]}-x{i:05d}"
+            ids.append(tid)
+            replied.add(tid)
+            yield i, tid
+
     def run() -> None:
-        for i, tid in enumerate(ids, start=1):
+        for i, tid in more():
             by = producers.starter(i)
             then = partial(next_up.append, (tid, "debit")) if tid in replied else None
             mid = by.send(tid, requested(tid), then)
@@ -256,23 +272,29 @@ def finish(
     producers: Producers,
     starting: threading.Thread,
     commands: Reader,
-    replied: list[str],
-    total: int,
-) -> None:
-    """Once the traffic is sent: every saga ends, each one's events applied in order."""
-    wait_until(producers.switched, 30, "the producer sending to new partitions")
-    starting.join(90)
+    replied: set[str],
+    sagas: list[str],
+) -> list[str]:
+    """Once the traffic is sent: every saga ends, each one's events applied in order.
+
+    Returns the replied sagas (those given, and those the traffic added), in send order.
+    """
+    starting.join(120)
     assert not starting.is_alive()
+    assert producers.switched()
     producers.flush()
-    assert producers.replied == set(replied)
+    assert producers.replied == replied
+    total = len(sagas)
+    in_order = [tid for tid in sagas if tid in replied]
 
     wait_until(
         lambda: env.scalar("SELECT count(*) FROM saga_instance WHERE status = 'ended'") == total,
         90,
         "every saga ended",
     )
-    assert_in_order(env, producers, replied)
-    assert_commands_in_order(env, commands, replied)
+    assert_in_order(env, producers, in_order)
+    assert_commands_in_order(env, commands, in_order)
+    return in_order
 
 
 def _assigned(proc: ProcessorProcess) -> Callable[[], list[str]]:
@@ -294,16 +316,16 @@ def test_growth_with_default_clients_keeps_per_saga_order_and_reroutes_deadlines
     sagas = [f"g-{uuid.uuid4().hex[:6]}-{i:04d}" for i in range(3000)]
     # Never replied to: their payment timeout is pending while the topic grows, and comes due
     # after it. They start first, so they are all on the old partitions.
-    silent, replied = sagas[:150], sagas[150:]
+    silent, replied = sagas[:150], set(sagas[150:])
     replicas = start_replicas(env, settings={"transfer.payment-timeout": 15})
     commands = env.reader()
     producers = Producers(env.kafka, env.events_topic, "crc32")
 
-    starting = traffic_in_background(producers, sagas, set(replied))
+    starting = traffic_in_background(producers, sagas, replied)
     wait_until(lambda: producers.count >= 1000, 30, "1000 start events sent")
     grow(env, NEW)
     producers.grown = True
-    finish(env, producers, starting, commands, replied, len(sagas))
+    finish(env, producers, starting, commands, replied, sagas)
     rows = history(env)
     for tid in silent:
         [(start, *_), (_, kind, _, partition)] = rows[tid]
@@ -347,7 +369,8 @@ def test_growth_with_murmur2_clients_and_a_replica_killed_loses_nothing(e2e_env:
     commands = env.reader()
     producers = Producers(env.kafka, env.events_topic, "murmur2")
 
-    starting = traffic_in_background(producers, sagas, set(sagas))
+    replied = set(sagas)
+    starting = traffic_in_background(producers, sagas, replied)
     wait_until(lambda: producers.count >= 500, 30, "500 start events sent")
     grow(env, NEW)
     producers.grown = True
@@ -359,6 +382,6 @@ def test_growth_with_murmur2_clients_and_a_replica_killed_loses_nothing(e2e_env:
     b.signal(signal.SIGKILL)
     wait_until(lambda: not b.alive(), 10, "the kill")
     env.start("c", consumer=consumer)
-    finish(env, producers, starting, commands, sagas, len(sagas))
+    finish(env, producers, starting, commands, replied, sagas)
     assert a.alive()
     assert "not where SAGA_CONSUMER__PARTITIONER" not in a.log()

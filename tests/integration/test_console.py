@@ -257,3 +257,79 @@ def test_consumer_lag_is_unknown_when_the_broker_is_unreachable(world: Orders) -
         page = httpx.get(base + "/", timeout=30)
     assert page.status_code == 200
     assert '<b id="consumer-lag">unknown</b>' in page.text
+
+
+def test_the_cluster_page_and_the_saga_filters_in_the_browser(world: Orders) -> None:
+    """The cluster page shows the running replica as the partition's owner and lease holder, its
+    auto-refresh reloads it, and the sagas list narrows by outcome, correlation id and state."""
+    from decimal import Decimal
+
+    from selenium.webdriver.support.ui import Select
+
+    from schemas.orders import OrderPlaced, StockUnavailable
+
+    o = world
+    tag = uuid.uuid4().hex[:6]
+    kept, refused, conversation = f"ord-{tag}-kept", f"ord-{tag}-refused", f"conv-{tag}"
+    with running(o.settings, [OrderSaga]) as processor:
+        for order, customer in ((kept, f"c-{tag}"), (refused, "c-other")):
+            placed = OrderPlaced(
+                order_id=order, customer_id=customer, sku="mug", quantity=1, amount=Decimal("3.50")
+            )
+            o.pub.event(o.events, order, placed, **{"correlation-id": conversation})
+        o.pub.flush()
+        o.wait_version(kept, 1)
+        o.send(StockUnavailable(order_id=refused, reason="none left"), refused)
+        o.wait_status(refused, "ended")
+        wait_until(
+            lambda: (
+                _db(o, "SELECT holder FROM saga_deadline_lock WHERE expires_at > now()")
+                == [(processor.instance_id,)]
+            ),
+            timeout=30,
+            what="the deadline lease held",
+        )
+        # A viewer may not search the state unless payloads are shown to everyone.
+        backend = Backend(o.settings, by="browser")
+        with _serve(create_app(backend, show_payloads=True)) as base, chromium() as b:
+            b.get(base + "/cluster")
+            [row] = b.find_elements(By.CSS_SELECTOR, "#partitions tr.partition")
+            assert row.find_element(By.CLASS_NAME, "owner").text == processor.instance_id
+            assert b.find_element(By.ID, "lease-holder-name").text == processor.instance_id
+            assert b.find_element(By.ID, "lease-expiry").text.startswith("in ")
+            assert b.find_element(By.ID, "total-lag").text.isdigit()
+            [replica] = b.find_elements(By.CSS_SELECTOR, "#replicas tr.replica")
+            assert replica.find_element(By.CLASS_NAME, "instance").text == processor.instance_id
+            screenshot(b, "cluster")
+
+            # Auto-refresh: off by default; on, the page reloads itself.
+            box = b.find_element(By.ID, "auto-refresh")
+            assert not box.is_selected()
+            Select(b.find_element(By.ID, "refresh-every")).select_by_value("5")
+            box.click()
+            WebDriverWait(b, 10).until(lambda d: "refresh=5" in d.current_url)
+            b.execute_script("window.notReloaded = true")
+            WebDriverWait(b, 15).until(
+                lambda d: d.execute_script("return window.notReloaded === undefined")
+            )
+            assert b.find_element(By.ID, "auto-refresh").is_selected()
+
+            def listed(**query: str) -> list[str]:
+                b.get(base + "/sagas")
+                form = b.find_element(By.ID, "filter")
+                for name, value in query.items():
+                    field = form.find_element(By.NAME, name)
+                    if field.tag_name == "select":
+                        Select(field).select_by_visible_text(value)
+                    else:
+                        field.send_keys(value)
+                form.find_element(By.TAG_NAME, "button").click()
+                WebDriverWait(b, 10).until(lambda d: f"{name}=" in d.current_url)
+                rows = b.find_elements(By.CSS_SELECTOR, "#sagas a.saga-link")
+                return sorted(r.text for r in rows)
+
+            assert listed(correlation=conversation) == [kept, refused]
+            assert listed(correlation=conversation, outcome="FAILED") == [refused]
+            assert listed(attr=f"customer_id=c-{tag}") == [kept]
+            assert listed(attr="amount=3.50", correlation=conversation) == [kept, refused]
+            screenshot(b, "sagas-filtered")

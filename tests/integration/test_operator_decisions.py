@@ -108,8 +108,8 @@ def test_an_escalated_step_is_resolved_and_terminate_needs_force(
             assert cli(remind) == 0
             escalations.wait_for(lambda rs: len(rs) >= 2, what="the reminder")
             o.place(other)
-            # Nothing waits for a decision on the other order: refused, exit code 2.
-            assert cli(f"saga resolve {SAGA_TYPE} {other} skip --reason mistake") == 2
+            # Nothing waits for a decision on the other order: refused, exit code 1.
+            assert cli(f"saga resolve {SAGA_TYPE} {other} skip --reason mistake") == 1
             assert cli(f"saga resolve {SAGA_TYPE} {escalated} skip --reason 'shipped by hand'") == 0
             o.wait_status(escalated, "ended")
             assert o.row(escalated)[:2] == ("ended", "COMPLETED")  # type: ignore[index]
@@ -126,6 +126,18 @@ def test_an_escalated_step_is_resolved_and_terminate_needs_force(
             s["machine_state"]: s["count"] for s in json.loads(capsys.readouterr().out)["states"]
         }
         assert counts == {"COMPLETED": 1, "TERMINATED": 1}
+        # Each decided request is in the audit trail, with who asked and why, newest first;
+        # `show` lists a saga's own, oldest first.
+        assert cli(f"audit list --saga-type {SAGA_TYPE} --saga-id {other} --json") == 0
+        audited = json.loads(capsys.readouterr().out)
+        assert [(a["action"], a["outcome"], a["reason"]) for a in audited] == [
+            ("terminate", "applied", "test order"),
+            ("resolve", "operator-refused", "mistake"),
+        ]
+        assert all(a["actor"] for a in audited)
+        assert cli(f"show {SAGA_TYPE} {other} --json") == 0
+        shown = json.loads(capsys.readouterr().out)["audit"]
+        assert [a["id"] for a in shown] == [a["id"] for a in reversed(audited)]
         told = [EscalateToPerson.model_validate_json(e.value() or b"") for e in escalations.records]
         assert [(t.reason, t.step, t.machine_state) for t in told] == [
             ("retries-exhausted", "ship", "WAITING"),

@@ -338,7 +338,7 @@ def test_an_operator_lists_and_retries_a_parked_saga_from_the_command_line(env: 
         _assert_completed_in_order(env, order)
 
         missing = _cli(env, "retry", SAGA_TYPE, order)
-        assert missing.returncode == 2
+        assert missing.returncode == 1
         assert "not parked" in missing.stderr
         assert _cli(env, "parked").stdout.strip() == "no parked sagas"
 

@@ -42,6 +42,7 @@ class LeastPrivilege:
     runtime: str
     owner_url: str
     runtime_url: str
+    reader_url: str
 
 
 @contextmanager
@@ -49,14 +50,19 @@ def least_privilege(admin_url: str, schema: str) -> Iterator[LeastPrivilege]:
     """Creates roles with unique names, grants per grants.sql, migrates `schema` as the owner;
     drops the schema and both roles afterwards."""
     tag = uuid.uuid4().hex[:8]
-    owner, runtime = f"t_owner_{tag}", f"t_runtime_{tag}"
-    passwords = {owner: secrets.token_hex(12), runtime: secrets.token_hex(12)}
+    owner, runtime, reader = f"t_owner_{tag}", f"t_runtime_{tag}", f"t_reader_{tag}"
+    passwords = {role: secrets.token_hex(12) for role in (owner, runtime, reader)}
     database = str(conninfo_to_dict(admin_url)["dbname"])
     with psycopg.connect(admin_url, autocommit=True) as admin:
         try:
             admin.execute(
                 render_grants(
-                    admin, database=database, schema=schema, owner=owner, runtime=runtime
+                    admin,
+                    database=database,
+                    schema=schema,
+                    owner=owner,
+                    runtime=runtime,
+                    reader=reader,
                 ).encode()
             )
             for role, password in passwords.items():
@@ -70,9 +76,9 @@ def least_privilege(admin_url: str, schema: str) -> Iterator[LeastPrivilege]:
                 for role, password in passwords.items()
             }
             ensure_schema(urls[owner], Tables(schema))
-            yield LeastPrivilege(schema, owner, runtime, urls[owner], urls[runtime])
+            yield LeastPrivilege(schema, owner, runtime, urls[owner], urls[runtime], urls[reader])
         finally:
-            roles = [owner, runtime]
+            roles = [owner, runtime, reader]
             admin.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = ANY(%s)",
                 (roles,),

@@ -1,4 +1,4 @@
-"""With the database out of reach, operator commands say so on one line and exit 3."""
+"""With the database or the broker out of reach, operator commands say so on one line, exit 3."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import pytest
 
 from processor.cli import EXIT_UNAVAILABLE, main
+from processor.kafka import admin
 
 COMMANDS = [
     "migrate",
@@ -23,7 +24,31 @@ COMMANDS = [
     "parked",
     "dead-letters list",
     "outbox failed list",
+    "audit list",
+    "audit list --saga-type order-saga --since 2h --json",
+    "check",
+    "retry order-saga o-1",
+    "parked retry order-saga o-1 --reason test",
+    "parked skip order-saga o-1 --reason test",
+    "deadlines fire-now order-saga o-1 remind --reason test",
+    "deadlines cancel order-saga o-1 remind --reason test",
+    "dead-letters show 1",
+    "dead-letters replay 1 --reason test",
+    "dead-letters purge --id 1 --reason test",
+    "outbox failed retry --id 1",
+    "outbox failed discard --id 1 --reason test",
 ]
+# Commands that need no database: offline ones, the broker's own, the long-running ones (whose
+# outage handling is the processor's: they wait for the database rather than exit).
+NOT_DATABASE = {"diagram", "lint-saga", "schemas", "topics", "run", "console", "participant run"}
+
+
+def test_every_command_that_needs_the_database_is_checked_here() -> None:
+    from processor.cli import COMMANDS as ALL
+
+    covered = {line.split()[0] for line in COMMANDS}
+    missing = {c.name for c in ALL} - covered - NOT_DATABASE
+    assert missing == set(), f"add a line for {sorted(missing)} to COMMANDS"
 
 
 @pytest.mark.parametrize("line", COMMANDS)
@@ -42,3 +67,21 @@ def test_a_command_without_its_database_exits_3_with_one_line(
     [err] = capsys.readouterr().err.strip().splitlines()
     assert err.startswith("saga-processor: the database is unreachable: ")
     assert "secret" not in err
+
+
+def test_a_command_without_its_broker_exits_3_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in [n for n in os.environ if n.startswith("SAGA_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("SAGA_SAGAS", '["sagas.order:OrderSaga"]')
+    monkeypatch.setenv("SAGA_KAFKA__BOOTSTRAP_SERVERS", "127.0.0.1:1")
+    monkeypatch.setenv("SAGA_DATABASE__URL", "postgresql://saga@127.0.0.1:1/saga")  # not used
+    # The cluster's metadata is awaited 15 s; a refused connection says as much in 1.
+    counts = admin.partition_counts
+    monkeypatch.setattr(admin, "partition_counts", lambda c, t, _: counts(c, t, timeout=1.0))
+    assert main(["topics", "check", "--json"]) == EXIT_UNAVAILABLE
+    # One line: librdkafka's own complaints go to the log (WARNING and up is shown), not stderr
+    # as they come.
+    [err] = capsys.readouterr().err.strip().splitlines()
+    assert err.startswith("saga-processor: the Kafka cluster did not answer: ")

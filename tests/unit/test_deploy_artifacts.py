@@ -27,6 +27,9 @@ COMPOSE = DEPLOY / "compose" / "compose.yaml"
 # The oldest Kubernetes minor the manifests must keep working on.
 KUBERNETES_VERSION = "1.29"
 METRICS_PORT = 9464
+# The processor's manifests; console.yaml adds a Deployment and a Service of its own
+# (tests/unit/test_console_deploy.py).
+PROCESSOR = "saga-processor"
 # Custom resources have no schema in kubernetes-validate.
 CUSTOM_KINDS = {
     ("keda.sh/v1alpha1", "ScaledObject"),
@@ -110,7 +113,7 @@ def test_every_kind_the_issue_asks_for_is_there() -> None:
 
 
 def test_probes_use_the_metrics_port_and_the_grace_period_outlasts_shutdown() -> None:
-    deployment = _one("Deployment")
+    deployment = _one("Deployment", PROCESSOR)
     pod = deployment["spec"]["template"]["spec"]
     [container] = pod["containers"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -128,7 +131,7 @@ def test_probes_use_the_metrics_port_and_the_grace_period_outlasts_shutdown() ->
 
 def test_pods_run_as_an_unprivileged_user() -> None:
     for kind in ("Deployment", "Job"):
-        pod = _one(kind)["spec"]["template"]["spec"]
+        pod = _one(kind, PROCESSOR if kind == "Deployment" else None)["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["runAsUser"] != 0
         for container in pod["containers"]:
@@ -156,7 +159,7 @@ def test_configmap_holds_settings_and_secrets_hold_credentials() -> None:
 
 def test_references_between_manifests_resolve() -> None:
     names = {(m["kind"], m["metadata"]["name"]) for m in _manifests()}
-    deployment = _one("Deployment")
+    deployment = _one("Deployment", PROCESSOR)
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
     for source in deployment["spec"]["template"]["spec"]["containers"][0]["envFrom"]:
@@ -164,7 +167,7 @@ def test_references_between_manifests_resolve() -> None:
         kind = "ConfigMap" if "configMapRef" in source else "Secret"
         assert (kind, ref["name"]) in names
     assert _one("PodDisruptionBudget")["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    assert _one("Service")["spec"]["selector"].items() <= labels.items()
+    assert _one("Service", PROCESSOR)["spec"]["selector"].items() <= labels.items()
     hpa = _one("HorizontalPodAutoscaler")["spec"]
     assert ("Deployment", hpa["scaleTargetRef"]["name"]) in names
     job_spec = _one("Job")["spec"]["template"]["spec"]
@@ -185,7 +188,8 @@ def test_references_between_manifests_resolve() -> None:
 
 def test_keda_scales_the_deployment_on_lag() -> None:
     scaled = _one("ScaledObject")
-    assert scaled["spec"]["scaleTargetRef"]["name"] == _one("Deployment")["metadata"]["name"]
+    processor = _one("Deployment", PROCESSOR)
+    assert scaled["spec"]["scaleTargetRef"]["name"] == processor["metadata"]["name"]
     assert 0 < scaled["spec"]["minReplicaCount"] <= scaled["spec"]["maxReplicaCount"]
     [trigger] = scaled["spec"]["triggers"]
     assert trigger["type"] == "prometheus"

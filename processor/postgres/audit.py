@@ -1,0 +1,106 @@
+"""SQL behind the operators' audit trail (migration 13): entries written, and read back.
+
+An entry is written in the transaction of the action it records: by the batch that decided an
+operator record (`processor.postgres.store.BatchStore`), and beside the rows a direct action
+changes (`processor.postgres.inspect`, `processor.postgres.failed_outbox`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg.rows import TupleRow
+
+from processor.engine.rows import AuditEntry
+from processor.ops.views import AuditRow
+from processor.postgres.batch_sql import INSERT_AUDIT
+from processor.postgres.schema import Tables
+
+Conn = psycopg.Connection[TupleRow]
+
+__all__ = ["AuditSql", "encode_entries"]
+
+_COLUMNS = "id, at, actor, action, reason, saga_type, saga_id, target, outcome"
+# Only the filters given are put in the statement: a catch-all `%s IS NULL OR ...` would keep
+# the planner off the (saga_type, saga_id, at) index that serves one saga's entries.
+_FILTERS = {
+    "saga_type": "saga_type = %(saga_type)s",
+    "saga_id": "saga_id = %(saga_id)s",
+    "action": "action = %(action)s",
+    "since": "at >= now() - %(since)s::interval",
+}
+
+
+class AuditSql:
+    """The audit statements over one connection the caller owns (and its transactions)."""
+
+    def __init__(self, conn: Conn, tables: Tables) -> None:
+        self.conn = conn
+        self._render = tables.render
+        self._insert = tables.render(INSERT_AUDIT)
+
+    def insert(self, entries: Iterable[AuditEntry]) -> None:
+        """Writes the entries, in order, in the connection's current transaction."""
+        encoded = encode_entries(entries)
+        if encoded != "[]":
+            self.conn.execute(self._insert, (encoded,))
+
+    def entries(
+        self,
+        *,
+        since: timedelta | None = None,
+        saga_type: str | None = None,
+        saga_id: str | None = None,
+        action: str | None = None,
+        limit: int = 100,
+    ) -> list[AuditRow]:
+        """Entries newest first, narrowed by the filters given."""
+        params: dict[str, Any] = {
+            "saga_type": saga_type,
+            "saga_id": saga_id,
+            "action": action,
+            "since": since,
+            "limit": limit,
+        }
+        rows = self.conn.execute(self.statement(params), params).fetchall()
+        return [AuditRow(*row) for row in rows]
+
+    def statement(self, params: dict[str, Any]) -> str:
+        """The listing's SQL with only the filters ``params`` gives (not None)."""
+        where = [text for key, text in _FILTERS.items() if params.get(key) is not None]
+        return self._render(
+            f"SELECT {_COLUMNS} FROM {{audit}}"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + " ORDER BY at DESC, id DESC LIMIT %(limit)s"
+        )
+
+
+def encode_entries(entries: Iterable[AuditEntry]) -> str:
+    """The entries as the JSON array of arrays `INSERT_AUDIT` reads.
+
+    PostgreSQL text holds no NUL character: one typed into a console form is replaced, so the
+    action and its record are not refused over it.
+    """
+    return json.dumps(
+        [
+            [
+                _text(e.actor),
+                _text(e.action),
+                _text(e.reason),
+                _text(e.saga_type),
+                _text(e.saga_id),
+                e.target,
+                _text(e.outcome),
+            ]
+            for e in entries
+        ],
+        default=str,
+    )
+
+
+def _text(value: str | None) -> str | None:
+    return value.replace("\x00", "\ufffd") if value is not None else None

@@ -1,0 +1,92 @@
+"""The transactional outbox publisher: events written in the service's own transaction.
+
+:class:`OutboxEventPublisher` inserts each event's record into the service's outbox table (the
+participant kit's), so an event goes out only once the caller's transaction commits; a relay
+(:class:`~processor.publish.relay.OutboxRelay`, or a participant service's own) publishes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+
+from processor.definition import SagaState
+from processor.messages import Message, MessageRegistry
+from processor.messages import registry as default_registry
+from processor.postgres.events import AnyConnection, insert_events
+from processor.postgres.participant_schema import migrate_participant
+from processor.postgres.schema import Tables
+from processor.publish.records import EventRecordBuilder
+from processor.wire import HEADER_MESSAGE_ID
+
+__all__ = ["OutboxEventPublisher"]
+
+
+class OutboxEventPublisher:
+    """Writes events to the service's outbox table, in the caller's own transaction.
+
+    The table is the participant kit's outbox in ``schema`` (created by :meth:`migrate`), so a
+    service that runs participants shares it with their replies, and their relay publishes
+    both; otherwise run an :class:`OutboxRelay` on the schema. An event goes out only once the
+    caller's transaction commits, at least once, with the headers :class:`EventPublisher`
+    sets; rows of one key are published in order.
+
+    Args:
+        schema: The schema holding the outbox (the participant service's ``schema``).
+        topic_prefix: Prefix of every topic on the broker (``SAGA_TOPIC_PREFIX``).
+        sagas: Saga classes whose association properties key the events they handle.
+        registry: Where the messages are registered.
+    """
+
+    def __init__(
+        self,
+        schema: str,
+        *,
+        topic_prefix: str = "",
+        sagas: Iterable[type[SagaState]] = (),
+        registry: MessageRegistry = default_registry,
+    ) -> None:
+        self.tables = Tables(schema)
+        self.records = EventRecordBuilder(topic_prefix=topic_prefix, sagas=sagas, registry=registry)
+
+    def migrate(self, conn: AnyConnection) -> None:
+        """Creates the schema's outbox tables, if missing (the participant kit's migrations)."""
+        migrate_participant(conn, self.tables)
+
+    def publish(
+        self,
+        conn: AnyConnection,
+        message: Message,
+        *,
+        key: str | None = None,
+        message_id: str | None = None,
+        correlation_id: str | None = None,
+        causation_id: str | None = None,
+        occurred_at: datetime | None = None,
+        headers: Mapping[str, str] | None = None,
+        topic: str | None = None,
+    ) -> str:
+        """Inserts ``message`` into the outbox within ``conn``'s current transaction.
+
+        Arguments as :meth:`EventPublisher.publish`; the trace context is the active span's
+        when this is called.
+
+        Returns:
+            The message id.
+
+        Raises:
+            ValueError: As :meth:`EventPublisher.publish`, or ``conn`` is in autocommit mode
+                outside a transaction block.
+        """
+        row = self.records.build(
+            message,
+            key=key,
+            message_id=message_id,
+            correlation_id=correlation_id,
+            causation_id=causation_id,
+            occurred_at=occurred_at,
+            headers=headers,
+            topic=topic,
+        )
+        insert_events(conn, self.tables, [row])
+        return row.headers[HEADER_MESSAGE_ID]

@@ -1,0 +1,141 @@
+"""The outbox relay runner: publishes to Kafka what a service's outbox table committed.
+
+:class:`OutboxRelay` runs the processor's relay over one schema's outbox, woken by each commit,
+producing with the same partitioner as :class:`~processor.publish.kafka.EventPublisher`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+from processor.errors import LoopDied
+from processor.kafka.producer import KafkaRecordProducer, make_producer, relay_overrides
+from processor.postgres.connect import connect
+from processor.postgres.notify import PostgresWakeSource
+from processor.postgres.outbox import PostgresOutboxStore
+from processor.postgres.participant_schema import migrate_participant
+from processor.postgres.schema import Tables
+from processor.publish.kafka import _client_config, _partitioner
+from processor.runtime.relay import Relay
+from processor.runtime.supervisor import Supervisor
+from processor.settings import KafkaSettings, RelaySettings
+from processor.wire import outbox_channel
+
+__all__ = ["OutboxRelay"]
+
+log = logging.getLogger(__name__)
+
+
+class OutboxRelay:
+    """Publishes a service's outbox: the processor's relay over the schema's outbox table.
+
+    Run it as a context manager (in the background, stopped on exit), or call :meth:`run` from
+    the service's main thread. A ``ParticipantService`` on the same schema already runs one.
+
+    Args:
+        kafka: Client settings (the processor's ``SAGA_KAFKA__*``), or a librdkafka config.
+        database_url: The service's database.
+        schema: The schema of the outbox; its tables are created if missing.
+        partitioner: As for :class:`EventPublisher`.
+        settings: Batch sizes, timeouts and attempts (the processor's relay settings).
+        application_name: Shown in ``pg_stat_activity``.
+        shutdown_timeout: How long a stop may take, in seconds.
+    """
+
+    def __init__(
+        self,
+        *,
+        kafka: KafkaSettings | Mapping[str, str],
+        database_url: str,
+        schema: str,
+        partitioner: str | None = None,
+        settings: RelaySettings | None = None,
+        application_name: str = "saga-event-relay",
+        shutdown_timeout: float = 20.0,
+    ) -> None:
+        config = _client_config(kafka)
+        chosen = _partitioner(partitioner)
+        rs = settings or RelaySettings()
+        self._url = database_url
+        self._app = application_name
+        self.tables = Tables(schema)
+        self.shutdown_timeout = shutdown_timeout
+        with connect(database_url, application_name=application_name) as conn:
+            migrate_participant(conn, self.tables)
+        self.relay = Relay(
+            PostgresOutboxStore(self._connect, self.tables),
+            KafkaRecordProducer(
+                lambda: make_producer(
+                    config, partitioner=chosen, **relay_overrides(rs.max_record_bytes)
+                )
+            ),
+            batch_size=rs.batch_size,
+            max_batch_bytes=rs.max_batch_bytes,
+            poll_interval=rs.poll_interval.total_seconds(),
+            flush_timeout=rs.flush_timeout.total_seconds(),
+            max_attempts=rs.max_attempts,
+            max_record_bytes=rs.max_record_bytes,
+        )
+        self.stop_event = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def _connect(self) -> Any:
+        return connect(self._url, application_name=self._app)
+
+    def run_once(self) -> int:
+        """Publishes one round of committed rows; returns how many went out."""
+        return self.relay.run_once()
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Publishes until ``stop`` (or :attr:`stop_event`) is set; woken by each commit.
+
+        Raises:
+            LoopDied: The relay met a fatal failure (transient ones are retried).
+        """
+        stop = stop or self.stop_event
+        supervisor = Supervisor(stop)
+        supervisor.spawn("event-relay", self.relay.run)
+        listener = PostgresWakeSource(self._connect, outbox_channel(self.tables.schema))
+        supervisor.spawn("event-relay-listener", lambda s: listener.run(s, self.relay.wake.set))
+        stop.wait()
+        ends = time.monotonic() + self.shutdown_timeout
+        stuck = supervisor.join(lambda: ends - time.monotonic())
+        if stuck:
+            log.warning("loops still running at the end of the shutdown budget: %s", stuck)
+        self.relay.close()
+        failure = supervisor.failure
+        if failure is not None:
+            raise LoopDied(failure.describe())
+
+    def stop(self) -> None:
+        """Asks :meth:`run` to return."""
+        self.stop_event.set()
+
+    def __enter__(self) -> OutboxRelay:
+        def target() -> None:
+            try:
+                self.run()
+            except BaseException as e:  # raised again on exit
+                self._error = e
+
+        self._thread = threading.Thread(target=target, name="event-relay-main", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+        if self._thread is not None:
+            self._thread.join(self.shutdown_timeout + 5)
+        if self._error is not None and exc is None:
+            raise self._error
