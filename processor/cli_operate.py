@@ -384,14 +384,9 @@ def console(args: argparse.Namespace, settings: ProcessorSettings) -> int:
         return EXIT_USAGE
     host = args.host or cs.host
     port = args.port if args.port is not None else cs.port
-    if not _loopback(host) and cs.anonymous is not None:
-        log.warning(
-            "the console listens on %s and anyone who reaches it reads as a %s: put it behind an "
-            "authenticating proxy (SAGA_CONSOLE__TRUSTED_PROXIES) or set SAGA_CONSOLE__ANONYMOUS="
-            "null and sign operators in (SAGA_CONSOLE__OPERATORS)",
-            host,
-            cs.anonymous,
-        )
+    warning = exposure(host, cs.anonymous)
+    if warning is not None:
+        log.warning("%s", warning)
     backend = Backend(settings, app=app_of(args))
     app = create_app(
         backend,
@@ -420,6 +415,17 @@ def console(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     server.handle_exit = handle_exit  # type: ignore[method-assign]
     server.run()
     return EXIT_OK
+
+
+def exposure(host: str, anonymous: str | None) -> str | None:
+    """The warning for a console anyone can read from beyond this machine; None if there is none."""
+    if _loopback(host) or anonymous is None:
+        return None
+    return (
+        f"the console listens on {host} and anyone who reaches it reads as a {anonymous}: put it "
+        "behind an authenticating proxy (SAGA_CONSOLE__TRUSTED_PROXIES) or set "
+        "SAGA_CONSOLE__ANONYMOUS=null and sign operators in (SAGA_CONSOLE__OPERATORS)"
+    )
 
 
 def _loopback(host: str) -> bool:

@@ -45,9 +45,16 @@ auto.create.topics.enable=true
 PROPS
   # Format once: the data directory must survive broker restarts with its messages.
   if [[ ! -f "$KAFKA_DIR/data/meta.properties" ]]; then
-    local cluster_id
-    cluster_id="$(java -cp "$KAFKA_LIBS/*" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n1)"
-    java -cp "$KAFKA_LIBS/*" -Dlog4j2.configurationFile="$DEPLOY_DIR/log4j2.properties" \
+    # A cluster id is 16 random bytes in unpadded URL-safe base64 (what `StorageTool random-uuid`
+    # prints); made here, it saves a JVM start on every fresh stack. Like Kafka's own, never one
+    # that starts with '-': the tool would take it for an option.
+    local cluster_id="-"
+    while [[ "$cluster_id" == -* ]]; do
+      cluster_id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')"
+    done
+    # A one-shot tool: the quick JIT tier and the serial collector start it fastest.
+    java -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -cp "$KAFKA_LIBS/*" \
+      -Dlog4j2.configurationFile="$DEPLOY_DIR/log4j2.properties" \
       kafka.tools.StorageTool format -t "$cluster_id" -c "$KAFKA_DIR/server.properties" >&2
   fi
 }

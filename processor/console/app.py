@@ -41,6 +41,9 @@ from processor.wire import OperatorAction
 __all__ = ["create_app"]
 
 PAGE = 50
+# Actions that destroy what cannot be had back: their forms ask for a confirmation (terminate asks
+# its own, naming what it leaves undone).
+_FOR_GOOD = frozenset({"purge", "discard"})
 TEMPLATES = Path(__file__).parent / "templates"
 
 
@@ -269,6 +272,8 @@ def create_app(
             return form, identity, Response(f"{action} needs the {needed} role ({who_text})", 403)
         if not form.get("reason", "").strip():
             return form, identity, Response("a reason is required", 400)
+        if action in _FOR_GOOD and form.get("confirm") != "yes":
+            return form, identity, Response(f"{action} cannot be undone: confirm it", 400)
         return form, identity, None
 
     async def saga_action(request: Request) -> Response:

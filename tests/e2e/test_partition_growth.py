@@ -317,7 +317,7 @@ def test_growth_with_default_clients_keeps_per_saga_order_and_reroutes_deadlines
     # Never replied to: their payment timeout is pending while the topic grows, and comes due
     # after it. They start first, so they are all on the old partitions.
     silent, replied = sagas[:150], set(sagas[150:])
-    replicas = start_replicas(env, settings={"transfer.payment-timeout": 15})
+    replicas = start_replicas(env, settings={"transfer.payment-timeout": 11})
     commands = env.reader()
     producers = Producers(env.kafka, env.events_topic, "crc32")
 

@@ -136,9 +136,16 @@ def test_a_viewer_reads_an_operator_retries_an_admin_purges(
 
             # An admin: purges the dead letter; the audit trail has who, what and why.
             _sign_in(b, console, "ada")
+            admin = {COOKIE: b.get_cookie(COOKIE)["value"]}  # type: ignore[index]
+            unconfirmed = httpx.post(
+                f"{console}/dead-letters/{dead}/purge", data={"reason": "x"}, cookies=admin
+            )
+            assert unconfirmed.status_code == 400
+            assert "cannot be undone" in unconfirmed.text
             b.get(console + "/dead-letters")
             form = b.find_element(By.CSS_SELECTOR, f"form[action='/dead-letters/{dead}/purge']")
             form.find_element(By.NAME, "reason").send_keys("junk from a test")
+            form.find_element(By.NAME, "confirm").click()  # it cannot be undone
             form.find_element(By.TAG_NAME, "button").click()
             wait.until(lambda d: d.find_elements(By.ID, "notice"))
             assert f"dead letter {dead}: purge done" in b.find_element(By.ID, "notice").text

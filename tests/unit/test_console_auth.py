@@ -60,3 +60,16 @@ def test_nobody_gets_nothing_when_anonymous_reading_is_off() -> None:
     assert not Identity(None, None).may("viewer")
     assert closed.authenticates
     assert not Authenticator().authenticates
+
+
+def test_a_console_anyone_may_read_from_beyond_this_machine_is_warned_about() -> None:
+    from processor.cli_operate import exposure
+
+    assert exposure("127.0.0.1", "viewer") is None
+    assert exposure("::1", "viewer") is None
+    assert exposure("localhost", "viewer") is None
+    assert exposure("0.0.0.0", None) is None  # nobody reads without signing in
+    warning = exposure("0.0.0.0", "viewer")
+    assert warning is not None
+    assert "anyone who reaches it reads as a viewer" in warning
+    assert "SAGA_CONSOLE__TRUSTED_PROXIES" in warning

@@ -1,5 +1,5 @@
 """The inventory service of docs/participants.md, run by `saga-processor participant run` and
-killed with SIGKILL twice while commands flow: no reply lost, none sent twice (from Kafka).
+killed with SIGKILL while commands flow: no reply lost, none sent twice (counted from Kafka).
 
 Every command is answered by one reply message id (a redelivery after a crash republishes that
 same record, never a new one), the service's stock moved once per command, and a command
@@ -30,7 +30,8 @@ from schemas.orders import ORDER_COMMANDS_TOPIC, ORDER_EVENTS_TOPIC, ReserveStoc
 from tests.support.harness import Reader, create_topics, headers_for, query, wait_until
 from tests.support.procs import REPO
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# Its own topics, group and schema on the shared services, which it never disturbs.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 APP = "demo.inventory_service:app"
 COMMANDS = 600
@@ -156,10 +157,11 @@ def test_a_killed_service_loses_no_reply_and_sends_none_twice(
         service.start()
         flow = threading.Thread(target=traffic, name="commands", daemon=True)
         flow.start()
-        for share in (COMMANDS // 3, COMMANDS // 2):
-            wait_until(partial(_at_least, replies, share), 90, f"{share} replies")
-            service.kill()
-            service.start()
+        # Killed a third of the way through: commands of its last batch were handled and their
+        # replies not yet relayed, or relayed and not yet deleted.
+        wait_until(partial(_at_least, replies, COMMANDS // 3), 90, "a third of the replies")
+        service.kill()
+        service.start()
         flow.join(60)
         assert not flow.is_alive()
 
@@ -184,4 +186,4 @@ def test_a_killed_service_loses_no_reply_and_sends_none_twice(
     assert query(database_url, schema, "SELECT available FROM stock") == [(STOCK - COMMANDS,)]
     assert query(database_url, schema, "SELECT count(*) FROM reservation") == [(COMMANDS,)]
     assert query(database_url, schema, "SELECT count(*) FROM inbox") == [(COMMANDS,)]
-    assert service.started == 3
+    assert service.started == 2
