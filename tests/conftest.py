@@ -93,6 +93,8 @@ def make_topic(
     """Creates topics that only this test sees; deletes them afterwards."""
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+    from tests.support.harness import until_visible
+
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     created: list[str] = []
 
@@ -102,6 +104,7 @@ def make_topic(
         for future in futures.values():
             future.result()
         created.append(name)
+        until_visible(admin, [name])
         return name
 
     yield make

@@ -67,6 +67,21 @@ def create_topics(kafka: str, names: Sequence[str], partitions: int = 1) -> None
         except Exception as e:  # an existing topic is fine
             if "TOPIC_ALREADY_EXISTS" not in str(e):
                 raise
+    until_visible(admin, names)
+
+
+def until_visible(admin: AdminClient, names: Sequence[str], timeout: float = 30.0) -> None:
+    """Waits until the broker's metadata has each topic.
+
+    The controller acknowledges a creation before the broker's metadata shows it: a request
+    about the topic right after (altering its configs, producing) may meet UNKNOWN_TOPIC.
+    """
+
+    def seen() -> bool:
+        topics = admin.list_topics(timeout=5).topics
+        return all(n in topics and topics[n].error is None and topics[n].partitions for n in names)
+
+    wait_until(seen, timeout, f"topics {list(names)} in the broker's metadata")
 
 
 @contextmanager
