@@ -7,6 +7,7 @@ settings mirror the names users know from the deadline specification (`enabled`,
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -432,6 +433,16 @@ def _known(model: type[BaseModel], path: tuple[str, ...]) -> bool:
     return False
 
 
+# Settings that no longer exist, and why: accepted with a warning rather than refused as a typo,
+# so that an upgrade does not stop on a value set for an older version.
+RETIRED = {
+    "SAGA_CONSUMER__GROWTH_GRACE": (
+        "new partitions no longer wait a grace after a growth: each of their records waits for "
+        "the old partitions to be consumed past it (docs/operations.md, Adding partitions online)"
+    ),
+}
+
+
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """The `SAGA_*` names in `environ` that no setting reads and no tool owns, sorted.
 
@@ -444,7 +455,7 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     unknown = []
     for name in environ:
         upper = name.upper()
-        if not upper.startswith("SAGA_") or upper in ALLOWED_NAMES:
+        if not upper.startswith("SAGA_") or upper in ALLOWED_NAMES or upper in RETIRED:
             continue
         if upper.startswith(ALLOWED_PREFIXES):
             continue
@@ -488,7 +499,10 @@ def load_settings(
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
 
-    unknown = unknown_variables(os.environ if environ is None else environ)
+    seen = os.environ if environ is None else environ
+    for name in sorted(n for n in seen if n.upper() in RETIRED):
+        logging.getLogger(__name__).warning("%s is ignored: %s", name, RETIRED[name.upper()])
+    unknown = unknown_variables(seen)
     if unknown:
         raise ConfigurationError(
             [f"{name}: not a setting (misspelt? see docs/operations.md)" for name in unknown]

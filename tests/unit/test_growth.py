@@ -459,3 +459,16 @@ def test_the_watch_outlives_an_unreachable_cluster_and_dies_of_anything_else(
     broken = FlakyCluster({TOPIC: 6}, 1, RuntimeFailure("permission denied"))
     with pytest.raises(RuntimeFailure, match="permission denied"):
         watch(store, broken, clock).run(threading.Event())
+
+
+def test_the_retired_growth_grace_setting_is_ignored_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from processor.settings import load_settings
+
+    monkeypatch.setenv("SAGA_DATABASE__URL", "postgresql://unused")
+    monkeypatch.setenv("SAGA_CONSUMER__GROWTH_GRACE", "5m")
+    with caplog.at_level(logging.WARNING, logger="processor.settings"):
+        load_settings()
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith("SAGA_CONSUMER__GROWTH_GRACE is ignored: new partitions no longer")
