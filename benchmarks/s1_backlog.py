@@ -28,6 +28,7 @@ from confluent_kafka import Producer
 from benchmarks import peer_quix, raw_e2e, raw_limits, raw_sql
 from benchmarks.common import Scratch, Services, end_offsets, kafka_config, say
 from benchmarks.raw_sql import Measured
+from processor.bootstrap.processor import build_processor
 from processor.messages import (
     HEADER_CORRELATION_ID,
     HEADER_MESSAGE_ID,
@@ -289,7 +290,7 @@ def run_engine(
     group: str = "group",
     history_payload: str = "full",
 ) -> dict[str, Any]:
-    proc = Processor(settings(found, tables, prefix, group, history_payload), [TransferSaga])
+    proc = build_processor(settings(found, tables, prefix, group, history_payload), [TransferSaga])
     proc.start()
     assert proc.worker is not None
     assert proc.relay is not None

@@ -229,11 +229,11 @@ def _child(stats_path: Path, gate: Path) -> int:
 
     It says it is ready (a file beside ``stats_path``) and starts once ``gate`` exists.
     """
-    from processor.runtime.processor import Processor
+    from processor.bootstrap.processor import build_processor
     from processor.settings import load_settings
     from sagas.transfer import TransferSaga
 
-    proc = Processor(load_settings(), [TransferSaga])
+    proc = build_processor(load_settings(), [TransferSaga])
     stats_path.with_suffix(".ready").touch()
     while not gate.exists():
         time.sleep(0.01)

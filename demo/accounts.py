@@ -33,9 +33,9 @@ from typing import Any, TypeVar
 
 import schemas  # noqa: F401 - registers the example message types
 from demo.ledger import STEP_OF, Ledger
+from processor.bootstrap.participant import ParticipantService
 from processor.messages import Message, MessageRegistry, registry
 from processor.participant import Replies, SkipDelivery, Sql, command_handler, participant
-from processor.participant.service import ParticipantService
 from processor.postgres.connect import connect
 from processor.postgres.participant import PostgresParticipantStore
 from processor.settings import ConsumerSettings, RelaySettings

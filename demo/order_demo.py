@@ -29,7 +29,7 @@ from demo.orders import settle_late
 from demo.participants import app as participants_app
 from demo.participants import seed
 from demo.traffic import produce_event
-from processor.participant.serve import migrate
+from processor.bootstrap.participant import migrate
 from processor.settings import ProcessorSettings
 from schemas.orders import (
     ESCALATIONS_TOPIC,

@@ -54,7 +54,7 @@ class _Unbuilt:
 class SagaApp:
     """The sagas a processor runs, the dependencies their handlers ask for, and settings.
 
-    Dependencies are resolved by declared type, as `Processor(dependencies=...)` resolves them:
+    Dependencies are resolved by declared type, as `build_processor(dependencies=...)` does:
     a handler parameter annotated `Ledger` receives the object registered under `Ledger` (or
     under one subclass of it). Every handler parameter is checked when a process starts, before
     any factory runs and before any record is read.
@@ -326,10 +326,16 @@ def load_participant_app(target: str) -> ParticipantApp:
     return found
 
 
-def _load(target: str) -> Any:
+def import_target(target: str, malformed: str, what: str = "") -> Any:
+    """The object ``MODULE:ATTR`` names (ATTR may be dotted), imported from the working directory.
+
+    Raises:
+        SagaError: ``malformed`` when the target is not ``MODULE:ATTR``; otherwise the import or
+            attribute error, named.
+    """
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
-        raise SagaError(f"name the app as MODULE:ATTR, e.g. myapp.service:app; got {target!r}")
+        raise SagaError(malformed)
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -337,7 +343,14 @@ def _load(target: str) -> Any:
         for part in attr.split("."):
             found = getattr(found, part)
     except (ImportError, AttributeError) as e:
-        raise SagaError(f"cannot load app {target!r}: {type(e).__name__}: {e}") from e
+        raise SagaError(f"cannot load {what}{target!r}: {type(e).__name__}: {e}") from e
+    return found
+
+
+def _load(target: str) -> Any:
+    found = import_target(
+        target, f"name the app as MODULE:ATTR, e.g. myapp.service:app; got {target!r}", "app "
+    )
     apps = (SagaApp, ParticipantApp)
     if not isinstance(found, apps) and callable(found) and not isinstance(found, type):
         found = found()

@@ -25,6 +25,9 @@ __all__ = [
     "HEADER_DEADLINE_ID",
     "HEADER_DEADLINE_NAME",
     "HEADER_DEADLINE_UNIX_MS",
+    "HEADER_DEAD_LETTER_DETAIL",
+    "HEADER_DEAD_LETTER_REASON",
+    "HEADER_DEAD_LETTER_TRUNCATED",
     "HEADER_FENCING_TOKEN",
     "HEADER_MESSAGE_ID",
     "HEADER_MESSAGE_TYPE",
@@ -33,6 +36,9 @@ __all__ = [
     "HEADER_SAGA_ID",
     "HEADER_SAGA_TYPE",
     "HEADER_SCHEMA_VERSION",
+    "HEADER_SOURCE_OFFSET",
+    "HEADER_SOURCE_PARTITION",
+    "HEADER_SOURCE_TOPIC",
     "HEADER_TRACEPARENT",
     "HEADER_TRACESTATE",
     "OPERATOR_COMMAND",
@@ -43,6 +49,7 @@ __all__ = [
     "child_traceparent",
     "dead_letter_headers",
     "deadline_channel",
+    "envelope",
     "outbox_channel",
     "parse_traceparent",
 ]
@@ -78,6 +85,74 @@ HEADER_DEAD_LETTER_DETAIL = "dead-letter-detail"
 HEADER_SOURCE_TOPIC = "source-topic"
 HEADER_SOURCE_PARTITION = "source-partition"
 HEADER_SOURCE_OFFSET = "source-offset"
+# On a dead letter whose value the relay cut to fit the broker: the original value's size in
+# bytes. The whole record stays in the ``dead_letter`` table, found by its ``source-*`` headers.
+HEADER_DEAD_LETTER_TRUNCATED = "dead-letter-truncated"
+
+
+def envelope(
+    *,
+    message_id: str,
+    message_type: str,
+    schema_version: int | str | None = None,
+    correlation_id: str | None = None,
+    causation_id: str | None = None,
+    occurred_at: datetime | str | None = None,
+    saga_type: str | None = None,
+    saga_id: str | None = None,
+    traceparent: str | None = None,
+    tracestate: str | None = None,
+    deadline_unix_ms: int | None = None,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The standard headers of a message the processor, a publisher or a participant sends.
+
+    Every producer builds its headers here, so names, values and order agree on the wire. A
+    header whose argument is None is left out. The order: the trace context, then ``extra``
+    (headers of the caller's own), then the standard headers, which win a clash with
+    ``extra``, then ``deadline-unix-ms``; a record's own headers (a fired deadline's, an
+    operator's signature) follow.
+
+    Args:
+        message_id: Unique per message; kept by redeliveries.
+        message_type: The message's wire name.
+        schema_version: The version of the message's schema.
+        correlation_id: The conversation the message belongs to.
+        causation_id: The message id of the message that caused this one.
+        occurred_at: When it happened; text is sent as is (one batch formats its clock once).
+        saga_type: The saga that sent it or that it answers.
+        saga_id: The saga's id.
+        traceparent: W3C trace context to send, already the child span where one is wanted.
+        tracestate: W3C trace state to send with it.
+        deadline_unix_ms: When a command stops being worth handling, in Unix milliseconds.
+        extra: Further headers, e.g. a handler's or a publisher's caller's.
+    """
+    out: dict[str, str] = {}
+    if traceparent is not None:
+        out[HEADER_TRACEPARENT] = traceparent
+    if tracestate is not None:
+        out[HEADER_TRACESTATE] = tracestate
+    if extra:
+        out.update(extra)
+    out[HEADER_MESSAGE_ID] = message_id
+    out[HEADER_MESSAGE_TYPE] = message_type
+    if schema_version is not None:
+        out[HEADER_SCHEMA_VERSION] = str(schema_version)
+    if correlation_id is not None:
+        out[HEADER_CORRELATION_ID] = correlation_id
+    if causation_id is not None:
+        out[HEADER_CAUSATION_ID] = causation_id
+    if occurred_at is not None:
+        out[HEADER_OCCURRED_AT] = (
+            occurred_at if isinstance(occurred_at, str) else occurred_at.isoformat()
+        )
+    if saga_type is not None:
+        out[HEADER_SAGA_TYPE] = saga_type
+    if saga_id is not None:
+        out[HEADER_SAGA_ID] = saga_id
+    if deadline_unix_ms is not None:
+        out[HEADER_DEADLINE_UNIX_MS] = str(deadline_unix_ms)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,21 +193,18 @@ class FiredRecord:
         self, traceparent: str | None = None, tracestate: str | None = None
     ) -> dict[str, str]:
         """The fired record's headers; the trace context of the event that set the deadline."""
-        trace = {}
-        if traceparent:
-            trace[HEADER_TRACEPARENT] = child_traceparent(traceparent, self.message_id) or ""
-            if tracestate:
-                trace[HEADER_TRACESTATE] = tracestate
-        return {
-            **{k: v for k, v in trace.items() if v},
-            HEADER_MESSAGE_TYPE: DEADLINE_FIRED,
-            HEADER_MESSAGE_ID: self.message_id,
-            HEADER_SAGA_TYPE: self.saga_type,
-            HEADER_SAGA_ID: self.saga_id,
-            HEADER_DEADLINE_ID: self.deadline_id,
-            HEADER_DEADLINE_NAME: self.name,
-            HEADER_FENCING_TOKEN: str(self.token),
-        }
+        headers = envelope(
+            message_id=self.message_id,
+            message_type=DEADLINE_FIRED,
+            saga_type=self.saga_type,
+            saga_id=self.saga_id,
+            traceparent=child_traceparent(traceparent, self.message_id) if traceparent else None,
+            tracestate=tracestate if traceparent and tracestate else None,
+        )
+        headers[HEADER_DEADLINE_ID] = self.deadline_id
+        headers[HEADER_DEADLINE_NAME] = self.name
+        headers[HEADER_FENCING_TOKEN] = str(self.token)
+        return headers
 
     @classmethod
     def parse(cls, value: bytes | None) -> FiredRecord:
@@ -211,13 +283,14 @@ class OperatorRecord:
 
     def headers(self, key: bytes) -> dict[str, str]:
         """The record's headers, signed with ``key``."""
-        return {
-            HEADER_MESSAGE_TYPE: OPERATOR_COMMAND,
-            HEADER_MESSAGE_ID: self.message_id,
-            HEADER_SAGA_TYPE: self.saga_type,
-            HEADER_SAGA_ID: self.saga_id,
-            HEADER_OPERATOR_AUTH: operator_signature(key, self.value()),
-        }
+        headers = envelope(
+            message_id=self.message_id,
+            message_type=OPERATOR_COMMAND,
+            saga_type=self.saga_type,
+            saga_id=self.saga_id,
+        )
+        headers[HEADER_OPERATOR_AUTH] = operator_signature(key, self.value())
+        return headers
 
     @classmethod
     def parse(cls, value: bytes | None) -> OperatorRecord:

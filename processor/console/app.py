@@ -14,7 +14,6 @@ import dataclasses
 import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime, timedelta
-from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -27,23 +26,20 @@ from starlette.responses import JSONResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
-from processor.console.auth import COOKIE, Authenticator, Identity, allowed
+from processor.console.actions import Guard, action_routes
+from processor.console.auth import COOKIE, Authenticator, Identity
 from processor.console.backend import Backend
 from processor.errors import SagaError
 from processor.handles import SagaOutcome
 from processor.ops.diagram import svg
 from processor.ops.filters import state_documents
 from processor.ops.inspect import NoSuchSaga, show_saga
-from processor.ops.views import jsonable, step_state
+from processor.ports.views import jsonable, step_state
 from processor.settings import parse_duration
-from processor.wire import OperatorAction
 
 __all__ = ["create_app"]
 
 PAGE = 50
-# Actions that destroy what cannot be had back: their forms ask for a confirmation (terminate asks
-# its own, naming what it leaves undone).
-_FOR_GOOD = frozenset({"purge", "discard"})
 TEMPLATES = Path(__file__).parent / "templates"
 
 
@@ -251,128 +247,6 @@ def create_app(
         rows = backend.failed_outbox(limit=200)
         return render(request, "failed_outbox.html", rows=rows, title="Failed outbox")
 
-    # -- actions -------------------------------------------------------------------------------
-
-    async def _form(
-        request: Request, action: str
-    ) -> tuple[dict[str, str], Identity, Response | None]:
-        form = {k: str(v) for k, v in (await request.form()).items()}
-        identity = who(request)
-        if not enabled:
-            return form, identity, Response("actions are disabled", 403)
-        if form.get("token"):
-            # A key sent with the action: the shared token, or an operator's own with its name.
-            signed = auth.sign_in(form.get("operator") or token_name, form["token"])
-            if signed is None:
-                return form, identity, Response("wrong token", 403)
-            identity = signed
-        needed = allowed(identity, action)
-        if needed is not None:
-            who_text = identity.name or "nobody signed in"
-            return form, identity, Response(f"{action} needs the {needed} role ({who_text})", 403)
-        if not form.get("reason", "").strip():
-            return form, identity, Response("a reason is required", 400)
-        if action in _FOR_GOOD and form.get("confirm") != "yes":
-            return form, identity, Response(f"{action} cannot be undone: confirm it", 400)
-        return form, identity, None
-
-    async def saga_action(request: Request) -> Response:
-        from starlette.concurrency import run_in_threadpool
-
-        action = request.path_params["action"]
-        form, identity, refused = await _form(request, action)
-        if refused is not None:
-            return refused
-        saga_type = request.path_params["saga_type"]
-        saga_id = request.path_params["saga_id"]
-        reason = form["reason"]
-        by = identity.name
-        try:
-            if action == "terminate" and form.get("force") != "yes":
-                raise SagaError(
-                    "terminate undoes nothing; tick the box to confirm, or cancel instead"
-                )
-            if action in ("retry", "skip", "cancel", "terminate", "resolve"):
-                op = {
-                    "retry": OperatorAction.PARKED_RETRY,
-                    "skip": OperatorAction.PARKED_SKIP,
-                    "cancel": OperatorAction.CANCEL,
-                    "terminate": OperatorAction.TERMINATE,
-                    "resolve": OperatorAction.RESOLVE,
-                }[action]
-                decision = form.get("decision") if action == "resolve" else None
-                entry, status = await run_in_threadpool(
-                    partial(backend.act, actor=by), op, saga_type, saga_id, reason, decision or None
-                )
-                notice = (
-                    f"{action} sent; no processor applied it yet (see the timeline)"
-                    if entry is None
-                    else f"{action} {entry.outcome}, now {status}"
-                    if entry.outcome == "applied"
-                    else f"{action} {entry.outcome}: {entry.detail or ''}"
-                )
-            else:
-                op = {
-                    "fire-now": OperatorAction.DEADLINE_FIRE_NOW,
-                    "cancel-deadline": OperatorAction.DEADLINE_CANCEL,
-                }[action]
-                mid = await run_in_threadpool(
-                    partial(backend.request, actor=by),
-                    op,
-                    saga_type,
-                    saga_id,
-                    reason,
-                    form.get("name") or None,
-                )
-                notice = f"{action} sent as {mid}; it shows in the timeline once applied"
-        except (SagaError, KeyError) as e:
-            notice = f"{action} refused: {e}"
-        query = urlencode({"notice": notice})
-        return RedirectResponse(f"/saga/{saga_type}/{saga_id}?{query}", 303)
-
-    async def dead_letter_action(request: Request) -> Response:
-        from starlette.concurrency import run_in_threadpool
-
-        action = request.path_params["action"]
-        form, identity, refused = await _form(request, action)
-        if refused is not None:
-            return refused
-        row_id = int(request.path_params["row_id"])
-        reason = form["reason"]
-        try:
-            if action == "replay":
-                await run_in_threadpool(
-                    partial(backend.replay_dead_letter, actor=identity.name, reason=reason), row_id
-                )
-            else:
-                await run_in_threadpool(
-                    partial(backend.purge_dead_letter, actor=identity.name, reason=reason), row_id
-                )
-            notice = f"dead letter {row_id}: {action} done"
-        except SagaError as e:
-            notice = f"{action} refused: {e}"
-        return RedirectResponse("/dead-letters?" + urlencode({"notice": notice}), 303)
-
-    async def outbox_action(request: Request) -> Response:
-        from starlette.concurrency import run_in_threadpool
-
-        retry = request.path_params["action"] == "retry"
-        form, identity, refused = await _form(request, "outbox-retry" if retry else "discard")
-        if refused is not None:
-            return refused
-        row_id = int(request.path_params["row_id"])
-        try:
-            rows = await run_in_threadpool(
-                partial(backend.outbox_action, actor=identity.name),
-                row_id,
-                retry,
-                form["reason"],
-            )
-            notice = f"{len(rows)} rows {'put back' if retry else 'discarded'}"
-        except SagaError as e:
-            notice = f"refused: {e}"
-        return RedirectResponse("/failed-outbox?" + urlencode({"notice": notice}), 303)
-
     routes = [
         Route("/login", login_page),
         Route("/login", login, methods=["POST"]),
@@ -383,14 +257,12 @@ def create_app(
         Route("/search", search),
         Route("/saga/{saga_type}/{saga_id}", saga),
         Route("/api/saga/{saga_type}/{saga_id}", saga_json),
-        Route("/saga/{saga_type}/{saga_id}/{action}", saga_action, methods=["POST"]),
         Route("/dead-letters", dead_letters),
         Route("/dead-letters/{row_id:int}", dead_letter),
-        Route("/dead-letters/{row_id:int}/{action}", dead_letter_action, methods=["POST"]),
         Route("/failed-outbox", failed_outbox),
         Route("/audit", audit),
-        Route("/failed-outbox/{row_id:int}/{action}", outbox_action, methods=["POST"]),
         *_cluster_routes(backend, render),
+        *action_routes(backend, Guard(auth, who, enabled, token_name)),
     ]
 
     @contextlib.asynccontextmanager

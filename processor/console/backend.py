@@ -15,10 +15,10 @@ from functools import cached_property
 from typing import Any
 
 from processor.application import SagaApp
+from processor.bootstrap.adapters import Adapters, InspectQueries
 from processor.definition import definition_of
 from processor.errors import SagaDefinitionError, SagaError
 from processor.machine import MachineSaga, MachineSpec
-from processor.ops.cluster import ClusterView, with_lag
 from processor.ops.inspect import (
     purge_dead_letters,
     replay_dead_letter,
@@ -26,12 +26,10 @@ from processor.ops.inspect import (
     wait_for_outcome,
 )
 from processor.ops.outbox import discard_failed_rows, retry_failed_rows
-from processor.ops.views import AuditRow, ConsumerLag, TimelineEntry, consumer_lag
 from processor.ports import FailedOutboxRow, RecordProducer
-from processor.postgres.connect import connect
-from processor.postgres.failed_outbox import PostgresFailedOutbox
-from processor.postgres.inspect import InspectQueries, open_inspect_queries
-from processor.runtime.assembly import load_saga_classes, operator_key, tables_for
+from processor.ports.cluster import ClusterView, with_lag
+from processor.ports.views import AuditRow, ConsumerLag, TimelineEntry, consumer_lag
+from processor.runtime.assembly import load_saga_classes, operator_key
 from processor.settings import ProcessorSettings
 from processor.wire import OperatorAction
 
@@ -53,15 +51,14 @@ class Backend:
         self.settings = settings
         self.app = app
         self.by = by or settings.operator.name or getpass.getuser()
-        self._url = settings.database.url.get_secret_value()
-        self._tables = tables_for(settings)
+        self._adapters = Adapters(settings)
         self._lock = threading.Lock()
         self._producer: RecordProducer | None = None
 
     @contextmanager
     def inspect(self) -> Iterator[InspectQueries]:
         """Read queries on a connection of their own, closed on leaving."""
-        with open_inspect_queries(self._url, self._tables) as queries:
+        with self._adapters.inspect_queries() as queries:
             yield queries
 
     @cached_property
@@ -85,11 +82,9 @@ class Backend:
 
     def consumer_lag(self, timeout: float = 3.0) -> ConsumerLag | None:
         """Stored positions against the broker's high watermarks; None if the broker is away."""
-        from processor.kafka.watermarks import watermarks
-
         with self.inspect() as queries:
             stored = queries.stored_offsets(self.settings.consumer.group_id)
-        marks = watermarks(self.settings.kafka.client_config(), stored, timeout)
+        marks = self._adapters.watermarks(stored, timeout)
         return None if marks is None else consumer_lag(stored, marks)
 
     # -- the cluster page and the probes --------------------------------------------------------
@@ -99,40 +94,24 @@ class Backend:
 
         The lag is unknown (None) when the broker does not answer within ``timeout`` seconds.
         """
-        from processor.kafka.watermarks import watermarks
-        from processor.postgres.cluster import cluster_view
-
-        with connect(self._url, application_name="saga-processor-console", autocommit=True) as c:
-            view = cluster_view(c, self._tables, self.settings.consumer.group_id)
+        view = self._adapters.cluster_view()
         stored = {(p.topic, p.partition): p.stored for p in view.partitions}
-        marks = watermarks(self.settings.kafka.client_config(), stored, timeout)
+        marks = self._adapters.watermarks(stored, timeout)
         return with_lag(view, None if marks is None else consumer_lag(stored, marks))
 
     def database_answers(self) -> bool:
         """Whether the database takes a connection and answers a query (the readiness probe)."""
-        from processor.postgres.cluster import database_answers
-
-        return database_answers(self._url)
+        return self._adapters.database_answers()
 
     def route(self) -> Callable[[str, bytes, int], int]:
         """Routes operator records to where a saga's events go now (input topics may grow)."""
-        from processor.postgres.connect import connect
-        from processor.postgres.growth import current_router
-
-        cs = self.settings.consumer
-        return current_router(lambda: connect(self._url), self._tables, cs.group_id, cs.partitioner)
+        return self._adapters.router()
 
     def producer(self) -> RecordProducer:
         """One producer for the console's operator records, made on first use."""
-        from processor.kafka.producer import KafkaRecordProducer, make_producer
-
         with self._lock:
             if self._producer is None:
-                config = self.settings.kafka.client_config()
-                part = self.settings.consumer.partitioner
-                self._producer = KafkaRecordProducer(
-                    lambda: make_producer(config, partitioner=part)
-                )
+                self._producer = self._adapters.record_producer()
             return self._producer
 
     def close(self) -> None:
@@ -243,8 +222,8 @@ class Backend:
 
     def failed_outbox(self, limit: int) -> list[FailedOutboxRow]:
         """Failed and held outbox rows in their order."""
-        with connect(self._url, autocommit=True) as conn:
-            return PostgresFailedOutbox(conn, self._tables).list_failed(None, None, limit)
+        with self._adapters.failed_outbox() as store:
+            return store.list_failed(None, None, limit)
 
     def outbox_action(
         self, row_id: int, retry: bool, reason: str, *, actor: str | None = None
@@ -255,8 +234,7 @@ class Backend:
         user; the process's operator name when None) and ``reason``.
         """
         who = actor or self.by
-        with connect(self._url, autocommit=True) as conn:
-            store = PostgresFailedOutbox(conn, self._tables)
+        with self._adapters.failed_outbox() as store:
             if retry:
                 return retry_failed_rows(store, row_id=row_id, actor=who, reason=reason)
             return discard_failed_rows(store, reason=reason, row_id=row_id, actor=who)

@@ -12,11 +12,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from processor.engine.limits import (
+    MAX_HEADER_VALUE_BYTES,
+    MAX_ID_BYTES,
+    escaped_nul,
+    id_problem,
+    key_problem,
+)
 from processor.engine.records import UNREADABLE_HEADER_NAME, Record
+from processor.engine.rows import DeadLetter
 from processor.errors import UnknownMessageType
 from processor.messages import Message, MessageMetadata, MessageRegistry
 from processor.wire import (
@@ -46,15 +54,6 @@ __all__ = [
     "decode",
     "id_problem",
 ]
-
-MAX_ID_BYTES = 512
-"""Longest saga id, message id, record key or deadline name, in UTF-8 bytes.
-
-Ids are btree-indexed text columns; PostgreSQL refuses an index row over about 2.7 kB, so a
-longer id would fail the whole batch's write instead of being judged here."""
-
-MAX_HEADER_VALUE_BYTES = 8192
-"""Longest header value, in bytes; headers are stored as JSON with parked and dead records."""
 
 
 class Reason(StrEnum):
@@ -106,12 +105,10 @@ class Operator:
 
 
 @dataclass(frozen=True, slots=True)
-class Rejected:
+class Rejected(DeadLetter):
     """A record that can never be handled, and why; it goes to the dead-letter topic."""
 
-    record: Record
     reason: Reason
-    detail: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +118,7 @@ class TooNew:
     It is not dead-lettered: the planner parks it behind its saga, so that a producer deployed
     before the processor loses nothing; once code that knows the version runs, an operator's
     retry (``saga-processor retry``) replays it in order. Without the class there is no
-    association property to read, so it is routed by rule (see ``Planner.route``): the field
+    association property to read, so it is routed by rule (see ``Router.route``): the field
     that the newest known version's handler associates by, read from the raw JSON, else the
     record key.
 
@@ -153,9 +150,9 @@ def decode(record: Record, registry: MessageRegistry, max_bytes: int) -> Decoded
     headers = _headers(record)
     if isinstance(headers, Rejected):
         return headers
-    key_problem = _key_problem(record.key)
-    if key_problem is not None:
-        return Rejected(record, Reason.INVALID_ID, f"the record key {key_problem}")
+    bad_key = key_problem(record.key)
+    if bad_key is not None:
+        return Rejected(record, Reason.INVALID_ID, f"the record key {bad_key}")
     type_name = headers.get(HEADER_MESSAGE_TYPE)
     if type_name == DEADLINE_FIRED:
         return _fired(record)
@@ -190,7 +187,7 @@ def decode(record: Record, registry: MessageRegistry, max_bytes: int) -> Decoded
         return Rejected(record, Reason.INVALID_ID, f"the {HEADER_MESSAGE_ID} {bad_id}")
     value = record.value
     # jsonb refuses the NUL character; a raw NUL byte is no valid JSON either.
-    if b"\x00" in value or (b"\\u0000" in value and _escaped_nul(value)):
+    if b"\x00" in value or (b"\\u0000" in value and escaped_nul(value)):
         return Rejected(record, Reason.INVALID_TEXT, "the value holds a NUL character")
     if cls is None:
         assert newest is not None
@@ -258,15 +255,37 @@ def _invalid(record: Record, error: ValidationError) -> Rejected:
     return Rejected(record, Reason.SCHEMA_VIOLATION, text[:2000])
 
 
-def _fired(record: Record) -> Decoded:
+_Own = TypeVar("_Own", FiredRecord, OperatorRecord)
+
+# Of each record the processor writes itself: what it is, whose ids it names, and each id's
+# description and field.
+_Ids = tuple[str, str, tuple[tuple[str, str], ...]]
+_FIRED_IDS: _Ids = ("deadline-fired", "deadline's", (("saga id", "saga_id"), ("name", "name")))
+_OPERATOR_IDS: _Ids = (
+    "operator",
+    "operator record's",
+    (("saga id", "saga_id"), ("command id", "command_id")),
+)
+
+
+def _own(record: Record, parse: Callable[[bytes | None], _Own], ids: _Ids) -> _Own | Rejected:
+    """A record the processor writes itself, parsed, with the ids it names checked as ids."""
+    kind, whose, fields = ids
     try:
-        fired = FiredRecord.parse(record.value)
+        parsed = parse(record.value)
     except ValueError:
-        return Rejected(record, Reason.SCHEMA_VIOLATION, "malformed deadline-fired record")
-    for what, text in (("saga id", fired.saga_id), ("name", fired.name)):
-        problem = id_problem(text)
+        return Rejected(record, Reason.SCHEMA_VIOLATION, f"malformed {kind} record")
+    for what, name in fields:
+        problem = id_problem(getattr(parsed, name))
         if problem is not None:
-            return Rejected(record, Reason.INVALID_ID, f"the deadline's {what} {problem}")
+            return Rejected(record, Reason.INVALID_ID, f"the {whose} {what} {problem}")
+    return parsed
+
+
+def _fired(record: Record) -> Decoded:
+    fired = _own(record, FiredRecord.parse, _FIRED_IDS)
+    if isinstance(fired, Rejected):
+        return fired
     try:
         # The deadline table's id is a uuid; anything else can match no row.
         deadline_id = str(uuid.UUID(fired.deadline_id))
@@ -283,38 +302,10 @@ def _fired(record: Record) -> Decoded:
 
 
 def _operator(record: Record, signature: str | None) -> Decoded:
-    try:
-        request = OperatorRecord.parse(record.value)
-    except ValueError:
-        return Rejected(record, Reason.SCHEMA_VIOLATION, "malformed operator record")
-    for what, text in (("saga id", request.saga_id), ("command id", request.command_id)):
-        problem = id_problem(text)
-        if problem is not None:
-            return Rejected(record, Reason.INVALID_ID, f"the operator record's {what} {problem}")
+    request = _own(record, OperatorRecord.parse, _OPERATOR_IDS)
+    if isinstance(request, Rejected):
+        return request
     return Operator(record, request, signature)
-
-
-def id_problem(text: str) -> str | None:
-    """Why ``text`` cannot be stored as an id (saga id, association value), or None if it can.
-
-    Args:
-        text: The id.
-
-    Returns:
-        A short phrase without the id's value, e.g. "holds a NUL character".
-    """
-    if "\x00" in text:
-        return "holds a NUL character"
-    if text.isascii():  # the common case: one byte per character, nothing to encode
-        size = len(text)
-    else:
-        try:
-            size = len(text.encode())
-        except UnicodeEncodeError:  # a lone surrogate
-            return "is not valid UTF-8"
-    if size > MAX_ID_BYTES:
-        return f"is over {MAX_ID_BYTES} bytes"
-    return None
 
 
 # A header value of at most this many characters is within MAX_HEADER_VALUE_BYTES whatever
@@ -362,34 +353,6 @@ def _each_header(record: Record) -> dict[str, str] | Rejected:
         except UnicodeDecodeError:
             return Rejected(record, Reason.INVALID_HEADER, f"header {name!r} is not valid UTF-8")
     return out
-
-
-def _key_problem(key: bytes | None) -> str | None:
-    if key is None:
-        return None
-    if b"\x00" in key:
-        return "holds a NUL character"
-    if len(key) > MAX_ID_BYTES:
-        return f"is over {MAX_ID_BYTES} bytes"
-    try:
-        key.decode()
-    except UnicodeDecodeError:
-        return "is not valid UTF-8"
-    return None
-
-
-def _escaped_nul(value: bytes) -> bool:
-    # The slow path, only when the bytes occur at all: an odd run of backslashes before
-    # "u0000" is the escape; an even run is a literal backslash followed by "u0000".
-    start = value.find(b"\\u0000")
-    while start >= 0:
-        run = 0
-        while start - run - 1 >= 0 and value[start - run - 1] == 0x5C:
-            run += 1
-        if run % 2 == 0:
-            return True
-        start = value.find(b"\\u0000", start + 1)
-    return False
 
 
 def _int(text: str | None) -> int | None:

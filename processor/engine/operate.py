@@ -1,4 +1,4 @@
-"""Operator records in the planner: routed by their signature, applied in the saga's log order.
+"""Operator records in the planner, applied in the saga's log order (``route`` checks them).
 
 An operator's retry (or skip) of a parked saga replays the records held behind it within the
 batch that consumes the request: the held records come with the loaded rows, and the replay runs
@@ -12,20 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Iterable
-from datetime import datetime
 from typing import Any
 
-from processor.engine.decode import (
-    Decoded,
-    FiredDeadline,
-    Operator,
-    Reason,
-    Rejected,
-    TooNew,
-    decode,
-)
+from processor.engine.decode import FiredDeadline, Operator, Rejected, TooNew, decode
+from processor.engine.handlers import Handlers
+from processor.engine.output import RowWriter
 from processor.engine.records import Record
+from processor.engine.route import REPLAYS, Router
 from processor.engine.rows import (
     ACTIVE,
     ENDED,
@@ -33,99 +26,79 @@ from processor.engine.rows import (
     AuditEntry,
     Loaded,
     Outcome,
-    Wants,
     WriteSet,
 )
-from processor.engine.steps import Steps
-from processor.engine.working import Item, Working
-from processor.messages import HEADER_MESSAGE_ID
-from processor.wire import OperatorAction, operator_signed
+from processor.engine.steps import DeadlineSteps, EventSteps
+from processor.engine.working import Item, MessageKey, Pass, Working
+from processor.messages import HEADER_MESSAGE_ID, MessageRegistry
+from processor.wire import OperatorAction
 
 
-class OperatorSteps(Steps):
-    """Routes and applies operator records (a base of ``Planner``)."""
+class OperatorSteps:
+    """Plans each routed item against its saga: operator records here, others by their steps.
 
-    def route(self, decoded: Iterable[Decoded]) -> tuple[list[Item | Rejected], Wants]:
-        """Routes records to sagas; ``Planner.route``, which a retry's replay routes with."""
-        raise NotImplementedError
+    A retry's replay runs the held records through :meth:`step` again, routed by ``router``.
 
-    def _route_operator(self, d: Operator, wants: Wants) -> Item | Rejected:
-        req = d.request
-        value = d.record.value or b""
-        trusted = self._operator_key is not None and operator_signed(
-            self._operator_key, value, d.signature
-        )
-        if not trusted:
-            # A person's own key: who asked is the key's owner, whatever name the record says.
-            owner = next(
-                (
-                    n
-                    for n, k in self._operator_keys.items()
-                    if operator_signed(k, value, d.signature)
-                ),
-                None,
-            )
-            if owner is None:
-                return Rejected(d.record, Reason.UNAUTHENTICATED, "bad or missing operator-auth")
-            d = dataclasses.replace(d, request=dataclasses.replace(req, by=owner))
-            req = d.request
-        bound = self._sagas.get(req.saga_type)
-        if bound is None:
-            return Rejected(d.record, Reason.UNKNOWN_TYPE, f"no saga type {req.saga_type!r}")
-        key = (req.saga_type, req.saga_id)
-        wants.saga_keys.add(key)
-        wants.message_keys.add((*key, req.message_id))
-        if req.action in _REPLAYS:
-            wants.held_keys.add(key)
-        return Item(d, bound, req.saga_id)
+    Args:
+        writer: Builds the rows: history, dead letters.
+        handlers: Runs handlers (an operator's cancel, terminate or resolve) and parks.
+        events: The steps of events and records newer than the code.
+        deadlines: The step of fired deadlines.
+        router: Routes the held records a retry replays.
+        registry: Message types, to decode the held records.
+    """
 
-    def _step(
+    def __init__(
         self,
-        ws: WriteSet,
-        w: Working,
-        item: Item,
-        loaded: Loaded,
-        now: datetime,
-        seen: set[tuple[str, str, str]],
-        *,
-        replay: bool,
+        writer: RowWriter,
+        handlers: Handlers,
+        events: EventSteps,
+        deadlines: DeadlineSteps,
+        router: Router,
+        registry: MessageRegistry,
     ) -> None:
+        self._history = writer.history
+        self._dead_letter = writer.dead_letter
+        self._run = handlers.run
+        self._fail = handlers.fail
+        self._park = handlers.park
+        # Bound once: one of these runs for every item.
+        self._event = events.event
+        self._too_new = events.too_new
+        self._fire = deadlines.fire
+        self._route = router.route
+        self._registry = registry
+
+    def step(self, p: Pass, w: Working, item: Item) -> None:
         """Plans one routed item against its saga (the consumer's batch and a retry's replay)."""
-        if isinstance(item.decoded, FiredDeadline):
-            self._fire(ws, w, item, item.decoded, loaded, now, replay)
+        decoded = item.decoded
+        if isinstance(decoded, FiredDeadline):
+            self._fire(p, w, item, decoded)
             return
         mkey = (w.bound.saga_type, w.saga_id, item.message_id)
-        if mkey in seen:
-            self._history(ws, w, item, Outcome.DUPLICATE)
-        elif isinstance(item.decoded, Operator):
+        if mkey in p.seen:
+            self._history(p.ws, w, item, Outcome.DUPLICATE)
+        elif isinstance(decoded, Operator):
+            ws = p.ws
             written = (len(ws.history), len(ws.audit))
-            self._operate(ws, w, item, item.decoded, loaded, now, seen, mkey)
-            _audit(ws, w, item, item.decoded, *written)
-        elif isinstance(item.decoded, TooNew):
-            self._too_new(ws, w, item, item.decoded)
+            self._operate(p, w, item, decoded, mkey)
+            _audit(ws, w, item, decoded, *written)
+        elif isinstance(decoded, TooNew):
+            self._too_new(p, w, item, decoded)
         else:
-            self._event(ws, w, item, item.decoded, now, seen, mkey)
+            self._event(p, w, item, decoded, mkey)
 
-    def _operate(
-        self,
-        ws: WriteSet,
-        w: Working,
-        item: Item,
-        op: Operator,
-        loaded: Loaded,
-        now: datetime,
-        seen: set[tuple[str, str, str]],
-        mkey: tuple[str, str, str],
-    ) -> None:
+    def _operate(self, p: Pass, w: Working, item: Item, op: Operator, mkey: MessageKey) -> None:
         """Applies an operator's request in the saga's log order, like one of its events."""
+        ws, now, seen = p.ws, p.now, p.seen
         req = op.request
         label = f"operator {req.action} by {req.by}: {req.reason}"[:1000]
-        if req.action in _REPLAYS:
+        if req.action in REPLAYS:
             if w.status != PARKED:
                 detail = f"{label} (the saga is not parked)"
                 self._history(ws, w, item, Outcome.OPERATOR_REFUSED, detail=detail)
                 return
-            self._replay_held(ws, w, item, loaded, now, seen, label)
+            self._replay_held(p, w, item, label)
             return
         if w.status == PARKED:
             # Held in order with the rest; a retry of the saga replays it.
@@ -192,17 +165,9 @@ class OperatorSteps(Steps):
             ws, w, item, Outcome.APPLIED, version=w.version, detail=label, effects=effects
         )
 
-    def _replay_held(
-        self,
-        ws: WriteSet,
-        w: Working,
-        item: Item,
-        loaded: Loaded,
-        now: datetime,
-        seen: set[tuple[str, str, str]],
-        label: str,
-    ) -> None:
+    def _replay_held(self, p: Pass, w: Working, item: Item, label: str) -> None:
         """Replays the records held behind parked ``w`` in arrival order, all or nothing."""
+        ws, loaded, seen = p.ws, p.loaded, p.seen
         assert isinstance(item.decoded, Operator)
         key = (w.bound.saga_type, w.saga_id)
         stored = list(loaded.held.get(key, ()))
@@ -213,6 +178,7 @@ class OperatorSteps(Steps):
         # Planned on copies: a failure leaves the batch and the saga as they were.
         trial = WriteSet()
         trial_seen = set(seen)
+        trial_pass = Pass(trial, loaded, p.now, trial_seen, True)
         replayed = dataclasses.replace(
             w,
             # As if never parked; as not yet started when its start handler was the one failing.
@@ -226,7 +192,7 @@ class OperatorSteps(Steps):
             trial, replayed, item, Outcome.APPLIED, version=replayed.version, detail=label
         )
         for n, record in enumerate(records):
-            routed, _ = self.route([decode(record, self._registry, sys.maxsize)])
+            routed, _ = self._route([decode(record, self._registry, sys.maxsize)])
             # An event may also feed sagas of other types: those saw it when it was consumed.
             mine = [
                 x
@@ -244,7 +210,7 @@ class OperatorSteps(Steps):
                     if isinstance(x.decoded, FiredDeadline):
                         _drop_skipped_deadline(replayed, x.decoded, loaded)
                 else:
-                    self._step(trial, replayed, x, loaded, now, trial_seen, replay=True)
+                    self.step(trial_pass, replayed, x)
                     if trial.parked:
                         self._refuse(ws, w, item, label, record, trial.parked[0].reason)
                         return
@@ -281,9 +247,6 @@ class OperatorSteps(Steps):
         where = f" at {_where(record)}" if record is not None else ""
         detail = f"{label}; replay failed{where}: {reason}; the saga stays parked"[:2000]
         self._history(ws, w, item, Outcome.OPERATOR_REFUSED, detail=detail)
-
-
-_REPLAYS = (OperatorAction.PARKED_RETRY, OperatorAction.PARKED_SKIP)
 
 
 def _audit(ws: WriteSet, w: Working, item: Item, op: Operator, history: int, audit: int) -> None:

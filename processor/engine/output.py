@@ -1,14 +1,13 @@
 """The rows a planned batch writes.
 
 History (with the audit trail), commands, dead letters, and each saga's row and deadline changes
-at the end of the batch.
+at the end of the batch: :class:`RowWriter`, which the planner's steps share.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Literal
 
@@ -31,21 +30,16 @@ from processor.engine.rows import (
 )
 from processor.engine.working import Item, Working, storable
 from processor.handles import CommandIntent
-from processor.messages import (
-    HEADER_CAUSATION_ID,
-    HEADER_CORRELATION_ID,
-    HEADER_DEADLINE_UNIX_MS,
-    HEADER_MESSAGE_ID,
-    HEADER_MESSAGE_TYPE,
-    HEADER_OCCURRED_AT,
-    HEADER_SAGA_ID,
-    HEADER_SAGA_TYPE,
-    HEADER_SCHEMA_VERSION,
-    Message,
-    MessageRegistry,
+from processor.messages import Message, MessageRegistry
+from processor.runner import command_message_id
+from processor.wire import (
+    HEADER_TRACEPARENT,
+    HEADER_TRACESTATE,
+    Topics,
+    child_traceparent,
+    dead_letter_headers,
+    envelope,
 )
-from processor.runner import BoundSaga, command_message_id
-from processor.wire import HEADER_TRACEPARENT, HEADER_TRACESTATE, Topics, child_traceparent
 
 WAITING = "WAITING"
 """A saga a handler handed to a person (``SagaLifecycle.escalate``): the machine states' name."""
@@ -57,27 +51,34 @@ HistoryPayload = Literal["full", "hashed", "off"]
 or neither (the commands and deadlines each step produced are kept in every mode)."""
 
 
-class Output:
-    """Turns the planner's decisions into a ``WriteSet``'s rows (a base of ``Planner``)."""
+class RowWriter:
+    """Turns the planner's decisions into a ``WriteSet``'s rows.
 
-    # Set by Planner.__init__; declared here for the steps that read them.
-    _sagas: dict[str, BoundSaga]
-    _history_payload: HistoryPayload
-    _operator_key: bytes | None
-    _operator_keys: Mapping[str, bytes]
-    _deadline_ids: Callable[[], str]
-    _registry: MessageRegistry
-    _dead_letter_topic: str
-    _attempts: int
-    _topics: Topics
-    _now_text: tuple[datetime | None, str]
-    # A command class's wire name and version text, looked up once per class.
-    _wire_types: dict[type[Message], tuple[str, str]]
-    _due_text: tuple[datetime | None, str]
-    # Wraps each handler call (an OpenTelemetry span, see processor/observe/tracing.py).
-    handler_span: Callable[[str, str, Record], AbstractContextManager[object]] | None
+    Args:
+        registry: Message types, for the wire name and version of each command.
+        topics: How the topic prefix applies to command topics.
+        dead_letter_topic: Where rejected records go (the prefix already applied).
+        history_payload: What the history keeps of each record.
+    """
 
-    def _history(
+    def __init__(
+        self,
+        registry: MessageRegistry,
+        topics: Topics,
+        *,
+        dead_letter_topic: str,
+        history_payload: HistoryPayload,
+    ) -> None:
+        self._registry = registry
+        self._topics = topics
+        self._dead_letter_topic = dead_letter_topic
+        self._history_payload = history_payload
+        self._now_text: tuple[datetime | None, str] = (None, "")
+        # A command class's wire name and version text, looked up once per class.
+        self._wire_types: dict[type[Message], tuple[str, str]] = {}
+        self._due_text: tuple[datetime | None, str] = (None, "")
+
+    def history(
         self,
         ws: WriteSet,
         w: Working,
@@ -88,6 +89,7 @@ class Output:
         detail: str | None = None,
         effects: Mapping[str, Any] | None = None,
     ) -> None:
+        """Records what ``item`` did to the saga, with the record as the history keeps it."""
         record = item.decoded.record
         decoded = item.decoded
         headers: Mapping[str, str] | None
@@ -134,7 +136,7 @@ class Output:
         if outcome is not Outcome.APPLIED:
             ws.counts[outcome] += 1
 
-    def _trace(self, item: Item) -> tuple[str | None, str | None]:
+    def trace(self, item: Item) -> tuple[str | None, str | None]:
         """The item's W3C trace context, as (traceparent, tracestate)."""
         decoded = item.decoded
         if isinstance(decoded, Event):
@@ -146,12 +148,13 @@ class Output:
             return headers.get(HEADER_TRACEPARENT), _tracestate(headers.get(HEADER_TRACESTATE))
         return trace_of(decoded.record)
 
-    def _correlation(self, item: Item) -> str:
+    def correlation(self, item: Item) -> str:
+        """The correlation id the item's commands carry: the event's own, else the saga id."""
         if isinstance(item.decoded, Event) and item.decoded.metadata.correlation_id:
             return item.decoded.metadata.correlation_id
         return item.saga_id
 
-    def _command(
+    def command(
         self,
         w: Working,
         intent: CommandIntent,
@@ -162,6 +165,7 @@ class Output:
         trace: tuple[str | None, str | None] = (None, None),
         source: tuple[str, int] | None = None,
     ) -> OutboxRow:
+        """The outbox row of a handler's ``index``-th command; raises if it cannot be encoded."""
         cls = type(intent.message)
         wire = self._wire_types.get(cls)
         if wire is None:
@@ -177,31 +181,23 @@ class Output:
         seq = ((w.version + 1) << 16) | index
         message_id = command_message_id(w.bound.saga_type, w.saga_id, seq)
         traceparent, tracestate = trace
-        headers = {
-            HEADER_MESSAGE_ID: message_id,
-            HEADER_MESSAGE_TYPE: type_name,
-            HEADER_SCHEMA_VERSION: version,
-            HEADER_CORRELATION_ID: correlation,
-            HEADER_CAUSATION_ID: causation,
-            HEADER_OCCURRED_AT: self._occurred_at(now),
-            HEADER_SAGA_TYPE: w.bound.saga_type,
-            HEADER_SAGA_ID: w.saga_id,
-        }
-        if traceparent is not None or intent.headers:
-            # Trace context first, then the handler's headers; the engine's own win a clash.
-            first: dict[str, str] = {}
-            if traceparent is not None:
-                # The command continues the event's trace, one span further (see wire).
-                child = child_traceparent(traceparent, message_id)
-                if child is not None:
-                    first[HEADER_TRACEPARENT] = child
-                    if tracestate:
-                        first[HEADER_TRACESTATE] = tracestate
-            first.update(intent.headers)
-            first.update(headers)
-            headers = first
-        if intent.deadline_unix_ms is not None:
-            headers[HEADER_DEADLINE_UNIX_MS] = str(intent.deadline_unix_ms)
+        # The command continues the event's trace, one span further (see wire).
+        child = child_traceparent(traceparent, message_id)
+        headers = envelope(
+            message_id=message_id,
+            message_type=type_name,
+            schema_version=version,
+            correlation_id=correlation,
+            causation_id=causation,
+            occurred_at=self._occurred_at(now),
+            saga_type=w.bound.saga_type,
+            saga_id=w.saga_id,
+            traceparent=child,
+            tracestate=tracestate if child is not None and tracestate else None,
+            deadline_unix_ms=intent.deadline_unix_ms,
+            # The handler's headers; the engine's own win a clash.
+            extra=intent.headers,
+        )
         message = intent.message
         # Positional, as for the other rows built per event: keywords cost a slots dataclass's
         # __init__ about three times as much.
@@ -223,7 +219,8 @@ class Output:
             self._now_text = (now, now.isoformat())
         return self._now_text[1]
 
-    def _iso(self, at: datetime) -> str:
+    def iso(self, at: datetime) -> str:
+        """``at`` in ISO 8601, as the history's effects show a deadline's due time."""
         # A batch's deadlines scheduled `after=` one timeout share one due time: format it once.
         # Equal times in the same zone object (and fold) have equal fields and offsets, so equal
         # text.
@@ -233,17 +230,18 @@ class Output:
             self._due_text = (at, text)
         return text
 
-    def _dead_letter(self, ws: WriteSet, record: Record, reason: str, detail: str) -> None:
+    def dead_letter(self, ws: WriteSet, record: Record, reason: str, detail: str) -> None:
+        """Sends ``record`` to the dead-letter topic with why, and keeps it in the database."""
         record = storable(record)
         ws.dead_letters.append(DeadLetter(record, reason, detail))
-        headers = {
-            **record.headers_text(),
-            "dead-letter-reason": reason,
-            "dead-letter-detail": detail,
-            "source-topic": record.topic,
-            "source-partition": str(record.partition),
-            "source-offset": str(record.offset),
-        }
+        headers = dead_letter_headers(
+            record.headers_text(),
+            reason=reason,
+            detail=detail,
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+        )
         ws.outbox.append(
             OutboxRow(
                 None,
@@ -257,7 +255,7 @@ class Output:
         )
         ws.counts["dead-lettered"] += 1
 
-    def _flush(self, ws: WriteSet, w: Working, unstorable: dict[SagaKey, str]) -> None:
+    def flush(self, ws: WriteSet, w: Working, unstorable: dict[SagaKey, str]) -> None:
         """Adds the saga's row, or its key to ``unstorable`` when its state cannot be stored."""
         if not w.dirty:
             return
@@ -276,7 +274,7 @@ class Output:
                 return
             state_version = bound.state_version
         ws.sagas.append(
-            # Positional (see _command): type, id, state, status, version, expected version,
+            # Positional (see command): type, id, state, status, version, expected version,
             # parked reason, machine state, state version.
             SagaWrite(
                 bound.saga_type,

@@ -1,6 +1,6 @@
 """Plans one batch: runs handlers in log order over loaded saga rows and collects every write.
 
-Pure: the caller loads what `wants()` names, calls `plan()`, and writes the returned `WriteSet`
+Pure: the caller loads what `route()` names, calls `plan()`, and writes the returned `WriteSet`
 in one transaction. Handlers only record intents, so a batch that fails to commit is simply
 planned again from freshly loaded rows.
 
@@ -9,8 +9,10 @@ that keeps failing, a command that cannot be encoded, a deadline without a handl
 that cannot be stored as JSON parks that saga (its later records wait behind it) with a reason that
 names the error's type and where it happened, never payload values.
 
-The steps live in bases of `Planner`, one module each: `steps` (events, fired deadlines, records
-newer than the code), `operate` (operator records) and `output` (the rows a batch writes).
+`Planner` composes the pieces, one module each: `route` (the sagas each record goes to),
+`output` (the rows a batch writes), `handlers` (handler runs and parking), `steps` (events, fired
+deadlines, records newer than the code) and `operate` (operator records, and the step that
+dispatches each item).
 """
 
 from __future__ import annotations
@@ -20,25 +22,18 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 
-from processor.engine.decode import (
-    Decoded,
-    Event,
-    FiredDeadline,
-    Operator,
-    Reason,
-    Rejected,
-    TooNew,
-    id_problem,
-)
+from processor.engine.decode import Decoded, Event, Rejected
+from processor.engine.handlers import Handlers, HandlerSpan, load
 from processor.engine.operate import OperatorSteps
-from processor.engine.output import HistoryPayload
+from processor.engine.output import HistoryPayload, RowWriter
+from processor.engine.route import Router
 from processor.engine.rows import Loaded, SagaKey, Wants, WriteSet
-from processor.engine.steps import TOO_NEW
-from processor.engine.working import Item, Working, storable
+from processor.engine.steps import TOO_NEW, DeadlineSteps, EventSteps
+from processor.engine.working import Item, Pass, Working, storable
 from processor.errors import describe_error
 from processor.messages import Message, MessageRegistry
 from processor.runner import BoundSaga
-from processor.wire import HEADER_SAGA_TYPE, Topics
+from processor.wire import Topics
 
 __all__ = ["TOO_NEW", "HistoryPayload", "Item", "Planner", "describe_error", "storable"]
 
@@ -60,7 +55,7 @@ def _random_id() -> str:
     return f"{value | 0b10 << 62 | bits & _LOW_62:032x}"
 
 
-class Planner(OperatorSteps):
+class Planner:
     """Routes decoded records to sagas and plans the batch's writes."""
 
     def __init__(
@@ -76,136 +71,59 @@ class Planner(OperatorSteps):
         operator_key: bytes | None = None,
         operator_keys: Mapping[str, bytes] | None = None,
     ) -> None:
-        self._sagas = dict(sagas)
-        self._history_payload = history_payload
         # Without a key no operator record is accepted: they are dead-lettered, unauthenticated.
-        self._operator_key = operator_key
-        # Each operator's own key, by name: a record signed with one names its owner as "by".
-        self._operator_keys = dict(operator_keys or {})
+        self._router = Router(
+            sagas, registry, operator_key=operator_key, operator_keys=operator_keys or {}
+        )
+        writer = RowWriter(
+            registry,
+            Topics(topic_prefix),
+            dead_letter_topic=dead_letter_topic,
+            history_payload=history_payload,
+        )
         # A virtual clock (the saga fixture) passes ids that grow in scheduling order, so equal
         # due times fire in that order; in production the order of ties is unspecified.
-        self._deadline_ids = deadline_ids or _random_id
-        self._registry = registry
-        self._dead_letter_topic = dead_letter_topic
-        self._attempts = handler_attempts
-        self._topics = Topics(topic_prefix)
-        self.handler_span = None
-        self._now_text: tuple[datetime | None, str] = (None, "")
-        self._wire_types: dict[type[Message], tuple[str, str]] = {}
-        self._due_text: tuple[datetime | None, str] = (None, "")
-        self._routes: dict[type[Message], list[BoundSaga]] = {}
-        # For records newer than the code: by wire name, the sagas that handle some version of
-        # it and the association property of the newest version they handle.
-        self._routes_by_name: dict[str, dict[str, tuple[int, BoundSaga, str]]] = {}
-        for bound in self._sagas.values():
-            for event_cls, handler in bound.definition.event_handlers.items():
-                self._routes.setdefault(event_cls, []).append(bound)
-                if event_cls in registry and handler.association_property is not None:
-                    entry = registry.of(event_cls)
-                    by_saga = self._routes_by_name.setdefault(entry.name, {})
-                    known = by_saga.get(bound.saga_type)
-                    if known is None or known[0] < entry.version:
-                        by_saga[bound.saga_type] = (
-                            entry.version,
-                            bound,
-                            handler.association_property,
-                        )
+        self._handlers = Handlers(
+            writer, attempts=handler_attempts, deadline_ids=deadline_ids or _random_id
+        )
+        steps = OperatorSteps(
+            writer,
+            self._handlers,
+            EventSteps(writer, self._handlers),
+            DeadlineSteps(writer, self._handlers),
+            self._router,
+            registry,
+        )
+        self._step = steps.step
+        self._fail = self._handlers.fail
+        self._dead_letter = writer.dead_letter
+        self._flush = writer.flush
+
+    @property
+    def handler_span(self) -> HandlerSpan | None:
+        """Wraps each handler call (an OpenTelemetry span, see processor/observe/tracing.py)."""
+        return self._handlers.span
+
+    @handler_span.setter
+    def handler_span(self, span: HandlerSpan | None) -> None:
+        self._handlers.span = span
 
     @property
     def event_types(self) -> set[type[Message]]:
         """The message types some saga handles; other events are skipped."""
-        return set(self._routes)
+        return self._router.event_types
 
     def routes_of(self, d: Event) -> list[BoundSaga]:
-        """The sagas ``d`` goes to: those handling its type, narrowed by its saga-type header.
-
-        A reply names the saga type whose command it answers: two saga types that handle one
-        reply type each get only their own replies, and a reply to a saga type this processor
-        does not run (another deployment's, on a shared topic) goes to none (see
-        :meth:`addressed_elsewhere`), rather than being recorded as finding no saga.
-        """
-        routes = self._routes.get(type(d.message), [])
-        addressed = d.metadata.headers.get(HEADER_SAGA_TYPE)
-        if not addressed or len(routes) == 0:
-            return routes
-        return [b for b in routes if b.saga_type == addressed]
+        """The sagas ``d`` goes to (see :meth:`Router.routes_of`)."""
+        return self._router.routes_of(d)
 
     def addressed_elsewhere(self, d: Event) -> str | None:
         """The saga type ``d`` is addressed to, when it is one this processor does not run."""
-        addressed: str | None = d.metadata.headers.get(HEADER_SAGA_TYPE)
-        if not addressed or addressed in self._sagas or type(d.message) not in self._routes:
-            return None
-        return addressed
+        return self._router.addressed_elsewhere(d)
 
     def route(self, decoded: Iterable[Decoded]) -> tuple[list[Item | Rejected], Wants]:
         """Expands each record into per-saga items, in order, and names the rows to load."""
-        out: list[Item | Rejected] = []
-        wants = Wants(set(), set(), set())
-        for d in decoded:
-            if isinstance(d, Rejected):
-                out.append(d)
-            elif isinstance(d, FiredDeadline):
-                bound = self._sagas.get(d.saga_type)
-                if bound is None:
-                    out.append(
-                        Rejected(d.record, Reason.UNKNOWN_TYPE, f"no saga type {d.saga_type!r}")
-                    )
-                    continue
-                out.append(Item(d, bound, d.saga_id))
-                wants.saga_keys.add((d.saga_type, d.saga_id))
-                wants.deadline_ids.add(d.deadline_id)
-            elif isinstance(d, Operator):
-                out.append(self._route_operator(d, wants))
-            elif isinstance(d, TooNew):
-                out.extend(self._route_too_new(d, wants))
-            else:
-                routes = self.routes_of(d)
-                items: list[Item | Rejected] = []
-                for bound in routes:
-                    saga_id = bound.definition.association_value(d.message)
-                    prop = bound.definition.event_handlers[type(d.message)].association_property
-                    if saga_id is None:
-                        items = [Rejected(d.record, Reason.MISSING_ASSOCIATION, f"{prop} is empty")]
-                        break
-                    problem = id_problem(saga_id)
-                    if problem is not None:
-                        items = [Rejected(d.record, Reason.INVALID_ID, f"{prop} {problem}")]
-                        break
-                    items.append(Item(d, bound, saga_id))
-                for item in items:
-                    if isinstance(item, Item):
-                        key = (item.bound.saga_type, item.saga_id)
-                        wants.saga_keys.add(key)
-                        wants.message_keys.add((*key, item.message_id))
-                out.extend(items)
-        return out, wants
-
-    def _route_too_new(self, d: TooNew, wants: Wants) -> list[Item | Rejected]:
-        """Routes a record newer than the code by rule, without its class.
-
-        The saga id is the value of the field the newest known version is associated by, read
-        from the raw JSON; when the new version lacks that field, the record key (the wire
-        format's saga id). A message no saga handles in any version is not routed.
-        """
-        items: list[Item | Rejected] = []
-        for _, bound, prop in self._routes_by_name.get(d.metadata.message_type, {}).values():
-            raw = d.data.get(prop) if isinstance(d.data, dict) else None
-            if isinstance(raw, str | int) and not isinstance(raw, bool) and str(raw):
-                saga_id: str | None = str(raw)
-            else:
-                saga_id = d.metadata.key or None
-            if saga_id is None:
-                return [Rejected(d.record, Reason.MISSING_ASSOCIATION, f"{prop} is empty")]
-            problem = id_problem(saga_id)
-            if problem is not None:
-                return [Rejected(d.record, Reason.INVALID_ID, f"{prop} {problem}")]
-            items.append(Item(d, bound, saga_id))
-        for item in items:
-            assert isinstance(item, Item)
-            key = (item.bound.saga_type, item.saga_id)
-            wants.saga_keys.add(key)
-            wants.message_keys.add((*key, item.message_id))
-        return items
+        return self._router.route(decoded)
 
     def plan(
         self,
@@ -255,7 +173,8 @@ class Planner(OperatorSteps):
         ws = WriteSet()
         ws.counts["unrouted"] += unrouted
         working: dict[SagaKey, Working] = {}
-        seen: set[tuple[str, str, str]] = set(loaded.applied)
+        p = Pass(ws, loaded, now, set(loaded.applied), replay)
+        step = self._step
         for item in items:
             if isinstance(item, Rejected):
                 self._dead_letter(ws, item.record, item.reason, item.detail)
@@ -263,13 +182,13 @@ class Planner(OperatorSteps):
             key = (item.bound.saga_type, item.saga_id)
             w = working.get(key)
             if w is None:
-                w = working[key] = self._load(
+                w = working[key] = load(
                     item.bound, item.saga_id, loaded.sagas.get(key), key in loaded.tombstones
                 )
                 if key in failing:
                     self._fail(ws, w, item, failing[key])
                     continue
-            self._step(ws, w, item, loaded, now, seen, replay=replay)
+            step(p, w, item)
         unstorable: dict[SagaKey, str] = {}
         for w in working.values():
             self._flush(ws, w, unstorable)

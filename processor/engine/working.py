@@ -1,13 +1,13 @@
-"""What the planner works on: the items a batch routes, and each saga's state while it runs.
+"""What the planner works on: routed items, each saga's state, the pass over the batch.
 
-Also the two helpers every step shares: how an error is described in a parked reason (never
-with payload values), and how a record is made storable as JSON.
+The pass is what every step reads and writes into. Also how a record is made storable as JSON.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from processor.engine.decode import (
@@ -19,8 +19,10 @@ from processor.engine.decode import (
 from processor.engine.records import Record
 from processor.engine.rows import (
     DeadlineInsert,
+    Loaded,
     SagaRow,
     SagaStatus,
+    WriteSet,
 )
 from processor.runner import BoundSaga
 
@@ -69,6 +71,29 @@ class Working:
     outcome: str | None = None
     # Why the last handler run handed the saga to a person (SagaLifecycle.escalate), if it did.
     waiting: str | None = None
+
+
+MessageKey = tuple[str, str, str]
+"""(saga type, saga id, message id): an input applied to a saga."""
+
+
+@dataclass(slots=True)
+class Pass:
+    """One planning pass over a batch (or over a retry's trial replay): what each step reads.
+
+    Attributes:
+        ws: Where the pass's writes go.
+        loaded: The rows the batch loaded.
+        now: The clock reading handlers see.
+        seen: Inputs applied before or during this pass: a later one is a duplicate.
+        replay: The items are held records an operator replays (see ``Planner.plan``).
+    """
+
+    ws: WriteSet
+    loaded: Loaded
+    now: datetime
+    seen: set[MessageKey]
+    replay: bool
 
 
 def storable(record: Record) -> Record:

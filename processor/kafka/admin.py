@@ -16,7 +16,8 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type:
 from processor.errors import RuntimeFailure
 from processor.kafka.client import read_headers
 from processor.kafka.logs import client_logger
-from processor.ops.topics import TopicFound, TopicPlan
+from processor.ports.cluster import TopicFound, TopicPlan
+from processor.wire import HEADER_MESSAGE_TYPE
 
 __all__ = ["create_topics", "describe_topics", "partition_counts", "sample_keys"]
 
@@ -206,7 +207,7 @@ def sample_keys(
                     headers = dict(read_headers(msg) or ())
                 except (SystemError, UnicodeDecodeError):
                     continue  # unreadable headers (see processor.kafka.client.to_record)
-                kind = headers.get("message-type")
+                kind = headers.get(HEADER_MESSAGE_TYPE)
                 if kind is not None and kind.decode(errors="replace") in skip_types:
                     continue
                 partition = msg.partition()

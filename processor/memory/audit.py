@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 
 from processor.engine.rows import AuditEntry
-from processor.ops.views import AuditRow
+from processor.ports.views import AuditRow
 
 __all__ = ["MemoryAuditLog"]
 

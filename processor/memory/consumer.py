@@ -53,6 +53,9 @@ class MemoryRecordConsumer:
         # Control records (transaction markers): offsets consume() skips, as Kafka's does.
         self._markers: dict[TP, set[int]] = {}
         self._ends: dict[TP, int] = {}
+        # Partitions whose current end was reported: as librdkafka's partition EOF, an end is
+        # reported once when a read reaches it (an empty partition's too), again after new records.
+        self._at_end: set[TP] = set()
 
     # -- for tests ---------------------------------------------------------------------------
 
@@ -98,6 +101,7 @@ class MemoryRecordConsumer:
             for tp in tps:
                 start = starts.get(tp)
                 self._positions[tp] = 0 if start is None else start
+                self._at_end.discard(tp)
                 # A fresh assignment is never paused, as with Kafka's incremental assign.
                 self._paused.discard(tp)
             self._changed.notify_all()
@@ -153,7 +157,9 @@ class MemoryRecordConsumer:
         with self._changed:
             if self.closed:
                 raise RuntimeError("consumer closed")
-            self._changed.wait_for(lambda: self.closed or self._available() > 0, timeout)
+            self._changed.wait_for(
+                lambda: self.closed or self._available() > 0 or bool(self._unreported()), timeout
+            )
             if self.closed:
                 return []
             out: list[Record] = []
@@ -166,8 +172,11 @@ class MemoryRecordConsumer:
                 markers = self._markers.get(tp, set())
                 out.extend(r for r in taken if r.offset not in markers)
                 position = self._positions[tp] = start + len(taken)
-                if taken and position == len(log):
+                if taken:
+                    self._at_end.discard(tp)
+                if position >= len(log) and tp not in self._at_end:
                     self._ends[tp] = position
+                    self._at_end.add(tp)
                 if len(out) >= max_records:
                     break
             return out
@@ -183,6 +192,7 @@ class MemoryRecordConsumer:
         with self._changed:
             self.seeks.append((tp, offset))
             self._ends.pop(tp, None)
+            self._at_end.discard(tp)
             # As with Kafka, seeking a partition not assigned (any more) has no effect.
             if tp in self._positions:
                 self._positions[tp] = 0 if offset is None else offset
@@ -201,6 +211,16 @@ class MemoryRecordConsumer:
         with self._changed:
             self.closed = True
             self._changed.notify_all()
+
+    def _unreported(self) -> list[TP]:
+        """Unpaused partitions read to their end whose end is not reported yet."""
+        return [
+            tp
+            for tp, pos in self._positions.items()
+            if tp not in self._paused
+            and tp not in self._at_end
+            and pos >= len(self._logs.get(tp, ()))
+        ]
 
     def _available(self) -> int:
         return sum(

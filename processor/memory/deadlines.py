@@ -6,7 +6,6 @@ deadline rows as a batch would and delete them as the consumer would after handl
 
 from __future__ import annotations
 
-import itertools
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -14,9 +13,9 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from processor.errors import Retryable
-from processor.ports import Due
+from processor.ports import DeadlineRow, Due
 
-__all__ = ["DeadlineRow", "Lease", "MemoryDeadlineStore"]
+__all__ = ["DeadlineRow", "DeadlineTable", "Lease", "MemoryDeadlineStore"]
 
 Clock = Callable[[], datetime]
 
@@ -24,31 +23,48 @@ Clock = Callable[[], datetime]
 _WAIT_CHUNK = 0.05
 
 
-@dataclass(frozen=True, slots=True)
-class DeadlineRow:
-    """One stored deadline, as the deadline table holds it."""
+class DeadlineTable(dict[str, DeadlineRow]):
+    """The deadline table in memory: rows by id, in the order they were stored.
 
-    id: str
-    saga_type: str
-    saga_id: str
-    name: str
-    due_at: datetime
-    topic: str
-    partition: int
-    dispatched_at: datetime | None = None
-    dispatch_token: int | None = None
+    The one in-memory deadline table: the batch store writes and loads its rows (as
+    :attr:`processor.memory.store.MemoryTables.deadlines`), the deadline store claims and resets
+    them. A dict, so that tests read it as one. The deadline store changes a row by replacing
+    it, so a row it returned stays as it was read.
+    """
 
-    def due(self) -> Due:
-        """The row as the poller receives it from a claim."""
-        return Due(
-            self.id,
-            self.saga_type,
-            self.saga_id,
-            self.name,
-            self.topic,
-            self.partition,
-            self.due_at,
-        )
+    def put(self, row: DeadlineRow) -> None:
+        """Stores ``row`` under its id, last among rows due at the same time, as an insert."""
+        self.pop(row.id, None)
+        self[row.id] = row
+
+    def in_due_order(self, rows: Iterable[DeadlineRow] | None = None) -> list[DeadlineRow]:
+        """``rows`` (default: every row) by due time; rows due together in the order stored."""
+        order = {row_id: n for n, row_id in enumerate(self)}
+        chosen = self.values() if rows is None else rows
+        return sorted(chosen, key=lambda r: (r.due_at, order[r.id]))
+
+    def next_due_in(self, now: datetime) -> float | None:
+        """Seconds until the next row not yet due comes due; None when none is pending."""
+        future = [r.due_at for r in self.values() if r.due_at > now]
+        return (min(future) - now).total_seconds() if future else None
+
+    def reset(self, row_id: str, token: int) -> None:
+        """Makes the row due again when it was dispatched under ``token``."""
+        r = self.get(row_id)
+        if r is not None and r.dispatch_token == token:
+            self[row_id] = replace(r, dispatched_at=None)
+
+    def removed_by(
+        self, clears: Iterable[tuple[str, str]], deletes: Iterable[tuple[str, str, str]]
+    ) -> list[str]:
+        """Ids of the rows that a batch's clears (every row of a saga) and deletes remove."""
+        cleared = set(clears)
+        deleted = set(deletes)
+        return [
+            row_id
+            for row_id, r in self.items()
+            if (r.saga_type, r.saga_id) in cleared or (r.saga_type, r.saga_id, r.name) in deleted
+        ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +86,7 @@ class MemoryDeadlineStore:
     def __init__(self, clock: Clock | None = None) -> None:
         self._clock: Clock = clock or (lambda: datetime.now(UTC))
         self._lock = threading.Lock()
-        # Insertion order breaks ties between equal due times.
-        self._rows: dict[str, DeadlineRow] = {}
-        self._order = itertools.count()
-        self._seq: dict[str, int] = {}
+        self._rows = DeadlineTable()
         self._lease: Lease | None = None
         self._failing = 0
         self._parked: set[tuple[str, str]] = set()
@@ -96,10 +109,9 @@ class MemoryDeadlineStore:
         """Stores a deadline as a batch would, and notifies a waiting poller; returns its id."""
         row_id = id or str(uuid.uuid4())
         with self._lock:
-            self._rows[row_id] = DeadlineRow(
-                row_id, saga_type, saga_id, name, due_at, topic, partition
+            self._rows.put(
+                DeadlineRow(row_id, saga_type, saga_id, name, due_at, None, topic, partition)
             )
-            self._seq[row_id] = next(self._order)
         self._notified.set()
         return row_id
 
@@ -111,7 +123,7 @@ class MemoryDeadlineStore:
     def rows(self) -> list[DeadlineRow]:
         """Every stored deadline, in due order."""
         with self._lock:
-            return self._sorted(self._rows.values())
+            return self._rows.in_due_order()
 
     def row(self, row_id: str) -> DeadlineRow:
         """One stored deadline by id."""
@@ -137,9 +149,7 @@ class MemoryDeadlineStore:
     def reset(self, row_id: str, token: int) -> None:
         """Makes a row dispatched under ``token`` due again, as the consumer does."""
         with self._lock:
-            r = self._rows.get(row_id)
-            if r is not None and r.dispatch_token == token:
-                self._rows[row_id] = replace(r, dispatched_at=None)
+            self._rows.reset(row_id, token)
         self._notified.set()
 
     def fail_next(self, n: int = 1) -> None:
@@ -188,12 +198,13 @@ class MemoryDeadlineStore:
                     return r.dispatched_at is None
                 return r.dispatch_token != token or r.dispatched_at is None
 
-            taken = self._sorted(r for r in self._rows.values() if claimable(r))[:limit]
+            taken = self._rows.in_due_order(r for r in self._rows.values() if claimable(r))
+            taken = taken[:limit]
             if not ours:
                 taken = []
             for r in taken:
                 self._rows[r.id] = replace(r, dispatched_at=now, dispatch_token=token)
-            due = self._next_due(now) if len(taken) < limit else None
+            due = self._rows.next_due_in(now) if len(taken) < limit else None
             return [r.due() for r in taken], due
 
     def unclaim(self, ids: Sequence[str], token: int) -> None:
@@ -201,15 +212,13 @@ class MemoryDeadlineStore:
         with self._lock:
             self._check()
             for row_id in ids:
-                r = self._rows.get(row_id)
-                if r is not None and r.dispatch_token == token:
-                    self._rows[row_id] = replace(r, dispatched_at=None)
+                self._rows.reset(row_id, token)
 
     def next_due_in(self) -> float | None:
         """Seconds until the next deadline not yet due comes due; None when none is pending."""
         with self._lock:
             self._check()
-            return self._next_due(self._clock())
+            return self._rows.next_due_in(self._clock())
 
     def wait(self, seconds: float, stop: threading.Event, wake: threading.Event) -> None:
         """Sleeps up to ``seconds`` of real time.
@@ -235,10 +244,3 @@ class MemoryDeadlineStore:
         if self._failing > 0:
             self._failing -= 1
             raise Retryable("injected store failure")
-
-    def _sorted(self, rows: Iterable[DeadlineRow]) -> list[DeadlineRow]:
-        return sorted(rows, key=lambda r: (r.due_at, self._seq[r.id]))
-
-    def _next_due(self, now: datetime) -> float | None:
-        future = [r.due_at for r in self._rows.values() if r.due_at > now]
-        return (min(future) - now).total_seconds() if future else None

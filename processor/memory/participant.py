@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from processor.engine.records import OutboxRow
-from processor.participant.ports import InboxEntry, Rows
+from processor.ports.participant import InboxEntry, Rows
 
 __all__ = ["MemoryParticipantStore", "RecordingSql"]
 
@@ -33,7 +33,7 @@ class _NoRows:
 
 @dataclass
 class RecordingSql:
-    """:class:`processor.participant.ports.Sql` that records statements and returns no rows."""
+    """:class:`processor.ports.participant.Sql` that records statements and returns no rows."""
 
     statements: list[tuple[str, Any]] = field(default_factory=list)
 
@@ -76,7 +76,7 @@ class _Tx:
 
 
 class MemoryParticipantStore:
-    """:class:`processor.participant.ports.ParticipantStore` in memory.
+    """:class:`processor.ports.participant.ParticipantStore` in memory.
 
     Attributes:
         tables: The committed state: ``inbox``, ``outbox`` (rows never removed), ``offsets`` and

@@ -2,7 +2,7 @@
 
 :class:`~processor.memory.participant.MemoryParticipantStore` keeps the kit's tables (inbox,
 outbox, positions); this store adds an in-memory SQLite database (the standard library's
-``sqlite3``) behind the handlers' :class:`~processor.participant.ports.Sql`, so a participant's
+``sqlite3``) behind the handlers' :class:`~processor.ports.participant.Sql`, so a participant's
 own reads see its own writes in a unit test. One command's transaction spans both: the SQLite
 transaction commits, and then the kit's tables are published, only when the block ends normally,
 so a handler that raises leaves no row anywhere, as with PostgreSQL.
@@ -27,7 +27,7 @@ from typing import Any
 from processor.engine.records import OutboxRow
 from processor.errors import RecordDataError, RuntimeFailure
 from processor.memory.participant import MemoryParticipantStore
-from processor.participant.ports import InboxEntry, ParticipantTx, Rows
+from processor.ports.participant import InboxEntry, ParticipantTx, Rows
 
 __all__ = ["SqliteParticipantStore", "SqliteParticipantTx", "SqliteSql", "translate"]
 
@@ -117,7 +117,7 @@ def _convert(
 
 
 class SqliteSql:
-    """:class:`processor.participant.ports.Sql` over an in-memory SQLite database.
+    """:class:`processor.ports.participant.Sql` over an in-memory SQLite database.
 
     For unit tests: integration tests should run the service against its real PostgreSQL
     database. SQLite (3.35 or later) runs the common statements, ``INSERT ... ON CONFLICT ...
@@ -194,7 +194,7 @@ class SqliteParticipantTx:
 
 
 class SqliteParticipantStore:
-    """:class:`processor.participant.ports.ParticipantStore` in memory, handlers' SQL in SQLite.
+    """:class:`processor.ports.participant.ParticipantStore` in memory, handlers' SQL in SQLite.
 
     Args:
         schema: SQL script creating (and filling) the service's own tables, in SQLite's

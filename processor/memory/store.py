@@ -12,7 +12,6 @@ from typing import Any
 from processor.engine.records import OffsetCommit, OutboxRow
 from processor.engine.rows import (
     DeadLetter,
-    DeadlineRef,
     HeldMessage,
     HistoryRow,
     Loaded,
@@ -26,17 +25,8 @@ from processor.engine.rows import (
 )
 from processor.errors import ConcurrentUpdate, FencedOut, RecordDataError
 from processor.memory.audit import MemoryAuditLog
-from processor.ports import TP, Positions
-
-
-@dataclass
-class StoredDeadline:
-    """A row of the deadline table."""
-
-    ref: DeadlineRef
-    id: str
-    topic: str
-    partition: int
+from processor.memory.deadlines import DeadlineTable
+from processor.ports import TP, DeadlineRow, Positions
 
 
 @dataclass
@@ -48,7 +38,7 @@ class MemoryTables:
     history: list[HistoryRow] = field(default_factory=list)
     applied: set[tuple[str, str, str]] = field(default_factory=set)
     outbox: list[OutboxRow] = field(default_factory=list)
-    deadlines: dict[str, StoredDeadline] = field(default_factory=dict)
+    deadlines: DeadlineTable = field(default_factory=DeadlineTable)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     parked: list[ParkedMessage] = field(default_factory=list)
     # The row id of each entry of ``parked`` (same positions), as the parked table's id column.
@@ -64,6 +54,13 @@ class MemoryTables:
     tombstones: dict[SagaKey, datetime] = field(default_factory=dict)
     # The operator actions batches decided (skips, terminations, ...).
     audit: MemoryAuditLog = field(default_factory=MemoryAuditLog)
+
+    def held_ids(self) -> list[int]:
+        """``parked_ids``, first extended with ids for rows a test appended directly."""
+        while len(self.parked_ids) < len(self.parked):
+            self.parked_ids.append(self.next_parked_id)
+            self.next_parked_id += 1
+        return self.parked_ids
 
 
 class MemoryBatchStore:
@@ -102,7 +99,7 @@ class MemoryBatchStore:
         lease = t.lease_token if wants.deadline_ids else None
         tombstones = {k for k in wants.saga_keys if k in t.tombstones}
         held: dict[SagaKey, list[HeldMessage]] = {}
-        for pid, p in zip(self._parked_ids(), t.parked, strict=True):
+        for pid, p in zip(self.tables.held_ids(), t.parked, strict=True):
             key = (p.saga_type, p.saga_id)
             if key in wants.held_keys:
                 held.setdefault(key, []).append(HeldMessage(pid, p.record))
@@ -111,20 +108,12 @@ class MemoryBatchStore:
             deadlines.update(
                 (i, d.ref)
                 for i, d in t.deadlines.items()
-                if (d.ref.saga_type, d.ref.saga_id) in wants.held_keys
+                if (d.saga_type, d.saga_id) in wants.held_keys
             )
             lease = t.lease_token
         return Loaded(
             sagas, applied, deadlines, lease, self.clock(), tombstones=tombstones, held=held
         )
-
-    def _parked_ids(self) -> list[int]:
-        """``tables.parked_ids``, first extended with ids for rows a test appended directly."""
-        t = self.tables
-        while len(t.parked_ids) < len(t.parked):
-            t.parked_ids.append(t.next_parked_id)
-            t.next_parked_id += 1
-        return t.parked_ids
 
     def purge_ended(self) -> int:
         """Purges every ended saga as retention would: its row and history go, a tombstone stays.
@@ -213,22 +202,27 @@ class MemoryBatchStore:
             del t.deadlines[did]
         for d in ws.deadline_inserts:
             payload: Any = copy.deepcopy(d.payload)
-            ref = DeadlineRef(d.saga_type, d.saga_id, d.name, d.due_at, payload, None)
             did = _uuid_text(d.id)
-            t.deadlines[did] = StoredDeadline(ref, did, d.topic, d.partition)
+            t.deadlines.put(
+                DeadlineRow(
+                    did, d.saga_type, d.saga_id, d.name, d.due_at, payload, d.topic, d.partition
+                )
+            )
         t.deadline_resets.extend(ws.deadline_resets)
         t.deadline_fire_now.extend(ws.deadline_fire_now)
         t.dead_letters.extend(ws.dead_letters)
         if ws.held_releases:
             gone = set(ws.held_releases)
             kept = [
-                (i, p) for i, p in zip(self._parked_ids(), t.parked, strict=True) if i not in gone
+                (i, p)
+                for i, p in zip(self.tables.held_ids(), t.parked, strict=True)
+                if i not in gone
             ]
             t.parked_ids = [i for i, _ in kept]
             t.parked = [p for _, p in kept]
-        self._parked_ids()
+        self.tables.held_ids()
         t.parked.extend(ws.parked)
-        self._parked_ids()
+        self.tables.held_ids()
         if ws.audit:
             t.audit.record(ws.audit, self.clock())
         for o in offsets:
@@ -236,14 +230,7 @@ class MemoryBatchStore:
 
     def _removed_deadlines(self, ws: WriteSet) -> list[str]:
         """Ids of the stored deadlines that the batch's clears and deletes remove."""
-        cleared = set(ws.deadline_clears)
-        deleted = set(ws.deadline_deletes)
-        return [
-            did
-            for did, row in self.tables.deadlines.items()
-            if (row.ref.saga_type, row.ref.saga_id) in cleared
-            or (row.ref.saga_type, row.ref.saga_id, row.ref.name) in deleted
-        ]
+        return self.tables.deadlines.removed_by(ws.deadline_clears, ws.deadline_deletes)
 
     def _check_deadlines(self, ws: WriteSet) -> None:
         # The table's keys: the id, and the name per saga instance. Clears and deletes run
@@ -252,7 +239,7 @@ class MemoryBatchStore:
         kept = {did: row for did, row in self.tables.deadlines.items() if did not in removed}
         ids = [_uuid_text(d.id) for d in ws.deadline_inserts]
         names = [(d.saga_type, d.saga_id, d.name) for d in ws.deadline_inserts]
-        taken = {(r.ref.saga_type, r.ref.saga_id, r.ref.name) for r in kept.values()}
+        taken = {(r.saga_type, r.saga_id, r.name) for r in kept.values()}
         if len(set(ids)) != len(ids) or any(i in kept for i in ids):
             raise RecordDataError("23505", "duplicate deadline id")
         if len(set(names)) != len(names) or taken.intersection(names):

@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 
 from processor.engine.rows import WriteSet
 from processor.engine.steps import TOO_NEW
-from processor.observe.sample import AGE_BUCKETS, TP, DatabaseSample
+from processor.ports.cluster import AGE_BUCKETS, TP, DatabaseSample
 
 __all__ = ["Metrics", "Sources"]
 
@@ -352,16 +352,18 @@ def _le(bound: float) -> str:
 def _counter(
     name: str, doc: str, labels: list[str], values: Mapping[tuple[str, ...], float]
 ) -> Metric:
-    family = CounterMetricFamily(name, doc, labels=labels)
-    for key, value in values.items():
-        family.add_metric(list(key), value)
-    return family
+    return _filled(CounterMetricFamily(name, doc, labels=labels), values)
 
 
 def _gauge(
     name: str, doc: str, labels: list[str], values: Mapping[tuple[str, ...], float]
 ) -> Metric:
-    family = GaugeMetricFamily(name, doc, labels=labels)
+    return _filled(GaugeMetricFamily(name, doc, labels=labels), values)
+
+
+def _filled(
+    family: CounterMetricFamily | GaugeMetricFamily, values: Mapping[tuple[str, ...], float]
+) -> Metric:
     for key, value in values.items():
         family.add_metric(list(key), value)
     return family

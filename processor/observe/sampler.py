@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from processor.observe.metrics import Metrics
-from processor.observe.sample import TP, DatabaseSample
+from processor.ports.cluster import TP, DatabaseSample
 
 __all__ = ["Sampler"]
 

@@ -19,56 +19,19 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 from processor.engine.partitioner import Partitioner, fits, matching
 from processor.engine.plan import describe_error
 from processor.messages import MessageRegistry
+from processor.ports.operator import CheckSource, StoredSaga
 from processor.runner import BoundSaga
 from processor.upcasting import MissingUpcaster
 from processor.wire import DEADLINE_FIRED
 
-__all__ = ["CheckReport", "CheckSource", "StoredSaga", "Topology", "command_topics", "run_check"]
+__all__ = ["CheckReport", "Topology", "command_topics", "run_check"]
 
 # At most this many example ids per problem: a report names the fault, not every instance.
 _EXAMPLES = 3
-
-
-@dataclass(frozen=True, slots=True)
-class StoredSaga:
-    """One non-ended saga row, as the check reads it."""
-
-    saga_type: str
-    saga_id: str
-    state: dict[str, Any] | None
-    state_version: int
-    status: str
-    machine_state: str | None
-    parked_reason: str | None
-
-
-class CheckSource(Protocol):
-    """The reads the check needs from the processor's tables."""
-
-    def schema_version(self) -> int:
-        """The migration the schema is at (0: none)."""
-        ...
-
-    def unended_sagas(self) -> Iterable[StoredSaga]:
-        """Every saga that has not ended."""
-        ...
-
-    def pending_deadlines(self) -> list[tuple[str, str, int]]:
-        """(saga type, deadline name, count) of scheduled deadlines."""
-        ...
-
-    def parked_messages(self) -> list[tuple[str, str | None, str | None, int]]:
-        """(saga type, message type, schema version, count) of held records."""
-        ...
-
-    def stored_partitions(self, group_id: str) -> dict[str, set[int]]:
-        """Partitions per topic with stored offsets for ``group_id``."""
-        ...
 
 
 @dataclass

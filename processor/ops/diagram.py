@@ -7,11 +7,10 @@ read the saga class only.
 
 from __future__ import annotations
 
-import importlib
 from html import escape
 from typing import Any
 
-from processor.application import SagaApp
+from processor.application import SagaApp, import_target
 from processor.definition import definition_of
 from processor.errors import SagaDefinitionError, SagaError
 from processor.machine import MachineSaga, MachineSpec
@@ -29,18 +28,11 @@ def load_spec(target: str, saga: str | None = None) -> MachineSpec:
     Raises:
         SagaError: The target is malformed, missing, or not a state machine saga.
     """
-    module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        raise SagaError(
-            f"name the saga as MODULE:CLASS (or an app as MODULE:ATTR), e.g. "
-            f"sagas.order:OrderSaga; got {target!r}"
-        )
-    try:
-        found: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            found = getattr(found, part)
-    except (ImportError, AttributeError) as e:
-        raise SagaError(f"cannot load {target!r}: {type(e).__name__}: {e}") from e
+    found = import_target(
+        target,
+        "name the saga as MODULE:CLASS (or an app as MODULE:ATTR), e.g. "
+        f"sagas.order:OrderSaga; got {target!r}",
+    )
     if isinstance(found, SagaApp):
         found = _pick(target, found, saga)
     if not (isinstance(found, type) and issubclass(found, MachineSaga)):

@@ -16,8 +16,8 @@ from datetime import timedelta
 from processor.engine.records import OutboxRow
 from processor.engine.rows import AuditEntry
 from processor.errors import Refused, SagaError
-from processor.ops.views import DeadLetterRow, SagaView, TimelineEntry
 from processor.ports import InspectStore, RecordProducer
+from processor.ports.views import DeadLetterRow, SagaView, TimelineEntry
 from processor.wire import (
     HEADER_DEAD_LETTER_DETAIL,
     HEADER_DEAD_LETTER_REASON,

@@ -15,7 +15,6 @@ import sys
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from processor.engine.decode import FiredDeadline, Rejected, decode
 from processor.engine.plan import TOO_NEW, Item, Planner
@@ -33,6 +32,8 @@ from processor.engine.rows import (
 from processor.errors import ConcurrentUpdate, Refused
 from processor.messages import MessageRegistry
 from processor.ports import HeldMessage, OperatorStore, ParkedSaga, ParkedStore
+from processor.ports.operator import ResumeStore
+from processor.wire import HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE
 
 __all__ = [
     "NotParked",
@@ -346,8 +347,8 @@ def _operator_rows(
             HistoryRow(
                 saga_type,
                 saga_id,
-                r.header("message-id") or f"parked:{h.parked_id}",
-                r.header("message-type") or "unknown",
+                r.header(HEADER_MESSAGE_ID) or f"parked:{h.parked_id}",
+                r.header(HEADER_MESSAGE_TYPE) or "unknown",
                 "event",
                 Outcome.SKIPPED,
                 None,
@@ -372,7 +373,7 @@ def _audit_entry(
     target: dict[str, object] = {"held": len(held)}
     if skip:
         target["skipped"] = [
-            h.record.header("message-id") or f"parked:{h.parked_id}" for h in held[:skip]
+            h.record.header(HEADER_MESSAGE_ID) or f"parked:{h.parked_id}" for h in held[:skip]
         ]
     action = "parked-skip" if skip else "parked-retry"
     return AuditEntry(by or "unknown", action, reason, saga_type, saga_id, target)
@@ -380,11 +381,9 @@ def _audit_entry(
 
 def _failure(h: HeldMessage, reason: str) -> RetryFailure:
     r = h.record
-    return RetryFailure(h.parked_id, r.header("message-id"), r.topic, r.partition, r.offset, reason)
-
-
-class ResumeStore(ParkedStore, OperatorStore, Protocol):
-    """Lists parked sagas and retries them (the PostgreSQL `OperatorQueries` does both)."""
+    return RetryFailure(
+        h.parked_id, r.header(HEADER_MESSAGE_ID), r.topic, r.partition, r.offset, reason
+    )
 
 
 def resume_too_new(

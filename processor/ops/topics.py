@@ -1,6 +1,6 @@
 """The topics the processor needs, and how the cluster's topics compare with them.
 
-Pure: `saga-processor topics plan|create|check` (processor/cli_topics.py) feeds it the topics the
+Pure: `saga-processor topics plan|create|check` (processor/cli/topics.py) feeds it the topics the
 sagas read and write and what the cluster holds, and prints what it says. A topic the processor
 reads or writes must exist, keep every record until it is consumed (``cleanup.policy`` without
 ``compact``: a compacted topic keeps only the latest record of a key, so a saga's earlier events
@@ -13,31 +13,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["TopicFound", "TopicPlan", "TopicsVerdict", "check_topics", "plan_topics"]
+from processor.ports.cluster import TopicFound, TopicPlan
+
+__all__ = ["TopicsVerdict", "check_topics", "plan_topics"]
 
 # Kafka's own default for max.message.bytes (1 MiB plus a batch's overhead): never plan below it.
 KAFKA_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
 # Room for a record's headers and its batch's framing beyond the value the processor accepts.
 RECORD_OVERHEAD = 16 * 1024
-
-
-@dataclass(frozen=True)
-class TopicPlan:
-    """One topic as the processor wants it."""
-
-    name: str
-    role: str  # "reads" or "writes"
-    partitions: int
-    replication_factor: int
-    configs: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class TopicFound:
-    """One topic as the cluster has it."""
-
-    partitions: int
-    configs: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -2,8 +2,9 @@
 
 Declare handlers with :func:`participant` and :func:`command_handler`, ask for parameters by
 type (the command, :class:`~processor.messages.MessageMetadata`, :class:`Replies`, :class:`Sql`,
-settings, dependencies), and run them with :class:`ParticipantService` (or :class:`CommandKit`
-over any :class:`ParticipantStore`). Each command runs once in effect: inbox row, handler SQL,
+settings, dependencies), and run them with
+:class:`processor.bootstrap.participant.ParticipantService` (or :class:`CommandKit` over any
+:class:`ParticipantStore`). Each command runs once in effect: inbox row, handler SQL,
 replies and position commit together.
 """
 
@@ -18,7 +19,7 @@ from processor.participant.definition import (
 )
 from processor.participant.handles import Replies, SkipDelivery
 from processor.participant.kit import CommandKit, Counters
-from processor.participant.ports import InboxEntry, ParticipantStore, ParticipantTx, Rows, Sql
+from processor.ports.participant import InboxEntry, ParticipantStore, ParticipantTx, Rows, Sql
 
 __all__ = [
     "DROP",

@@ -28,7 +28,7 @@ from processor.errors import SagaDefinitionError
 from processor.messages import Message
 from processor.params import Param, classify_params
 from processor.participant.handles import Replies
-from processor.participant.ports import Sql
+from processor.ports.participant import Sql
 
 __all__ = [
     "DROP",

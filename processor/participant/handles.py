@@ -15,21 +15,15 @@ from processor.engine.records import OutboxRow
 from processor.errors import SagaError, UnknownMessageType
 from processor.messages import Message, MessageRegistry
 from processor.wire import (
-    HEADER_CAUSATION_ID,
     HEADER_CORRELATION_ID,
     HEADER_MESSAGE_ID,
-    HEADER_MESSAGE_TYPE,
-    HEADER_OCCURRED_AT,
     HEADER_SAGA_ID,
     HEADER_SAGA_TYPE,
-    HEADER_SCHEMA_VERSION,
     HEADER_TRACEPARENT,
+    envelope,
 )
 
 __all__ = ["Replies", "SkipDelivery", "reply_row"]
-
-# Copied from the command to each reply unchanged.
-_PROPAGATED = (HEADER_SAGA_TYPE, HEADER_SAGA_ID, HEADER_TRACEPARENT)
 
 
 def reply_row(
@@ -55,18 +49,19 @@ def reply_row(
     """
     mtype = registry.of(type(message))
     command_id = command_headers.get(HEADER_MESSAGE_ID, "")
-    headers = {
-        HEADER_MESSAGE_ID: message_id or str(uuid.uuid4()),
-        HEADER_MESSAGE_TYPE: mtype.name,
-        HEADER_SCHEMA_VERSION: str(mtype.version),
-        HEADER_OCCURRED_AT: datetime.now(UTC).isoformat(),
+    headers = envelope(
+        message_id=message_id or str(uuid.uuid4()),
+        message_type=mtype.name,
+        schema_version=mtype.version,
         # No correlation id on the command: the conversation started with it.
-        HEADER_CORRELATION_ID: command_headers.get(HEADER_CORRELATION_ID) or command_id,
-        HEADER_CAUSATION_ID: command_id,
-    }
-    for name in _PROPAGATED:
-        if name in command_headers:
-            headers[name] = command_headers[name]
+        correlation_id=command_headers.get(HEADER_CORRELATION_ID) or command_id,
+        causation_id=command_id,
+        occurred_at=datetime.now(UTC),
+        # The saga key and the trace context are the command's, unchanged.
+        saga_type=command_headers.get(HEADER_SAGA_TYPE),
+        saga_id=command_headers.get(HEADER_SAGA_ID),
+        traceparent=command_headers.get(HEADER_TRACEPARENT),
+    )
     record_key = (
         key.encode()
         if key is not None

@@ -17,7 +17,7 @@ a command (undecodable, unregistered type, refused by the database, or a handler
 is dead-lettered with the processor's dead-letter headers, and its message id (when it has
 one) is recorded, so a redelivery is not dead-lettered twice.
 
-The kit speaks only to :class:`processor.participant.ports.ParticipantStore`.
+The kit speaks only to :class:`processor.ports.participant.ParticipantStore`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from processor.errors import ConfigurationError, Failure, RuntimeFailure
 from processor.messages import MessageRegistry, registry
 from processor.participant.definition import DROP, CommandHandlerDef, participant_of
 from processor.participant.handles import Replies, SkipDelivery, reply_row
-from processor.participant.ports import ParticipantStore, ParticipantTx
+from processor.ports.participant import ParticipantStore, ParticipantTx
 from processor.wire import HEADER_DEADLINE_UNIX_MS, dead_letter_headers
 
 __all__ = ["HANDLER_FAILED", "CommandKit", "Counters"]

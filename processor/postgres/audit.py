@@ -16,7 +16,7 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from processor.engine.rows import AuditEntry
-from processor.ops.views import AuditRow
+from processor.ports.views import AuditRow
 from processor.postgres.batch_sql import INSERT_AUDIT
 from processor.postgres.schema import Tables
 

@@ -1,28 +1,24 @@
 """The consumer's store port over PostgreSQL: one transaction per call, errors translated.
 
-The SQL lives in :mod:`processor.postgres.store`; this module owns the connection's life. A call
-whose connection broke raises a runtime failure and drops the connection, and the next call
-opens a fresh one, so the loops never hold a driver object.
+The SQL lives in :mod:`processor.postgres.store`; this module owns the connection's life, held
+by :class:`processor.postgres.held.HeldConnection`: a call whose connection broke raises a
+runtime failure and drops the connection, and the next call opens a fresh one, so the loops
+never hold a driver object.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import psycopg
 
 from processor.engine.records import OffsetCommit
 from processor.engine.rows import Loaded, Wants, WriteSet
-from processor.errors import CommitInDoubt, Retryable
 from processor.ports import TP, Positions
-from processor.postgres.errors import translate
+from processor.postgres.held import Conn, HeldConnection
 from processor.postgres.schema import Tables
-from processor.postgres.store import BatchStore, Conn
-
-log = logging.getLogger(__name__)
+from processor.postgres.store import BatchStore
 
 
 class PostgresBatchStore:
@@ -36,7 +32,7 @@ class PostgresBatchStore:
         wake_within: timedelta | None = None,
         origin: str = "",
     ) -> None:
-        self._connect = connect
+        self._held = HeldConnection(connect)
         self._tables = tables
         self._group_id = group_id
         # See BatchStore: new deadlines due later than this wake no deadline poller.
@@ -46,38 +42,23 @@ class PostgresBatchStore:
         self._sql: BatchStore | None = None
 
     def _store(self) -> BatchStore:
-        if self._sql is None or self._sql.conn.closed:
-            try:
-                conn = self._connect()
-            except psycopg.Error as e:
-                raise translate(e) from e
+        conn = self._held.get()
+        if self._sql is None or self._sql.conn is not conn:
             self._sql = BatchStore(
                 conn, self._tables, self._group_id, self._wake_within, self._origin
             )
         return self._sql
 
-    @contextlib.contextmanager
-    def _translated(self) -> Iterator[None]:
-        try:
-            yield
-        except psycopg.Error as e:
-            failure = translate(e)
-            if self._sql is not None and (self._sql.conn.broken or self._sql.conn.closed):
-                # After a lost connection the next call starts afresh.
-                self.close()
-                raise Retryable(f"connection lost: {failure}") from e
-            raise failure from e
-
     def claim(self, partitions: Sequence[TP], owner: str) -> Positions:
-        with self._translated():
+        with self._held.session():
             return self._store().claim(partitions, owner)
 
     def read_offsets(self, partitions: Sequence[TP]) -> Positions:
-        with self._translated():
+        with self._held.session():
             return self._store().read_offsets(partitions)
 
     def load(self, wants: Wants) -> Loaded:
-        with self._translated():
+        with self._held.session():
             return self._store().load_alone(wants)
 
     def write(
@@ -101,19 +82,11 @@ class PostgresBatchStore:
                 # outcome unknown until the stored offsets are read again.
                 committing = True
         except psycopg.Error as e:
-            failure = translate(e)
-            broken = self._sql is None or self._sql.conn.broken or self._sql.conn.closed
-            if broken:
-                # Whatever the SQLSTATE (a lost socket, the server ending an idle session), a
-                # dropped connection is worth another try on a fresh one.
-                self.close()
-                if committing:
-                    raise CommitInDoubt(f"connection lost during COMMIT: {failure}") from e
-                raise Retryable(f"connection lost: {failure}") from e
-            raise failure from e
+            # Whatever the SQLSTATE (a lost socket, the server ending an idle session), a
+            # dropped connection is worth another try on a fresh one; lost during COMMIT, the
+            # outcome is unknown until the stored offsets are read again.
+            raise self._held.failure(e, committing=committing) from e
 
     def close(self) -> None:
-        if self._sql is not None:
-            with contextlib.suppress(psycopg.Error):
-                self._sql.conn.close()
-            self._sql = None
+        self._held.close()
+        self._sql = None

@@ -7,8 +7,9 @@ from typing import Any
 
 import psycopg
 
-from processor.ops.check import StoredSaga
+from processor.ports.operator import StoredSaga
 from processor.postgres.schema import Tables, current_version
+from processor.wire import HEADER_MESSAGE_TYPE, HEADER_SCHEMA_VERSION
 
 __all__ = ["PostgresCheckSource"]
 
@@ -67,7 +68,8 @@ class PostgresCheckSource:
         with self.conn.transaction():
             rows = self.conn.execute(
                 self.tables.render(
-                    "SELECT saga_type, headers->>'message-type', headers->>'schema-version', "
+                    f"SELECT saga_type, headers->>'{HEADER_MESSAGE_TYPE}', "
+                    f"headers->>'{HEADER_SCHEMA_VERSION}', "
                     "count(*) FROM {parked} GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
                 )
             ).fetchall()

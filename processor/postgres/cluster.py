@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import psycopg
 
-from processor.ops.cluster import (
+from processor.ports.cluster import (
     ClusterView,
     DeadlineLease,
     PartitionRow,
@@ -18,8 +18,8 @@ from processor.ops.cluster import (
 )
 from processor.postgres.connect import connect
 from processor.postgres.deadlines import LEASE_NAME
+from processor.postgres.held import Conn
 from processor.postgres.schema import Tables
-from processor.postgres.store import Conn
 
 __all__ = ["cluster_view", "database_answers"]
 

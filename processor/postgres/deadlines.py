@@ -7,27 +7,18 @@ expired (paused, partitioned) claims nothing, whatever it believes.
 
 from __future__ import annotations
 
-import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import psycopg
 from psycopg import sql
-from psycopg.rows import TupleRow
 
-from processor.errors import Retryable, RuntimeFailure
 from processor.ports import Due
-from processor.postgres.errors import translate
+from processor.postgres.held import Conn, HeldConnection
 from processor.postgres.schema import Tables
 from processor.wire import deadline_channel
 
 __all__ = ["LEASE_NAME", "PostgresDeadlineStore"]
-
-log = logging.getLogger(__name__)
-
-Conn = psycopg.Connection[TupleRow]
 
 LEASE_NAME = "deadline-poller"
 """The lease row's name; the consumer reads its token to tell a current fired record from a
@@ -37,18 +28,12 @@ stale one."""
 _WAIT_CHUNK = 0.25
 
 
-def _failure(e: psycopg.Error) -> RuntimeFailure:
-    # A connection that broke or never opened carries no SQLSTATE; it is as retryable as 08xxx.
-    if e.sqlstate is None and isinstance(e, psycopg.OperationalError | psycopg.InterfaceError):
-        return Retryable(f"database unavailable: {e}")
-    return translate(e)
-
-
 class PostgresDeadlineStore:
     """:class:`processor.ports.DeadlineStore` over one autocommit connection that LISTENs.
 
-    The connection is opened on first use. After a psycopg error it is dropped and the call
-    raises a runtime failure (``Retryable`` for a lost connection); the next call reconnects.
+    The connection is opened on first use and held by
+    :class:`processor.postgres.held.HeldConnection`: a call whose connection broke raises
+    ``Retryable`` and the next call reconnects (and LISTENs again).
 
     Args:
         connect: Opens a new connection.
@@ -56,9 +41,8 @@ class PostgresDeadlineStore:
     """
 
     def __init__(self, connect: Callable[[], Conn], tables: Tables) -> None:
-        self._connect = connect
-        self._conn: Conn | None = None
         self.channel = deadline_channel(tables.schema)
+        self._held = HeldConnection(connect, setup=self._listen)
         r = tables.render
         self._lease = r(
             """
@@ -124,27 +108,9 @@ class PostgresDeadlineStore:
 
     # -- connection --------------------------------------------------------------------------
 
-    @contextmanager
-    def _session(self) -> Iterator[Conn]:
-        """The connection, opened and listening if need be; dropped after any psycopg error."""
-        try:
-            if self._conn is None or self._conn.closed:
-                conn = self._connect()
-                conn.autocommit = True
-                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
-                self._conn = conn
-            yield self._conn
-        except psycopg.Error as e:
-            self._drop()
-            raise _failure(e) from e
-
-    def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except psycopg.Error as e:  # already broken: nothing left to release
-                log.debug("closing a broken deadline connection: %s", e)
+    def _listen(self, conn: Conn) -> None:
+        conn.autocommit = True
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
 
     # -- the port ----------------------------------------------------------------------------
 
@@ -157,7 +123,7 @@ class PostgresDeadlineStore:
         and then gets a new, larger token.
         """
         args = {"name": LEASE_NAME, "holder": holder, "ttl": ttl_seconds, "held": held}
-        with self._session() as conn, conn.transaction():
+        with self._held.session() as conn, conn.transaction():
             row = conn.execute(self._lease, args).fetchone()
         return int(row[0]) if row else None
 
@@ -172,7 +138,7 @@ class PostgresDeadlineStore:
             "limit": limit,
         }
         due: float | None = None
-        with self._session() as conn, conn.transaction():
+        with self._held.session() as conn, conn.transaction():
             claim = self._claim_full if full else self._claim_fresh
             rows = [Due(*r) for r in conn.execute(claim, args).fetchall()]
             if len(rows) < limit:
@@ -183,12 +149,12 @@ class PostgresDeadlineStore:
 
     def unclaim(self, ids: Sequence[str], token: int) -> None:
         """Makes rows dispatched under ``token`` due again."""
-        with self._session() as conn, conn.transaction():
+        with self._held.session() as conn, conn.transaction():
             conn.execute(self._unclaim, (list(ids), token))
 
     def next_due_in(self) -> float | None:
         """Seconds until the next deadline not yet due comes due; None when none is pending."""
-        with self._session() as conn, conn.transaction():
+        with self._held.session() as conn, conn.transaction():
             return _seconds(conn.execute(self._next_due).fetchone())
 
     def wait(self, seconds: float, stop: threading.Event, wake: threading.Event) -> None:
@@ -198,7 +164,7 @@ class PostgresDeadlineStore:
         ``wake`` (one in this process did) or on ``stop``.
         """
         remaining = seconds
-        with self._session() as conn:
+        with self._held.session() as conn:
             while remaining > 0 and not stop.is_set() and not wake.is_set():
                 chunk = min(remaining, _WAIT_CHUNK)
                 for _ in conn.notifies(timeout=chunk, stop_after=1):
@@ -207,7 +173,7 @@ class PostgresDeadlineStore:
 
     def close(self) -> None:
         """Closes the connection; a later call opens a new one."""
-        self._drop()
+        self._held.close()
 
 
 def _seconds(row: tuple[Any, ...] | None) -> float | None:

@@ -14,9 +14,9 @@ from processor.engine.records import OutboxRow
 from processor.engine.rows import AuditEntry
 from processor.ports import FAILED_VALUE_PREVIEW, FailedOutboxRow
 from processor.postgres.audit import AuditSql
+from processor.postgres.held import Conn
 from processor.postgres.outbox import partition_lock_key, relay_lock_key
 from processor.postgres.schema import Tables
-from processor.postgres.store import Conn
 
 __all__ = ["PostgresFailedOutbox"]
 

@@ -7,13 +7,12 @@ on an interval rather than per scrape.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from processor.observe.sample import AGE_BUCKETS, DatabaseSample
+from processor.ports.cluster import AGE_BUCKETS, DatabaseSample
+from processor.postgres.held import Conn, HeldConnection
 from processor.postgres.schema import Tables
-from processor.postgres.store import Conn
 
 _OUTBOX = """
     SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0) FROM {outbox}
@@ -57,10 +56,9 @@ class PostgresGauges:
     def __init__(
         self, connect: Callable[[], Conn], tables: Tables, group_id: str, owner: str
     ) -> None:
-        self._connect = connect
+        self._held = HeldConnection(connect, setup=_autocommit)
         self._group_id = group_id
         self._owner = owner
-        self._conn: Conn | None = None
         r = tables.render
         self._sql = {
             k: r(v)
@@ -77,10 +75,7 @@ class PostgresGauges:
     def sample(self) -> DatabaseSample:
         """One reading; raises the driver's error (the caller counts the sample as failed)."""
         try:
-            if self._conn is None or self._conn.closed:
-                self._conn = self._connect()
-                self._conn.autocommit = True
-            return self._read(self._conn)
+            return self._read(self._held.get())
         except Exception:
             self.close()
             raise
@@ -121,8 +116,9 @@ class PostgresGauges:
         )
 
     def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            # Closing a broken connection may fail too.
-            with contextlib.suppress(Exception):
-                conn.close()
+        self._held.close()
+
+
+def _autocommit(conn: Conn) -> None:
+    # Each read is a statement of its own: no transaction stays open between samples.
+    conn.autocommit = True

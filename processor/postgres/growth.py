@@ -11,28 +11,24 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-import psycopg
-from psycopg.rows import TupleRow
-
 from processor.engine.growth import Growth, GrowthState, router
 from processor.engine.partitioner import Partitioner
 from processor.ports import TP
-from processor.postgres.held import HeldConnection
+from processor.postgres.held import Conn, HeldConnection
 from processor.postgres.schema import Tables
 
 __all__ = ["PostgresGrowthStore", "current_router"]
 
 log = logging.getLogger(__name__)
 
-Conn = psycopg.Connection[TupleRow]
 _T = TypeVar("_T")
 
 
 class PostgresGrowthStore:
     """:class:`processor.ports.GrowthStore` over one connection, opened on first use.
 
-    After a psycopg error the connection is dropped if it broke, and the call raises a runtime
-    failure (``Retryable`` for a lost connection).
+    A psycopg error becomes a runtime failure by the rule of
+    :class:`processor.postgres.held.HeldConnection` (``Retryable`` for a lost connection).
 
     Args:
         connect: Opens a new connection (not in autocommit).
@@ -118,12 +114,8 @@ class PostgresGrowthStore:
         return self._run(run)
 
     def _run(self, fn: Callable[[Conn], _T]) -> _T:
-        try:
-            conn = self._held.get()
-            with conn.transaction():
-                return fn(conn)
-        except psycopg.Error as e:
-            raise self._held.failure(e) from e
+        with self._held.session() as conn, conn.transaction():
+            return fn(conn)
 
     def close(self) -> None:
         """Closes the connection; the next call opens a new one."""

@@ -10,11 +10,10 @@ import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from types import TracebackType
 from typing import Any
 
 from processor.engine.rows import AUDIT_IDS, AuditEntry
-from processor.ops.views import (
+from processor.ports.views import (
     AuditRow,
     DeadLetterRow,
     FailedRow,
@@ -28,8 +27,9 @@ from processor.ops.views import (
 )
 from processor.postgres.audit import AuditSql, encode_entries
 from processor.postgres.connect import connect
+from processor.postgres.held import Conn, OwnedConnection
 from processor.postgres.schema import Tables
-from processor.postgres.store import Conn
+from processor.wire import HEADER_CORRELATION_ID, HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE
 
 __all__ = ["InspectQueries", "open_inspect_queries"]
 
@@ -65,14 +65,14 @@ _DEADLINES = """
     SELECT id::text, name, due_at, dispatched_at FROM {deadline}
      WHERE saga_type = %s AND saga_id = %s ORDER BY due_at, name
 """
-_HELD = """
-    SELECT id, headers->>'message-id', headers->>'message-type', topic, partition, "offset",
-           reason, created_at
-      FROM {parked} WHERE saga_type = %s AND saga_id = %s ORDER BY id
+_HELD = f"""
+    SELECT id, headers->>'{HEADER_MESSAGE_ID}', headers->>'{HEADER_MESSAGE_TYPE}', topic,
+           partition, "offset", reason, created_at
+      FROM {{parked}} WHERE saga_type = %s AND saga_id = %s ORDER BY id
 """
-_FAILED = """
-    SELECT id, headers->>'message-id', topic, reason, attempts, held_behind, failed_at
-      FROM {failed_outbox} WHERE saga_type = %s AND saga_id = %s ORDER BY id
+_FAILED = f"""
+    SELECT id, headers->>'{HEADER_MESSAGE_ID}', topic, reason, attempts, held_behind, failed_at
+      FROM {{failed_outbox}} WHERE saga_type = %s AND saga_id = %s ORDER BY id
 """
 # Age order, served by (saga_type, status, updated_at), (status, updated_at) or
 # (updated_at, saga_type, saga_id) depending on the filters; the statement is built with only the
@@ -97,7 +97,7 @@ _LIST_BY_CORRELATION = f"""
     SELECT s.* FROM (
         SELECT DISTINCT saga_type, saga_id FROM {{history}}
          WHERE kind = 'event' AND outcome = 'applied' AND version = 1
-           AND headers->>'correlation-id' = %(correlation)s) AS c
+           AND headers->>'{HEADER_CORRELATION_ID}' = %(correlation)s) AS c
      CROSS JOIN LATERAL (
         SELECT {_SUMMARY} FROM {{instance}}
          WHERE saga_type = c.saga_type AND saga_id = c.saga_id{{where}} LIMIT 1) AS s
@@ -163,9 +163,9 @@ _COUNTS = """
            (SELECT count(*) FROM (SELECT 1 FROM {instance}
              WHERE status = 'parked' LIMIT %(cap)s) AS x)
 """
-_DL_COLUMNS = """
-    id, topic, partition, "offset", reason, detail, headers->>'message-id',
-    headers->>'message-type', created_at
+_DL_COLUMNS = f"""
+    id, topic, partition, "offset", reason, detail, headers->>'{HEADER_MESSAGE_ID}',
+    headers->>'{HEADER_MESSAGE_TYPE}', created_at
 """
 _DEAD_LETTERS = f"""
     SELECT {_DL_COLUMNS} FROM {{dead_letter}}
@@ -205,14 +205,14 @@ _INPUT = """
 """
 
 
-class InspectQueries:
+class InspectQueries(OwnedConnection):
     """Read-mostly queries over the processor's tables, on one connection the caller owns.
 
     The connection is expected in autocommit mode; closing this object closes it.
     """
 
     def __init__(self, conn: Conn, tables: Tables) -> None:
-        self.conn = conn
+        super().__init__(conn)
         r = tables.render
         self._render = r
         self._audit = AuditSql(conn, tables)
@@ -401,22 +401,6 @@ class InspectQueries:
         return self._audit.entries(
             since=since, saga_type=saga_type, saga_id=saga_id, action=action, limit=limit
         )
-
-    # -- lifetime ------------------------------------------------------------------------------
-
-    def close(self) -> None:
-        self.conn.close()
-
-    def __enter__(self) -> InspectQueries:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _timeline_entry(row: tuple[Any, ...]) -> TimelineEntry:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import psycopg
 from psycopg import sql
 
-from processor.postgres.store import Conn
+from processor.postgres.held import Conn
 
 __all__ = ["PostgresWakeSource"]
 

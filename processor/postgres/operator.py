@@ -9,14 +9,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from types import TracebackType
 from typing import Any
 
 from processor.engine.rows import Loaded, SagaRow, Wants, WriteSet
 from processor.ports import DeadlineRow, HeldMessage, ParkedSaga, StateCount
+from processor.postgres.batch_rows import held_message
 from processor.postgres.connect import connect
+from processor.postgres.held import Conn, OwnedConnection
 from processor.postgres.schema import Tables
-from processor.postgres.store import BatchStore, Conn, held_message
+from processor.postgres.store import BatchStore
 
 __all__ = ["OperatorQueries", "open_operator_queries"]
 
@@ -61,7 +62,7 @@ _RELEASE = "DELETE FROM {parked} WHERE id = ANY(%s::bigint[])"
 _DISCARD = "DELETE FROM {instance} WHERE saga_type = %s AND saga_id = %s AND version = %s"
 
 
-class OperatorQueries:
+class OperatorQueries(OwnedConnection):
     """One method per operator query, on one connection the caller owns.
 
     Outside `transaction()` each query runs on its own (the connection is expected to be in
@@ -69,7 +70,7 @@ class OperatorQueries:
     """
 
     def __init__(self, conn: Conn, tables: Tables) -> None:
-        self.conn = conn
+        super().__init__(conn)
         r = tables.render
         self._pending = r(_PENDING)
         self._overdue = r(_OVERDUE)
@@ -142,22 +143,6 @@ class OperatorQueries:
     def write(self, ws: WriteSet) -> None:
         """Writes a planned batch without offsets; raises ConcurrentUpdate if a version moved."""
         self._batch.write(ws, [])
-
-    # -- lifetime ------------------------------------------------------------------------------
-
-    def close(self) -> None:
-        self.conn.close()
-
-    def __enter__(self) -> OperatorQueries:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def open_operator_queries(url: str, tables: Tables) -> OperatorQueries:

@@ -34,7 +34,6 @@ so no row of the failed outbox moves while any relay decides about its saga.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -43,15 +42,11 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from processor.engine.records import OutboxRow
-from processor.errors import Retryable
 from processor.ports import TP, OutboxEntry, SetAside
-from processor.postgres.errors import translate
+from processor.postgres.held import Conn, HeldConnection
 from processor.postgres.schema import Tables
-from processor.postgres.store import Conn
 
 __all__ = ["PostgresOutboxStore", "partition_lock_key", "relay_lock_key"]
-
-log = logging.getLogger(__name__)
 
 
 _MAX_ID = 9223372036854775807
@@ -132,8 +127,9 @@ _CLAIM_OWNED = """
 class PostgresOutboxStore:
     """:class:`processor.ports.OutboxStore` over one PostgreSQL connection.
 
-    The connection is opened on first use and again on the call after one broke; the call that
-    met the break raises ``Retryable``.
+    The connection is opened on first use and again on the call after one broke (see
+    :class:`processor.postgres.held.HeldConnection`); the call that met the break raises
+    ``Retryable``.
 
     Args:
         connect: Opens a new connection (not in autocommit mode).
@@ -145,8 +141,7 @@ class PostgresOutboxStore:
     def __init__(
         self, connect: Callable[[], Conn], tables: Tables, group_id: str | None = None
     ) -> None:
-        self._connect = connect
-        self._conn: Conn | None = None
+        self._held = HeldConnection(connect)
         self._group_id = group_id
         self._lock_key = relay_lock_key(tables)
         self._shared_key = partition_lock_key(tables)
@@ -194,9 +189,9 @@ class PostgresOutboxStore:
                 reconnects.
             RuntimeFailure: Any other database error (fatal).
         """
-        conn = self._connection()
         owned = owned if owned and self._group_id is not None else {}
         try:
+            conn = self._held.get()
             with conn.transaction():
                 got = conn.execute(
                     "SELECT pg_try_advisory_xact_lock(hashtext(%s)),"
@@ -226,14 +221,7 @@ class PostgresOutboxStore:
                 finally:
                     self._claimed = {}
         except psycopg.Error as e:
-            failure = translate(e)
-            if conn.broken or conn.closed:
-                # Whatever the server said last (e.g. its idle-in-transaction timeout ended the
-                # session), this connection is gone and the next call can only reconnect.
-                failure = Retryable(f"database connection lost: {failure}")
-            if isinstance(failure, Retryable):
-                self._drop()
-            raise failure from e
+            raise self._held.failure(e) from e
 
     def _owned_params(
         self, limit: int, owned: Mapping[TP, int], max_bytes: int
@@ -256,7 +244,7 @@ class PostgresOutboxStore:
         if not self._claimed:
             raise RuntimeError("settle() outside an open claim")
         # Driver errors propagate to the claim, which rolls back and translates them.
-        with self._connection().cursor() as cur:
+        with self._held.get().cursor() as cur:
             if kept:
                 cur.executemany(
                     self._keep,
@@ -292,25 +280,9 @@ class PostgresOutboxStore:
             r.source[1] if r.source is not None else None,
         )
 
-    def _connection(self) -> Conn:
-        if self._conn is None:
-            try:
-                self._conn = self._connect()
-            except psycopg.Error as e:
-                raise translate(e) from e
-        return self._conn
-
-    def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except psycopg.Error as e:
-                log.debug("closing a broken relay connection: %s", e)
-
     def close(self) -> None:
         """Closes the connection; a later claim would open a new one."""
-        self._drop()
+        self._held.close()
 
 
 def relay_lock_key(tables: Tables) -> str:

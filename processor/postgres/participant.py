@@ -1,6 +1,7 @@
 """The participant kit's store over PostgreSQL: inbox, outbox and positions in one transaction.
 
-The store owns one connection, opened on first use and again after it broke. Every driver
+The store owns one connection (a :class:`processor.postgres.held.HeldConnection`), opened on
+first use and again after it broke. Every driver
 error leaving :meth:`PostgresParticipantStore.transaction` (or a handler's statement) is
 translated into the runtime failures of :mod:`processor.errors`.
 """
@@ -18,10 +19,10 @@ from psycopg.types.json import Jsonb
 
 from processor.engine.records import OutboxRow
 from processor.errors import Retryable
-from processor.participant.ports import InboxEntry, Rows
+from processor.ports.participant import InboxEntry, Rows
 from processor.postgres.errors import translate
+from processor.postgres.held import Conn, HeldConnection
 from processor.postgres.schema import Tables
-from processor.postgres.store import Conn
 from processor.wire import outbox_channel
 
 __all__ = ["PostgresParticipantStore", "PostgresParticipantTx", "PostgresSql"]
@@ -32,7 +33,7 @@ TP = tuple[str, int]
 
 
 class PostgresSql:
-    """:class:`processor.participant.ports.Sql` over a psycopg connection."""
+    """:class:`processor.ports.participant.Sql` over a psycopg connection."""
 
     def __init__(self, conn: Conn) -> None:
         self._conn = conn
@@ -52,6 +53,8 @@ def _to_json(row: OutboxRow) -> dict[str, Any]:
         "key": base64.b64encode(row.key).decode() if row.key is not None else None,
         "headers": dict(row.headers),
         "value": base64.b64encode(row.value).decode(),
+        # A reply sent again on a redelivered command goes where the first one went.
+        "partition": row.partition,
     }
 
 
@@ -64,11 +67,12 @@ def _from_json(d: Mapping[str, Any]) -> OutboxRow:
         key=base64.b64decode(key) if key is not None else None,
         headers=dict(d["headers"]),
         value=base64.b64decode(d["value"]),
+        partition=d.get("partition"),
     )
 
 
 class PostgresParticipantTx:
-    """:class:`processor.participant.ports.ParticipantTx` in an open transaction."""
+    """:class:`processor.ports.participant.ParticipantTx` in an open transaction."""
 
     def __init__(self, conn: Conn, tables: Tables) -> None:
         self._conn = conn
@@ -138,7 +142,7 @@ class PostgresParticipantTx:
 
 
 class PostgresParticipantStore:
-    """:class:`processor.participant.ports.ParticipantStore` over one PostgreSQL connection.
+    """:class:`processor.ports.participant.ParticipantStore` over one PostgreSQL connection.
 
     Args:
         connect: Opens a new connection (not in autocommit mode).
@@ -146,74 +150,40 @@ class PostgresParticipantStore:
     """
 
     def __init__(self, connect: Callable[[], Conn], tables: Tables) -> None:
-        self._connect = connect
+        self._held = HeldConnection(connect)
         self._tables = tables
-        self._conn: Conn | None = None
-        self._opened = 0
         self._channel = outbox_channel(tables.schema)
 
     def positions(self, group_id: str, partitions: Sequence[TP]) -> Mapping[TP, int | None]:
-        conn = self._connection()
-        try:
-            with conn.transaction():
-                rows = conn.execute(
-                    self._tables.render(
-                        "SELECT topic, partition, next_offset FROM {offsets} WHERE group_id = %s"
-                    ),
-                    (group_id,),
-                ).fetchall()
-        except psycopg.Error as e:
-            raise self._failure(conn, e) from e
+        with self._held.session() as conn, conn.transaction():
+            rows = conn.execute(
+                self._tables.render(
+                    "SELECT topic, partition, next_offset FROM {offsets} WHERE group_id = %s"
+                ),
+                (group_id,),
+            ).fetchall()
         stored = {(str(t), int(p)): (int(o) if o is not None else None) for t, p, o in rows}
         return {tp: stored.get(tp) for tp in partitions}
 
     @contextmanager
     def transaction(self) -> Iterator[PostgresParticipantTx]:
-        conn = self._connection()
         try:
-            with conn.transaction():
+            with self._held.session() as conn, conn.transaction():
                 tx = PostgresParticipantTx(conn, self._tables)
                 yield tx
                 if tx.queued:
                     # Wakes relays of other replicas; this process wakes its own directly.
                     conn.execute("SELECT pg_notify(%s, '')", (self._channel,))
-        except psycopg.Error as e:
-            raise self._failure(conn, e) from e
         except Retryable:
             # A handler's statement met a lost connection (already translated).
-            if conn.broken or conn.closed:
-                self._drop()
+            if self._held.lost:
+                self._held.close()
             raise
-
-    def _failure(self, conn: Conn, e: psycopg.Error) -> Exception:
-        failure = translate(e)
-        if conn.broken or conn.closed:
-            failure = Retryable(f"database connection lost: {failure}")
-        if isinstance(failure, Retryable):
-            self._drop()
-        return failure
-
-    def _connection(self) -> Conn:
-        if self._conn is None:
-            try:
-                self._conn = self._connect()
-            except psycopg.Error as e:
-                raise translate(e) from e
-            self._opened += 1
-        return self._conn
 
     @property
     def reconnects(self) -> int:
         """Connections opened after the first one (each replaced a broken one)."""
-        return max(0, self._opened - 1)
-
-    def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except psycopg.Error as e:
-                log.debug("closing a broken participant connection: %s", e)
+        return max(0, self._held.opened - 1)
 
     def close(self) -> None:
-        self._drop()
+        self._held.close()

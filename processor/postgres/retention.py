@@ -12,18 +12,13 @@ import logging
 from collections.abc import Callable
 from datetime import timedelta
 
-import psycopg
-from psycopg.rows import TupleRow
-
 from processor.ports import Purge
-from processor.postgres.held import HeldConnection
+from processor.postgres.held import Conn, HeldConnection
 from processor.postgres.schema import Tables
 
 __all__ = ["PostgresRetentionStore"]
 
 log = logging.getLogger(__name__)
-
-Conn = psycopg.Connection[TupleRow]
 
 # A chunk waits at most this long for a row lock (a batch writing the same saga): it gives way
 # and the next round tries again, rather than queueing the consumer behind it.
@@ -123,8 +118,9 @@ _SQL: dict[Purge, str] = {
 class PostgresRetentionStore:
     """:class:`processor.ports.RetentionStore` over one connection, opened on first use.
 
-    After a psycopg error the connection is dropped if it broke, and the call raises a runtime
-    failure (``Retryable`` for a lost connection or a lock not granted in time).
+    A psycopg error becomes a runtime failure by the rule of
+    :class:`processor.postgres.held.HeldConnection` (``Retryable`` for a lost connection or a
+    lock not granted in time).
 
     Args:
         connect: Opens a new connection (not in autocommit).
@@ -137,19 +133,15 @@ class PostgresRetentionStore:
         self._sql = {what: tables.render(text) for what, text in _SQL.items()}
 
     def purge(self, what: Purge, older_than: timedelta, limit: int) -> int | None:
-        try:
-            conn = self._held.get()
-            with conn.transaction():
-                row = conn.execute(
-                    "SELECT pg_try_advisory_xact_lock(hashtext(%s))", (self._lock_key,)
-                ).fetchone()
-                if row is None or not row[0]:
-                    return None
-                conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-                cur = conn.execute(self._sql[what], {"age": older_than, "limit": limit})
-                return max(cur.rowcount, 0)
-        except psycopg.Error as e:
-            raise self._held.failure(e) from e
+        with self._held.session() as conn, conn.transaction():
+            row = conn.execute(
+                "SELECT pg_try_advisory_xact_lock(hashtext(%s))", (self._lock_key,)
+            ).fetchone()
+            if row is None or not row[0]:
+                return None
+            conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+            cur = conn.execute(self._sql[what], {"age": older_than, "limit": limit})
+            return max(cur.rowcount, 0)
 
     def close(self) -> None:
         """Closes the connection; the next call opens a new one."""

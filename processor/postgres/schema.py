@@ -1,8 +1,9 @@
 """Versioned schema for every table the processor owns, created on startup when enabled.
 
 All tables live in one schema (configurable); the deadline and lease tables have configurable
-names too. Migrations are applied in order under an advisory lock, so replicas starting together
-do not race each other.
+names too. Migrations are applied in order under an advisory lock by the one runner of
+:mod:`processor.postgres.migrations`, so replicas starting together do not race each other. The
+outbox tables' DDL is shared with a participant's schema, whose outbox has the same shape.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg import sql
+
+from processor.postgres.migrations import VERSION_COLUMNS, apply_migrations
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,76 @@ class Tables:
             audit=self.q("operator_audit"),
             schema=self.schema,
         )
+
+
+# The columns an outbox row and a set-aside (failed) one share after their id, in table order.
+_OUTBOX_ROW = """
+        saga_type   text,
+        saga_id     text,
+        topic       text        NOT NULL,
+        partition   int,
+        key         bytea,
+        headers     jsonb       NOT NULL,
+        value       bytea       NOT NULL,"""
+
+
+def outbox_ddl(*, retries: bool) -> str:
+    """The outbox table's CREATE, as the processor's and a participant's schemas first make it.
+
+    Both outboxes have one shape, so that one relay and one store publish either. Args:
+    ``retries`` adds the retry columns (``attempts``, ``last_error``) that the processor's
+    migration 4 added later and a participant's tables had from the start.
+    """
+    retry_columns = (
+        ",\n        attempts    int         NOT NULL DEFAULT 0,\n        last_error  text"
+        if retries
+        else ""
+    )
+    return f"""
+    -- Insert/delete churn: vacuum early so the queue's indexes stay small.
+    CREATE TABLE {{outbox}} (
+        id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,{_OUTBOX_ROW}
+        created_at  timestamptz NOT NULL DEFAULT now(){retry_columns}
+    ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
+    """
+
+
+def failed_outbox_ddl() -> str:
+    """The failed outbox's CREATE: rows the relay set aside, under their outbox ids."""
+    return f"""
+    CREATE TABLE {{failed_outbox}} (
+        id          bigint      PRIMARY KEY,{_OUTBOX_ROW}
+        created_at  timestamptz NOT NULL,
+        reason      text        NOT NULL,
+        attempts    int         NOT NULL,
+        held_behind bigint,
+        failed_at   timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE INDEX ON {{failed_outbox}} (saga_type, saga_id, id);
+    """
+
+
+def outbox_source_ddl(*, partitioned: bool) -> str:
+    """The source partition columns of both outbox tables, and the outbox's indexes for them.
+
+    Args:
+        partitioned: Rows of an input partition are claimed by that partition's relay: their
+            index comes before the two partial ones (index names are PostgreSQL's defaults,
+            which later migrations name, so the order stays as released).
+    """
+    by_partition = (
+        "\n    CREATE INDEX ON {outbox} (source_topic, source_partition, id);"
+        if partitioned
+        else ""
+    )
+    return f"""
+    ALTER TABLE {{outbox}} ADD COLUMN source_topic     text,
+                         ADD COLUMN source_partition int;
+    ALTER TABLE {{failed_outbox}} ADD COLUMN source_topic     text,
+                                ADD COLUMN source_partition int;{by_partition}
+    CREATE INDEX ON {{outbox}} (id) WHERE source_topic IS NULL;
+    CREATE INDEX ON {{outbox}} (saga_type, saga_id, id) WHERE source_topic IS NULL;
+    """
 
 
 # Each entry is one migration; never edit a released one, append a new one.
@@ -86,19 +158,9 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX ON {history} (saga_type, saga_id, id);
     CREATE INDEX ON {history} (at);
 
-    -- Insert/delete churn: vacuum early so the queue's indexes stay small.
-    CREATE TABLE {outbox} (
-        id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        saga_type  text,
-        saga_id    text,
-        topic      text        NOT NULL,
-        partition  int,
-        key        bytea,
-        headers    jsonb       NOT NULL,
-        value      bytea       NOT NULL,
-        created_at timestamptz NOT NULL DEFAULT now()
-    ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
-
+    """
+    + outbox_ddl(retries=False)
+    + """
     CREATE TABLE {deadline} (
         id             uuid        PRIMARY KEY,
         saga_type      text        NOT NULL,
@@ -182,23 +244,8 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE {outbox} ADD COLUMN attempts   int  NOT NULL DEFAULT 0,
                          ADD COLUMN last_error text;
-    CREATE TABLE {failed_outbox} (
-        id          bigint      PRIMARY KEY,
-        saga_type   text,
-        saga_id     text,
-        topic       text        NOT NULL,
-        partition   int,
-        key         bytea,
-        headers     jsonb       NOT NULL,
-        value       bytea       NOT NULL,
-        created_at  timestamptz NOT NULL,
-        reason      text        NOT NULL,
-        attempts    int         NOT NULL,
-        held_behind bigint,
-        failed_at   timestamptz NOT NULL DEFAULT now()
-    );
-    CREATE INDEX ON {failed_outbox} (saga_type, saga_id, id);
-    """,
+    """
+    + failed_outbox_ddl(),
     # 5: retention (processor/runtime/retention.py). A purged ended saga leaves a tombstone, so
     # that a late or redelivered start event is recognised for the dedupe window instead of
     # starting a second saga. The indexes let each chunked delete find its oldest rows without
@@ -273,15 +320,7 @@ MIGRATIONS: tuple[str, ...] = (
     # rows written before and rows of no input partition: those keep the one-relay-at-a-time
     # path, which walks its own small index; partition rows wait behind older NULL rows of
     # their saga (the second partial index).
-    """
-    ALTER TABLE {outbox} ADD COLUMN source_topic     text,
-                         ADD COLUMN source_partition int;
-    ALTER TABLE {failed_outbox} ADD COLUMN source_topic     text,
-                                ADD COLUMN source_partition int;
-    CREATE INDEX ON {outbox} (source_topic, source_partition, id);
-    CREATE INDEX ON {outbox} (id) WHERE source_topic IS NULL;
-    CREATE INDEX ON {outbox} (saga_type, saga_id, id) WHERE source_topic IS NULL;
-    """,
+    outbox_source_ddl(partitioned=True),
     # 11: fewer index entries per saga write. Every write of a saga row (an UPDATE moves
     # updated_at, so none is HOT) adds an entry to each of its indexes. The (saga_id) index of
     # migration 7 only served the console's search by id alone, which now walks the primary key
@@ -354,12 +393,7 @@ def pending_sql(current: int, tables: Tables) -> str:
     parts: list[str] = []
     if current == 0:
         parts.append(f"CREATE SCHEMA IF NOT EXISTS {sql_identifier(tables.schema)};")
-        parts.append(
-            tables.render(
-                "CREATE TABLE IF NOT EXISTS {version} "
-                "(version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now());"
-            )
-        )
+        parts.append(f"CREATE TABLE IF NOT EXISTS {tables.q('schema_version')} {VERSION_COLUMNS};")
     for number, ddl in enumerate(MIGRATIONS[current:], start=current + 1):
         parts.append(f"-- migration {number}\n" + textwrap.dedent(tables.render(ddl)).strip())
         parts.append(tables.render(f"INSERT INTO {{version}} (version) VALUES ({number});"))
@@ -373,30 +407,11 @@ def sql_identifier(name: str) -> str:
 
 def migrate(conn: psycopg.Connection[object], tables: Tables) -> int:
     """Creates the schema and applies pending migrations; returns the version reached."""
-    with conn.transaction():
-        # One starter at a time; the others find the work done.
-        conn.execute(
-            "SELECT pg_advisory_xact_lock(hashtext(%s))", (f"saga-migrate:{tables.schema}",)
-        )
-        # Only when missing: CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege on the
-        # database even when the schema exists, and an owner role given just its schema (see
-        # deploy/sql/grants.sql) has none.
-        exists = conn.execute(
-            "SELECT 1 FROM pg_namespace WHERE nspname = %s", (tables.schema,)
-        ).fetchone()
-        if exists is None:
-            conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(tables.schema)))
-        conn.execute(
-            tables.render(
-                "CREATE TABLE IF NOT EXISTS {version} "
-                "(version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-        )
-        row = conn.execute(
-            tables.render("SELECT coalesce(max(version), 0) FROM {version}")
-        ).fetchone()
-        current = int(row[0]) if row else 0  # type: ignore[index]
-        for number, ddl in enumerate(MIGRATIONS[current:], start=current + 1):
-            conn.execute(tables.render(ddl))
-            conn.execute(tables.render("INSERT INTO {version} (version) VALUES (%s)"), (number,))
-        return len(MIGRATIONS)
+    apply_migrations(
+        conn,
+        [tables.render(ddl) for ddl in MIGRATIONS],
+        lock=f"saga-migrate:{tables.schema}",
+        version_table=tables.q("schema_version"),
+        schema=tables.schema,
+    )
+    return len(MIGRATIONS)

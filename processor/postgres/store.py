@@ -9,23 +9,17 @@ binary arrays (`%b`), zipped in order by `ROWS FROM`. An array parameter per col
 Python step per value to build and another in psycopg to dump. The rarer statements (offsets,
 dead letters, parked records, operator changes) keep binary arrays over `unnest`: in text form
 psycopg would quote and escape every element with regular expressions. The statements
-themselves are in `processor.postgres.batch_sql`.
+themselves are in `processor.postgres.batch_sql`, the rows' encoding in
+`processor.postgres.batch_rows`.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
-from operator import attrgetter
 from typing import Any
 
-import psycopg
-from psycopg.rows import TupleRow
-from pydantic import TypeAdapter
-from pydantic_core import to_json
-
-from processor.engine.records import OffsetCommit, Record
+from processor.engine.records import OffsetCommit
 from processor.engine.rows import (
     DeadlineRef,
     HeldMessage,
@@ -37,71 +31,19 @@ from processor.engine.rows import (
     WriteSet,
 )
 from processor.errors import ConcurrentUpdate, FencedOut
+from processor.postgres import batch_rows
 from processor.postgres import batch_sql as sql
 from processor.postgres.audit import encode_entries
 from processor.postgres.deadlines import LEASE_NAME
+from processor.postgres.held import Conn
 from processor.postgres.schema import Tables
 from processor.wire import deadline_channel, outbox_channel
 
-Conn = psycopg.Connection[TupleRow]
+# Conn is re-exported: the batch's callers open the connection this store runs on.
+__all__ = ["CLAIM_LOCK_TIMEOUT_MS", "BatchStore", "Conn"]
 
 # How long an ownership claim waits for the partitions' rows (the old owner's batch or relay).
 CLAIM_LOCK_TIMEOUT_MS = 5000
-
-
-# Rows as the JSON arrays the inserts and updates read (`x->>0`, ...): the fields in that
-# order, JSON values (a saga's state, headers, effects) nested as they are. One pydantic-core call
-# encodes a batch's rows; an array parameter per column cost a Python step per value to build
-# and another to dump. Bytes are not JSON: they go beside, as binary arrays.
-_history_fields = attrgetter(
-    "saga_type",
-    "saga_id",
-    "message_id",
-    "message_type",
-    "kind",
-    "outcome",
-    "version",
-    "topic",
-    "partition",
-    "offset",
-    "detail",
-    "headers",
-    "effects",
-)
-_new_saga_fields = attrgetter(
-    "saga_type",
-    "saga_id",
-    "state",
-    "status",
-    "version",
-    "parked_reason",
-    "machine_state",
-    "state_version",
-)
-_old_saga_fields = attrgetter(
-    "saga_type",
-    "saga_id",
-    "state",
-    "status",
-    "version",
-    "parked_reason",
-    "expected_version",
-    "machine_state",
-    "state_version",
-)
-_outbox_fields = attrgetter("saga_type", "saga_id", "topic", "partition", "headers", "source")
-_deadline_fields = attrgetter(
-    "id",
-    "saga_type",
-    "saga_id",
-    "name",
-    "due_at",
-    "payload",
-    "topic",
-    "partition",
-    "traceparent",
-    "tracestate",
-)
 
 
 class BatchStore:
@@ -216,14 +158,14 @@ class BatchStore:
         ids = sorted(wants.deadline_ids)
         with self.conn.pipeline():
             c0 = self.conn.execute("SELECT now()")
-            saga_keys = (_encode_keys(keys),)
+            saga_keys = (batch_rows.encode_keys(keys),)
             c1 = self.conn.execute(self._load_sagas, saga_keys)
             # After the sagas, never before: each statement reads its own snapshot, and retention
             # deletes an instance and writes its tombstone in one transaction, so a saga purged
             # between the two reads is seen in both, never in neither.
             c5 = self.conn.execute(self._load_tombstones, saga_keys)
             c2 = (
-                self.conn.execute(self._load_applied, (_encode_message_keys(mkeys),))
+                self.conn.execute(self._load_applied, (batch_rows.encode_message_keys(mkeys),))
                 if mkeys
                 else None
             )
@@ -253,7 +195,7 @@ class BatchStore:
         held: dict[SagaKey, list[HeldMessage]] = {}
         if c6 is not None and c7 is not None:
             for t, i, *rest in c6.fetchall():
-                held.setdefault((t, i), []).append(held_message(rest))
+                held.setdefault((t, i), []).append(batch_rows.held_message(rest))
             deadlines.update(
                 (did, DeadlineRef(t, i, n, due, payload, token))
                 for did, t, i, n, due, payload, token in c7.fetchall()
@@ -305,30 +247,34 @@ class BatchStore:
         # statement inserts their successors: its parts all see the same snapshot, so a delete
         # beside an insert of the same name would not make room for it.
         if ws.deadline_clears:
-            conn.execute(self._clear_deadlines, (_encode_keys(ws.deadline_clears),))
+            conn.execute(self._clear_deadlines, (batch_rows.encode_keys(ws.deadline_clears),))
         if ws.deadline_deletes:
-            conn.execute(self._delete_deadlines, (_encode_message_keys(ws.deadline_deletes),))
+            conn.execute(
+                self._delete_deadlines, (batch_rows.encode_message_keys(ws.deadline_deletes),)
+            )
         params: list[Any] = [*fence, len(offsets)] if folded else []
         if new:
-            params.append(_encode_new_sagas(map(_new_saga_fields, new)))
+            params.append(batch_rows.encode_new_sagas(map(batch_rows.new_saga_fields, new)))
         if old:
-            params.append(_encode_old_sagas(map(_old_saga_fields, old)))
+            params.append(batch_rows.encode_old_sagas(map(batch_rows.old_saga_fields, old)))
         if ws.history:
             h = ws.history
             params += (
-                _encode_history(map(_history_fields, h)),
+                batch_rows.encode_history(map(batch_rows.history_fields, h)),
                 [x.payload for x in h],
                 [x.payload_sha256 for x in h],
             )
         if ws.outbox:
             o = ws.outbox
             params += (
-                _encode_outbox(map(_outbox_fields, o)),
+                batch_rows.encode_outbox(map(batch_rows.outbox_fields, o)),
                 [r.key for r in o],
                 [r.value for r in o],
             )
         if ws.deadline_inserts:
-            params.append(_encode_deadlines(map(_deadline_fields, ws.deadline_inserts)))
+            params.append(
+                batch_rows.encode_deadlines(map(batch_rows.deadline_fields, ws.deadline_inserts))
+            )
         # At most one notification per channel and batch (Postgres also folds repeats within a
         # transaction): the outbox's wakes every replica's relay; the deadlines' wakes the
         # deadline poller (in any replica) in case this one is due sooner. Both are delivered
@@ -378,7 +324,7 @@ class BatchStore:
                     [x.record.offset for x in dl],
                     [x.record.key for x in dl],
                     [x.record.value for x in dl],
-                    [_json(x.record.headers_text()) for x in dl],
+                    [batch_rows.json_text(x.record.headers_text()) for x in dl],
                     [x.reason for x in dl],
                     [x.detail for x in dl],
                 ),
@@ -464,64 +410,7 @@ class BatchStore:
                 [x.record.offset for x in rows],
                 [x.record.key for x in rows],
                 [x.record.value or b"" for x in rows],
-                [_json(x.record.headers_text()) for x in rows],
+                [batch_rows.json_text(x.record.headers_text()) for x in rows],
                 [x.reason for x in rows],
             ),
         )
-
-
-def _json(value: Any) -> str | None:
-    # pydantic-core's encoder: several times faster than json.dumps on the per-row hot path.
-    return None if value is None else to_json(value).decode()
-
-
-class _Rows:
-    """Encodes rows of known field types as one JSON array of arrays.
-
-    The same bytes as ``to_json`` of the tuples, several times faster: a serializer that knows
-    each field's type skips inferring it value by value (and a ``StrEnum`` field, declared str,
-    skips the enum's slow ``value`` property). JSON values (state, headers, effects, payloads)
-    are ``Any``: encoded as ``to_json`` would. A value of another type than declared is still
-    encoded, by inference, with a warning.
-    """
-
-    def __init__(self, *fields: Any) -> None:
-        self._adapter: TypeAdapter[Any] = TypeAdapter(list[tuple[fields]])  # type: ignore[valid-type]
-
-    def __call__(self, rows: Iterable[Sequence[Any]]) -> str:
-        rows = rows if isinstance(rows, list) else list(rows)
-        return self._adapter.dump_json(rows, fallback=_plain_mapping).decode()
-
-
-_Text = str | None
-_encode_keys = _Rows(str, str)
-_encode_message_keys = _Rows(str, str, str)
-_encode_history = _Rows(str, str, str, str, str, str, int | None, str, int, int, _Text, Any, Any)
-_encode_new_sagas = _Rows(str, str, Any, str, int, _Text, _Text, int)
-_encode_old_sagas = _Rows(str, str, Any, str, int, _Text, int, _Text, int)
-_encode_deadlines = _Rows(str, str, str, str, datetime, Any, str, int, _Text, _Text)
-_encode_outbox = _Rows(_Text, _Text, str, int | None, Any, tuple[str, int] | None)
-
-
-def _plain_mapping(value: Any) -> Any:
-    # An outbox row's headers may be any Mapping; the encoder takes only dicts by itself.
-    if isinstance(value, Mapping):
-        return dict(value)
-    raise TypeError(f"cannot encode {type(value).__name__} as JSON")
-
-
-def held_message(row: Sequence[Any]) -> HeldMessage:
-    """A ``parked_message`` row (id, topic, partition, offset, key, value, headers) as held."""
-    parked_id, topic, partition, offset, key, value, headers = row
-    pairs = headers.items() if isinstance(headers, Mapping) else json.loads(headers).items()
-    return HeldMessage(
-        int(parked_id),
-        Record(
-            topic=topic,
-            partition=int(partition),
-            offset=int(offset),
-            key=bytes(key) if key is not None else None,
-            value=bytes(value),
-            headers=tuple((str(k), str(v).encode()) for k, v in pairs),
-        ),
-    )

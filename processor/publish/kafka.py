@@ -13,11 +13,10 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
+from processor.bootstrap.clients import FailedDelivery, tracked_producer
 from processor.definition import SagaState
 from processor.engine.partitioner import Partitioner, normalise
 from processor.errors import SagaError
-from processor.kafka.producer import make_producer
-from processor.kafka.tracked import FailedDelivery, TrackedProducer
 from processor.messages import Message, MessageRegistry
 from processor.messages import registry as default_registry
 from processor.publish.records import EventRecordBuilder
@@ -102,9 +101,7 @@ class EventPublisher:
         config = _client_config(kafka)
         chosen = self.partitioner = _partitioner(partitioner)
         self.records = EventRecordBuilder(topic_prefix=topic_prefix, sagas=sagas, registry=registry)
-        self._sender = TrackedProducer(
-            lambda: make_producer(config, partitioner=chosen, **_PUBLISHER_OVERRIDES)
-        )
+        self._sender = tracked_producer(config, chosen, _PUBLISHER_OVERRIDES)
         self._closed = False
 
     @classmethod

@@ -10,12 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
+from processor.bootstrap.outbox import AnyConnection, ServiceOutbox
 from processor.definition import SagaState
 from processor.messages import Message, MessageRegistry
 from processor.messages import registry as default_registry
-from processor.postgres.events import AnyConnection, insert_events
-from processor.postgres.participant_schema import migrate_participant
-from processor.postgres.schema import Tables
 from processor.publish.records import EventRecordBuilder
 from processor.wire import HEADER_MESSAGE_ID
 
@@ -46,12 +44,13 @@ class OutboxEventPublisher:
         sagas: Iterable[type[SagaState]] = (),
         registry: MessageRegistry = default_registry,
     ) -> None:
-        self.tables = Tables(schema)
+        self._outbox = ServiceOutbox(schema)
+        self.tables = self._outbox.tables
         self.records = EventRecordBuilder(topic_prefix=topic_prefix, sagas=sagas, registry=registry)
 
     def migrate(self, conn: AnyConnection) -> None:
         """Creates the schema's outbox tables, if missing (the participant kit's migrations)."""
-        migrate_participant(conn, self.tables)
+        self._outbox.migrate(conn)
 
     def publish(
         self,
@@ -88,5 +87,5 @@ class OutboxEventPublisher:
             headers=headers,
             topic=topic,
         )
-        insert_events(conn, self.tables, [row])
+        self._outbox.insert(conn, [row])
         return row.headers[HEADER_MESSAGE_ID]

@@ -27,6 +27,7 @@ from processor.wire import (
     HEADER_TRACEPARENT,
     HEADER_TRACESTATE,
     Topics,
+    envelope,
 )
 
 __all__ = ["EventRecordBuilder", "current_trace_headers"]
@@ -157,19 +158,20 @@ class EventRecordBuilder:
         when = occurred_at if occurred_at is not None else datetime.now(UTC)
         if when.tzinfo is None:
             raise ValueError("occurred_at needs a time zone (e.g. datetime.now(UTC))")
-        out = {
-            # The caller's own trace context, if given, wins over the active span's.
-            **current_trace_headers(),
-            **extra,
-            HEADER_MESSAGE_ID: message_id,
-            HEADER_MESSAGE_TYPE: mtype.name,
-            HEADER_SCHEMA_VERSION: str(mtype.version),
+        trace = current_trace_headers()
+        out = envelope(
+            message_id=message_id,
+            message_type=mtype.name,
+            schema_version=mtype.version,
             # An event nobody caused starts a conversation: its own id names it.
-            HEADER_CORRELATION_ID: correlation_id or message_id,
-            HEADER_OCCURRED_AT: when.isoformat(),
-        }
-        if causation_id is not None:
-            out[HEADER_CAUSATION_ID] = causation_id
+            correlation_id=correlation_id or message_id,
+            causation_id=causation_id,
+            occurred_at=when,
+            # The caller's own trace context, if given in ``headers``, wins over the active span's.
+            traceparent=trace.get(HEADER_TRACEPARENT),
+            tracestate=trace.get(HEADER_TRACESTATE),
+            extra=extra,
+        )
         handling = [d.saga_type for d in self._definitions if d.handles(cls)]
         return OutboxRow(
             saga_type=handling[0] if handling else topic,

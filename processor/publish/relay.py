@@ -11,20 +11,12 @@ import threading
 import time
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
 
+from processor.bootstrap.service import ServiceAdapters
 from processor.errors import LoopDied
-from processor.kafka.producer import KafkaRecordProducer, make_producer, relay_overrides
-from processor.postgres.connect import connect
-from processor.postgres.notify import PostgresWakeSource
-from processor.postgres.outbox import PostgresOutboxStore
-from processor.postgres.participant_schema import migrate_participant
-from processor.postgres.schema import Tables
 from processor.publish.kafka import _client_config, _partitioner
-from processor.runtime.relay import Relay
 from processor.runtime.supervisor import Supervisor
 from processor.settings import KafkaSettings, RelaySettings
-from processor.wire import outbox_channel
 
 __all__ = ["OutboxRelay"]
 
@@ -58,35 +50,23 @@ class OutboxRelay:
         application_name: str = "saga-event-relay",
         shutdown_timeout: float = 20.0,
     ) -> None:
-        config = _client_config(kafka)
-        chosen = _partitioner(partitioner)
         rs = settings or RelaySettings()
-        self._url = database_url
-        self._app = application_name
-        self.tables = Tables(schema)
-        self.shutdown_timeout = shutdown_timeout
-        with connect(database_url, application_name=application_name) as conn:
-            migrate_participant(conn, self.tables)
-        self.relay = Relay(
-            PostgresOutboxStore(self._connect, self.tables),
-            KafkaRecordProducer(
-                lambda: make_producer(
-                    config, partitioner=chosen, **relay_overrides(rs.max_record_bytes)
-                )
-            ),
-            batch_size=rs.batch_size,
-            max_batch_bytes=rs.max_batch_bytes,
-            poll_interval=rs.poll_interval.total_seconds(),
-            flush_timeout=rs.flush_timeout.total_seconds(),
-            max_attempts=rs.max_attempts,
-            max_record_bytes=rs.max_record_bytes,
+        adapters = ServiceAdapters(
+            kafka=_client_config(kafka),
+            partitioner=_partitioner(partitioner),
+            database_url=database_url,
+            schema=schema,
+            application_name=application_name,
+            search_path=False,
         )
+        self.tables = adapters.tables
+        self.shutdown_timeout = shutdown_timeout
+        adapters.migrate()
+        self.relay = adapters.relay(rs)
+        self._listener = adapters.wake_source()
         self.stop_event = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-
-    def _connect(self) -> Any:
-        return connect(self._url, application_name=self._app)
 
     def run_once(self) -> int:
         """Publishes one round of committed rows; returns how many went out."""
@@ -101,7 +81,7 @@ class OutboxRelay:
         stop = stop or self.stop_event
         supervisor = Supervisor(stop)
         supervisor.spawn("event-relay", self.relay.run)
-        listener = PostgresWakeSource(self._connect, outbox_channel(self.tables.schema))
+        listener = self._listener
         supervisor.spawn("event-relay-listener", lambda s: listener.run(s, self.relay.wake.set))
         stop.wait()
         ends = time.monotonic() + self.shutdown_timeout

@@ -1,4 +1,4 @@
-"""Builds what a processor runs from its settings: table names, saga classes, bound sagas.
+"""Builds what a processor runs from its settings: saga classes, bound sagas, the relay.
 
 The processor and the operator commands both assemble through here, so an operator's retry of a
 parked saga plans with the very sagas and planner that the consumer runs. `load_app` finds the
@@ -8,7 +8,7 @@ application object (`MODULE:ATTR`) that every command taking a target loads.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -21,9 +21,12 @@ from processor.engine.plan import Planner
 from processor.errors import ConfigurationError
 from processor.messages import MessageRegistry
 from processor.messages import registry as default_registry
-from processor.postgres.schema import Tables
+from processor.ports.engine import TP, RecordProducer
+from processor.ports.outbox import OutboxStore
 from processor.runner import BoundSaga, bind_all
-from processor.settings import ProcessorSettings
+from processor.runtime.hooks import Hooks
+from processor.runtime.relay import Relay
+from processor.settings import ProcessorSettings, RelaySettings
 from processor.wire import Topics
 
 __all__ = [
@@ -35,7 +38,7 @@ __all__ = [
     "load_saga_classes",
     "open_sagas",
     "operator_key",
-    "tables_for",
+    "relay_for",
 ]
 
 
@@ -55,19 +58,37 @@ def load_saga_classes(specs: Iterable[str]) -> list[type[Any]]:
     return found
 
 
-def tables_for(settings: ProcessorSettings) -> Tables:
-    """The processor's table names, as its settings configure them."""
-    return Tables(
-        schema=settings.database.schema_name,
-        deadline=settings.deadline.table,
-        deadline_lock=settings.deadline.lock_table,
-    )
-
-
 def operator_key(settings: ProcessorSettings) -> bytes | None:
     """The key that signs operator records, or None when none is configured."""
     key = settings.operator.key
     return key.get_secret_value().encode() if key is not None else None
+
+
+def relay_for(
+    outbox: OutboxStore,
+    producer: RecordProducer,
+    settings: RelaySettings,
+    *,
+    hooks: Hooks | None = None,
+    owned: Callable[[], Mapping[TP, int]] | None = None,
+) -> Relay:
+    """The outbox relay over ``outbox``, its batches, waits and attempts as ``settings`` say.
+
+    The processor's relay and a service's (participant service, outbox relay) are made here
+    alike; only the processor's publishes the rows of the partitions it ``owned``.
+    """
+    return Relay(
+        outbox,
+        producer,
+        batch_size=settings.batch_size,
+        max_batch_bytes=settings.max_batch_bytes,
+        poll_interval=settings.poll_interval.total_seconds(),
+        flush_timeout=settings.flush_timeout.total_seconds(),
+        max_attempts=settings.max_attempts,
+        max_record_bytes=settings.max_record_bytes,
+        hooks=hooks,
+        owned=owned,
+    )
 
 
 @dataclass(frozen=True, slots=True)

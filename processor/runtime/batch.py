@@ -87,3 +87,26 @@ class Planned:
     ws: WriteSet
     # Seconds spent loading its rows and planning it (handlers included), for the metrics.
     plan_seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class Limits:
+    """The bounds of one worker's batches and of its waits on the database.
+
+    One instance is shared by the worker and the pieces it is built from, so a bound changed on
+    it holds for all of them at once.
+
+    Attributes:
+        batch_size: Most records in one batch.
+        batch_timeout: Seconds a poll waits for records when none are in hand.
+        max_batch_bytes: About the most key and value bytes in one batch.
+        max_record_bytes: Records larger than this are dead-lettered, not decoded.
+        unavailable_timeout: Seconds the database may fail or stay silent before this replica
+            gives its partitions back to the group; also the bound on any one database call.
+    """
+
+    batch_size: int
+    batch_timeout: float
+    max_batch_bytes: int
+    max_record_bytes: int
+    unavailable_timeout: float

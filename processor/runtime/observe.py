@@ -13,14 +13,13 @@ from typing import TYPE_CHECKING
 from processor.engine.rows import WriteSet
 from processor.observe.health import Probe, liveness, readiness
 from processor.observe.metrics import Metrics
-from processor.observe.sample import DatabaseSample
 from processor.observe.sampler import Sampler
 from processor.observe.server import ObserveServer
 from processor.observe.tracing import tracing
-from processor.postgres.gauges import PostgresGauges
-from processor.postgres.schema import MIGRATIONS
+from processor.ports.cluster import DatabaseSample
+from processor.ports.factory import DatabaseGauges
 from processor.runtime.lane import Lane, Stuck
-from processor.runtime.worker import BatchDone
+from processor.runtime.worker import BatchDone, BatchObservers
 
 if TYPE_CHECKING:
     from processor.runtime.processor import Processor
@@ -34,12 +33,14 @@ class Observability:
     """The metrics registry, database sampler, HTTP endpoint and spans of one processor.
 
     Args:
-        processor: The processor to watch; its worker (and relay, poller) already exist.
+        processor: The processor to watch; its relay and poller already exist, its worker is
+            made after this (with :attr:`batches`) and before :meth:`start`.
 
     Attributes:
         metrics: The registry and its feeds.
         sampler: The database sampler; None when the endpoint is disabled.
         server: The HTTP endpoint; None when disabled (``metrics.port`` 0).
+        batches: The metrics and spans of each batch, for the worker.
     """
 
     def __init__(self, processor: Processor) -> None:
@@ -49,30 +50,22 @@ class Observability:
         self.sampler: Sampler | None = None
         self.server: ObserveServer | None = None
         self._stale_after = ms.stale_after.total_seconds()
-        worker = processor.worker
-        assert worker is not None
         src = self.metrics.sources
-        src.worker_stats = worker.stats
         src.relay = processor.relay
         src.up = lambda: self.healthz().ok
-        worker.on_batch = self._batch
         if processor.poller is not None:
             processor.poller.on_fired = self.metrics.fired
         spans = tracing()
+        # Given to the worker, which is made after this (it reports each batch here).
+        self.batches = BatchObservers(on_batch=self._batch, tracing=spans)
         if spans is not None:
-            worker.tracing = spans
             processor.planner.handler_span = lambda t, i, r: spans.handler(t, i, r.headers_text())
             if processor.relay is not None:
                 processor.relay.tracing = spans
         if ms.port == 0 and not ms.bind_any:
             return
         self._gauges = _BoundedGauges(
-            lambda: PostgresGauges(
-                processor.connect,
-                processor.tables,
-                processor.settings.consumer.group_id,
-                processor.instance_id,
-            ),
+            processor.adapters.gauges,
             # A sample that takes longer than an interval (the database black-holed) fails, so
             # /readyz says so within about one interval; never less than 10 s, which a healthy
             # database under load may need, nor more than a sample stays good.
@@ -91,6 +84,8 @@ class Observability:
 
     def start(self) -> None:
         """Starts the sampler (a supervised loop) and the HTTP endpoint."""
+        if self._p.worker is not None:
+            self.metrics.sources.worker_stats = self._p.worker.stats
         consumer = self._p.worker.consumer if self._p.worker is not None else None
         self.metrics.sources.rebalances = getattr(consumer, "rebalances", None)
         placement = self._p.worker.placement if self._p.worker is not None else None
@@ -135,7 +130,7 @@ class Observability:
             sample_age=s.age() if s is not None else None,
             sample_error=s.last_error if s is not None else None,
             schema_version=s.latest.schema_version if s is not None and s.latest else None,
-            expected_version=len(MIGRATIONS),
+            expected_version=self._p.adapters.schema_version,
             worker=worker.health() if worker is not None else None,
             stale_after=self._stale_after,
         )
@@ -150,7 +145,7 @@ class _BoundedGauges:
     its connection, and the next sample starts on a fresh lane and a fresh connection.
     """
 
-    def __init__(self, make: Callable[[], PostgresGauges], bound: float) -> None:
+    def __init__(self, make: Callable[[], DatabaseGauges], bound: float) -> None:
         self._make = make
         self._bound = bound
         self._gauges = make()

@@ -29,7 +29,7 @@ from processor.errors import Retryable
 from processor.observe.repeats import RepeatedWarning
 from processor.ports import DeadlineStore, Due, RecordProducer
 from processor.runtime.heartbeat import beat
-from processor.runtime.hooks import Hooks
+from processor.runtime.hooks import HookPoint, Hooks
 from processor.settings import DeadlineSettings
 from processor.wire import FiredRecord
 
@@ -177,7 +177,7 @@ class DeadlinePoller:
 
     def step(self) -> float:
         """Lease, sweep until drained; returns how long to sleep before the next step."""
-        self.hooks.fire("poller-step")
+        self.hooks.fire(HookPoint.POLLER_STEP)
         interval = self.settings.polling.interval.total_seconds()
         token = self.acquire()
         if token is None:

@@ -1,48 +1,35 @@
-"""Assembles a processor from settings: the consumer loop and the background loops.
+"""One replica: the consumer loop and the background loops, built from an adapter factory.
 
 The background loops are the growth watch, the outbox relay, its notify listener, the deadline
-poller and retention.
+poller, retention and the resumption of sagas parked on something too new. Every store, client
+and source comes from the :class:`processor.ports.AdapterFactory` given (``processor.bootstrap``
+builds one from settings: :func:`processor.bootstrap.build_processor`).
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-import os
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from processor.engine.rows import WriteSet
 from processor.errors import LoopDied, Retryable
-from processor.kafka.client import SagaConsumer
-from processor.kafka.metadata import KafkaTopicMetadata
-from processor.kafka.producer import KafkaRecordProducer, make_producer, relay_overrides
 from processor.messages import MessageRegistry
 from processor.messages import registry as default_registry
 from processor.observe.logs import set_replica
 from processor.observe.server import check_port_free
-from processor.ops.parked import resume_too_new
-from processor.postgres.batch import PostgresBatchStore
-from processor.postgres.connect import connect, ensure_schema
-from processor.postgres.deadlines import PostgresDeadlineStore
-from processor.postgres.growth import PostgresGrowthStore
-from processor.postgres.notify import PostgresWakeSource
-from processor.postgres.operator import open_operator_queries
-from processor.postgres.outbox import PostgresOutboxStore
-from processor.postgres.retention import PostgresRetentionStore
-from processor.postgres.store import Conn
-from processor.postgres.tls import warn_unverified_tls
+from processor.ports.factory import AdapterFactory
 from processor.runner import BoundSaga
-from processor.runtime.assembly import bind_sagas, tables_for
+from processor.runtime.assembly import bind_sagas, relay_for
 from processor.runtime.growth import GrowthWatch
 from processor.runtime.heartbeat import beat
-from processor.runtime.hooks import Hooks
+from processor.runtime.hooks import HookPoint, Hooks
 from processor.runtime.observe import Observability
+from processor.runtime.ownership import Ownership
 from processor.runtime.placement import PlacementCheck
 from processor.runtime.poller import DeadlinePoller
 from processor.runtime.relay import Relay
@@ -52,7 +39,7 @@ from processor.runtime.stopping import CONSUMER_CLOSE, close_within
 from processor.runtime.supervisor import LoopFailure, Supervisor
 from processor.runtime.worker import Worker
 from processor.settings import ProcessorSettings
-from processor.wire import Topics, outbox_channel
+from processor.wire import Topics
 
 log = logging.getLogger(__name__)
 
@@ -68,21 +55,20 @@ class Processor:
         settings: ProcessorSettings,
         saga_classes: Iterable[type[Any]] | None = None,
         *,
+        adapters: AdapterFactory,
         dependencies: Mapping[type, object] | None = None,
         registry: MessageRegistry = default_registry,
         hooks: Hooks | None = None,
     ) -> None:
         self.settings = settings
+        self.adapters = adapters
         # Fault points for tests and benchmarks; nothing is registered in production.
         self.hooks = hooks if hooks is not None else Hooks()
         bound = bind_sagas(settings, saga_classes, dependencies=dependencies, registry=registry)
         self.sagas: dict[str, BoundSaga] = bound.sagas
         self.registry = bound.registry
         self.planner = bound.planner
-        self.tables = tables_for(settings)
-        self.instance_id = (
-            settings.instance_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        )
+        self.instance_id = adapters.instance_id
         self.stop_event = threading.Event()
         # A loop that dies sets stop_event through the supervisor: the process then ends
         # non-zero instead of looking alive with a dead relay or poller.
@@ -103,17 +89,6 @@ class Processor:
         self.left_running: list[str] = []
 
     # -- wiring ----------------------------------------------------------------------------
-
-    def connect(
-        self, idle_in_transaction_timeout: timedelta | None = None, *, keyed: bool = False
-    ) -> Conn:
-        return connect(
-            self.settings.database.url.get_secret_value(),
-            application_name=f"saga:{self.instance_id}",
-            idle_in_transaction_timeout=idle_in_transaction_timeout,
-            statement_timeout=self.settings.database.statement_timeout,
-            keyed=keyed,
-        )
 
     def input_topics(self) -> list[str]:
         """The topics this replica consumes, with the topic prefix applied."""
@@ -136,99 +111,51 @@ class Processor:
             check_port_free(ms.host, ms.port)
         _tune_gc()
         set_replica(self.instance_id)
-        warn_unverified_tls(self.settings.database.url.get_secret_value())
+        adapters = self.adapters
+        adapters.check_transport()
         if self.settings.deadline.schema_.auto:
-            ensure_schema(self.settings.database.url.get_secret_value(), self.tables)
+            adapters.ensure_schema()
         self._resume_too_new()
-        kafka = self.settings.kafka.client_config()
         cs = self.settings.consumer
         part = cs.partitioner
-        # Once this replica's partitions go to another (its session timed out while frozen, or
-        # it gave them back because the database stopped answering it), the heir must be able
-        # to claim them: the server ends a transaction left idle that long and frees its locks.
-        idle_limit = min(cs.session_timeout, cs.unavailable_timeout)
 
-        def batch_store() -> PostgresBatchStore:
-            # Keyed: a batch only reads and writes the rows of its own sagas and partitions.
-            return PostgresBatchStore(
-                lambda: self.connect(idle_limit, keyed=True),
-                self.tables,
-                cs.group_id,
-                wake_within=self.settings.deadline.polling.interval,
-                origin=self.instance_id,
-            )
-
-        worker = self.worker = Worker(
-            store=batch_store(),
-            control=batch_store(),
-            store_factory=batch_store,
-            planner=self.planner,
-            registry=self.registry,
-            owner=self.instance_id,
-            max_record_bytes=cs.max_record_bytes,
-            batch_size=cs.batch_size,
-            batch_timeout=cs.batch_timeout.total_seconds(),
-            max_batch_bytes=cs.max_batch_bytes,
-            unavailable_timeout=cs.unavailable_timeout.total_seconds(),
-            hooks=self.hooks,
-        )
+        # Made first: the relay reads the owned partitions' epochs, the worker changes them.
+        ownership = Ownership()
         topics = self.input_topics()
         growth = self.growth = GrowthWatch(
-            PostgresGrowthStore(lambda: self.connect(idle_limit), self.tables),
-            KafkaTopicMetadata(kafka, f"{cs.group_id}.metadata"),
+            adapters.growth_store(),
+            adapters.topic_metadata(),
             group_id=cs.group_id,
             topics=topics,
             partitioner=cs.partitioner,
             interval=cs.growth_check_interval.total_seconds(),
         )
-        self.worker.gate = growth.held
-        self.worker.follow = growth
-        self.worker.placement = PlacementCheck(part, growth.counts)
         # Each loop that beats gets a bound on the gap between two beats: its longest legitimate
         # wait plus a minute. Past it the loop is hung and /healthz fails (Supervisor.alive).
         self._spawn("growth-watch", growth.run, hang_after=HANG_GRACE)
         if self.settings.relay.enabled:
             rs = self.settings.relay
-            relay = self.relay = Relay(
-                PostgresOutboxStore(
-                    # A frozen relay must not keep the relay lock (rows of no partition) or its
-                    # partitions' offsets rows (their hand-over) for as long as it stays frozen;
-                    # a live round idles at most one flush.
-                    lambda: self.connect(2 * rs.flush_timeout),
-                    self.tables,
-                    cs.group_id,
-                ),
-                KafkaRecordProducer(
-                    lambda: make_producer(
-                        kafka, partitioner=part, **relay_overrides(rs.max_record_bytes)
-                    )
-                ),
-                batch_size=rs.batch_size,
-                max_batch_bytes=rs.max_batch_bytes,
-                poll_interval=rs.poll_interval.total_seconds(),
-                flush_timeout=rs.flush_timeout.total_seconds(),
-                max_attempts=rs.max_attempts,
-                max_record_bytes=rs.max_record_bytes,
+            relay = self.relay = relay_for(
+                adapters.outbox_store(),
+                adapters.relay_producer(),
+                rs,
                 hooks=self.hooks,
                 # Each replica publishes the rows of the partitions it owns (fenced by epoch); a
                 # saga's row waits for its older rows of other partitions (see the outbox store).
-                owned=lambda: worker.epochs,
+                owned=ownership.current,
             )
-            worker.on_owned = relay.wake.set
             # On a graceful stop the relay publishes the last batch's rows while this replica
             # still owns their partitions (see stop: the consumer leaves after it).
             relay.drain_on_stop = self._last_commit = threading.Event()
-            listener = PostgresWakeSource(
-                self.connect, outbox_channel(self.tables.schema), ignore=self.instance_id
-            )
+            listener = adapters.wake_source()
             self._spawn(
                 "relay", relay.run, hang_after=2 * rs.flush_timeout.total_seconds() + HANG_GRACE
             )
             self._spawn("relay-listener", lambda stop: listener.run(stop, relay.wake.set))
         if self.settings.deadline.enabled:
             self.poller = DeadlinePoller(
-                PostgresDeadlineStore(self.connect, self.tables),
-                KafkaRecordProducer(lambda: make_producer(kafka, partitioner=part)),
+                adapters.deadline_store(),
+                adapters.record_producer(),
                 holder=self.instance_id,
                 settings=self.settings.deadline,
                 hooks=self.hooks,
@@ -238,44 +165,50 @@ class Processor:
             self._spawn("deadline-poller", self.poller.run, hang_after=polling + HANG_GRACE)
         if self.settings.retention.enabled:
             self.retention = Retention(
-                # A frozen replica must not keep the retention lock (or its row locks) for long.
-                PostgresRetentionStore(lambda: self.connect(idle_limit), self.tables),
+                adapters.retention_store(),
                 self.settings.retention,
                 hooks=self.hooks,
             )
             self._spawn("retention", self.retention.run, hang_after=HANG_GRACE)
         resume = cs.resume_interval.total_seconds()
         self._spawn("parked-resume", self._resume_loop, hang_after=resume + 2 * HANG_GRACE)
-        self.worker.on_commit = self._committed
-        self.worker.consumer = SagaConsumer(
-            kafka,
-            group_id=cs.group_id,
-            topics=topics,
-            on_assign=self.worker.on_assign,
-            on_revoke=self.worker.on_revoke,
-            session_timeout_ms=int(cs.session_timeout.total_seconds() * 1000),
-            max_poll_interval_ms=int(cs.max_poll_interval.total_seconds() * 1000),
-            max_batch_bytes=cs.max_batch_bytes,
-            metadata_refresh_ms=max(1000, int(cs.growth_check_interval.total_seconds() * 1000)),
-        )
+        # Before the worker: the worker reports each batch to it.
         self.observe = Observability(self)
+        self.worker = Worker(
+            store=adapters.batch_store(),
+            control=adapters.batch_store(),
+            store_factory=adapters.batch_store,
+            planner=self.planner,
+            registry=self.registry,
+            owner=self.instance_id,
+            consumer=lambda on_assign, on_revoke: adapters.consumer(topics, on_assign, on_revoke),
+            max_record_bytes=cs.max_record_bytes,
+            batch_size=cs.batch_size,
+            batch_timeout=cs.batch_timeout.total_seconds(),
+            max_batch_bytes=cs.max_batch_bytes,
+            unavailable_timeout=cs.unavailable_timeout.total_seconds(),
+            ownership=ownership,
+            on_commit=self._committed,
+            # Relaying moves with the partitions: a gain wakes the relay.
+            on_owned=self.relay.wake.set if self.relay is not None else _nothing,
+            gate=growth.held,
+            follow=growth,
+            placement=PlacementCheck(part, growth.counts),
+            observers=self.observe.batches,
+            hooks=self.hooks,
+        )
         self.observe.start()
         log.info("processor %s started: sagas %s", self.instance_id, sorted(self.sagas))
 
     def _resume_too_new(self) -> None:
         """Sagas parked on something newer than older code knew go on if this code knows it."""
-        url = self.settings.database.url.get_secret_value()
         versions = {t: b.state_version for t, b in self.sagas.items()}
-        with open_operator_queries(url, self.tables) as queries:
-            results = resume_too_new(
-                queries, self.planner, registry=self.registry, state_versions=versions
-            )
-        resumed = sum(1 for r in results if r.ok)
+        resumed, tried = self.adapters.resume_parked(self.planner, self.registry, versions)
         if resumed:
             log.info(
                 "%d of %d sagas parked on a version newer than earlier code knew went on",
                 resumed,
-                len(results),
+                tried,
             )
 
     def _resume_loop(self, stop: threading.Event) -> None:
@@ -416,10 +349,14 @@ class Processor:
             _attempt("relay close", self.relay.close)
         # Last: the probes answer (unhealthy) for as long as the rest shuts down.
         hooks = self.hooks
-        _attempt("shutdown hook", lambda: hooks.fire("before-endpoint-close"))
+        _attempt("shutdown hook", lambda: hooks.fire(HookPoint.BEFORE_ENDPOINT_CLOSE))
         if self.observe is not None:
             _attempt("metrics endpoint close", self.observe.close)
         log.info("processor %s stopped", self.instance_id)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _attempt(what: str, action: Callable[[], None]) -> None:

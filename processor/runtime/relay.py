@@ -42,19 +42,17 @@ from processor.observe.repeats import RepeatedWarning
 from processor.observe.tracing import MAX_LINKS, Tracing
 from processor.ports import TP, OutboxEntry, OutboxStore, RecordProducer, SetAside
 from processor.runtime.heartbeat import beat
-from processor.runtime.hooks import Hooks
-from processor.wire import HEADER_MESSAGE_ID
+from processor.runtime.hooks import HookPoint, Hooks
+from processor.wire import (
+    HEADER_DEAD_LETTER_REASON,
+    HEADER_DEAD_LETTER_TRUNCATED,
+    HEADER_MESSAGE_ID,
+)
 
 __all__ = ["HEADER_DEAD_LETTER_TRUNCATED", "Relay", "fits", "record_size"]
 
 log = logging.getLogger(__name__)
 
-HEADER_DEAD_LETTER_TRUNCATED = "dead-letter-truncated"
-"""On a dead letter whose value was cut to fit the broker: the original value's size in bytes.
-
-The whole record stays in the ``dead_letter`` table, found by its ``source-*`` headers.
-"""
-_DEAD_LETTER_REASON = "dead-letter-reason"
 # Per header, what the record format adds to the name and value (length varints).
 _HEADER_OVERHEAD = 10
 # What the client adds per record (and per batch) before comparing with message.max.bytes.
@@ -173,7 +171,7 @@ class Relay:
                 is out of reach); every row of the round stays, no attempt counted.
             Retryable: The store or the producer failed; every row of the round stays.
         """
-        self._hooks.fire("relay-round")
+        self._hooks.fire(HookPoint.RELAY_ROUND)
         self.last_failures = []
         owned = self._owned() if self._owned is not None else None
         self.last_round_full = False
@@ -191,7 +189,7 @@ class Relay:
             if r.failures and not r.acknowledged and not r.refused:
                 # Raised inside the claim, so that the round rolls back with no attempt counted.
                 raise DeliveryFailed(r.failures)
-            self._hooks.fire("after-produce")
+            self._hooks.fire(HookPoint.AFTER_PRODUCE)
             self._outbox.settle(r.set_aside, r.kept)
         # Logged once the move committed: each failed row is logged exactly once.
         if r.set_aside:
@@ -217,7 +215,7 @@ class Relay:
             if self._hold(r, e, key):
                 continue
             if not fits(e.row, self.max_record_bytes):
-                if key is None and _DEAD_LETTER_REASON in e.row.headers:
+                if key is None and HEADER_DEAD_LETTER_REASON in e.row.headers:
                     e = replace(e, row=self._truncated(e.row))
                 else:
                     size = record_size(e.row)

@@ -17,7 +17,13 @@ from collections.abc import Iterable
 from processor.engine.records import Record
 from processor.engine.rows import ParkedMessage, WriteSet
 from processor.observe.logs import trace_id
-from processor.wire import HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE, HEADER_TRACEPARENT
+from processor.wire import (
+    HEADER_MESSAGE_ID,
+    HEADER_MESSAGE_TYPE,
+    HEADER_SAGA_ID,
+    HEADER_SAGA_TYPE,
+    HEADER_TRACEPARENT,
+)
 
 __all__ = [
     "DEAD_LETTER_LINES",
@@ -86,12 +92,12 @@ def report_dead_letters(letters: Iterable[tuple[Record, str, str]]) -> None:
                 "reason: %s (%s)",
                 _message_id(record),
                 _message_type(record),
-                _clip(record.header("saga-type") or "-", 100),
-                _clip(record.header("saga-id") or "", 100) or _key(record),
+                _clip(record.header(HEADER_SAGA_TYPE) or "-", 100),
+                _clip(record.header(HEADER_SAGA_ID) or "", 100) or _key(record),
                 _position(record),
                 reason,
                 _clip(detail),
-                extra=_ids(record, record.header("saga-type"), record.header("saga-id")),
+                extra=_ids(record, record.header(HEADER_SAGA_TYPE), record.header(HEADER_SAGA_ID)),
             )
     skipped = sum(reasons.values()) - DEAD_LETTER_LINES
     if skipped > 0:

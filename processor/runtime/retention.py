@@ -27,7 +27,7 @@ from datetime import timedelta
 from processor.errors import Retryable
 from processor.ports import Purge, RetentionStore
 from processor.runtime.heartbeat import beat
-from processor.runtime.hooks import Hooks
+from processor.runtime.hooks import HookPoint, Hooks
 from processor.settings import RetentionSettings
 
 __all__ = ["Retention", "periods"]
@@ -93,7 +93,7 @@ class Retention:
             What this round deleted, by kind; None when another replica's round held the lock
             (what was deleted before that is still counted in :attr:`deleted`).
         """
-        self.hooks.fire("retention-round")
+        self.hooks.fire(HookPoint.RETENTION_ROUND)
         stop = stop or threading.Event()
         limit = self.settings.chunk_size
         pause = self.settings.chunk_pause.total_seconds()

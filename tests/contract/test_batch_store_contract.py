@@ -39,8 +39,8 @@ from processor.errors import (
     Retryable,
 )
 from processor.memory.store import MemoryBatchStore, MemoryTables
-from processor.ops.views import AuditRow
 from processor.ports import TP, BatchStore, Purge
+from processor.ports.views import AuditRow
 from tests.contract import BACKENDS
 
 SAGA = "contract-saga"

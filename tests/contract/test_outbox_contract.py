@@ -17,7 +17,6 @@ import pytest
 from processor.engine.records import OutboxRow
 from processor.engine.rows import AuditEntry
 from processor.memory.outbox import MemoryOutboxStore
-from processor.ops.views import AuditRow
 from processor.ports import (
     FAILED_VALUE_PREVIEW,
     TP,
@@ -26,6 +25,7 @@ from processor.ports import (
     OutboxStore,
     SetAside,
 )
+from processor.ports.views import AuditRow
 from tests.contract import BACKENDS
 
 

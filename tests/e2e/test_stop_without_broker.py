@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from devstack import wait_for_kafka
-from processor.participant.service import SHUTDOWN_TIMEOUT as PARTICIPANT_BUDGET
+from processor.bootstrap.participant import SHUTDOWN_TIMEOUT as PARTICIPANT_BUDGET
 from processor.runtime.stopping import EXIT_OVERRAN, EXIT_STUCK, MARGIN
 from tests.support.harness import wait_until
 from tests.support.order_world import OrderWorld, assert_books, order_world

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from processor.ops.filters import state_documents
-from processor.ops.views import SagaSummary
+from processor.ports.views import SagaSummary
 from processor.postgres.cluster import cluster_view
 from processor.postgres.connect import ensure_schema
 from processor.postgres.inspect import InspectQueries, list_statement

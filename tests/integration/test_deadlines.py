@@ -27,12 +27,12 @@ from processor import (
     saga_deadline_handler,
     saga_event_handler,
 )
+from processor.bootstrap.adapters import tables_for
 from processor.kafka.producer import KafkaRecordProducer, make_producer
 from processor.ops.deadlines import overdue_deadlines, pending_deadlines
 from processor.postgres.connect import connect, ensure_schema
 from processor.postgres.deadlines import PostgresDeadlineStore
 from processor.postgres.operator import OperatorQueries
-from processor.runtime.assembly import tables_for
 from processor.runtime.poller import DeadlinePoller
 from sagas.transfer import TransferSaga
 from schemas.transfers import (

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from processor.bootstrap.adapters import tables_for
 from processor.cli import main
 from processor.kafka.producer import KafkaRecordProducer, make_producer
 from processor.ops.inspect import send_operator_request
 from processor.postgres.inspect import open_inspect_queries
-from processor.runtime.assembly import tables_for
 from processor.wire import OperatorAction
 from schemas.orders import (
     FraudReviewApproved,

@@ -11,11 +11,11 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from processor.cli_preflight import check_from_settings
+from processor.bootstrap.adapters import tables_for
+from processor.cli.preflight import check_from_settings
 from processor.engine.partitioner import Partitioner, partition_for
 from processor.kafka.producer import make_producer
 from processor.postgres.connect import ensure_schema
-from processor.runtime.assembly import tables_for
 from tests.integration.test_poison import EVENTS, Gate, TabOpened, TabV1
 from tests.support.harness import (
     create_topics,

@@ -10,19 +10,19 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from processor.bootstrap.adapters import Adapters
 from processor.errors import Failure, Retryable
 from processor.postgres.connect import connect
 from processor.postgres.errors import translate
-from processor.runtime.processor import Processor
 from processor.settings import ProcessorSettings
-from sagas.transfer import TransferSaga
 
 pytestmark = pytest.mark.integration
 
 
-def _processor(database_url: str, **database: str) -> Processor:
+def _processor(database_url: str, **database: str) -> Adapters:
+    """The adapters a processor's loops connect through."""
     settings = ProcessorSettings(sagas=["sagas"], database={"url": database_url, **database})
-    return Processor(settings, [TransferSaga])
+    return Adapters(settings)
 
 
 def test_the_loops_connections_carry_the_default_statement_timeout(database_url: str) -> None:

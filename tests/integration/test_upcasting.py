@@ -33,7 +33,7 @@ from processor import (
     saga_event_handler,
     upcaster,
 )
-from processor.cli_preflight import check_from_settings
+from processor.cli.preflight import check_from_settings
 from processor.settings import ProcessorSettings
 from processor.upcasting import state_upcasters
 from tests.support.harness import (

@@ -14,6 +14,7 @@ import psycopg
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from processor.bootstrap.processor import build_processor
 from processor.messages import (
     HEADER_MESSAGE_ID,
     HEADER_MESSAGE_TYPE,
@@ -89,7 +90,7 @@ def running(
     settings: ProcessorSettings, sagas: Sequence[type[Any]] | None = None, **kw: Any
 ) -> Iterator[Processor]:
     """A processor consuming in a background thread; stopped (gracefully) on exit."""
-    proc = Processor(settings, sagas, **kw)
+    proc = build_processor(settings, sagas, **kw)
     proc.start()
     errors: list[BaseException] = []
 

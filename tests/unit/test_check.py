@@ -7,7 +7,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from processor.messages import registry
-from processor.ops.check import StoredSaga, Topology, run_check
+from processor.ops.check import Topology, run_check
+from processor.ports.operator import StoredSaga
 from processor.postgres.schema import MIGRATIONS, Tables, pending_sql
 from processor.runner import bind_all
 from tests.unit.test_upcasting import AccountV2

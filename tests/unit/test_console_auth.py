@@ -63,7 +63,7 @@ def test_nobody_gets_nothing_when_anonymous_reading_is_off() -> None:
 
 
 def test_a_console_anyone_may_read_from_beyond_this_machine_is_warned_about() -> None:
-    from processor.cli_operate import exposure
+    from processor.cli.operate import exposure
 
     assert exposure("127.0.0.1", "viewer") is None
     assert exposure("::1", "viewer") is None

@@ -9,7 +9,8 @@ import pytest
 
 from processor.console.app import _list_filters
 from processor.errors import SagaError
-from processor.ops.cluster import (
+from processor.ops.filters import StateSearchError, state_documents
+from processor.ports.cluster import (
     ClusterView,
     DeadlineLease,
     PartitionRow,
@@ -17,8 +18,7 @@ from processor.ops.cluster import (
     replicas_of,
     with_lag,
 )
-from processor.ops.filters import StateSearchError, state_documents
-from processor.ops.views import consumer_lag
+from processor.ports.views import consumer_lag
 from processor.postgres.inspect import list_statement
 
 AT = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)

@@ -6,7 +6,7 @@ import json
 from datetime import UTC, datetime, timedelta
 
 from processor.ops.diagram import svg
-from processor.ops.views import TimelineEntry, consumer_lag, jsonable, payload_text
+from processor.ports.views import TimelineEntry, consumer_lag, jsonable, payload_text
 from sagas.order import OrderSaga
 
 

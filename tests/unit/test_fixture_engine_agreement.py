@@ -29,7 +29,7 @@ from processor.memory.store import MemoryBatchStore
 from processor.messages import Message, MessageMetadata, registry
 from processor.runner import bind
 from processor.testing import DEFAULT_START_TIME, SagaFixture
-from processor.testing_engine import dispatch, due_deadlines, event_record, sequential_ids
+from processor.testing.engine import dispatch, due_deadlines, event_record, sequential_ids
 from processor.wire import HEADER_MESSAGE_TYPE, HEADER_SCHEMA_VERSION
 from sagas.order import OrderSaga
 from sagas.transfer import TransferSaga

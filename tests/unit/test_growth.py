@@ -28,6 +28,7 @@ from tests.unit.test_worker import (
     debited,
     requested,
     rig,  # noqa: F401 - the worker fixture
+    rigged,
 )
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -285,24 +286,24 @@ def test_deadlines_of_moved_sagas_are_routed_with_the_known_count(
 # -- the worker -----------------------------------------------------------------------------------
 
 
-def test_a_held_partition_is_not_claimed_or_read_until_released(rig: Rig) -> None:  # noqa: F811
+def test_a_held_partition_is_not_claimed_or_read_until_released() -> None:
     held = {P0}
-    rig.worker.gate = lambda tp: tp in held
-    rig.send(P0, requested("t1"), "m1")
-    rig.consumer.assign([P0])
-    assert P0 not in rig.tables.offsets
-    assert rig.step() == 0
-    assert P0 in rig.consumer.paused()
-    assert rig.step() == 0
-    assert rig.worker.stats.growth_waiting == 1
-    assert rig.applied("t1") == []
+    with rigged(gate=lambda tp: tp in held) as rig:  # noqa: F811
+        rig.send(P0, requested("t1"), "m1")
+        rig.consumer.assign([P0])
+        assert P0 not in rig.tables.offsets
+        assert rig.step() == 0
+        assert P0 in rig.consumer.paused()
+        assert rig.step() == 0
+        assert rig.worker.stats.growth_waiting == 1
+        assert rig.applied("t1") == []
 
-    held.clear()
-    rig.step()  # claims, seeks and resumes
-    rig.step()
-    assert rig.tables.offsets[P0] == (1, 1)
-    assert rig.applied("t1") == ["m1"]
-    assert rig.worker.stats.growth_waiting == 0
+        held.clear()
+        rig.step()  # claims, seeks and resumes
+        rig.step()
+        assert rig.tables.offsets[P0] == (1, 1)
+        assert rig.applied("t1") == ["m1"]
+        assert rig.worker.stats.growth_waiting == 0
 
 
 class Follow:
@@ -325,65 +326,68 @@ class Follow:
 P1 = (P0[0], 1)
 
 
-def test_a_new_partitions_records_wait_until_cleared_and_go_in_order(rig: Rig) -> None:  # noqa: F811
-    follow = rig.worker.follow = Follow()
-    rig.consumer.assign([P0, P1])
-    rig.send(P1, requested("t1"), "m1")
-    rig.send(P0, requested("t0"), "m0")
-    rig.step()
-    # The old partition goes on; the new one's record waits, and a round is asked for.
-    assert rig.applied("t0") == ["m0"]
-    assert rig.applied("t1") == []
-    assert follow.wanted == [P1]
-    assert rig.tables.offsets[P1] == (1, None)
-    # Read later than the clearance: still waits, with the earlier one, in order.
-    rig.send(P1, debited("t1"), "m2")
-    rig.step()
-    assert rig.applied("t1") == []
-    follow.until = time.monotonic()
-    rig.send(P1, debited("t1"), "m3")
-    rig.step()
-    # The two read before the clearance go; the one read after it waits again.
-    assert rig.applied("t1") == ["m1", "m2"]
-    assert rig.tables.offsets[P1] == (1, 2)
-    follow.until = time.monotonic()
-    rig.step()
-    assert rig.applied("t1") == ["m1", "m2", "m3"]
-    assert rig.tables.offsets[P1] == (1, 3)
-    assert rig.worker.stats.growth_waiting == 0
+def test_a_new_partitions_records_wait_until_cleared_and_go_in_order() -> None:
+    follow = Follow()
+    with rigged(follow=follow) as rig:  # noqa: F811
+        rig.consumer.assign([P0, P1])
+        rig.send(P1, requested("t1"), "m1")
+        rig.send(P0, requested("t0"), "m0")
+        rig.step()
+        # The old partition goes on; the new one's record waits, and a round is asked for.
+        assert rig.applied("t0") == ["m0"]
+        assert rig.applied("t1") == []
+        assert follow.wanted == [P1]
+        assert rig.tables.offsets[P1] == (1, None)
+        # Read later than the clearance: still waits, with the earlier one, in order.
+        rig.send(P1, debited("t1"), "m2")
+        rig.step()
+        assert rig.applied("t1") == []
+        follow.until = time.monotonic()
+        rig.send(P1, debited("t1"), "m3")
+        rig.step()
+        # The two read before the clearance go; the one read after it waits again.
+        assert rig.applied("t1") == ["m1", "m2"]
+        assert rig.tables.offsets[P1] == (1, 2)
+        follow.until = time.monotonic()
+        rig.step()
+        assert rig.applied("t1") == ["m1", "m2", "m3"]
+        assert rig.tables.offsets[P1] == (1, 3)
+        assert rig.worker.stats.growth_waiting == 0
 
 
-def test_a_new_partition_holding_a_batch_is_paused_until_its_records_go(rig: Rig) -> None:  # noqa: F811
-    follow = rig.worker.follow = Follow()
-    rig.consumer.assign([P1])
-    for i in range(rig.worker.batch_size + 5):
-        rig.send(P1, requested(f"t{i}"), f"m{i}")
-    rig.step()
-    assert P1 in rig.consumer.paused()
-    assert rig.tables.offsets[P1] == (1, None)
-    follow.until = time.monotonic()
-    rig.step()
-    assert rig.tables.offsets[P1] == (1, rig.worker.batch_size)
-    assert P1 not in rig.consumer.paused()
-    follow.until = float("inf")
-    rig.step()
-    assert rig.tables.offsets[P1] == (1, rig.worker.batch_size + 5)
+def test_a_new_partition_holding_a_batch_is_paused_until_its_records_go() -> None:
+    follow = Follow()
+    with rigged(follow=follow) as rig:  # noqa: F811
+        rig.consumer.assign([P1])
+        for i in range(rig.worker.batch_size + 5):
+            rig.send(P1, requested(f"t{i}"), f"m{i}")
+        rig.step()
+        assert P1 in rig.consumer.paused()
+        assert rig.tables.offsets[P1] == (1, None)
+        follow.until = time.monotonic()
+        rig.step()
+        assert rig.tables.offsets[P1] == (1, rig.worker.batch_size)
+        assert P1 not in rig.consumer.paused()
+        follow.until = float("inf")
+        rig.step()
+        assert rig.tables.offsets[P1] == (1, rig.worker.batch_size + 5)
 
 
-def test_a_resync_drops_the_waiting_records_and_reads_them_again(rig: Rig) -> None:  # noqa: F811
-    follow = rig.worker.follow = Follow()
-    rig.consumer.assign([P1])
-    for i in range(rig.worker.batch_size):
-        rig.send(P1, requested(f"t{i}"), f"m{i}")
-    rig.step()
-    assert P1 in rig.consumer.paused()
-    rig.worker._resync()
-    assert P1 not in rig.consumer.paused()
-    follow.until = float("inf")
-    rig.step()
-    rig.step()
-    assert rig.tables.offsets[P1] == (1, rig.worker.batch_size)
-    assert rig.applied("t0") == ["m0"]
+def test_a_resync_drops_the_waiting_records_and_reads_them_again() -> None:
+    follow = Follow()
+    with rigged(follow=follow) as rig:  # noqa: F811
+        rig.consumer.assign([P1])
+        for i in range(rig.worker.batch_size):
+            rig.send(P1, requested(f"t{i}"), f"m{i}")
+        rig.step()
+        assert P1 in rig.consumer.paused()
+        rig.worker.resync()
+        assert P1 not in rig.consumer.paused()
+        follow.until = float("inf")
+        rig.step()
+        rig.step()
+        assert rig.tables.offsets[P1] == (1, rig.worker.batch_size)
+        assert rig.applied("t0") == ["m0"]
 
 
 def test_a_partition_ending_in_transaction_markers_is_stored_at_its_end(rig: Rig) -> None:  # noqa: F811
@@ -404,19 +408,20 @@ def test_a_partition_ending_in_transaction_markers_is_stored_at_its_end(rig: Rig
     assert rig.applied("t1") == ["m1", "m2"]
 
 
-def test_an_end_is_not_stored_past_records_that_still_wait(rig: Rig) -> None:  # noqa: F811
-    follow = rig.worker.follow = Follow()
-    rig.consumer.assign([P1])
-    rig.send(P1, requested("t1"), "m1")
-    rig.consumer.append_marker(*P1)
-    rig.step()
-    rig.step()
-    assert rig.tables.offsets[P1] == (1, None)
-    follow.until = float("inf")
-    rig.step()
-    rig.step()
-    assert rig.applied("t1") == ["m1"]
-    assert rig.tables.offsets[P1] == (1, 2)
+def test_an_end_is_not_stored_past_records_that_still_wait() -> None:
+    follow = Follow()
+    with rigged(follow=follow) as rig:  # noqa: F811
+        rig.consumer.assign([P1])
+        rig.send(P1, requested("t1"), "m1")
+        rig.consumer.append_marker(*P1)
+        rig.step()
+        rig.step()
+        assert rig.tables.offsets[P1] == (1, None)
+        follow.until = float("inf")
+        rig.step()
+        rig.step()
+        assert rig.applied("t1") == ["m1"]
+        assert rig.tables.offsets[P1] == (1, 2)
 
 
 class FlakyCluster(MemoryCluster):

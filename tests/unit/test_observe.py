@@ -25,9 +25,9 @@ from processor.engine.rows import DeadLetter, ParkedMessage, WriteSet
 from processor.observe.health import Probe, liveness, readiness
 from processor.observe.logs import ContextFilter, configure_logging, set_replica
 from processor.observe.metrics import Metrics
-from processor.observe.sample import TP, DatabaseSample
 from processor.observe.sampler import Sampler
 from processor.observe.server import ObserveServer
+from processor.ports.cluster import TP, DatabaseSample
 from processor.wire import FiredRecord, child_traceparent, parse_traceparent
 from tests.support.procs import REPO
 from tests.unit.test_plan import SAGA, Log, Noted, Opened, _active, _loaded, _plan, _planner

@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import pytest
 
+from processor.bootstrap.processor import build_processor
 from processor.errors import Failure, LoopDied, classify
 from processor.runtime.processor import Processor
 from processor.runtime.supervisor import Supervisor
@@ -96,7 +97,7 @@ def _processor(worker: _FakeWorker) -> Processor:
         database={"url": "postgresql://saga@127.0.0.1/saga"},
         sagas=["sagas.transfer:TransferSaga"],
     )
-    proc = Processor(settings, list(EXAMPLE_SAGAS))
+    proc = build_processor(settings, list(EXAMPLE_SAGAS))
     proc.worker = worker  # type: ignore[assignment]
     return proc
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from processor.ops.topics import TopicFound, TopicPlan, check_topics, plan_topics
+from processor.ops.topics import check_topics, plan_topics
+from processor.ports.cluster import TopicFound, TopicPlan
 
 LIMIT = 1_048_576
 

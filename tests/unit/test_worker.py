@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
@@ -24,6 +26,7 @@ from processor.messages import Message
 from processor.ports import TP
 from processor.runtime.assembly import bind_sagas
 from processor.runtime.hooks import Hooks
+from processor.runtime.ownership import Ownership
 from processor.runtime.worker import Worker
 from processor.settings import ProcessorSettings
 from processor.wire import (
@@ -123,8 +126,9 @@ class Rig:
         return out
 
 
-@pytest.fixture
-def rig() -> Iterator[Rig]:
+@contextmanager
+def rigged(**given: Any) -> Iterator[Rig]:
+    """A rig whose worker is also given ``given`` (callbacks, the gate, what it follows)."""
     bound = bind_sagas(ProcessorSettings(database={"url": "postgresql://unused"}), [TransferSaga])
     tables = MemoryTables()
     store = FaultyStore(tables)
@@ -137,18 +141,26 @@ def rig() -> Iterator[Rig]:
         planner=bound.planner,
         registry=bound.registry,
         owner="me",
+        consumer=MemoryRecordConsumer,
         max_record_bytes=1 << 20,
         batch_size=100,
         batch_timeout=0.0,
         on_commit=committed.append,
         hooks=hooks,
+        **given,
     )
-    consumer = MemoryRecordConsumer(worker.on_assign, worker.on_revoke)
-    worker.consumer = consumer
+    consumer = worker.consumer
+    assert isinstance(consumer, MemoryRecordConsumer)
     try:
         yield Rig(tables, store, consumer, hooks, worker, committed)
     finally:
         worker.close()
+
+
+@pytest.fixture
+def rig() -> Iterator[Rig]:
+    with rigged() as r:
+        yield r
 
 
 def requested(tid: str) -> TransferRequested:
@@ -430,9 +442,14 @@ def test_a_fired_record_with_a_malformed_deadline_id_is_dead_lettered(rig: Rig) 
     assert len(rig.tables.dead_letters) == 1
 
 
-def test_the_relay_sees_the_owned_epochs_and_is_woken_on_assignment(rig: Rig) -> None:
+def test_the_relay_sees_the_owned_epochs_and_is_woken_on_assignment() -> None:
     woken: list[dict[TP, int]] = []
-    rig.worker.on_owned = lambda: woken.append(dict(rig.worker.epochs))
+    ownership = Ownership()
+    with rigged(ownership=ownership, on_owned=lambda: woken.append(dict(ownership.epochs))) as rig:
+        _relay_sees_the_owned_epochs(rig, woken)
+
+
+def _relay_sees_the_owned_epochs(rig: Rig, woken: list[dict[TP, int]]) -> None:
     rig.consumer.assign([P0, P1])
     assert rig.worker.epochs == {P0: 1, P1: 1}
     assert woken == [{P0: 1, P1: 1}]

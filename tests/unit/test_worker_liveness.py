@@ -122,6 +122,7 @@ def live() -> Iterator[Live]:
         planner=bound.planner,
         registry=bound.registry,
         owner="me",
+        consumer=MemoryRecordConsumer,
         max_record_bytes=1 << 20,
         batch_size=100,
         batch_timeout=0.0,
@@ -129,8 +130,8 @@ def live() -> Iterator[Live]:
         unavailable_timeout=BOUND,
         clock=clock,
     )
-    consumer = MemoryRecordConsumer(worker.on_assign, worker.on_revoke)
-    worker.consumer = consumer
+    consumer = worker.consumer
+    assert isinstance(consumer, MemoryRecordConsumer)
     from processor.runtime.hooks import Hooks
 
     rig = Rig(tables, store, consumer, Hooks(), worker, committed)  # type: ignore[arg-type]
@@ -232,7 +233,7 @@ def test_a_commit_that_never_answers_is_abandoned_as_in_doubt(
     live: Live, caplog: pytest.LogCaptureFixture
 ) -> None:
     rig, store = live.rig, live.store
-    rig.worker.unavailable_timeout = 0.2  # real seconds: the lane wait is real time
+    rig.worker.limits.unavailable_timeout = 0.2  # real seconds: the lane wait is real time
     rig.consumer.assign([P0])
     rig.send(P0, requested("t1"), "m1")
     caplog.set_level(logging.WARNING, logger="processor.runtime.worker")
@@ -256,7 +257,7 @@ def test_an_in_doubt_commit_is_resolved_once_the_offsets_can_be_read_again(
     live: Live, caplog: pytest.LogCaptureFixture
 ) -> None:
     rig, store = live.rig, live.store
-    rig.worker.unavailable_timeout = 0.2  # real seconds: the lane wait is real time
+    rig.worker.limits.unavailable_timeout = 0.2  # real seconds: the lane wait is real time
     rig.consumer.assign([P0])
     rig.send(P0, requested("t1"), "m1")
     caplog.set_level(logging.WARNING, logger="processor.runtime.worker")
@@ -331,7 +332,7 @@ def test_many_refused_sagas_are_found_in_few_trial_writes_while_the_consumer_pol
     live: Live, caplog: pytest.LogCaptureFixture
 ) -> None:
     rig, store = live.rig, live.store
-    rig.worker.batch_size = 500
+    rig.worker.limits.batch_size = 500
     rig.consumer.assign([P0])
     # 400 sagas; 50 of them refused at their first record, 10 more at their second.
     first = {f"m{i}" for i in range(0, 400, 8)}
@@ -400,13 +401,13 @@ def test_a_revocation_before_the_refused_records_are_isolated_does_not_stop_the_
 
 def test_batches_end_at_the_byte_bound_and_nothing_is_lost(live: Live) -> None:
     rig = live.rig
-    rig.worker.max_batch_bytes = 1000  # each event's value is about 150 bytes
+    rig.worker.limits.max_batch_bytes = 1000  # each event's value is about 150 bytes
     rig.consumer.assign([P0])
     for i in range(20):
         rig.send(P0, requested(f"t{i}"), f"m{i}")
 
     sizes = []
-    while (n := live.step()) or rig.worker._carry:
+    while (n := live.step()) or rig.worker.carried:
         sizes.append(n)
     assert max(sizes) < 20
     assert all(rig.applied(f"t{i}") == [f"m{i}"] for i in range(20))
@@ -493,7 +494,9 @@ def test_a_commit_that_hangs_counts_as_down_from_when_it_was_submitted(live: Liv
     """The bound runs from the start of the hung commit, not from when the wait gave up: a
     replica cut off mid-commit gave its partitions back after twice the bound."""
     rig, store = live.rig, live.store
-    rig.worker.unavailable_timeout = 0.2  # the lane wait (real seconds) and the bound (clock)
+    rig.worker.limits.unavailable_timeout = (
+        0.2  # the lane wait (real seconds) and the bound (clock)
+    )
     rig.consumer.assign([P0])
     rig.send(P0, requested("t1"), "m1")
     store.silent.set()  # the commit blocks, as on a black-holed connection
@@ -512,7 +515,7 @@ def test_an_in_doubt_commit_is_resolved_when_a_detached_replica_finds_the_databa
     live: Live, caplog: pytest.LogCaptureFixture
 ) -> None:
     rig, store = live.rig, live.store
-    rig.worker.unavailable_timeout = 0.2  # real seconds: the lane wait is real time
+    rig.worker.limits.unavailable_timeout = 0.2  # real seconds: the lane wait is real time
     rig.consumer.assign([P0])
     rig.send(P0, requested("t1"), "m1")
     caplog.set_level(logging.WARNING, logger="processor.runtime.worker")

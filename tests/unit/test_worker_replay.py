@@ -47,13 +47,14 @@ def parts(gate: Gate) -> Iterator[tuple[Worker, MemoryRecordConsumer, MemoryTabl
         planner=planner,
         registry=REG,
         owner="me",
+        consumer=MemoryRecordConsumer,
         max_record_bytes=1 << 20,
         batch_size=100,
         batch_timeout=0.0,
         hooks=hooks,
     )
-    consumer = MemoryRecordConsumer(worker.on_assign, worker.on_revoke)
-    worker.consumer = consumer
+    consumer = worker.consumer
+    assert isinstance(consumer, MemoryRecordConsumer)
     try:
         yield worker, consumer, tables, hooks
     finally:
@@ -138,12 +139,13 @@ def test_a_saga_the_database_refuses_is_parked_and_a_retry_refused_again_leaves_
         planner=planner,
         registry=REG,
         owner="me",
+        consumer=MemoryRecordConsumer,
         max_record_bytes=1 << 20,
         batch_size=100,
         batch_timeout=0.0,
     )
-    consumer = MemoryRecordConsumer(worker.on_assign, worker.on_revoke)
-    worker.consumer = consumer
+    consumer = worker.consumer
+    assert isinstance(consumer, MemoryRecordConsumer)
     log = Log()
     try:
         consumer.assign([(TOPIC, 0)])

@@ -1,0 +1,278 @@
+"""Command line: `saga-processor [run] [MODULE:ATTR]`, and operator commands.
+
+`MODULE:ATTR` names the application object (`processor.SagaApp`): its sagas, dependencies and
+settings. Every command that needs configuration takes it as `--app MODULE:ATTR` or from
+`SAGA_APP`; `SAGA_*` variables override the app's settings.
+
+Every command but `run`, `console` and `participant run` (which serve until stopped: their log
+is their output) takes `--json` and then prints one JSON document on stdout. Exit codes: 0 done;
+1 found what was asked about, or refused; 2 a usage or configuration mistake; 3 the database or
+the broker did not answer (or no processor applied a request within `--wait`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import cast
+
+from processor.cli import commands as c
+from processor.cli import inspect as i
+from processor.cli import operate as o
+from processor.cli import participant as pa
+from processor.cli import preflight as p
+from processor.cli import stored as st
+from processor.cli import topics as t
+from processor.errors import Refused, SagaError
+from processor.observe.logs import configure_logging
+from processor.observe.metrics import package_version
+from processor.ops import contract
+from processor.settings import load_settings
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One subcommand.
+
+    Attributes:
+        name: What follows `saga-processor` on the command line.
+        help: One line for `--help`.
+        arguments: Adds the subcommand's own arguments to its parser.
+        run: Does the work; returns the exit code.
+    """
+
+    name: str
+    help: str
+    arguments: c.Arguments
+    # A command that reads only its arguments runs without SAGA_* configuration.
+    run: c.Run | c.Offline
+    offline: bool = False
+
+
+# Every subcommand, in the order `--help` lists them.
+COMMANDS: tuple[Command, ...] = (
+    Command(
+        "run",
+        "consume, run sagas, relay the outbox and fire deadlines (the default)",
+        c.app_arguments,
+        c.run,
+    ),
+    Command(
+        "participant",
+        "`participant run|migrate MODULE:ATTR`: a service answering the sagas' commands",
+        pa.participant_arguments,
+        pa.participant,
+    ),
+    Command(
+        "migrate",
+        "create or upgrade the database schema, then exit (`--sql`: print the pending DDL)",
+        p.migrate_arguments,
+        p.migrate,
+    ),
+    Command(
+        "check",
+        "preflight before a deploy: stored sagas load, handlers exist, topics and schema match",
+        p.check_arguments,
+        p.check,
+    ),
+    Command(
+        "topics",
+        "`topics plan|create|check`: the topics the sagas read and write, made and checked",
+        t.topics_arguments,
+        t.topics,
+    ),
+    Command(
+        "show",
+        "one saga in full: status, state, deadlines, held and failed rows, operator actions, "
+        "timeline",
+        i.show_arguments,
+        i.show,
+    ),
+    Command(
+        "sagas",
+        "`sagas list` with filters, `sagas stuck` (longest in their state first)",
+        i.sagas_arguments,
+        i.sagas,
+    ),
+    Command(
+        "saga",
+        "`saga cancel|terminate|resolve SAGA_TYPE SAGA_ID ... --reason WHY`, in log order",
+        o.saga_arguments,
+        o.saga,
+    ),
+    Command(
+        "deadlines",
+        "list one saga's deadlines; `deadlines fire-now|cancel SAGA_TYPE SAGA_ID NAME`",
+        o.deadline_arguments,
+        o.deadlines,
+    ),
+    Command(
+        "overdue",
+        "list deadlines that are due but have not fired yet",
+        c.limit_arguments("rows"),
+        st.overdue,
+    ),
+    Command(
+        "diagram",
+        "print a state machine saga as a Mermaid stateDiagram-v2",
+        c.target_arguments,
+        c.diagram,
+        offline=True,
+    ),
+    Command(
+        "lint-saga",
+        "report unreachable states, untimed WAITING states, lingering deadlines",
+        c.target_arguments,
+        c.lint_saga,
+        offline=True,
+    ),
+    Command(
+        "states",
+        "count state machine sagas per machine state, with the oldest age",
+        c.states_arguments,
+        st.states,
+    ),
+    Command(
+        "retry",
+        "replay a parked saga's held messages after its cause was fixed",
+        c.retry_arguments,
+        st.retry,
+    ),
+    Command(
+        "parked",
+        "list parked sagas; `parked retry|skip SAGA_TYPE SAGA_ID --reason WHY`",
+        o.parked_arguments,
+        o.parked,
+    ),
+    Command(
+        "dead-letters",
+        "`dead-letters list|show|replay|purge`",
+        i.dead_letter_arguments,
+        i.dead_letters,
+    ),
+    Command(
+        "audit",
+        "`audit list`: operator actions (replays, purges, discards, skips, terminations, ...)",
+        i.audit_arguments,
+        i.audit,
+    ),
+    Command(
+        "console",
+        "serve the web console (read-only unless --enable-actions and a token)",
+        o.console_arguments,
+        o.console,
+    ),
+    Command(
+        "outbox",
+        "outbox rows the relay set aside: `outbox failed list|retry|discard`",
+        st.outbox_arguments,
+        st.outbox,
+    ),
+    Command(
+        "schemas",
+        "print the AsyncAPI 3 document of the messages and sagas in MODULE...",
+        contract.contract_arguments,
+        contract.schemas,
+        offline=True,
+    ),
+)
+DEFAULT_COMMAND = "run"
+
+
+LONG_RUNNING = frozenset({"run", "console", "migrate", "participant"})
+"""Commands whose progress is their log; the others answer on stdout and log only trouble."""
+
+NO_JSON = frozenset({"run", "console"})
+"""Commands that serve until stopped: their output is their log, so `--json` does not apply
+(nor to `participant run`). Every other command takes `--json`: one JSON document on stdout."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser: the global options and every subcommand's arguments."""
+    parser = argparse.ArgumentParser(prog="saga-processor", description=__doc__)
+    parser.add_argument(
+        "--log-level",
+        default=None,
+        help="INFO for the long-running commands (run, console), WARNING for the others, whose "
+        "output is their answer",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    sub = parser.add_subparsers(dest="command")
+    for command in COMMANDS:
+        command_parser = sub.add_parser(command.name, help=command.help)
+        command.arguments(command_parser)
+        if not command.offline:
+            command_parser.add_argument(
+                "--app",
+                metavar="MODULE:ATTR",
+                default=None,
+                help="the application object (default: SAGA_APP)",
+            )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parses the command line, runs the subcommand and returns its exit code.
+
+    The operator commands' exit codes: 0 done; 1 found what was asked about, or refused (a
+    `processor.errors.Refused`: no such saga, not parked, nothing matched); 2 a usage or
+    configuration mistake (any other `SagaError`, as argparse's own usage errors); 3 a database
+    or broker out of reach (`EXIT_UNAVAILABLE`). Each error is one line on stderr, without a
+    traceback. `run` exits with 70 when a loop of the processor died (see
+    `processor.cli.commands.EXIT_LOOP_DIED`).
+    """
+    commands = {command.name: command for command in COMMANDS}
+    args = build_parser().parse_args(argv)
+    # Read before the settings, so that their own errors are logged in the chosen format; the
+    # settings check the value again (a typo there is refused like any other).
+    log_format = os.environ.get("SAGA_LOG_FORMAT", "text").strip().lower()
+    if log_format not in ("text", "json"):
+        print("saga-processor: SAGA_LOG_FORMAT: use text or json", file=sys.stderr)
+        return 2
+    level = args.log_level or (
+        "INFO" if (args.command or DEFAULT_COMMAND) in LONG_RUNNING else "WARNING"
+    )
+    configure_logging(level, "json" if log_format == "json" else "text")
+    try:
+        command = commands[args.command or DEFAULT_COMMAND]
+        if command.offline:
+            return cast(c.Offline, command.run)(args)
+        from processor.application import app_target, load_app, load_participant_app
+
+        # The app is loaded before the settings: its settings lie under the environment's.
+        target = app_target(getattr(args, "target", None) or getattr(args, "app", None))
+        load = load_participant_app if command.name == "participant" else load_app
+        app = load(target) if target else None
+        args.saga_app = app
+        settings = load_settings(defaults=app.settings if app is not None else None)
+        return cast(c.Run, command.run)(args, settings)
+    except Exception as e:
+        why = _unavailable(e)
+        if why is not None:
+            print(f"saga-processor: {why}", file=sys.stderr)
+            return EXIT_UNAVAILABLE
+        if not isinstance(e, SagaError):
+            raise
+        print(f"saga-processor: {e}", file=sys.stderr)
+        return EXIT_REFUSED if isinstance(e, Refused) else EXIT_USAGE
+
+
+EXIT_REFUSED = 1
+"""The command ran and the answer is no (as `cli.inspect.EXIT_PROBLEM`): nothing changed."""
+EXIT_USAGE = 2
+"""Bad arguments or configuration (argparse's own usage errors exit 2 as well)."""
+EXIT_UNAVAILABLE = 3
+"""A service the command needs did not answer: nothing was done (`cli.inspect.EXIT_NOT_SENT`)."""
+
+
+def _unavailable(e: BaseException) -> str | None:
+    """One line saying the database or the broker is out of reach, when that is what ``e`` means."""
+    from processor.bootstrap.errors import unreachable
+    from processor.ops.inspect import NotSent
+
+    if isinstance(e, NotSent):
+        return str(e)
+    return unreachable(e)

@@ -1,0 +1,163 @@
+"""The console's actions: form POSTs that change a saga, a dead letter or a failed outbox row.
+
+Each one needs a reason and an identity whose role allows it (see :mod:`processor.console.auth`);
+what destroys for good also asks for a confirmation. The identity is recorded as "by".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from urllib.parse import urlencode
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Route
+
+from processor.console.auth import Authenticator, Identity, allowed
+from processor.console.backend import Backend
+from processor.errors import SagaError
+from processor.wire import OperatorAction
+
+__all__ = ["Guard", "action_routes"]
+
+# Actions that destroy what cannot be had back: their forms ask for a confirmation (terminate asks
+# its own, naming what it leaves undone).
+_FOR_GOOD = frozenset({"purge", "discard"})
+
+
+@dataclass(frozen=True)
+class Guard:
+    """Who may act: the sign-in rules, whether actions are on, and the shared token's name."""
+
+    auth: Authenticator
+    who: Callable[[Request], Identity]
+    enabled: bool
+    token_name: str
+
+
+def action_routes(backend: Backend, guard: Guard) -> list[Route]:
+    """The POST routes of the actions over ``backend``, each checked by ``guard``."""
+    auth, who, enabled, token_name = guard.auth, guard.who, guard.enabled, guard.token_name
+
+    async def _form(
+        request: Request, action: str
+    ) -> tuple[dict[str, str], Identity, Response | None]:
+        form = {k: str(v) for k, v in (await request.form()).items()}
+        identity = who(request)
+        if not enabled:
+            return form, identity, Response("actions are disabled", 403)
+        if form.get("token"):
+            # A key sent with the action: the shared token, or an operator's own with its name.
+            signed = auth.sign_in(form.get("operator") or token_name, form["token"])
+            if signed is None:
+                return form, identity, Response("wrong token", 403)
+            identity = signed
+        needed = allowed(identity, action)
+        if needed is not None:
+            who_text = identity.name or "nobody signed in"
+            return form, identity, Response(f"{action} needs the {needed} role ({who_text})", 403)
+        if not form.get("reason", "").strip():
+            return form, identity, Response("a reason is required", 400)
+        if action in _FOR_GOOD and form.get("confirm") != "yes":
+            return form, identity, Response(f"{action} cannot be undone: confirm it", 400)
+        return form, identity, None
+
+    async def saga_action(request: Request) -> Response:
+        action = request.path_params["action"]
+        form, identity, refused = await _form(request, action)
+        if refused is not None:
+            return refused
+        saga_type = request.path_params["saga_type"]
+        saga_id = request.path_params["saga_id"]
+        reason = form["reason"]
+        by = identity.name
+        try:
+            if action == "terminate" and form.get("force") != "yes":
+                raise SagaError(
+                    "terminate undoes nothing; tick the box to confirm, or cancel instead"
+                )
+            if action in ("retry", "skip", "cancel", "terminate", "resolve"):
+                op = {
+                    "retry": OperatorAction.PARKED_RETRY,
+                    "skip": OperatorAction.PARKED_SKIP,
+                    "cancel": OperatorAction.CANCEL,
+                    "terminate": OperatorAction.TERMINATE,
+                    "resolve": OperatorAction.RESOLVE,
+                }[action]
+                decision = form.get("decision") if action == "resolve" else None
+                entry, status = await run_in_threadpool(
+                    partial(backend.act, actor=by), op, saga_type, saga_id, reason, decision or None
+                )
+                notice = (
+                    f"{action} sent; no processor applied it yet (see the timeline)"
+                    if entry is None
+                    else f"{action} {entry.outcome}, now {status}"
+                    if entry.outcome == "applied"
+                    else f"{action} {entry.outcome}: {entry.detail or ''}"
+                )
+            else:
+                op = {
+                    "fire-now": OperatorAction.DEADLINE_FIRE_NOW,
+                    "cancel-deadline": OperatorAction.DEADLINE_CANCEL,
+                }[action]
+                mid = await run_in_threadpool(
+                    partial(backend.request, actor=by),
+                    op,
+                    saga_type,
+                    saga_id,
+                    reason,
+                    form.get("name") or None,
+                )
+                notice = f"{action} sent as {mid}; it shows in the timeline once applied"
+        except (SagaError, KeyError) as e:
+            notice = f"{action} refused: {e}"
+        query = urlencode({"notice": notice})
+        return RedirectResponse(f"/saga/{saga_type}/{saga_id}?{query}", 303)
+
+    async def dead_letter_action(request: Request) -> Response:
+        action = request.path_params["action"]
+        form, identity, refused = await _form(request, action)
+        if refused is not None:
+            return refused
+        row_id = int(request.path_params["row_id"])
+        reason = form["reason"]
+        try:
+            if action == "replay":
+                await run_in_threadpool(
+                    partial(backend.replay_dead_letter, actor=identity.name, reason=reason), row_id
+                )
+            else:
+                await run_in_threadpool(
+                    partial(backend.purge_dead_letter, actor=identity.name, reason=reason), row_id
+                )
+            notice = f"dead letter {row_id}: {action} done"
+        except SagaError as e:
+            notice = f"{action} refused: {e}"
+        return RedirectResponse("/dead-letters?" + urlencode({"notice": notice}), 303)
+
+    async def outbox_action(request: Request) -> Response:
+        retry = request.path_params["action"] == "retry"
+        form, identity, refused = await _form(request, "outbox-retry" if retry else "discard")
+        if refused is not None:
+            return refused
+        row_id = int(request.path_params["row_id"])
+        try:
+            rows = await run_in_threadpool(
+                partial(backend.outbox_action, actor=identity.name),
+                row_id,
+                retry,
+                form["reason"],
+            )
+            notice = f"{len(rows)} rows {'put back' if retry else 'discarded'}"
+        except SagaError as e:
+            notice = f"refused: {e}"
+        return RedirectResponse("/failed-outbox?" + urlencode({"notice": notice}), 303)
+
+    return [
+        Route("/saga/{saga_type}/{saga_id}/{action}", saga_action, methods=["POST"]),
+        Route("/dead-letters/{row_id:int}/{action}", dead_letter_action, methods=["POST"]),
+        Route("/failed-outbox/{row_id:int}/{action}", outbox_action, methods=["POST"]),
+    ]

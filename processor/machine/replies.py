@@ -1,0 +1,189 @@
+"""Reply handlers of orchestrated sagas: declaring them, and checking they match the steps.
+
+:func:`on_reply` and :func:`on_decision` build, in a saga class body, the event handlers that
+pass a participant's reply or a person's decision to the orchestrator. The checks run when
+``@saga`` defines the class (problems) and in ``lint-saga`` (warnings).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from processor.definition import saga_event_handler
+from processor.handles import SagaCommands, SagaDeadlines, SagaLifecycle
+from processor.machine.progress import HandlerIo, ReplyHandler, ReplyKind
+from processor.machine.steps import Orchestration
+from processor.messages import Message
+
+if TYPE_CHECKING:
+    from processor.machine.orchestrator import OrchestratedSaga
+    from processor.machine.stepping import StepMachine
+
+__all__ = [
+    "on_decision",
+    "on_reply",
+    "reply_handlers",
+    "reply_problems",
+    "wiring_warnings",
+]
+
+_REPLY_OF = "__saga_reply_of__"
+_UNDO_KINDS = ("undone", "undo-failed")
+
+
+def on_reply(
+    event_type: type[Message],
+    *,
+    step: str,
+    kind: ReplyKind = "succeeded",
+    association_property: str,
+    reason_field: str | None = "reason",
+) -> ReplyHandler:
+    """Declare, in a saga class body, the handler of a participant's reply.
+
+    Example:
+        ``on_reserved: ClassVar[ReplyHandler] = on_reply(StockReserved, step="reserve",
+        association_property="order_id")``
+
+    Args:
+        event_type: The reply event class.
+        step: Step the reply is about.
+        kind: What the reply means (see :meth:`OrchestratedSaga.reply`).
+        association_property: Field of the event holding the saga id.
+        reason_field: Field of the event holding a failure reason, if any.
+
+    Returns:
+        A handler function, marked like one written with ``@saga_event_handler``.
+    """
+
+    def apply(saga: OrchestratedSaga, event: Any, io: HandlerIo) -> None:
+        reason = getattr(event, reason_field, None) if reason_field else None
+        saga.reply(step, kind, io.commands, io.deadlines, io.lifecycle, reason=reason)
+
+    return _event_handler(apply, event_type, association_property, reply_of=(step, kind))
+
+
+def on_decision(
+    event_type: type[Message],
+    *,
+    association_property: str,
+    decision_field: str = "decision",
+    reason_field: str | None = "reason",
+) -> ReplyHandler:
+    """Declare the handler of an event that carries a person's decision on an escalated step.
+
+    The event's ``decision_field`` holds ``"retry"``, ``"skip"`` or ``"compensate"`` (see
+    :meth:`OrchestratedSaga.resolve`); an operator can decide the same with ``saga resolve``.
+
+    Args:
+        event_type: The decision event class.
+        association_property: Field of the event holding the saga id.
+        decision_field: Field of the event holding the decision.
+        reason_field: Field of the event holding why, if any.
+
+    Returns:
+        A handler function, marked like one written with ``@saga_event_handler``.
+    """
+
+    def apply(saga: OrchestratedSaga, event: Any, io: HandlerIo) -> None:
+        decision = str(getattr(event, decision_field))
+        reason = getattr(event, reason_field, None) if reason_field else None
+        saga.resolve(decision, io.commands, io.deadlines, io.lifecycle, reason=reason)  # type: ignore[arg-type]
+
+    return _event_handler(apply, event_type, association_property)
+
+
+def _event_handler(
+    apply: Callable[[OrchestratedSaga, Any, HandlerIo], None],
+    event_type: type[Message],
+    association_property: str,
+    *,
+    reply_of: tuple[str, ReplyKind] | None = None,
+) -> ReplyHandler:
+    """A handler calling ``apply``, named and marked as ``@saga_event_handler`` would leave it."""
+
+    def handler(
+        self: OrchestratedSaga,
+        event: Any,
+        commands: SagaCommands,
+        deadlines: SagaDeadlines,
+        lifecycle: SagaLifecycle,
+    ) -> None:
+        apply(self, event, HandlerIo(commands, deadlines, lifecycle))
+
+    if reply_of is not None:
+        setattr(handler, _REPLY_OF, reply_of)
+    # The handler name keys the runtime's parameter table, so it must be unique per saga; the
+    # event type is (one handler per event type).
+    handler.__name__ = f"on_{event_type.__name__}"
+    handler.__qualname__ = handler.__name__
+    handler.__annotations__ = {
+        "event": event_type,
+        "commands": SagaCommands,
+        "deadlines": SagaDeadlines,
+        "lifecycle": SagaLifecycle,
+        "return": None,
+    }
+    marked: Callable[..., None] = saga_event_handler(
+        event_type, association_property=association_property
+    )(handler)
+    return marked
+
+
+def reply_handlers(cls: type) -> Iterator[tuple[str, str, ReplyKind]]:
+    """``(handler name, step, kind)`` of every :func:`on_reply` handler of the class."""
+    for klass in cls.__mro__:
+        for name, attr in vars(klass).items():
+            found = getattr(attr, _REPLY_OF, None)
+            if found is not None:
+                yield name, found[0], found[1]
+
+
+def reply_problems(cls: type[StepMachine]) -> list[str]:
+    """Reply handlers must name declared steps; undo replies need a step with an undo."""
+    o = getattr(cls, "orchestration", None)
+    if not isinstance(o, Orchestration):
+        return [f"set orchestration = Orchestration(steps=...) on {cls.__qualname__}"]
+    steps = {s.name: s for s in o.steps}
+    problems = []
+    for handler, name, kind in reply_handlers(cls):
+        step = steps.get(name)
+        if step is None:
+            close = difflib.get_close_matches(name, steps, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            problems.append(
+                f"reply handler {handler} names step {name!r}, which the orchestration "
+                f"does not declare (its steps: {', '.join(steps)}){hint}"
+            )
+        elif kind in _UNDO_KINDS and step.compensation is None:
+            problems.append(
+                f"reply handler {handler} reports the undo ({kind}) of step {name!r}, "
+                "which declares no compensation"
+            )
+    return problems
+
+
+def wiring_warnings(cls: type[StepMachine]) -> list[str]:
+    """What ``lint-saga`` warns of: steps only a timeout can move past.
+
+    Not import errors: a handler written by hand may call ``reply`` itself.
+    """
+    kinds: dict[str, set[str]] = {}
+    for _, name, kind in reply_handlers(cls):
+        kinds.setdefault(name, set()).add(kind)
+    warnings = []
+    for step in cls.orchestration.steps:
+        seen = kinds.get(step.name, set())
+        if "succeeded" not in seen:
+            warnings.append(
+                f"step {step.name!r} has no on_reply(..., kind='succeeded') handler: only "
+                "its timeout moves the saga on, so every run fails there"
+            )
+        if step.compensation is not None and "undone" not in seen:
+            warnings.append(
+                f"step {step.name!r} has a compensation but no on_reply(..., kind='undone') "
+                "handler: every undo waits for its timeout and ends COMPENSATION_FAILED"
+            )
+    return warnings

@@ -1,0 +1,64 @@
+"""Processor configuration, read once at the entrypoint from `SAGA_*` environment variables.
+
+Nested settings use a double underscore: `SAGA_DEADLINE__POLLING__INTERVAL=5s`. The deadline
+settings mirror the names users know from the deadline specification (`enabled`,
+`polling.interval`, `polling.batch-size`, `lease-ttl`, `schema.auto`).
+
+Each group of settings has its module here; :mod:`~processor.settings.loading` holds the whole
+(:class:`ProcessorSettings`) and reads it from the environment.
+"""
+
+from processor.settings.console import (
+    ConsoleOperator,
+    ConsoleRole,
+    ConsoleSettings,
+    OperatorSettings,
+)
+from processor.settings.consumer import ConsumerSettings
+from processor.settings.database import DatabaseSettings
+from processor.settings.deadline import (
+    DeadlinePollingSettings,
+    DeadlineSchemaSettings,
+    DeadlineSettings,
+)
+from processor.settings.kafka import KafkaSettings, TopicsSettings, is_secret_key
+from processor.settings.loading import (
+    ALLOWED_NAMES,
+    ALLOWED_PREFIXES,
+    RETIRED,
+    ProcessorSettings,
+    load_settings,
+    unknown_variables,
+)
+from processor.settings.relay import RelaySettings
+from processor.settings.retention import HistorySettings, RetentionSettings
+from processor.settings.service import MetricsSettings, ParticipantSettings
+from processor.settings.values import Duration, parse_duration
+
+__all__ = [
+    "ALLOWED_NAMES",
+    "ALLOWED_PREFIXES",
+    "RETIRED",
+    "ConsoleOperator",
+    "ConsoleRole",
+    "ConsoleSettings",
+    "ConsumerSettings",
+    "DatabaseSettings",
+    "DeadlinePollingSettings",
+    "DeadlineSchemaSettings",
+    "DeadlineSettings",
+    "Duration",
+    "HistorySettings",
+    "KafkaSettings",
+    "MetricsSettings",
+    "OperatorSettings",
+    "ParticipantSettings",
+    "ProcessorSettings",
+    "RelaySettings",
+    "RetentionSettings",
+    "TopicsSettings",
+    "is_secret_key",
+    "load_settings",
+    "parse_duration",
+    "unknown_variables",
+]

@@ -1,0 +1,26 @@
+"""The PostgreSQL settings: the server, the processor's schema, how long a statement may run."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pydantic import BaseModel, SecretStr, field_validator
+
+from processor.settings.values import Duration, check_identifier
+
+__all__ = ["DatabaseSettings"]
+
+
+class DatabaseSettings(BaseModel):
+    """The PostgreSQL server and the schema that holds the processor's tables."""
+
+    # Required: a default would carry a password, and would silently point a misconfigured
+    # replica at whatever database happens to answer there.
+    url: SecretStr
+    schema_name: str = "saga"
+    # The longest one statement of the processor's loops may run (consumer batches, relay,
+    # deadline poller, retention, growth watch, metrics samples); the server cancels it past
+    # that and the loop tries again. Operator commands and migrations are not bounded by it.
+    statement_timeout: Duration = timedelta(seconds=60)
+
+    _check_schema = field_validator("schema_name")(classmethod(lambda cls, v: check_identifier(v)))
