@@ -23,6 +23,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
+from benchmarks.boxcpu import Meter, Usage
 from benchmarks.common import kafka_config
 from benchmarks.raw_limits import produce, raw_producer
 from benchmarks.raw_sql import Batch, Measured, RawStore
@@ -41,6 +42,7 @@ def e2e_loop(
     stop: threading.Event | None = None,
     group: str = "bench-raw-e2e",
     progress: Callable[[int], None] = lambda n: None,
+    meter: Meter | None = None,
 ) -> Measured:
     """Runs until `expected` events are done (or `stop` is set); returns the time it took."""
     store = RawStore(url, tables, group)
@@ -71,6 +73,7 @@ def e2e_loop(
         published: list[int] = []
         done = 0
         t0 = c0 = 0.0
+        box0: Usage | None = None
         give_up = time.monotonic() + 600
         while (expected is None or done < expected) and time.monotonic() < give_up:
             if stop is not None and stop.is_set():
@@ -80,6 +83,7 @@ def e2e_loop(
                 continue
             if not done:
                 t0, c0 = time.perf_counter(), time.process_time()
+                box0 = meter.read() if meter else None
             batch = Batch()
             moves: dict[int, tuple[int | None, int]] = {}
             now = datetime.now(UTC).isoformat()
@@ -112,12 +116,13 @@ def e2e_loop(
             store.forget(published)
         elapsed = time.perf_counter() - t0 if done else 0.0
         cpu = time.process_time() - c0 if done else 0.0
+        box = meter.read().minus(box0) if meter and box0 else None
     finally:
         consumer.close()
         store.close()
     if expected is not None and done < expected:
         raise RuntimeError(f"raw end-to-end loop: {done}/{expected} events")
-    return Measured(done, elapsed, cpu)
+    return Measured(done, elapsed, cpu, box=box)
 
 
 def main(argv: list[str]) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
+from benchmarks.boxcpu import Meter
 from benchmarks.common import kafka_config, say
 from benchmarks.raw_sql import Measured
 from processor.postgres.schema import Tables
@@ -53,7 +54,14 @@ def produce(producer: Producer, topic: str, **kwargs: Any) -> None:
 # -- Kafka ---------------------------------------------------------------------------------------
 
 
-def kafka_loop(kafka: str, source: str, sink: str, expected: int, batch_size: int) -> Measured:
+def kafka_loop(
+    kafka: str,
+    source: str,
+    sink: str,
+    expected: int,
+    batch_size: int,
+    meter: Meter | None = None,
+) -> Measured:
     """Reads `expected` records from `source` and writes each to `sink`; no database at all."""
     consumer = Consumer(
         {
@@ -75,6 +83,7 @@ def kafka_loop(kafka: str, source: str, sink: str, expected: int, batch_size: in
         consumer.assign([TopicPartition(source, p, OFFSET_BEGINNING) for p in parts])
         seen = 0
         t0, c0 = time.perf_counter(), time.process_time()
+        box0 = meter.read() if meter else None
         give_up = t0 + 300
         while seen < expected and time.perf_counter() < give_up:
             for msg in consumer.consume(num_messages=batch_size, timeout=0.5):
@@ -92,11 +101,12 @@ def kafka_loop(kafka: str, source: str, sink: str, expected: int, batch_size: in
             producer.poll(0)
         left = producer.flush(60)
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+        box = meter.read().minus(box0) if meter and box0 else None
     finally:
         consumer.close()
     if seen < expected or left or errors:
         raise RuntimeError(f"raw Kafka loop: {seen}/{expected} read, {left} unsent, {errors[:1]}")
-    return Measured(seen, elapsed, cpu)
+    return Measured(seen, elapsed, cpu, box=box)
 
 
 # -- deadlines -----------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from typing import Any
 
 import psycopg
 
+from benchmarks.boxcpu import Meter, Usage
 from processor.postgres.schema import Tables
 
 SAGA_TYPE = "transfer-saga"
@@ -323,6 +324,8 @@ class Measured:
     seconds: float
     cpu_seconds: float = 0.0
     note: str = ""
+    # The whole box's CPU over the same window, when the loop was given a meter.
+    box: Usage | None = None
 
     @property
     def rate(self) -> float:
@@ -342,6 +345,7 @@ def sql_loop(
     partitions: int,
     topic: str,
     progress: Callable[[int], None] = lambda n: None,
+    meter: Meter | None = None,
 ) -> Measured:
     """`events` new sagas in batches, each batch followed by the relay's claim-delete."""
     store = RawStore(url, tables, "bench-raw-sql")
@@ -369,6 +373,7 @@ def sql_loop(
             batches.append((batch, moves))
         done = 0
         t0, c0 = time.perf_counter(), time.process_time()
+        box0 = meter.read() if meter else None
         for batch, moves in batches:
             store.write(batch, topic, moves)
             store.claim_delete(max(1000, batch_size))
@@ -376,6 +381,8 @@ def sql_loop(
             progress(done)
         while store.claim_delete(1000):
             pass
-        return Measured(done, time.perf_counter() - t0, time.process_time() - c0)
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        box = meter.read().minus(box0) if meter and box0 else None
+        return Measured(done, seconds, cpu, box=box)
     finally:
         store.close()

@@ -200,7 +200,12 @@ def decode(record: Record, registry: MessageRegistry, max_bytes: int) -> Decoded
             record, _metadata(record, type_name, message_id, headers), version, newest, data
         )
     try:
-        message = _upcast(cls, value, upcasters) if upcasters else cls.model_validate_json(value)
+        # The validator model_validate_json() calls, without its wrapper's argument checks.
+        message = (
+            _upcast(cls, value, upcasters)
+            if upcasters
+            else cls.__pydantic_validator__.validate_json(value)
+        )
     except ValidationError as e:
         return _invalid(record, e)
     except Exception as e:  # an upcaster's own failure: the record is judged once, here

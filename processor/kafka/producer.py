@@ -122,19 +122,17 @@ class KafkaRecordProducer:
         try:
             for index, row in enumerate(records):
                 headers = row.headers
-                kwargs: dict[str, Any] = {
-                    "key": row.key,
-                    "value": row.value,
-                    # The client encodes str header values itself, in C; it takes a dict as is.
-                    "headers": headers if type(headers) is dict else dict(headers),
-                    # Called only for a failed record (delivery.report.only.error), with its
-                    # position bound now.
-                    "on_delivery": partial(_delivered, failures, missing, index),
-                }
-                if row.partition is not None:
-                    kwargs["partition"] = row.partition
                 try:
-                    self._produce(producer, row.topic, kwargs)
+                    self._produce(
+                        producer,
+                        row,
+                        # The client encodes str header values itself, in C; it takes a dict as
+                        # is.
+                        headers if type(headers) is dict else dict(headers),
+                        # Called only for a failed record (delivery.report.only.error), with its
+                        # position bound now.
+                        partial(_delivered, failures, missing, index),
+                    )
                 except KafkaException as e:
                     err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
                     if err is None or err.fatal() or not is_permanent(err):
@@ -165,10 +163,28 @@ class KafkaRecordProducer:
         return failures
 
     @staticmethod
-    def _produce(producer: Producer, topic: str, kwargs: dict[str, Any]) -> None:
+    def _produce(
+        producer: Producer,
+        row: OutboxRow,
+        headers: dict[str, Any],
+        on_delivery: Callable[[KafkaError | None, object], None],
+    ) -> None:
         while True:
             try:
-                producer.produce(topic, **kwargs)
+                # Positional value and key, and no keyword dict to unpack: this runs per row.
+                if row.partition is None:
+                    producer.produce(
+                        row.topic, row.value, row.key, on_delivery=on_delivery, headers=headers
+                    )
+                else:
+                    producer.produce(
+                        row.topic,
+                        row.value,
+                        row.key,
+                        row.partition,
+                        on_delivery=on_delivery,
+                        headers=headers,
+                    )
                 return
             except BufferError:
                 # Local queue full: let deliveries drain, then go on with the same record.

@@ -74,21 +74,38 @@ _FAILED = f"""
     SELECT id, headers->>'{HEADER_MESSAGE_ID}', topic, reason, attempts, held_behind, failed_at
       FROM {{failed_outbox}} WHERE saga_type = %s AND saga_id = %s ORDER BY id
 """
-# Age order, served by (saga_type, status, updated_at), (status, updated_at) or
-# (updated_at, saga_type, saga_id) depending on the filters; the statement is built with only the
-# filters given (a catch-all `%s IS NULL OR ...` would keep the planner off those indexes). The
-# cursor is the last row's (updated_at, saga_type, saga_id).
-_LIST_HEAD = f"SELECT {_SUMMARY} FROM {{instance}}"
+# Age order from the (saga_type, status, updated_at) index, the one index of the saga table in
+# age order (every other would cost each saga write an entry, migration 15): the (type, status)
+# pairs by a skip scan (as in _OVERVIEW; pairs are few), then each pair's oldest rows that pass
+# the filters, at most a page of them, merged. The statement is built with only the filters
+# given (a catch-all `%s IS NULL OR ...` would keep the planner off the index). The cursor is
+# the last row's (updated_at, saga_type, saga_id); its first column, repeated alone, bounds each
+# pair's walk of the index.
+_LIST = f"""
+    WITH RECURSIVE pairs AS (
+        (SELECT saga_type, status FROM {{instance}} ORDER BY saga_type, status LIMIT 1)
+        UNION ALL
+        SELECT n.saga_type, n.status FROM pairs AS p, LATERAL (
+            SELECT saga_type, status FROM {{instance}}
+             WHERE (saga_type, status) > (p.saga_type, p.status)
+             ORDER BY saga_type, status LIMIT 1) AS n
+    )
+    SELECT s.* FROM pairs AS p CROSS JOIN LATERAL (
+        SELECT {_SUMMARY} FROM {{instance}}
+         WHERE saga_type = p.saga_type AND status = p.status{{where}}
+         ORDER BY updated_at, saga_id LIMIT %(limit)s) AS s
+     ORDER BY s.updated_at, s.saga_type, s.saga_id LIMIT %(limit)s
+"""
 _LIST_FILTERS = {
     "type": "saga_type = %(type)s",
     "status": "status = %(status)s",
     "state": "machine_state = %(state)s",
     "older": "updated_at <= now() - %(older)s::interval",
-    "after_at": "(updated_at, saga_type, saga_id) > (%(after_at)s, %(after_type)s, %(after_id)s)",
+    "after_at": "updated_at >= %(after_at)s"
+    " AND (updated_at, saga_type, saga_id) > (%(after_at)s, %(after_type)s, %(after_id)s)",
     # How an ended saga ended is kept in machine_state (see SagaOutcome).
     "outcome": "status = 'ended' AND machine_state = %(outcome)s",
 }
-_LIST_TAIL = " ORDER BY updated_at, saga_type, saga_id LIMIT %(limit)s"
 # A correlation id is a header of the history's rows. The sagas of one are few, so they are
 # looked up first, in migration 14's index of the events that started sagas, and each one's row
 # then by its key (LATERAL with LIMIT 1 keeps that a probe per saga). As a semi-join, the
@@ -119,11 +136,11 @@ def list_statement(params: dict[str, Any], state_contains: Sequence[Mapping[str,
             params[f"doc{n}"] = json.dumps(doc)
             docs.append(f"state @> %(doc{n})s::jsonb")
         where.append("(" + " OR ".join(docs) + ")")
+    extra = "".join(" AND " + w for w in where)
+    # `{where}` is the statement's own slot; the table slots stay for `Tables.render`.
     if params.get("correlation") is not None:
-        extra = "".join(" AND " + w for w in where)
-        # `{where}` is this statement's own slot; the table slots stay for `Tables.render`.
         return _LIST_BY_CORRELATION.replace("{where}", extra)
-    return _LIST_HEAD + (" WHERE " + " AND ".join(where) if where else "") + _LIST_TAIL
+    return _LIST.replace("{where}", extra)
 
 
 # Stalest first by time in the current machine state (or since the last change, for sagas

@@ -86,6 +86,11 @@ _CLAIM_GLOBAL = (
 # the saga index whatever the saga's size. An EXISTS over every older row of the saga would read
 # a busy saga's rows again for each later one, and may be planned as a hash join over the whole
 # outbox.
+#
+# The delete locks the rows it takes, and skips one that another transaction deleted meanwhile:
+# no FOR UPDATE beforehand, which would lock (and log) every row a second time. Claims never
+# contend for a row (one owner epoch per partition, and operators moving rows hold the advisory
+# lock that partition claims share), so the order rows are locked in does not matter.
 _CLAIM_OWNED = """
     WITH mine AS (
         SELECT s.topic, s.partition FROM {offsets} AS s
@@ -117,10 +122,7 @@ _CLAIM_OWNED = """
                    ORDER BY n.id DESC LIMIT 1) AS b ON true) AS g
          WHERE g.held IS NOT TRUE
     )
-    DELETE FROM {outbox} AS o WHERE id = ANY(ARRAY(
-        SELECT x.id FROM {outbox} AS x
-         WHERE x.id = ANY(ARRAY(SELECT id FROM free))
-         ORDER BY x.id FOR UPDATE OF x))
+    DELETE FROM {outbox} AS o WHERE id = ANY(ARRAY(SELECT id FROM free))
 """.replace("X_SIZE", "octet_length(x.value) + coalesce(octet_length(x.key), 0) AS size")
 
 

@@ -296,14 +296,16 @@ class BoundSaga:
             # Re-validates every field the handler may have set (see SagaState); the validator
             # itself, as model_validate() calls it with default arguments.
             working = state_cls.__pydantic_validator__.validate_python(working.__dict__)
-            self._check_deadline_names(deadlines.operations)
+            # Read once: each read of the property copies the list.
+            operations = deadlines.operations
+            self._check_deadline_names(operations)
         except Exception as e:
             raise HandlerError(self.saga_type, saga_id, handler.name, e) from e
         ended = handler.end or lifecycle.ended
         return Outcome(
             state=working,
             commands=commands.intents,
-            deadlines=deadlines.operations,
+            deadlines=operations,
             ended=ended,
             handler_name=handler.name,
             outcome=lifecycle.outcome if ended else None,

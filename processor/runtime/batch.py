@@ -11,6 +11,7 @@ from processor.engine.plan import Item, Planner
 from processor.engine.records import OffsetCommit
 from processor.engine.rows import Wants, WriteSet
 from processor.ports import TP
+from processor.wire import HEADER_SAGA_TYPE
 
 
 @dataclass
@@ -50,14 +51,23 @@ class Batch:
         """
         items, wants = planner.route(decoded)
         routed = planner.event_types  # a fresh set per access: taken once per batch
-        unrouted = sum(1 for d in decoded if isinstance(d, Event) and type(d.message) not in routed)
+        addressed_elsewhere = planner.addressed_elsewhere
+        unrouted = 0
         foreign: Counter[tuple[str, str]] = Counter()
-        for d in decoded:
-            if isinstance(d, Event) and (elsewhere := planner.addressed_elsewhere(d)) is not None:
-                foreign[(d.record.topic, elsewhere)] += 1
         last: dict[TP, int] = {}
+        # One pass over the records, not three: this runs for every record of every batch.
         for d in decoded:
-            last[(d.record.topic, d.record.partition)] = d.record.offset + 1
+            record = d.record
+            last[(record.topic, record.partition)] = record.offset + 1
+            if isinstance(d, Event):
+                if type(d.message) not in routed:
+                    unrouted += 1
+                # Only a record with a saga-type header can be addressed elsewhere.
+                if (
+                    HEADER_SAGA_TYPE in d.metadata.headers
+                    and (elsewhere := addressed_elsewhere(d)) is not None
+                ):
+                    foreign[(record.topic, elsewhere)] += 1
         for tp, end in (ends or {}).items():
             last.setdefault(tp, end)
         offsets = [

@@ -1,4 +1,4 @@
-"""The schema's indexes against a real PostgreSQL: what migrations 11 to 13 change, what serves.
+"""The schema's indexes against a real PostgreSQL: what migrations 11 to 15 change, what serves.
 
 Every index on the saga tables costs each saga write an entry, so an index goes once another
 serves its queries. These tests pin the names PostgreSQL gave the indexes the migrations drop (an
@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -21,14 +22,24 @@ from psycopg import sql
 from processor.postgres import schema as schema_module
 from processor.postgres.audit import AuditSql
 from processor.postgres.connect import ensure_schema
-from processor.postgres.inspect import InspectQueries
+from processor.postgres.inspect import InspectQueries, list_statement
+from processor.postgres.operator import OperatorQueries
 from processor.postgres.outbox import PostgresOutboxStore
 from processor.postgres.schema import MIGRATIONS, Tables
 from processor.postgres.store import BatchStore, Conn
 
-DROPPED = ("saga_instance_saga_id_idx",)
-# Added by migration 14 for the console's searches (see test_console_filters.py).
-ADDED = ("saga_history_correlation_idx",)
+DROPPED = (
+    "saga_instance_saga_id_idx",
+    # Migration 15: the console's list reads the (saga_type, status, updated_at) index instead.
+    "saga_instance_status_updated_at_idx",
+    "saga_instance_updated_at_saga_type_saga_id_idx",
+)
+ADDED = (
+    # Added by migration 14 for the console's searches (see test_console_filters.py).
+    "saga_history_correlation_idx",
+    # Migration 15: parked sagas, which operators list and count, in age order.
+    "saga_instance_parked_idx",
+)
 # Partial (rows of no source) before migration 12, every row after it, under the same name.
 SAGA_ROWS = "outbox_saga_type_saga_id_id_idx"
 TABLES = ("saga_instance", "saga_history", "saga_deadline", "outbox")
@@ -220,3 +231,57 @@ def test_the_audit_trail_is_read_through_its_indexes(database_url: str, pg_schem
                 explained = conn.execute("EXPLAIN " + audit.statement(params), params)
                 plan = "\n".join(str(row[0]) for row in explained.fetchall())
                 assert f"Index Scan Backward using {index}" in plan, (name, plan)
+
+
+def test_the_sagas_list_and_the_parked_sagas_are_read_through_an_index(
+    database_url: str, pg_schema: str
+) -> None:
+    # Migration 15 left one index of the saga table in age order, (saga_type, status,
+    # updated_at), and one of parked sagas: each list reads them, whichever filters it has.
+    tables = Tables(pg_schema)
+    ensure_schema(database_url, tables)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            tables.render(
+                """
+                INSERT INTO {instance} (saga_type, saga_id, state, status, version, updated_at)
+                SELECT 'type-' || (g % 3), 's-' || g, '{{}}'::jsonb,
+                       CASE WHEN g % 100 = 0 THEN 'parked' WHEN g % 2 = 0 THEN 'ended'
+                            ELSE 'active' END, 1,
+                       now() - g * interval '1 minute'
+                  FROM generate_series(1, 3000) AS g
+                """
+            )
+        )
+        conn.execute(tables.render("ANALYZE {instance}"))
+        queries = InspectQueries(conn, tables)
+        after = (datetime.now(UTC) - timedelta(hours=5), "type-1", "s-300")
+        lists: dict[str, dict[str, object]] = {
+            "all": {},
+            "status": {"status": "active"},
+            "type": {"type": "type-1"},
+            "older": {"older": timedelta(hours=2)},
+            "next page": {"after_at": after[0], "after_type": after[1], "after_id": after[2]},
+        }
+        with conn.transaction(force_rollback=True):
+            conn.execute("SET LOCAL enable_seqscan = off")
+            for name, filters in lists.items():
+                params: dict[str, object] = {"limit": 50, **filters}
+                text = queries._render(list_statement(params))
+                plan = "\n".join(
+                    str(r[0]) for r in conn.execute("EXPLAIN " + text, params).fetchall()
+                )
+                assert "Seq Scan" not in plan, (name, plan)
+                assert "saga_instance_saga_type_status_updated_at_idx" in plan, (name, plan)
+                # Each pair's rows by both columns of the index, not a walk of the whole index.
+                cond = r"Index Cond: \(\(saga_type = \S+\) AND \(status = "
+                assert re.search(cond, plan), (name, plan)
+            parked = OperatorQueries(conn, tables)._parked
+            for query, params2 in (
+                (parked, (50,)),
+                (queries._sql["counts"], {"cap": 100}),
+            ):
+                plan = _plan(conn, query, params2)  # type: ignore[arg-type]
+                assert "Seq Scan on saga_instance" not in plan, plan
+                assert "saga_instance_parked_idx" in plan, plan
+        assert [s.status for s in queries.list_sagas(status="parked", limit=5)] == ["parked"] * 5

@@ -59,8 +59,8 @@ def test_the_list_statement_holds_only_the_filters_given() -> None:
     assert "(state @> %(doc0)s::jsonb OR state @> %(doc1)s::jsonb)" in text
     assert (params["doc0"], params["doc1"]) == ('{"amount": 3}', '{"amount": "3"}')
     assert "{history}" not in text
-    assert text.endswith("ORDER BY updated_at, saga_type, saga_id LIMIT %(limit)s")
-    assert "WHERE" not in list_statement({"limit": 50})
+    assert text.rstrip().endswith("ORDER BY s.updated_at, s.saga_type, s.saga_id LIMIT %(limit)s")
+    assert "WHERE saga_type = p.saga_type AND status = p.status\n" in list_statement({"limit": 50})
 
 
 def test_a_correlation_id_looks_its_sagas_up_first_and_filters_each() -> None:
