@@ -4,7 +4,7 @@ Counters are not incremented on the hot path: the collector reads the loops' own
 (worker stats, the consumer's rebalances, the relay's counts) when Prometheus scrapes. The
 histograms are observed once per batch (or per deadline sweep), and the dead letters and handler
 errors of a batch are tallied from its write set once it has committed. Gauges derived from the
-database come from the latest :class:`~processor.observe.sample.DatabaseSample`.
+database come from the latest :class:`~processor.ports.cluster.DatabaseSample`.
 """
 
 from __future__ import annotations
