@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Protocol
 
 import psycopg
@@ -25,6 +25,7 @@ from processor.postgres.deadlines import PostgresDeadlineStore
 from processor.postgres.schema import Tables
 from processor.wire import deadline_channel
 from tests.contract import BACKENDS, postgres_args
+from tests.support.clocks import Offset
 
 TTL = 60.0
 HOUR = timedelta(hours=1)
@@ -54,16 +55,6 @@ class Backend(Protocol):
     def break_connection(self) -> None: ...
 
     def close(self) -> None: ...
-
-
-class Offset:
-    """The real clock, moved forward on demand."""
-
-    def __init__(self) -> None:
-        self.ahead = timedelta()
-
-    def now(self) -> datetime:
-        return datetime.now(UTC) + self.ahead
 
 
 class MemoryBackend:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Protocol
 
 import pytest
@@ -44,6 +44,7 @@ from processor.ports import (
     SetAside,
 )
 from tests.contract import BACKENDS, postgres_args
+from tests.support.clocks import Offset
 
 SAGA = "retained"
 HOUR = timedelta(hours=1)
@@ -81,16 +82,6 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-class Offset:
-    """The real clock, moved forward on demand."""
-
-    def __init__(self) -> None:
-        self.ahead = timedelta()
-
-    def now(self) -> datetime:
-        return datetime.now(UTC) + self.ahead
 
 
 class MemoryBackend:
