@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from devstack import wait_for_kafka
 from processor.messages import Message
 from processor.settings import ProcessorSettings
 from schemas.transfers import (
@@ -202,11 +203,23 @@ def e2e_env(
             reader.close()
 
 
-@pytest.fixture
-def private_stack(tmp_path: Path) -> Iterator[PrivateStack]:
-    """A PostgreSQL cluster and a Kafka broker that only this test uses (and may restart)."""
-    with _private_stack(tmp_path) as stack:
+@pytest.fixture(scope="session")
+def _restarted_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateStack]:
+    with _private_stack(tmp_path_factory.mktemp("restarted-stack")) as stack:
         yield stack
+
+
+@pytest.fixture
+def private_stack(_restarted_stack: PrivateStack) -> PrivateStack:
+    """A PostgreSQL cluster and a Kafka broker that no shared-stack test uses (and may restart).
+
+    The tests that restart them take turns on one stack (one start-up instead of one each):
+    each uses schemas and topics of its own. Both services run when a test starts, whatever
+    the test before it left stopped.
+    """
+    _restarted_stack.up_both()
+    wait_for_kafka(_restarted_stack.kafka, timeout=120)
+    return _restarted_stack
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,8 @@
 """The demo's accounts service goes on after PostgreSQL and the Kafka broker restart.
 
-The shared services are never restarted: this test starts its own PostgreSQL cluster and Kafka
-broker from ``deploy/local`` on free ports (their cluster name, ports and run directory come
-from the ``SAGA_PG_*``, ``SAGA_KAFKA_*`` and ``SAGA_LOCAL_DIR`` variables), restarts those under
-load, and removes them afterwards.
+The shared services are never restarted: this test runs on a private PostgreSQL cluster and
+Kafka broker from ``deploy/local`` on free ports (``tests.support.private_stack``), restarts
+those under load, and leaves them running for the next test that restarts them.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ PER_PHASE = 40
 def test_accounts_service_survives_postgres_and_kafka_restarts(
     private_stack: PrivateStack,
 ) -> None:
-    # Its own stack, the broker reached directly (see test_restarts_under_load).
+    # A private stack, the broker reached directly (see test_restarts_under_load).
     stack = private_stack
     prefix = f"rs{uuid.uuid4().hex[:6]}."
     commands, replies = prefix + ACCOUNT_COMMANDS_TOPIC, prefix + TRANSFER_EVENTS_TOPIC

@@ -173,7 +173,7 @@ class World:
 
 @pytest.fixture
 def world(private_stack: PrivateStack, tmp_path: Path) -> Iterator[World]:
-    # A stack of its own, its broker reached directly: a broker restart behind the shared
+    # A private stack whose broker is reached directly: a broker restart behind the order
     # stack's TCP proxy left every consumer's coordinator connection waiting for good.
     prefix = f"rl{uuid.uuid4().hex[:6]}."
     create_topics(private_stack.kafka, [prefix + TRANSFER_EVENTS_TOPIC], partitions=6)

@@ -65,6 +65,21 @@ class PrivateStack:
     def up(self, service: str) -> None:
         self._script(service, "up")
 
+    def _start(self, service: str, action: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [str(DEPLOY / f"{service}.sh"), action],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def up_both(self) -> None:
+        """Starts PostgreSQL and the broker side by side: each start-up mostly waits."""
+        started = {service: self._start(service, "up") for service in ("postgres", "kafka")}
+        failed = [service for service, proc in started.items() if proc.wait() != 0]
+        if failed:
+            raise RuntimeError(f"deploy/local could not start {' and '.join(failed)}")
+
     def down(self, service: str) -> None:
         self._script(service, "down")
 
@@ -111,25 +126,25 @@ def private_stack(tmp_path: Path, *, proxied_kafka: bool = False) -> Iterator[Pr
         env["SAGA_KAFKA_ADVERTISED_PORT"] = str(proxy.port)
         stack.kafka = f"127.0.0.1:{proxy.port}"
     try:
-        stack.up("postgres")
-        stack.up("kafka")
+        stack.up_both()
         wait_for_kafka(stack.kafka, timeout=120)
         yield stack
     finally:
         if stack.kafka_proxy is not None:
             stack.kafka_proxy.heal()
-        subprocess.run([str(DEPLOY / "kafka.sh"), "down"], env=env, check=False)
-        if stack.kafka_proxy is not None:
-            stack.kafka_proxy.close()
         version = sorted(
             os.listdir("/usr/lib/postgresql"), key=lambda v: [int(p) for p in v.split(".")]
         )[-1]
-        subprocess.run(
+        # Both go at once; each is waited for before the run moves on.
+        dropping = subprocess.Popen(
             ["pg_dropcluster", "--stop", version, cluster],
-            check=False,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        subprocess.run([str(DEPLOY / "kafka.sh"), "down"], env=env, check=False)
+        dropping.wait()
+        if stack.kafka_proxy is not None:
+            stack.kafka_proxy.close()
         # pg_dropcluster leaves the directory behind when it holds files it did not create
         # (postgres.sh adds conf.d/saga.conf).
         shutil.rmtree(f"/etc/postgresql/{version}/{cluster}", ignore_errors=True)
