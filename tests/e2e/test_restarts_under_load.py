@@ -211,6 +211,14 @@ def test_every_saga_ends_and_money_is_conserved_across_postgres_and_broker_resta
         what="the first replica's schema",
     )
     replicas += [world.start(f"r{i}") for i in range(1, REPLICAS)]
+    # A replica that cannot reach the database while it starts exits (the platform restarts
+    # it): every replica runs before the first fault, which comes once r0 alone may have ended
+    # 50 sagas.
+    wait_until(
+        lambda: all(f"processor {p.log_path.stem} started" in p.log() for p in replicas),
+        timeout=120,
+        what="every replica running",
+    )
     stop = threading.Event()
     accounts = threading.Thread(target=service.run, args=(stop,), name="accounts", daemon=True)
     load = Load(stack.kafka, world.prefix + TRANSFER_EVENTS_TOPIC)
