@@ -187,15 +187,7 @@ class Adapters:
     ) -> SagaConsumer:
         """The group member consuming ``topics``; its positions come from ``on_assign``."""
         cs = self.settings.consumer
-        return saga_consumer(
-            self.kafka_config,
-            cs,
-            cs.group_id,
-            topics,
-            on_assign,
-            on_revoke,
-            metadata_refresh_ms=max(1000, int(cs.growth_check_interval.total_seconds() * 1000)),
-        )
+        return saga_consumer(self.kafka_config, cs, cs.group_id, topics, on_assign, on_revoke)
 
     def gauges(self) -> PostgresGauges:
         """A reader of the processor's tables for the metrics sampler."""

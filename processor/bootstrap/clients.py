@@ -59,8 +59,17 @@ def saga_consumer(
 ) -> SagaConsumer:
     """A group member consuming ``topics``, its timeouts and batch bytes from ``settings``.
 
+    Its metadata is refreshed every ``growth_check_interval`` (librdkafka's default is five
+    minutes), so a processor's and a participant service's consumers alike see partitions
+    added to their topics within seconds. A participant consumer on the five-minute default
+    was seen to stay out of its group for minutes after a broker restart, until its next
+    refresh, while the processors' consumers rejoined at once.
+
     ``options`` are further keyword arguments of :class:`processor.kafka.client.SagaConsumer`.
     """
+    options.setdefault(
+        "metadata_refresh_ms", max(1000, int(settings.growth_check_interval.total_seconds() * 1000))
+    )
     return SagaConsumer(
         config,
         group_id=group_id,
