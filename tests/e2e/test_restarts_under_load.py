@@ -122,6 +122,8 @@ class World:
                     saga_id,
                 )
                 lines.append(f"  open {saga_id} updated {updated} state {state} last {last}")
+            if missing:
+                lines.append(self._missing(missing[:3]))
             outbox = self.db("SELECT topic, count(*) FROM outbox GROUP BY 1")
             positions = self.db("SELECT partition, next_offset, owner FROM consumer_offset")
             lines.append(f"outbox by topic {outbox}; positions {positions}")
@@ -154,6 +156,41 @@ class World:
             tail = [ln for ln in p.log().splitlines() if " INFO " in ln or " WARNING " in ln][-12:]
             lines.append(f"{p.log_path.name} alive={p.alive()}:\n    " + "\n    ".join(tail))
         return "\n".join(lines)
+
+    def _missing(self, ids: list[str]) -> str:
+        """Where requests that started no saga sit in the log, and what the database holds."""
+        found: dict[str, tuple[int, int]] = {}
+        reader = Consumer(
+            {
+                "bootstrap.servers": self.stack.kafka,
+                "group.id": "report",
+                "enable.partition.eof": True,
+            }
+        )
+        try:
+            topic = self.prefix + TRANSFER_EVENTS_TOPIC
+            reader.assign([TopicPartition(topic, p, 0) for p in range(6)])
+            eofs: set[int] = set()
+            while len(eofs) < 6 and len(found) < len(ids):
+                msg = reader.poll(5)
+                if msg is None:
+                    break
+                if msg.error():
+                    eofs.add(int(msg.partition() or 0))
+                elif (key := (msg.key() or b"").decode()) in ids:
+                    found.setdefault(key, (int(msg.partition() or 0), int(msg.offset() or 0)))
+        finally:
+            reader.close()
+        history = self.db(
+            'SELECT saga_id, kind, outcome, partition, "offset" FROM saga_history'
+            " WHERE saga_id = ANY(%s)",
+            ids,
+        )
+        dead = self.db('SELECT partition, "offset", reason FROM dead_letter')
+        return (
+            f"missing in the log at (partition, offset) {found}; their history {history};"
+            f" dead letters {dead[:5]}"
+        )
 
     def start(self, name: str) -> ProcessorProcess:
         settings = settings_for(
