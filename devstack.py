@@ -14,7 +14,7 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +29,16 @@ ENV_DATABASE = "SAGA_TEST_DATABASE_URL"
 ENV_ALLOW_RESTART = "SAGA_TEST_ALLOW_BROKER_RESTART"
 
 KAFKA_IMAGE = "apache/kafka:4.1.1"
+
+
+def cache_dir(env: Mapping[str, str] = os.environ) -> Path:
+    """Where the stack keeps what it fetched (deploy/local/common.sh says the same)."""
+    return Path(
+        env.get("SAGA_CACHE_DIR")
+        or Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "saga-processor"
+    )
+
+
 POSTGRES_IMAGE = "postgres:16"
 
 

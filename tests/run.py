@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from devstack import ENV_ALLOW_RESTART, ENV_DATABASE, ENV_KAFKA, provide
+from devstack import ENV_ALLOW_RESTART, ENV_DATABASE, ENV_KAFKA, cache_dir, provide
 from tests.support.hang_watchdog import CURRENT_FILE
 from tests.support.phases import PHASE
 from tests.support.procs import alive
@@ -89,12 +89,8 @@ def bytecode_cached(env: dict[str, str]) -> dict[str, str]:
     subprocess compile the engine again; one run starts two pytest phases and a few hundred
     subprocesses.
     """
-    cache = Path(
-        env.get("SAGA_CACHE_DIR")
-        or Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "saga-processor"
-    )
     kept = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    kept.setdefault("PYTHONPYCACHEPREFIX", str(cache / "pycache"))
+    kept.setdefault("PYTHONPYCACHEPREFIX", str(cache_dir(env) / "pycache"))
     return kept
 
 

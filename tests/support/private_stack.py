@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from devstack import DEPLOY, wait_for_kafka
+from devstack import DEPLOY, cache_dir, wait_for_kafka
 from tests.support.procs import alive
 from tests.support.proxy import Proxy
 
@@ -33,11 +33,7 @@ def _free_port() -> int:
 
 
 def _kafka_jars() -> bool:
-    cache = Path(
-        os.environ.get("SAGA_CACHE_DIR")
-        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "saga-processor"
-    )
-    return any(cache.glob("kafka-*/libs/kafka_2.13-*.jar"))
+    return any(cache_dir().glob("kafka-*/libs/kafka_2.13-*.jar"))
 
 
 @dataclass
@@ -54,13 +50,9 @@ class PrivateStack:
     kafka_proxy: Proxy | None = None
 
     def _script(self, service: str, action: str) -> None:
-        subprocess.run(
-            [str(DEPLOY / f"{service}.sh"), action],
-            env=self.env,
-            check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        command = self._start(service, action)
+        if command.wait() != 0:
+            raise subprocess.CalledProcessError(command.returncode, command.args)
 
     def up(self, service: str) -> None:
         self._script(service, "up")

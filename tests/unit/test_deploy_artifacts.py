@@ -18,6 +18,7 @@ import yaml
 from yamllint import linter
 from yamllint.config import YamlLintConfig
 
+from devstack import cache_dir
 from processor.runtime.stopping import MARGIN
 from processor.settings import parse_duration, unknown_variables
 
@@ -315,11 +316,7 @@ ALERTS = DEPLOY / "prometheus" / "alerts.yml"
 
 def _promtool() -> str:
     """promtool as deploy/local/promtool.sh leaves it (make test runs the script first)."""
-    cache = Path(
-        os.environ.get("SAGA_CACHE_DIR")
-        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "saga-processor"
-    )
-    for found in (os.environ.get("SAGA_PROMTOOL"), cache / "promtool/usr/bin/promtool"):
+    for found in (os.environ.get("SAGA_PROMTOOL"), cache_dir() / "promtool/usr/bin/promtool"):
         if found and Path(found).is_file():
             return str(found)
     on_path = shutil.which("promtool")
