@@ -124,6 +124,8 @@ class SagaConsumer:
         self._closed = False
         # Partitions that reached their end since the worker last asked, and where.
         self._ends: dict[TP, int] = {}
+        # Seeks the client refused, by partition: tried again before each read (see seek).
+        self._reseek: dict[TP, int | None] = {}
         self._consumer = Consumer(conf)
         self.rejoin()
 
@@ -154,15 +156,23 @@ class SagaConsumer:
     def _unassign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(p.topic, p.partition) for p in partitions]
         self._assigned_tps.difference_update(tps)
+        for tp in tps:
+            # A seek of the old ownership must not move a later assignment of the partition.
+            self._reseek.pop(tp, None)
         if tps:
             self._on_revoke(tps)
         consumer.incremental_unassign(partitions)
 
     def consume(self, max_records: int, timeout: float) -> list[Record]:
         out: list[Record] = []
+        held = self._seek_pending() if self._reseek else ()
         for msg in self._consumer.consume(num_messages=max_records, timeout=timeout):
             err = msg.error()
             if err is None:
+                if held and (msg.topic(), msg.partition()) in held:
+                    # Read from wherever the failed seek left the fetch: the worker expects
+                    # the position it asked for, so none of these may reach a batch.
+                    continue
                 out.append(to_record(msg))
             elif err.code() == KafkaError._PARTITION_EOF:
                 self._ends[(str(msg.topic()), int(msg.partition() or 0))] = int(msg.offset() or 0)
@@ -178,12 +188,34 @@ class SagaConsumer:
         return ends
 
     def seek(self, tp: TP, offset: int | None) -> None:
+        """Moves ``tp``'s next record to ``offset``; one the client refuses is tried again.
+
+        The worker commits a batch's records as following the position it sought: were a seek
+        lost, the records between that position and wherever the fetch was would be skipped
+        with a commit that still matches. So a refused seek (a partition whose fetch has not
+        started or is stopping) is kept and tried again before every read, and the
+        partition's records are dropped until one succeeds or the partition is revoked.
+        """
         self._ends.pop(tp, None)
+        self._reseek.pop(tp, None)
         try:
             self._consumer.seek(TopicPartition(tp[0], tp[1], _start(offset)))
         except KafkaException as e:
-            # Not yet fetching (just assigned): the assignment's start offset already applies.
-            log.debug("seek %s to %s deferred: %s", tp, offset, e)
+            log.info(
+                "seek of %s to %s refused (%s); trying again before the next read", tp, offset, e
+            )
+            self._reseek[tp] = offset
+
+    def _seek_pending(self) -> set[TP]:
+        """Tries the refused seeks again; the partitions whose seek is still refused."""
+        for tp, offset in list(self._reseek.items()):
+            try:
+                self._consumer.seek(TopicPartition(tp[0], tp[1], _start(offset)))
+            except KafkaException as e:
+                log.warning("seek of %s to %s refused again: %s", tp, offset, e)
+                continue
+            del self._reseek[tp]
+        return set(self._reseek)
 
     def pause(self, tps: Sequence[TP]) -> None:
         self._consumer.pause([TopicPartition(t, p) for t, p in tps])

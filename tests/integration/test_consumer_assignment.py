@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from processor.engine.records import Record
 from processor.kafka.client import SagaConsumer
@@ -103,3 +105,48 @@ def test_the_lag_gauge_sees_the_log_end_of_a_partition_that_is_not_fetched(
     assert member.consumer.high_watermarks([tp, (tp[0], 99)]) == {tp: 8}
     member.consumer.close()
     assert member.consumer.high_watermarks([tp]) == {}
+
+
+class RefusingSeeks:
+    """The real client, but its next ``refusals`` seeks fail as librdkafka's do for a
+    partition whose fetch is not running (`_STATE`)."""
+
+    def __init__(self, client: Any, refusals: int) -> None:
+        self._client = client
+        self.refusals = refusals
+        self.seeks = 0
+
+    def seek(self, partition: TopicPartition) -> None:
+        self.seeks += 1
+        if self.refusals:
+            self.refusals -= 1
+            raise KafkaException(KafkaError(KafkaError._STATE, "fetch not started"))
+        self._client.seek(partition)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+@pytest.mark.parametrize("refusals", [1, 3])
+def test_a_refused_seek_is_tried_again_and_no_record_after_it_is_delivered_meanwhile(
+    member: Member, kafka_bootstrap: str, refusals: int
+) -> None:
+    # The worker commits a batch as following the position it sought: records delivered from
+    # where the fetch stood instead would be committed past the ones in between, unread.
+    member.until(lambda: len(member.records) == 2, "the records from the start offset")
+    tp = (member.records[0].topic, member.records[0].partition)
+    pub = Publisher(kafka_bootstrap)
+    for i in range(3, 8):
+        pub.raw(tp[0], b"k", f"v{i}".encode(), [])
+    pub.flush()
+    member.consumer.pause([tp])
+    client = RefusingSeeks(member.consumer._consumer, refusals)
+    member.consumer._consumer = client  # type: ignore[assignment]
+    member.records.clear()
+
+    member.consumer.seek(tp, 1)
+    member.consumer.resume([tp])
+    member.until(lambda: len(member.records) >= 7, "the records from the sought position")
+
+    assert client.seeks == refusals + 1
+    assert [r.offset for r in member.records] == list(range(1, 8))
