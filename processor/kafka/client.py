@@ -135,6 +135,9 @@ class SagaConsumer:
         tps = [(p.topic, p.partition) for p in partitions]
         self.rebalances["assigned"] += 1
         self._assigned_tps.update(tps)
+        for tp in tps:
+            # A fresh assignment starts where the worker says; an end read before is not its.
+            self._ends.pop(tp, None)
         offsets = self._on_assign(tps) if tps else {}
         starts = [TopicPartition(t, p, _start(offsets.get((t, p)))) for t, p in tps]
         # librdkafka keeps a partition's pause through its revocation: one paused here before
@@ -157,8 +160,11 @@ class SagaConsumer:
         tps = [(p.topic, p.partition) for p in partitions]
         self._assigned_tps.difference_update(tps)
         for tp in tps:
-            # A seek of the old ownership must not move a later assignment of the partition.
+            # Neither a seek nor an end of the old ownership may reach a later assignment of
+            # the partition: the worker would store that end as read while the records before
+            # it are not (a replica given back its partitions read on, to their ends).
             self._reseek.pop(tp, None)
+            self._ends.pop(tp, None)
         if tps:
             self._on_revoke(tps)
         consumer.incremental_unassign(partitions)
@@ -175,7 +181,9 @@ class SagaConsumer:
                     continue
                 out.append(to_record(msg))
             elif err.code() == KafkaError._PARTITION_EOF:
-                self._ends[(str(msg.topic()), int(msg.partition() or 0))] = int(msg.offset() or 0)
+                tp = (str(msg.topic()), int(msg.partition() or 0))
+                if not (held and tp in held):
+                    self._ends[tp] = int(msg.offset() or 0)
             else:
                 if err.fatal():
                     # The consumer cannot go on; the process restarts (a fatal runtime failure).

@@ -150,3 +150,31 @@ def test_a_refused_seek_is_tried_again_and_no_record_after_it_is_delivered_meanw
 
     assert client.seeks == refusals + 1
     assert [r.offset for r in member.records] == list(range(1, 8))
+
+
+def test_an_end_read_before_a_revocation_is_not_reported_for_the_next_assignment(
+    member: Member,
+) -> None:
+    # A replica that gives its partitions back keeps polling, and reads on to their ends. An
+    # end kept from then and reported after the partition is assigned again would be stored as
+    # read (the worker's advance_ends) before the records from the claimed position are:
+    # those records would be skipped.
+    member.until(lambda: len(member.assigned) == 1, "the first assignment")
+    tp = member.assigned[0][0]
+    member.until(lambda: tp in member.consumer._ends, "the end of the partition")
+
+    member.consumer.leave()
+    member.until(lambda: len(member.revoked) == 1, "the revocation")
+    member.records.clear()
+    member.consumer.rejoin()
+
+    def assigned_again() -> bool:
+        # Without waiting: the poll that runs the assignment returns before any fetch of it.
+        member.records += member.consumer.consume(100, 0)
+        return len(member.assigned) == 2
+
+    wait_until(assigned_again, timeout=60, what="the second assignment")
+    reported = member.consumer.ends()
+    read = [r.offset for r in member.records]
+    # Any end reported now must come after every record from the start offset (1) to it.
+    assert all(read == list(range(1, end)) for end in reported.values()), (reported, read)
