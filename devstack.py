@@ -83,6 +83,49 @@ def provide(echo: Callable[[str], None] = print, *, keep: bool = False) -> Itera
         yield Services(kafka_bootstrap=kafka, database_url=database, restart_kafka=restart)
 
 
+ENV_CITUS = "SAGA_TEST_CITUS_URL"
+CITUS = DEPLOY / "citus.sh"
+# `citus.sh status` exit codes: running, stopped, and Citus not installed in PostgreSQL.
+_CITUS_RUNNING, _CITUS_STOPPED, _CITUS_MISSING = 0, 3, 4
+
+
+@dataclass(frozen=True)
+class Citus:
+    """A Citus coordinator to run the Citus tests against, or why there is none."""
+
+    url: str | None
+    reason: str = ""
+
+
+@contextmanager
+def provide_citus(echo: Callable[[str], None] = print) -> Iterator[Citus]:
+    """Yields a Citus coordinator: `SAGA_TEST_CITUS_URL`, else the local one (deploy/local/citus.sh)
+    when this machine's PostgreSQL has the extension; stops on exit what it started.
+
+    Citus is not in Debian's packages, so a fresh machine has none: the yielded value then has
+    no URL and says why.
+    """
+    given = os.environ.get(ENV_CITUS)
+    if given:
+        echo(f"using the Citus coordinator from ${ENV_CITUS}")
+        yield Citus(given)
+        return
+    status = subprocess.run([str(CITUS), "status"], check=False, capture_output=True).returncode
+    if status == _CITUS_MISSING:
+        yield Citus(
+            None,
+            f"Citus is not installed in this machine's PostgreSQL, and ${ENV_CITUS} is not set",
+        )
+        return
+    with ExitStack() as cleanup:
+        if status != _CITUS_RUNNING:
+            cleanup.callback(_run, [str(CITUS), "down"], echo, check=False)
+            echo("bringing up the local Citus cluster (a coordinator and two workers)")
+        _run([str(CITUS), "up"], echo)
+        url = subprocess.run([str(CITUS), "url"], check=True, capture_output=True, text=True)
+        yield Citus(url.stdout.strip())
+
+
 def wait_for_kafka(bootstrap: str, timeout: float = 60.0) -> None:
     """Blocks until the broker answers metadata requests and can take an idempotent write.
 

@@ -15,7 +15,7 @@ import pytest
 from psycopg import sql
 
 from devstack import Services, provide
-from tests.support.phases import PHASE, alone
+from tests.support.phases import PHASE, kept
 from tests.support.roles import LeastPrivilege, least_privilege
 
 # A hang with the interpreter held still ends the run, with every thread's stack.
@@ -24,12 +24,12 @@ pytest_plugins = ["tests.support.hang_watchdog"]
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     phase = os.environ.get(PHASE)
-    if phase not in ("parallel", "serial"):
+    if phase not in ("parallel", "serial", "citus"):
         return
     keep: list[pytest.Item] = []
     drop: list[pytest.Item] = []
     for item in items:
-        (keep if alone(item) == (phase == "serial") else drop).append(item)
+        (keep if kept(item, phase) else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -8,8 +8,9 @@
    it with every thread's stack) or killed: says which test it was in if it died inside one,
    ends every process still marked, and stops the services that step 1 started.
 
-With ``--split`` (what ``make test`` does) pytest runs twice: the unit, contract and integration
-tests on two workers, then the end-to-end tests alone (:func:`run_split`).
+With ``--split`` (what ``make test`` does) pytest runs in phases: the unit, contract and
+integration tests on two workers, then the end-to-end tests alone, then the Citus tests against
+a Citus coordinator where one can be had (:func:`run_split`).
 
 ``python -m tests.run [--no-services] [--split] [PYTEST ARGS]``; the exit code is pytest's.
 """
@@ -27,9 +28,9 @@ import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from devstack import ENV_ALLOW_RESTART, ENV_DATABASE, ENV_KAFKA, cache_dir, provide
+from devstack import ENV_ALLOW_RESTART, ENV_DATABASE, ENV_KAFKA, cache_dir, provide, provide_citus
 from tests.support.hang_watchdog import CURRENT_FILE
-from tests.support.phases import PHASE
+from tests.support.phases import CITUS_TESTS, PHASE
 from tests.support.procs import alive
 
 # Not a SAGA_* name: some tests start processes with the SAGA_* variables removed.
@@ -144,13 +145,14 @@ NO_TESTS = 5
 
 
 def run_split(args: Sequence[str], env: dict[str, str]) -> int:
-    """Runs the suite in two phases; the exit code is the first failing phase's.
+    """Runs the suite in phases; the exit code is the first failing phase's.
 
     1. Unit, contract and integration tests on :data:`WORKERS` pytest-xdist workers: they wait
        on the services far more than they compute, and each uses topics, groups and schemas of
        its own.
     2. End-to-end tests, and those that disturb the shared services, one at a time
-       (``tests.conftest.alone``).
+       (``tests.support.phases.alone``).
+    3. When the whole suite runs, the Citus tests (:func:`run_citus`).
     """
     codes = []
     for phase, extra in (("parallel", ["-n", WORKERS, "--dist", "loadfile"]), ("serial", [])):
@@ -159,9 +161,42 @@ def run_split(args: Sequence[str], env: dict[str, str]) -> int:
         code = run_pytest([*extra, *args], {**env, PHASE: phase})
         _echo(f"{phase} phase: exit {code} after {time.monotonic() - started:.0f} s")
         codes.append(code)
+    if not any(not a.startswith("-") for a in args):
+        # The whole suite was asked for, not some of its files.
+        codes.append(run_citus(args, env))
     if all(c == NO_TESTS for c in codes):
         return NO_TESTS
     return next((c for c in codes if c not in (0, NO_TESTS)), 0)
+
+
+def run_citus(args: Sequence[str], env: dict[str, str]) -> int:
+    """3. The Citus tests (:data:`CITUS_TESTS`) against a Citus coordinator, one at a time.
+
+    Citus is not in Debian's packages: on a machine without it the phase says how many tests it
+    skipped and why, and passes.
+    """
+    with provide_citus(_echo) as citus:
+        if citus.url is None:
+            count = collected([*CITUS_TESTS, *args], {**env, PHASE: "citus"})
+            _echo(f"citus phase: skipped {count} tests: {citus.reason}")
+            return NO_TESTS
+        _echo("citus phase")
+        started = time.monotonic()
+        code = run_pytest([*CITUS_TESTS, *args], {**env, ENV_DATABASE: citus.url, PHASE: "citus"})
+        _echo(f"citus phase: exit {code} after {time.monotonic() - started:.0f} s")
+        return code
+
+
+def collected(args: Sequence[str], env: dict[str, str]) -> int:
+    """How many tests pytest would run with ``args``."""
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", *args],
+        env=bytecode_cached(env),
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    return sum("::" in line for line in out.splitlines())
 
 
 def main(argv: Sequence[str]) -> int:

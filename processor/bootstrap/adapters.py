@@ -119,7 +119,7 @@ class Adapters:
 
     def ensure_schema(self) -> int:
         """Creates or upgrades the processor's tables at start; returns the schema version."""
-        return migrate_to_latest(self._url, self.tables)
+        return migrate_to_latest(self._url, self.tables, self.settings.database.distributed)
 
     def batch_store(self) -> PostgresBatchStore:
         """A store for the consumer loop's batches, on a keyed connection of its own."""
@@ -234,7 +234,7 @@ class Adapters:
 
     def migrate(self) -> int:
         """Creates or upgrades the processor's tables; returns the schema version."""
-        return migrate_to_latest(self._url, self.tables)
+        return migrate_to_latest(self._url, self.tables, self.settings.database.distributed)
 
     def pending_migrations(self) -> tuple[int, str]:
         """The live schema's version and the DDL that would bring it to :attr:`schema_version`."""

@@ -17,11 +17,15 @@ SELECT 1 FROM {offsets}
    FOR UPDATE
 """
 
+# The time comes in the proposed row (excluded.updated_at): Citus runs a conflict's update
+# only with immutable functions in it.
 CLAIM = """
-INSERT INTO {offsets} AS o (group_id, topic, partition, next_offset, owner_epoch, owner)
-SELECT %s, t, p, NULL, 1, %s FROM unnest(%b::text[], %b::int[]) AS u(t, p)
+INSERT INTO {offsets} AS o (group_id, topic, partition, next_offset, owner_epoch, owner,
+                            updated_at)
+SELECT %s, t, p, NULL, 1, %s, now() FROM unnest(%b::text[], %b::int[]) AS u(t, p)
 ON CONFLICT (group_id, topic, partition) DO UPDATE
-   SET owner_epoch = o.owner_epoch + 1, owner = excluded.owner, updated_at = now()
+   SET owner_epoch = o.owner_epoch + 1, owner = excluded.owner,
+       updated_at = excluded.updated_at
 RETURNING topic, partition, owner_epoch, next_offset
 """
 
@@ -76,19 +80,22 @@ SELECT t, i, s, st, v, pr, CASE WHEN st = 'ended' THEN now() END, ms,
           FROM jsonb_array_elements(%s::jsonb) AS x) AS u(t, i, s, st, v, pr, ms, sv)
 """
 
+# The time is a column of the rows (u.now), not now() in the CASEs: Citus refuses a CASE or
+# coalesce that calls a function that is not immutable. OFFSET 0 keeps the planner from
+# folding the subquery, and with it now(), back into them.
 UPDATE_SAGAS = """
 UPDATE {instance} AS x
    SET state = u.s, status = u.st, version = u.v, parked_reason = u.pr,
-       updated_at = now(),
-       ended_at = CASE WHEN u.st = 'ended' THEN coalesce(x.ended_at, now()) END,
+       updated_at = u.now,
+       ended_at = CASE WHEN u.st = 'ended' THEN coalesce(x.ended_at, u.now) END,
        machine_state = u.ms,
        machine_state_since = CASE WHEN u.ms IS DISTINCT FROM x.machine_state
-                                  THEN now() ELSE x.machine_state_since END,
+                                  THEN u.now ELSE x.machine_state_since END,
        state_version = u.sv
   FROM (SELECT x->>0, x->>1, nullif(x->2, 'null'), x->>3, (x->>4)::bigint, x->>5,
-               (x->>6)::bigint, x->>7, (x->>8)::int
-          FROM jsonb_array_elements(%s::jsonb) AS x)
-       AS u(t, i, s, st, v, pr, expected, ms, sv)
+               (x->>6)::bigint, x->>7, (x->>8)::int, now()
+          FROM jsonb_array_elements(%s::jsonb) AS x OFFSET 0)
+       AS u(t, i, s, st, v, pr, expected, ms, sv, now)
  WHERE x.saga_type = u.t AND x.saga_id = u.i AND x.version = u.expected
 """
 

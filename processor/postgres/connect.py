@@ -11,6 +11,7 @@ from psycopg.types.json import set_json_loads
 from pydantic_core import from_json
 
 from processor.postgres.schema import Tables, migrate
+from processor.settings.database import Distributed
 
 TCP_BOUNDS: dict[str, int] = {
     "keepalives": 1,
@@ -85,7 +86,7 @@ def connect(
     return conn
 
 
-def ensure_schema(url: str, tables: Tables) -> int:
-    """Creates or upgrades the schema; returns the schema version."""
+def ensure_schema(url: str, tables: Tables, distributed: Distributed = "auto") -> int:
+    """Creates or upgrades the schema (on Citus, distributed: see `migrate`); its version."""
     with connect(url, application_name="saga-processor-migrate") as conn:
-        return migrate(conn, tables)
+        return migrate(conn, tables, distributed)

@@ -48,12 +48,17 @@ class PostgresDeadlineStore:
             """
             INSERT INTO {deadline_lock} AS l (name, holder, token, expires_at)
             VALUES (%(name)s, %(holder)s, 1, now() + make_interval(secs => %(ttl)s))
+            -- "Expired" compares with the proposed expiry less the lease's length, which is
+            -- now(): Citus allows only immutable functions in a conflict's WHERE. Through UTC,
+            -- as timestamptz minus an interval depends on the session's time zone.
             ON CONFLICT (name) DO UPDATE
                SET holder = excluded.holder,
                    token = CASE WHEN l.holder = excluded.holder AND l.token = %(held)s
                                 THEN l.token ELSE l.token + 1 END,
                    expires_at = excluded.expires_at
-             WHERE (l.holder = excluded.holder AND l.token = %(held)s) OR l.expires_at <= now()
+             WHERE (l.holder = excluded.holder AND l.token = %(held)s)
+                OR l.expires_at <= ((excluded.expires_at AT TIME ZONE 'UTC')
+                                    - make_interval(secs => %(ttl)s)) AT TIME ZONE 'UTC'
             RETURNING token
             """
         )

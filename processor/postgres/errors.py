@@ -12,16 +12,47 @@ import psycopg
 
 from processor.errors import LockBusy, RecordDataError, Retryable, RuntimeFailure
 
-__all__ = ["translate", "unreachable"]
+__all__ = ["CITUS_COPY_ERROR", "citus_copy_sqlstate", "translate", "unreachable"]
 
 # Connection lost (08), operator intervention such as a shutdown (57P), a statement cancelled by
 # its timeout or an operator (57014), serialization failure and deadlock (40001, 40P01), lock
-# wait timed out (55P03), insufficient resources (53): the same work may succeed on a later
-# attempt.
-_RETRYABLE = ("08", "57P", "57014", "40001", "40P01", "55P03", "53")
+# wait timed out (55P03), insufficient resources (53), a Citus worker's failure whose class is
+# lost (57000, see citus_copy_sqlstate): the same work may succeed on a later attempt.
+_RETRYABLE = ("08", "57P", "57014", "57000", "40001", "40P01", "55P03", "53")
 # Data exception (22), integrity constraint violation (23), program limit exceeded (54): the
 # data of one write is refused; sending it again cannot help.
 _RECORD_DATA = ("22", "23", "54")
+
+
+# Citus writes the rows of an INSERT ... SELECT to its workers by COPY, and reports a worker's
+# refusal of them from this function under SQLSTATE XX000 with the worker's message: the
+# worker's SQLSTATE is lost (Citus 13, commands/multi_copy.c).
+CITUS_COPY_ERROR = "ReportCopyError"
+
+# The worker messages of the refusals a batch's rows can meet, by the SQLSTATE they had. The
+# messages are PostgreSQL's in English: a worker set to another lc_messages falls to retrying.
+_CITUS_COPY_REFUSALS = (
+    ("duplicate key value violates unique constraint", "23505"),
+    ("null value in column", "23502"),
+    ("new row for relation", "23514"),
+    ("index row size", "54000"),
+    ("index row requires", "54000"),
+    ("value too long for type", "22001"),
+    ("invalid byte sequence", "22021"),
+)
+
+
+def citus_copy_sqlstate(message: str) -> str:
+    """The SQLSTATE a worker's refusal had, read back from its message (see CITUS_COPY_ERROR).
+
+    A message not known here is taken as transient (57000, operator intervention): the write is
+    tried again and logged each time, where guessing "refused data" would dead-letter a batch's
+    records while a worker is failing, and "fatal" would restart the replica again and again.
+    """
+    for prefix, state in _CITUS_COPY_REFUSALS:
+        if message.startswith(prefix):
+            return state
+    return "57000"
 
 
 def unreachable(e: BaseException) -> str | None:
@@ -62,6 +93,8 @@ def translate(e: psycopg.Error) -> RuntimeFailure:
             return Retryable(f"database unavailable: {type(e).__name__}: {e}")
         return RuntimeFailure(f"database client error: {type(e).__name__}")
     primary = e.diag.message_primary or type(e).__name__
+    if state == "XX000" and e.diag.source_function == CITUS_COPY_ERROR:
+        state = citus_copy_sqlstate(primary)
     if state == "55P03":
         return LockBusy(f"rows busy ({state}): {primary}")
     if state.startswith(_RETRYABLE):

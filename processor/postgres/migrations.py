@@ -10,13 +10,13 @@ ones find the work done.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-__all__ = ["VERSION_COLUMNS", "apply_migrations"]
+__all__ = ["VERSION_COLUMNS", "apply_migrations", "split_statements"]
 
 VERSION_COLUMNS = "(version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
 """The columns of every version table."""
@@ -30,6 +30,7 @@ def apply_migrations(
     version_table: str,
     schema: str | None = None,
     search_path: str | None = None,
+    prepare: Callable[[psycopg.Connection[Any]], object] | None = None,
 ) -> int:
     """Applies the steps not yet recorded, in order, in one transaction.
 
@@ -40,6 +41,8 @@ def apply_migrations(
         version_table: The qualified name of the table that records the versions applied.
         schema: Created first when missing.
         search_path: A schema that unqualified names in the steps land in.
+        prepare: Called in the transaction once the schema exists, before any step (Citus
+            distributes the schema there, so that the steps' tables are created in it).
 
     Returns:
         The version the schema was at before this call.
@@ -56,12 +59,65 @@ def apply_migrations(
             ).fetchone()
             if exists is None:
                 conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        if prepare is not None:
+            prepare(conn)
         conn.execute(f"CREATE TABLE IF NOT EXISTS {version_table} {VERSION_COLUMNS}")
         row = conn.execute(f"SELECT coalesce(max(version), 0) FROM {version_table}").fetchone()
         current = int(row[0]) if row else 0
         if search_path is not None:
             conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(search_path)))
         for number, step in enumerate(steps[current:], start=current + 1):
-            conn.execute(step)
+            for statement in split_statements(step):
+                conn.execute(statement)
             conn.execute(f"INSERT INTO {version_table} (version) VALUES (%s)", (number,))
         return current
+
+
+def split_statements(step: str | bytes) -> list[str]:
+    """The statements of one migration step, each sent on its own.
+
+    Citus passes a DDL statement on to its workers as the text the client sent: a step sent
+    whole would reach them as several commands in one, which they refuse. Semicolons inside
+    quotes, dollar quotes and comments do not end a statement.
+    """
+    text = step.decode() if isinstance(step, bytes) else step
+    out: list[str] = []
+    start = i = 0
+    n = len(text)
+    while i < n:
+        c = text[i]
+        if c == "-" and text.startswith("--", i):
+            end = text.find("\n", i)
+            i = n if end < 0 else end + 1
+        elif c == "/" and text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            i = n if end < 0 else end + 2
+        elif c in "'\"":
+            end = text.find(c, i + 1)
+            while end >= 0 and text.startswith(c * 2, end):
+                end = text.find(c, end + 2)  # a doubled quote is one quote inside the string
+            i = n if end < 0 else end + 1
+        elif c == "$" and (tag := _dollar_tag(text, i)):
+            end = text.find(tag, i + len(tag))
+            i = n if end < 0 else end + len(tag)
+        elif c == ";":
+            out.append(text[start : i + 1])
+            start = i = i + 1
+        else:
+            i += 1
+    out.append(text[start:])
+    return [s for s in out if _has_code(s)]
+
+
+def _dollar_tag(text: str, i: int) -> str:
+    # "$$" or "$name$" opens a dollar-quoted string; "$1" is a parameter, not a quote.
+    end = text.find("$", i + 1)
+    if end < 0:
+        return ""
+    tag = text[i : end + 1]
+    return tag if tag[1:-1].replace("_", "a").isalnum() or tag == "$$" else ""
+
+
+def _has_code(statement: str) -> bool:
+    lines = (ln.split("--", 1)[0] for ln in statement.splitlines())
+    return any(ln.strip(" \t;") for ln in lines)

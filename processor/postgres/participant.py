@@ -132,10 +132,10 @@ class PostgresParticipantTx:
     def advance(self, group_id: str, topic: str, partition: int, next_offset: int) -> None:
         self._conn.execute(
             self._tables.render(
-                "INSERT INTO {offsets} AS o (group_id, topic, partition, next_offset) "
-                "VALUES (%s, %s, %s, %s) ON CONFLICT (group_id, topic, partition) DO UPDATE "
+                "INSERT INTO {offsets} AS o (group_id, topic, partition, next_offset, updated_at) "
+                "VALUES (%s, %s, %s, %s, now()) ON CONFLICT (group_id, topic, partition) DO UPDATE "
                 "SET next_offset = greatest(o.next_offset, excluded.next_offset), "
-                "updated_at = now()"
+                "updated_at = excluded.updated_at"
             ),
             (group_id, topic, partition, next_offset),
         )

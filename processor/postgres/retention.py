@@ -68,10 +68,10 @@ _SQL: dict[Purge, str] = {
             DELETE FROM {history} AS h USING gone AS g
              WHERE h.saga_type = g.saga_type AND h.saga_id = g.saga_id
         )
-        INSERT INTO {tombstone} AS t (saga_type, saga_id, ended_at)
-        SELECT saga_type, saga_id, ended_at FROM gone
+        INSERT INTO {tombstone} AS t (saga_type, saga_id, ended_at, purged_at)
+        SELECT saga_type, saga_id, ended_at, now() FROM gone
         ON CONFLICT (saga_type, saga_id) DO UPDATE
-           SET ended_at = excluded.ended_at, purged_at = now()
+           SET ended_at = excluded.ended_at, purged_at = excluded.purged_at
         """,
     # Applied rows are the message-id detector; they stay for the dedupe window (below).
     Purge.HISTORY: f"""

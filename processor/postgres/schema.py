@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 
+from processor.postgres.citus import Distributed, distribute_schema, use_citus
 from processor.postgres.migrations import VERSION_COLUMNS, apply_migrations
 
 
@@ -418,13 +419,27 @@ def sql_identifier(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def migrate(conn: psycopg.Connection[object], tables: Tables) -> int:
-    """Creates the schema and applies pending migrations; returns the version reached."""
+def migrate(
+    conn: psycopg.Connection[object], tables: Tables, distributed: Distributed = "auto"
+) -> int:
+    """Creates the schema and applies pending migrations; returns the version reached.
+
+    Args:
+        conn: The connection (not in a transaction).
+        tables: Where the processor's tables live.
+        distributed: Whether the schema is made a Citus distributed schema (see
+            :data:`processor.postgres.citus.Distributed`).
+
+    Raises:
+        CitusUnavailable: Citus was asked for and the database does not have it.
+    """
+    citus = use_citus(conn, distributed)
     apply_migrations(
         conn,
         [tables.render(ddl) for ddl in MIGRATIONS],
         lock=f"saga-migrate:{tables.schema}",
         version_table=tables.q("schema_version"),
         schema=tables.schema,
+        prepare=(lambda c: distribute_schema(c, tables.schema)) if citus else None,
     )
     return len(MIGRATIONS)

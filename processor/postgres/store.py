@@ -34,6 +34,7 @@ from processor.errors import ConcurrentUpdate, FencedOut
 from processor.postgres import batch_rows
 from processor.postgres import batch_sql as sql
 from processor.postgres.audit import encode_entries
+from processor.postgres.citus import distributed
 from processor.postgres.deadlines import LEASE_NAME
 from processor.postgres.held import Conn
 from processor.postgres.schema import Tables
@@ -101,6 +102,9 @@ class BatchStore:
         self._insert_audit = r(sql.INSERT_AUDIT)
         # The batch's combined write statements, by the parts a batch has (see _combine).
         self._combined: dict[tuple[bool, ...], str] = {}
+        # On Citus each part of a batch's write goes as a statement of its own (see write).
+        with conn.transaction():
+            self._separate = distributed(conn, tables.schema)
 
     # -- partitions --------------------------------------------------------------------------
 
@@ -239,7 +243,12 @@ class BatchStore:
             if offsets
             else []
         )
-        folded = bool(offsets) and not ws.deadline_clears and not ws.deadline_deletes
+        folded = (
+            bool(offsets)
+            and not ws.deadline_clears
+            and not ws.deadline_deletes
+            and not self._separate
+        )
         if offsets and not folded:
             committed = conn.execute(self._commit_offsets, fence)
             self._check_fence(offsets, committed.fetchall())
@@ -296,7 +305,9 @@ class BatchStore:
             wake_relay,
             wake_poller,
         )
-        if any(shape):
+        if self._separate:
+            self._write_apart(shape[1:], params, len(old))
+        elif any(shape):
             statement = self._combined.get(shape)
             if statement is None:
                 statement = self._combined[shape] = self._combine(*shape)
@@ -335,6 +346,32 @@ class BatchStore:
             self.insert_parked(ws.parked)
         if ws.audit:
             conn.execute(self._insert_audit, (encode_entries(ws.audit),))
+
+    def _write_apart(self, shape: tuple[bool, ...], params: list[Any], old: int) -> None:
+        """The combined statement's parts one after another, in its order, with its parameters.
+
+        For Citus: the coordinator runs each data-modifying CTE of a combined statement as a
+        plan of its own and sends every plan's result to every worker, so a batch would hold
+        open a transaction on each worker, not only on the one its schema lives on.
+        """
+        conn = self.conn
+        new, has_old, history, outbox, deadlines, wake_relay, wake_poller = shape
+        rest = iter(params)
+        parts = [
+            (self._insert_sagas, new, 1),
+            (self._update_sagas, has_old, 1),
+            (self._insert_history, history, 3),
+            (self._insert_outbox, outbox, 3),
+            (self._insert_deadlines, deadlines, 1),
+        ]
+        for statement, on, count in parts:
+            if not on:
+                continue
+            done = conn.execute(statement, [next(rest) for _ in range(count)])
+            if statement is self._update_sagas and done.rowcount != old:
+                raise ConcurrentUpdate(f"{old - done.rowcount} saga rows changed under the batch")
+        for _ in range(wake_relay + wake_poller):
+            conn.execute("SELECT pg_notify(%s, %s)", (next(rest), next(rest)))
 
     @staticmethod
     def _check_fence(offsets: Sequence[OffsetCommit], moved: Iterable[tuple[str, int]]) -> None:

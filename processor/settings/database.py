@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Literal
 
 from pydantic import BaseModel, SecretStr, field_validator
 
 from processor.settings.values import Duration, check_identifier
 
-__all__ = ["DatabaseSettings"]
+__all__ = ["DatabaseSettings", "Distributed"]
+
+Distributed = Literal["auto", "off", "citus"]
+"""``citus``: the database must have the citus extension, and the processor's schema is made a
+Citus distributed schema (processor/postgres/citus.py); ``off``: plain tables, on a Citus
+coordinator too; ``auto``: ``citus`` where the extension is installed in the database."""
 
 
 class DatabaseSettings(BaseModel):
@@ -22,5 +28,6 @@ class DatabaseSettings(BaseModel):
     # deadline poller, retention, growth watch, metrics samples); the server cancels it past
     # that and the loop tries again. Operator commands and migrations are not bounded by it.
     statement_timeout: Duration = timedelta(seconds=60)
+    distributed: Distributed = "auto"
 
     _check_schema = field_validator("schema_name")(classmethod(lambda cls, v: check_identifier(v)))

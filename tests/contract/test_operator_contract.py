@@ -35,6 +35,7 @@ from processor.ports import (
     SetAside,
 )
 from tests.contract import BACKENDS
+from tests.support.clocks import moved_back
 
 
 @dataclass
@@ -122,7 +123,7 @@ def _postgres(request: pytest.FixtureRequest) -> Iterator[Operator]:
             ]  # fmt: skip
 
         def age_audit(by: timedelta) -> None:
-            admin.execute(tables.render("UPDATE {audit} SET at = at - %s"), (by,))
+            admin.execute(tables.render(f"UPDATE {{audit}} SET at = {moved_back('at')}"), (by,))
 
         def take_over(tps: list[TP]) -> dict[TP, int]:
             with connect(database_url) as conn:

@@ -44,7 +44,7 @@ from processor.ports import (
     SetAside,
 )
 from tests.contract import BACKENDS, postgres_args
-from tests.support.clocks import Offset
+from tests.support.clocks import Offset, moved_back
 
 SAGA = "retained"
 HOUR = timedelta(hours=1)
@@ -155,7 +155,8 @@ class PostgresBackend:
         ):
             self.admin.execute(
                 self.tables.render(
-                    f"UPDATE {{{table}}} SET {column} = {column} - %s WHERE {column} IS NOT NULL"
+                    f"UPDATE {{{table}}} SET {column} = {moved_back(column)}"
+                    f" WHERE {column} IS NOT NULL"
                 ),
                 (by,),
             )

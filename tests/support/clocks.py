@@ -13,3 +13,12 @@ class Offset:
 
     def now(self) -> datetime:
         return datetime.now(UTC) + self.ahead
+
+
+def moved_back(column: str) -> str:
+    """SQL for ``column`` moved back by the interval parameter ``%s``, for aging stored rows.
+
+    Through UTC: a timestamptz minus an interval depends on the session's time zone, so it is not
+    immutable, and Citus refuses a function that is not in an UPDATE of a column's own value.
+    """
+    return f"(({column} AT TIME ZONE 'UTC') - %s) AT TIME ZONE 'UTC'"

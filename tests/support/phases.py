@@ -5,7 +5,28 @@ from __future__ import annotations
 import pytest
 
 PHASE = "SAGA_TEST_PHASE"
-"""``parallel`` or ``serial``: which half of the suite a pytest process runs."""
+"""``parallel``, ``serial`` or ``citus``: which part of the suite a pytest process runs."""
+
+CITUS_TESTS = (
+    "tests/contract",
+    "tests/citus",
+    "tests/e2e/test_crash_recovery.py",
+    "tests/e2e/test_fencing.py",
+    "tests/e2e/test_deadline_failover.py",
+    "tests/e2e/test_ordering.py",
+    "tests/e2e/test_relay_handover.py",
+)
+"""What the ``citus`` phase runs against a Citus coordinator: the contract suites' PostgreSQL
+cases, the Citus tests, and the end-to-end tests of exactly-once effects under crashes."""
+
+
+def kept(item: pytest.Item, phase: str) -> bool:
+    """Whether ``item`` runs in ``phase`` of a split run."""
+    citus = item.get_closest_marker("citus") is not None
+    if phase == "citus":
+        # The in-memory side of a contract suite has run already; it has no database.
+        return "[memory" not in item.nodeid
+    return not citus and alone(item) == (phase == "serial")
 
 
 def alone(item: pytest.Item) -> bool:

@@ -7,7 +7,7 @@ import pytest
 from psycopg import errors
 
 from processor.errors import Failure, RecordDataError
-from processor.postgres.errors import translate
+from processor.postgres.errors import citus_copy_sqlstate, translate
 
 
 @pytest.mark.parametrize(
@@ -42,3 +42,36 @@ def test_record_data_keeps_the_sqlstate_and_not_the_full_text() -> None:
 def test_client_side_connection_errors_are_retryable() -> None:
     assert translate(psycopg.OperationalError("connection failed")).kind is Failure.RETRYABLE
     assert translate(psycopg.InterfaceError("cursor already closed")).kind is Failure.FATAL
+
+
+@pytest.mark.parametrize(
+    ("message", "sqlstate", "kind"),
+    [
+        (
+            'duplicate key value violates unique constraint "saga_instance_pkey_102"',
+            "23505",
+            Failure.RECORD_DATA,
+        ),
+        (
+            "index row size 2720 exceeds btree version 4 maximum 2704 for index",
+            "54000",
+            Failure.RECORD_DATA,
+        ),
+        (
+            'null value in column "saga_id" of relation "outbox_102" violates',
+            "23502",
+            Failure.RECORD_DATA,
+        ),
+        ("canceling statement due to statement timeout", "57000", Failure.RETRYABLE),
+        ("could not extend file: No space left on device", "57000", Failure.RETRYABLE),
+        ("terminating connection due to administrator command", "57000", Failure.RETRYABLE),
+    ],
+)
+def test_a_citus_worker_refusal_gets_its_class_back_from_its_message(
+    message: str, sqlstate: str, kind: Failure
+) -> None:
+    # Citus reports a worker's refusal of copied rows as XX000 with the worker's message: a
+    # duplicate must be refused data (isolated, dead-lettered), not a fatal error that restarts
+    # the replica on the same batch again and again; anything unknown is tried again.
+    assert citus_copy_sqlstate(message) == sqlstate
+    assert translate(errors.lookup(sqlstate)(message)).kind is kind

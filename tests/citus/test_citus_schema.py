@@ -1,0 +1,181 @@
+"""The processor's schema on Citus: one distributed schema, every statement on its worker.
+
+A batch is a transaction on the worker that holds the schema alone: the coordinator sends every
+statement of it there and commits it there (seen in the remote commands Citus logs).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from processor.engine.records import OffsetCommit, OutboxRow
+from processor.engine.rows import HistoryRow, Outcome, SagaStatus, SagaWrite, Wants, WriteSet
+from processor.postgres import batch_sql
+from processor.postgres.batch import PostgresBatchStore
+from processor.postgres.citus import placement
+from processor.postgres.connect import connect
+from processor.postgres.schema import MIGRATIONS, Tables, migrate
+
+pytestmark = pytest.mark.integration
+
+SAGA = "citus-saga"
+
+
+@pytest.fixture
+def schema(citus_url: str) -> Iterator[str]:
+    name = f"t_citus_{uuid.uuid4().hex[:8]}"
+    yield name
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+def tables_of(conn: psycopg.Connection[Any], schema: str) -> dict[str, tuple[str, int]]:
+    """Each table of ``schema`` that Citus knows: its kind and its co-location group."""
+    rows = conn.execute(
+        "SELECT table_name::text, citus_table_type, colocation_id FROM citus_tables"
+        " WHERE table_name::text LIKE %s",
+        (f"{schema}.%",),
+    ).fetchall()
+    return {name.split(".", 1)[1]: (kind, int(group)) for name, kind, group in rows}
+
+
+def write_batch(store: PostgresBatchStore, n: int, expected: int | None) -> None:
+    sid = f"s{n}"
+    store.write(
+        WriteSet(
+            sagas=[SagaWrite(SAGA, sid, {"n": n}, SagaStatus.ACTIVE, 1, None, None)],
+            history=[
+                HistoryRow(SAGA, sid, f"m{n}", "Started", "event", Outcome.APPLIED, 1, "in", 0, n)
+            ],
+            outbox=[OutboxRow(SAGA, sid, "out", b"k", {}, b"v", None, ("in", 0))],
+        ),
+        [OffsetCommit("in", 0, n + 1, expected, 1)],
+    )
+
+
+def test_every_table_of_the_schema_is_in_one_shard_group_on_a_worker(
+    citus_url: str, schema: str
+) -> None:
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        assert migrate(conn, Tables(schema)) == len(MIGRATIONS)
+        found = tables_of(conn, schema)
+        worker = placement(conn, schema)
+        coordinator = conn.execute(
+            "SELECT nodename, nodeport FROM pg_dist_node WHERE groupid = 0"
+        ).fetchone()
+
+    assert set(found) >= {
+        "saga_instance", "saga_history", "outbox", "failed_outbox", "saga_deadline",
+        "saga_deadline_lock", "consumer_offset", "dead_letter", "parked_message",
+        "saga_tombstone", "partition_count", "partition_growth", "operator_audit",
+        "schema_version",
+    }  # fmt: skip
+    assert {kind for kind, _ in found.values()} == {"schema"}
+    assert len({group for _, group in found.values()}) == 1
+    assert worker is not None
+    assert coordinator is not None
+    assert worker != (coordinator[0], int(coordinator[1]))
+
+
+def test_a_batch_is_one_transaction_on_the_schemas_worker_alone(
+    citus_url: str, schema: str
+) -> None:
+    tables = Tables(schema)
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        migrate(conn, tables)
+        worker = placement(conn, schema)
+    assert worker is not None
+    remote: list[tuple[str, str]] = []
+
+    def logged(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+        # Citus logs each command it sends to a node, and on which node, as a LOG message.
+        conn.execute("SET citus.log_remote_commands = on")
+        conn.execute("SET client_min_messages = log")
+        conn.commit()
+        conn.add_notice_handler(
+            lambda d: remote.append((d.message_primary or "", d.message_detail or ""))
+        )
+        return conn
+
+    store = PostgresBatchStore(lambda: logged(connect(citus_url)), tables, "citus-group")
+    try:
+        store.claim([("in", 0)], "r0")
+        remote.clear()
+        write_batch(store, 0, None)
+        store.load(Wants({(SAGA, "s0")}, set(), set()))
+    finally:
+        store.close()
+
+    nodes = {
+        m.group(1) for _, detail in remote if (m := re.search(r"on server \S+@(\S+?) ", detail))
+    }
+    commands = [message for message, _ in remote]
+    assert nodes == {f"{worker[0]}:{worker[1]}"}, remote
+    assert any("saga_instance" in c for c in commands), commands
+    # Citus commits rows it copied to a worker in two phases, even on one worker: prepared
+    # and committed there, and nowhere else.
+    assert any(c.startswith("issuing COMMIT PREPARED") or c == "issuing COMMIT" for c in commands)
+
+
+def test_the_hot_statements_are_router_plans_on_the_schemas_worker(
+    citus_url: str, schema: str
+) -> None:
+    tables = Tables(schema)
+    keys = json.dumps([[SAGA, "s1"]])
+    cases: list[tuple[str, list[Any]]] = [
+        (batch_sql.LOAD_SAGAS, [keys]),
+        (batch_sql.LOAD_APPLIED, [json.dumps([[SAGA, "s1", "m1"]])]),
+        (batch_sql.UPDATE_SAGAS, [json.dumps([[SAGA, "s1", {}, "active", 2, None, 1, None, 1]])]),
+        (batch_sql.CLEAR_DEADLINES, [keys]),
+    ]
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        migrate(conn, tables)
+        worker = placement(conn, schema)
+        assert worker is not None
+        for template, params in cases:
+            plan = conn.execute("EXPLAIN (FORMAT JSON) " + tables.render(template), params)
+            row = plan.fetchone()
+            assert row is not None
+            job = row[0][0]["Plan"]["Distributed Query"]["Job"]
+            assert job["Task Count"] == 1, template
+            assert job["Tasks"][0]["Node"].startswith(f"host={worker[0]} port={worker[1]} "), (
+                template
+            )
+
+
+def test_a_schema_from_one_postgresql_is_distributed_with_its_rows(
+    citus_url: str, schema: str
+) -> None:
+    # A processor moving to Citus: its tables were made as plain ones (distributed "off"), and
+    # the next start with Citus distributes the schema, rows and positions included.
+    tables = Tables(schema)
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        migrate(conn, tables, "off")
+        assert tables_of(conn, schema) == {}
+    store = PostgresBatchStore(lambda: connect(citus_url), tables, "citus-group")
+    try:
+        store.claim([("in", 0)], "r0")
+        write_batch(store, 0, None)
+    finally:
+        store.close()
+
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        migrate(conn, tables, "citus")
+        assert {kind for kind, _ in tables_of(conn, schema).values()} == {"schema"}
+    store = PostgresBatchStore(lambda: connect(citus_url), tables, "citus-group")
+    try:
+        # The stored position holds across the move: the next batch's compare-and-set passes.
+        assert store.read_offsets([("in", 0)]) == {("in", 0): (1, 1)}
+        write_batch(store, 1, 1)
+        loaded = store.load(Wants({(SAGA, "s0"), (SAGA, "s1")}, set(), set()))
+    finally:
+        store.close()
+    assert set(loaded.sagas) == {(SAGA, "s0"), (SAGA, "s1")}
