@@ -275,11 +275,14 @@ def test_every_saga_ends_and_money_is_conserved_across_postgres_and_broker_resta
         )
         stack.up("postgres")
         mark = len(load.published)
-        wait_until(
-            lambda: world.ended() >= mark,
-            timeout=180,
-            what=f"{mark} sagas ended after the PostgreSQL restart",
-        )
+        try:
+            wait_until(
+                lambda: world.ended() >= mark,
+                timeout=180,
+                what=f"{mark} sagas ended after the PostgreSQL restart",
+            )
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{world.report(load, service)}") from None
         assert all(p.alive() for p in replicas), "a replica exited after the PostgreSQL restart"
 
         # The broker restarts with requests, commands and replies in flight.
