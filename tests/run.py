@@ -170,7 +170,8 @@ def run_split(args: Sequence[str], env: dict[str, str]) -> int:
 
 
 def run_citus(args: Sequence[str], env: dict[str, str]) -> int:
-    """3. The Citus tests (:data:`CITUS_TESTS`) against a Citus coordinator, one at a time.
+    """3. The Citus tests (:data:`CITUS_TESTS`) against a Citus coordinator: the contract and
+    Citus tests on the workers, then the end-to-end ones alone.
 
     Citus is not in Debian's packages: on a machine without it the phase says how many tests it
     skipped and why, and passes.
@@ -180,11 +181,20 @@ def run_citus(args: Sequence[str], env: dict[str, str]) -> int:
             count = collected([*CITUS_TESTS, *args], {**env, PHASE: "citus"})
             _echo(f"citus phase: skipped {count} tests: {citus.reason}")
             return NO_TESTS
-        _echo("citus phase")
-        started = time.monotonic()
-        code = run_pytest([*CITUS_TESTS, *args], {**env, ENV_DATABASE: citus.url, PHASE: "citus"})
-        _echo(f"citus phase: exit {code} after {time.monotonic() - started:.0f} s")
-        return code
+        env = {**env, ENV_DATABASE: citus.url, PHASE: "citus"}
+        codes = []
+        # As the first two phases: the contract and Citus tests on the workers, then the
+        # end-to-end ones alone.
+        for part, extra in (
+            ("", ["-n", WORKERS, "--dist", "loadfile", "-m", "not e2e"]),
+            (" (end-to-end)", ["-m", "e2e"]),
+        ):
+            _echo(f"citus phase{part}")
+            started = time.monotonic()
+            code = run_pytest([*extra, *CITUS_TESTS, *args], env)
+            _echo(f"citus phase{part}: exit {code} after {time.monotonic() - started:.0f} s")
+            codes.append(code)
+        return next((c for c in codes if c not in (0, NO_TESTS)), 0)
 
 
 def collected(args: Sequence[str], env: dict[str, str]) -> int:

@@ -31,6 +31,7 @@ def apply_migrations(
     schema: str | None = None,
     search_path: str | None = None,
     prepare: Callable[[psycopg.Connection[Any]], object] | None = None,
+    split: bool = False,
 ) -> int:
     """Applies the steps not yet recorded, in order, in one transaction.
 
@@ -43,6 +44,8 @@ def apply_migrations(
         search_path: A schema that unqualified names in the steps land in.
         prepare: Called in the transaction once the schema exists, before any step (Citus
             distributes the schema there, so that the steps' tables are created in it).
+        split: Send each statement of a step on its own (:func:`split_statements`), as Citus
+            needs for the DDL it passes on to its workers.
 
     Returns:
         The version the schema was at before this call.
@@ -67,7 +70,7 @@ def apply_migrations(
         if search_path is not None:
             conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(search_path)))
         for number, step in enumerate(steps[current:], start=current + 1):
-            for statement in split_statements(step):
+            for statement in split_statements(step) if split else [step]:
                 conn.execute(statement)
             conn.execute(f"INSERT INTO {version_table} (version) VALUES (%s)", (number,))
         return current

@@ -441,5 +441,6 @@ def migrate(
         version_table=tables.q("schema_version"),
         schema=tables.schema,
         prepare=(lambda c: distribute_schema(c, tables.schema)) if citus else None,
+        split=citus,
     )
     return len(MIGRATIONS)
