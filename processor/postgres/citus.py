@@ -14,11 +14,15 @@ and reports a worker's refusal of copied rows without its SQLSTATE
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import psycopg
 
+from processor.errors import ConfigurationError
 from processor.settings.database import Distributed
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "CitusUnavailable",
@@ -30,8 +34,11 @@ __all__ = [
 ]
 
 
-class CitusUnavailable(RuntimeError):
-    """Citus was asked for and the database does not have it."""
+class CitusUnavailable(ConfigurationError):
+    """Citus was asked for and the database does not have it: the process does not start."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__([problem])
 
 
 def installed(conn: psycopg.Connection[Any]) -> str | None:
@@ -54,14 +61,27 @@ def use_citus(conn: psycopg.Connection[Any], setting: Distributed) -> bool:
     return False
 
 
-def distribute_schema(conn: psycopg.Connection[Any], schema: str) -> bool:
-    """Makes ``schema`` a distributed schema, in the caller's transaction; True if it was not.
+def distribute_schema(conn: psycopg.Connection[Any], schema: str, *, move: bool) -> bool:
+    """Makes ``schema`` a distributed schema, in the caller's transaction; True if it does.
 
     An empty schema only gets its shard group: tables created in it later join it. A schema
     with tables (a processor moving from one PostgreSQL to Citus) has them moved to a worker,
-    rows included, under locks that stop the processor's writes meanwhile.
+    rows included, under locks that stop the processor's writes meanwhile: only with ``move``
+    (``SAGA_DATABASE__DISTRIBUTED=citus``), never as a side effect of ``auto``.
     """
     if distributed(conn, schema):
+        return False
+    tables = conn.execute(
+        "SELECT count(*) FROM pg_class WHERE relnamespace = to_regnamespace(%s)"
+        " AND relkind IN ('r', 'p')",
+        (schema,),
+    ).fetchone()
+    if tables and tables[0] and not move:
+        log.warning(
+            "schema %s holds plain tables on a Citus coordinator: they stay where they are; "
+            "SAGA_DATABASE__DISTRIBUTED=citus moves them to a worker (docs/scaling.md)",
+            schema,
+        )
         return False
     conn.execute("SELECT citus_schema_distribute(to_regnamespace(%s))", (schema,))
     return True

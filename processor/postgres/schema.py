@@ -440,7 +440,11 @@ def migrate(
         lock=f"saga-migrate:{tables.schema}",
         version_table=tables.q("schema_version"),
         schema=tables.schema,
-        prepare=(lambda c: distribute_schema(c, tables.schema)) if citus else None,
+        prepare=(
+            (lambda c: distribute_schema(c, tables.schema, move=distributed == "citus"))
+            if citus
+            else None
+        ),
         split=citus,
     )
     return len(MIGRATIONS)

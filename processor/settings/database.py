@@ -13,8 +13,9 @@ __all__ = ["DatabaseSettings", "Distributed"]
 
 Distributed = Literal["auto", "off", "citus"]
 """``citus``: the database must have the citus extension, and the processor's schema is made a
-Citus distributed schema (processor/postgres/citus.py); ``off``: plain tables, on a Citus
-coordinator too; ``auto``: ``citus`` where the extension is installed in the database."""
+Citus distributed schema (processor/postgres/citus.py), its tables moved to a worker if they were
+plain; ``off``: plain tables, on a Citus coordinator too; ``auto``: a new schema is distributed
+where the database has the extension, and an existing plain one stays as it is."""
 
 
 class DatabaseSettings(BaseModel):

@@ -179,3 +179,14 @@ def test_a_schema_from_one_postgresql_is_distributed_with_its_rows(
     finally:
         store.close()
     assert set(loaded.sagas) == {(SAGA, "s0"), (SAGA, "s1")}
+
+
+def test_auto_leaves_a_schema_of_plain_tables_where_it_is(citus_url: str, schema: str) -> None:
+    # Moving a processor's rows to a worker holds its writes for the copy: never a side effect
+    # of the default, only when asked for ("citus").
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        migrate(conn, Tables(schema), "off")
+        migrate(conn, Tables(schema), "auto")
+        assert tables_of(conn, schema) == {}
+        migrate(conn, Tables(schema), "citus")
+        assert {kind for kind, _ in tables_of(conn, schema).values()} == {"schema"}
