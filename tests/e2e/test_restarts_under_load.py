@@ -145,11 +145,13 @@ class World:
         try:
             # The accounts service's own stored positions: behind the log ends, it stopped
             # reading; at them with commands unhandled, it skipped some.
+            schema = f'"accounts_{self.prefix.rstrip(".")}"'
             stored = self.db(
-                "SELECT partition, next_offset, owner FROM demo_accounts.consumer_offset"
+                f"SELECT partition, next_offset, owner FROM {schema}.consumer_offset"
                 " ORDER BY partition"
             )
-            lines.append(f"accounts positions {stored}")
+            replies = self.db(f"SELECT count(*) FROM {schema}.outbox")
+            lines.append(f"accounts positions {stored}; replies waiting in its outbox {replies}")
         except Exception as e:
             lines.append(f"accounts positions unreadable: {e!r}")
         for p in self.procs:
