@@ -83,6 +83,10 @@ def provide(echo: Callable[[str], None] = print, *, keep: bool = False) -> Itera
         yield Services(kafka_bootstrap=kafka, database_url=database, restart_kafka=restart)
 
 
+# Every process of a test run carries this variable (tests/run.py ends the ones left behind).
+# Not a SAGA_* name: some tests start processes with the SAGA_* variables removed.
+TEST_RUN_MARK = "PROCESSOR_TEST_RUN"
+
 ENV_CITUS = "SAGA_TEST_CITUS_URL"
 CITUS = DEPLOY / "citus.sh"
 # `citus.sh status` exit codes: running, stopped, and Citus not installed in PostgreSQL.
@@ -239,7 +243,11 @@ def _running(service: str) -> bool:
 
 def _restart_local_kafka() -> None:
     subprocess.run([str(DEPLOY / "kafka.sh"), "down"], check=True)
-    subprocess.run([str(DEPLOY / "kafka.sh"), "up"], check=True)
+    # The broker belongs to whoever started the stack, not to the test that restarts it: it
+    # must not carry the test run's mark, or the run would end it with the test's processes
+    # (tests/run.py), and the phases after that one would find no broker.
+    env = {k: v for k, v in os.environ.items() if k != TEST_RUN_MARK}
+    subprocess.run([str(DEPLOY / "kafka.sh"), "up"], check=True, env=env)
 
 
 def _run(command: list[str], echo: Callable[[str], None], *, check: bool = True) -> None:

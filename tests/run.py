@@ -28,13 +28,20 @@ import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from devstack import ENV_ALLOW_RESTART, ENV_DATABASE, ENV_KAFKA, cache_dir, provide, provide_citus
+from devstack import (
+    ENV_ALLOW_RESTART,
+    ENV_DATABASE,
+    ENV_KAFKA,
+    TEST_RUN_MARK,
+    cache_dir,
+    provide,
+    provide_citus,
+)
 from tests.support.hang_watchdog import CURRENT_FILE
 from tests.support.phases import CITUS_TESTS, PHASE
 from tests.support.procs import alive
 
-# Not a SAGA_* name: some tests start processes with the SAGA_* variables removed.
-MARK = "PROCESSOR_TEST_RUN"
+MARK = TEST_RUN_MARK
 # Workers of the parallel phase of a split run (``--split``); the machines CI runs on have two
 # cores, and the tests of that phase mostly wait.
 WORKERS = os.environ.get("SAGA_TEST_WORKERS", "2")
