@@ -126,6 +126,7 @@ class SagaConsumer:
         self._ends: dict[TP, int] = {}
         # Seeks the client refused, by partition: tried again before each read (see seek).
         self._reseek: dict[TP, int | None] = {}
+        self._refusals: dict[TP, int] = {}
         self._consumer = Consumer(conf)
         self.rejoin()
 
@@ -164,6 +165,7 @@ class SagaConsumer:
             # the partition: the worker would store that end as read while the records before
             # it are not (a replica given back its partitions read on, to their ends).
             self._reseek.pop(tp, None)
+            self._refusals.pop(tp, None)
             self._ends.pop(tp, None)
         if tps:
             self._on_revoke(tps)
@@ -206,6 +208,7 @@ class SagaConsumer:
         """
         self._ends.pop(tp, None)
         self._reseek.pop(tp, None)
+        self._refusals.pop(tp, None)
         try:
             self._consumer.seek(TopicPartition(tp[0], tp[1], _start(offset)))
         except KafkaException as e:
@@ -220,9 +223,12 @@ class SagaConsumer:
             try:
                 self._consumer.seek(TopicPartition(tp[0], tp[1], _start(offset)))
             except KafkaException as e:
-                log.warning("seek of %s to %s refused again: %s", tp, offset, e)
+                tries = self._refusals[tp] = self._refusals.get(tp, 0) + 1
+                if str(tries).strip("0") == "1":  # 1, 10, 100, ...: a read every poll
+                    log.warning("seek of %s to %s refused %d times: %s", tp, offset, tries, e)
                 continue
             del self._reseek[tp]
+            self._refusals.pop(tp, None)
         return set(self._reseek)
 
     def pause(self, tps: Sequence[TP]) -> None:
