@@ -30,6 +30,7 @@ from processor.ports.engine import TP
 from processor.postgres import cluster
 from processor.postgres.batch import PostgresBatchStore
 from processor.postgres.check import PostgresCheckSource
+from processor.postgres.citus import use_citus, will_distribute
 from processor.postgres.connect import connect
 from processor.postgres.connect import ensure_schema as migrate_to_latest
 from processor.postgres.deadlines import PostgresDeadlineStore
@@ -238,9 +239,12 @@ class Adapters:
 
     def pending_migrations(self) -> tuple[int, str]:
         """The live schema's version and the DDL that would bring it to :attr:`schema_version`."""
+        setting = self.settings.database.distributed
         with connect(self._url, application_name="saga-processor-migrate", autocommit=True) as c:
             current = current_version(c, self.tables)
-        return current, pending_sql(current, self.tables)
+            citus = use_citus(c, setting)
+            distribute = citus and will_distribute(c, self.tables.schema, move=setting == "citus")
+        return current, pending_sql(current, self.tables, distribute=distribute)
 
     def cluster_view(self) -> ClusterView:
         """Replicas, partitions and owners, the deadline lease and the relay's backlog."""

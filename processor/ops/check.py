@@ -11,6 +11,9 @@ Run with the new code before it processes anything (a CI/CD step or a Kubernetes
 - a topic the sagas read or write that does not exist, or whose partition count differs from
   the partitions the consumer group stored offsets for (keys would hash elsewhere);
 - a schema that is not at the migration this code expects.
+
+On a Citus cluster it notes where the schema's tables are (which worker, or still on the
+coordinator).
 """
 
 from __future__ import annotations
@@ -130,6 +133,9 @@ def run_check(
     """
     report = CheckReport()
     _schema(report, source.schema_version(), expected_schema)
+    where = source.distribution()
+    if where is not None:
+        report.notes.append(where)
     _states(report, source.unended_sagas(), sagas)
     _deadlines(report, source.pending_deadlines(), sagas)
     _parked(report, source.parked_messages(), sagas, registry)

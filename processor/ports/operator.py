@@ -212,6 +212,10 @@ class CheckSource(Protocol):
         """Partitions per topic with stored offsets for ``group_id``."""
         ...
 
+    def distribution(self) -> str | None:
+        """Where the tables live on a Citus cluster, in words; None on a plain PostgreSQL."""
+        ...
+
 
 class ResumeStore(ParkedStore, OperatorStore, Protocol):
     """Lists parked sagas and retries them (the PostgreSQL `OperatorQueries` does both)."""

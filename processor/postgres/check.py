@@ -8,6 +8,7 @@ from typing import Any
 import psycopg
 
 from processor.ports.operator import StoredSaga
+from processor.postgres.citus import distributed, installed, placement
 from processor.postgres.schema import Tables, current_version
 from processor.wire import HEADER_MESSAGE_TYPE, HEADER_SCHEMA_VERSION
 
@@ -86,3 +87,20 @@ class PostgresCheckSource:
         for topic, partition in rows:
             out.setdefault(topic, set()).add(int(partition))
         return out
+
+    def distribution(self) -> str | None:
+        """Where the tables live on a Citus cluster, in words; None on a plain PostgreSQL."""
+        schema = self.tables.schema
+        with self.conn.transaction():
+            version = installed(self.conn)
+            if version is None:
+                return None
+            if not distributed(self.conn, schema):
+                return (
+                    f"schema {schema!r} holds plain tables on a Citus {version} coordinator: "
+                    "every batch runs there; SAGA_DATABASE__DISTRIBUTED=citus moves them to a "
+                    "worker (docs/scaling.md)"
+                )
+            where = placement(self.conn, schema)
+        node = f"{where[0]}:{where[1]}" if where else "no worker yet (no table)"
+        return f"schema {schema!r} is a Citus {version} distributed schema on {node}"

@@ -25,12 +25,14 @@ from processor.settings.database import Distributed
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "DISTRIBUTE",
     "CitusUnavailable",
     "Distributed",
     "distribute_schema",
     "distributed",
     "placement",
     "use_citus",
+    "will_distribute",
 ]
 
 
@@ -69,6 +71,27 @@ def distribute_schema(conn: psycopg.Connection[Any], schema: str, *, move: bool)
     rows included, under locks that stop the processor's writes meanwhile: only with ``move``
     (``SAGA_DATABASE__DISTRIBUTED=citus``), never as a side effect of ``auto``.
     """
+    if not will_distribute(conn, schema, move=move, warn=True):
+        return False
+    conn.execute(DISTRIBUTE, (schema,))
+    return True
+
+
+DISTRIBUTE = "SELECT citus_schema_distribute(to_regnamespace(%s))"
+"""The statement that makes a schema distributed (the schema's name as its parameter)."""
+
+
+def will_distribute(
+    conn: psycopg.Connection[Any], schema: str, *, move: bool, warn: bool = False
+) -> bool:
+    """Whether :func:`distribute_schema` would distribute ``schema`` now (see there).
+
+    Args:
+        conn: A connection to the coordinator.
+        schema: The processor's schema.
+        move: Plain tables already in the schema are to be moved (the ``citus`` setting).
+        warn: Log that plain tables stay where they are, when that is the reason for no.
+    """
     if distributed(conn, schema):
         return False
     tables = conn.execute(
@@ -77,13 +100,14 @@ def distribute_schema(conn: psycopg.Connection[Any], schema: str, *, move: bool)
         (schema,),
     ).fetchone()
     if tables and tables[0] and not move:
-        log.warning(
-            "schema %s holds plain tables on a Citus coordinator: they stay where they are; "
-            "SAGA_DATABASE__DISTRIBUTED=citus moves them to a worker (docs/scaling.md)",
-            schema,
-        )
+        if warn:
+            log.warning(
+                "schema %s holds plain tables on a Citus coordinator: they stay where they "
+                "are; SAGA_DATABASE__DISTRIBUTED=citus moves them to a worker "
+                "(docs/scaling.md)",
+                schema,
+            )
         return False
-    conn.execute("SELECT citus_schema_distribute(to_regnamespace(%s))", (schema,))
     return True
 
 

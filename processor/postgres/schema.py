@@ -398,15 +398,28 @@ def current_version(conn: psycopg.Connection[Any], tables: Tables) -> int:
     return int(row[0]) if row else 0
 
 
-def pending_sql(current: int, tables: Tables) -> str:
+def pending_sql(current: int, tables: Tables, *, distribute: bool = False) -> str:
     """The DDL `migrate` would run on a schema at migration ``current``, for review.
 
     The statements are those `migrate` runs, in order, each followed by the version row it
     records; `migrate` also takes an advisory lock and runs them in one transaction.
+
+    Args:
+        current: The migration the live schema is at (0: none).
+        tables: Where the processor's tables live.
+        distribute: `migrate` would make the schema a Citus distributed schema first
+            (:func:`processor.postgres.citus.will_distribute`).
     """
     parts: list[str] = []
     if current == 0:
         parts.append(f"CREATE SCHEMA IF NOT EXISTS {sql_identifier(tables.schema)};")
+    if distribute:
+        literal = "'" + sql_identifier(tables.schema).replace("'", "''") + "'"
+        parts.append(
+            "-- Citus: the schema's tables, these and those to come, in one shard group on a "
+            f"worker\nSELECT citus_schema_distribute({literal}::regnamespace);"
+        )
+    if current == 0:
         parts.append(f"CREATE TABLE IF NOT EXISTS {tables.q('schema_version')} {VERSION_COLUMNS};")
     for number, ddl in enumerate(MIGRATIONS[current:], start=current + 1):
         parts.append(f"-- migration {number}\n" + textwrap.dedent(tables.render(ddl)).strip())

@@ -20,9 +20,11 @@ from processor.engine.records import OffsetCommit, OutboxRow
 from processor.engine.rows import HistoryRow, Outcome, SagaStatus, SagaWrite, Wants, WriteSet
 from processor.postgres import batch_sql
 from processor.postgres.batch import PostgresBatchStore
-from processor.postgres.citus import placement
+from processor.postgres.check import PostgresCheckSource
+from processor.postgres.citus import placement, will_distribute
 from processor.postgres.connect import connect
-from processor.postgres.schema import MIGRATIONS, Tables, migrate
+from processor.postgres.migrations import split_statements
+from processor.postgres.schema import MIGRATIONS, Tables, migrate, pending_sql
 
 pytestmark = pytest.mark.integration
 
@@ -190,3 +192,40 @@ def test_auto_leaves_a_schema_of_plain_tables_where_it_is(citus_url: str, schema
         assert tables_of(conn, schema) == {}
         migrate(conn, Tables(schema), "citus")
         assert {kind for kind, _ in tables_of(conn, schema).values()} == {"schema"}
+
+
+def test_the_reviewed_ddl_distributes_the_schema_and_check_names_its_worker(
+    citus_url: str, schema: str
+) -> None:
+    # `migrate --sql` prints what `migrate` would run, distribution included; a DBA who applies
+    # it by hand (a statement at a time, as psql sends them) gets the same distributed schema.
+    tables = Tables(schema)
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        assert will_distribute(conn, schema, move=False)
+        ddl = pending_sql(0, tables, distribute=True)
+        assert "citus_schema_distribute" in ddl
+        with conn.transaction():
+            for statement in split_statements(ddl):
+                conn.execute(statement)
+        assert {kind for kind, _ in tables_of(conn, schema).values()} == {"schema"}
+        assert not will_distribute(conn, schema, move=True)
+        worker = placement(conn, schema)
+        assert worker is not None
+        where = PostgresCheckSource(conn, tables).distribution()
+    assert where is not None
+    assert f"distributed schema on {worker[0]}:{worker[1]}" in where
+
+
+def test_check_says_a_schema_of_plain_tables_stays_on_the_coordinator(
+    citus_url: str, schema: str
+) -> None:
+    tables = Tables(schema)
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        migrate(conn, tables, "off")
+        # `auto` leaves it (see above); `citus` would move it, and its reviewed DDL says so.
+        assert not will_distribute(conn, schema, move=False)
+        assert will_distribute(conn, schema, move=True)
+        where = PostgresCheckSource(conn, tables).distribution()
+    assert where is not None
+    assert "plain tables on a Citus" in where
+    assert "SAGA_DATABASE__DISTRIBUTED=citus" in where

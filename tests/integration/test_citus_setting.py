@@ -9,6 +9,7 @@ import sys
 import psycopg
 import pytest
 
+from processor.postgres.check import PostgresCheckSource
 from processor.postgres.citus import CitusUnavailable
 from processor.postgres.schema import MIGRATIONS, Tables, migrate
 
@@ -34,6 +35,8 @@ def tables_in(url: str, schema: str) -> int:
 def test_auto_makes_plain_tables_without_citus(plain: str, pg_schema: str) -> None:
     with psycopg.connect(plain, autocommit=True) as conn:
         assert migrate(conn, Tables(pg_schema), "auto") == len(MIGRATIONS)
+        # `check` has nothing to say of a distribution on a plain PostgreSQL.
+        assert PostgresCheckSource(conn, Tables(pg_schema)).distribution() is None
     assert tables_in(plain, pg_schema) >= 14
 
 

@@ -21,6 +21,7 @@ class FakeSource:
     deadlines: list[tuple[str, str, int]] = field(default_factory=list)
     parked: list[tuple[str, str | None, str | None, int]] = field(default_factory=list)
     partitions: dict[str, set[int]] = field(default_factory=dict)
+    where: str | None = None
 
     def schema_version(self) -> int:
         return self.schema
@@ -36,6 +37,9 @@ class FakeSource:
 
     def stored_partitions(self, group_id: str) -> dict[str, set[int]]:
         return self.partitions
+
+    def distribution(self) -> str | None:
+        return self.where
 
 
 SAGAS = bind_all([AccountV2])
@@ -94,6 +98,28 @@ def test_pending_sql_lists_only_the_migrations_not_yet_applied() -> None:
     assert 'CREATE TABLE "s"."saga_instance"' not in last
     assert f"VALUES ({len(MIGRATIONS)});" in last
     assert pending_sql(0, tables).startswith('CREATE SCHEMA IF NOT EXISTS "s";')
+    assert "citus_schema_distribute" not in pending_sql(0, tables)
+
+
+def test_pending_sql_distributes_a_new_schema_before_its_tables_and_an_old_one_first() -> None:
+    tables = Tables("s")
+    new = pending_sql(0, tables, distribute=True)
+    create, distribute = (
+        new.index('CREATE SCHEMA IF NOT EXISTS "s"'),
+        new.index("SELECT citus_schema_distribute('\"s\"'::regnamespace);"),
+    )
+    assert create < distribute < new.index("schema_version")
+    # A schema at the last migration that is moved to a worker: the move is all there is.
+    moved = pending_sql(len(MIGRATIONS), tables, distribute=True)
+    assert moved.strip().endswith("SELECT citus_schema_distribute('\"s\"'::regnamespace);")
+    assert "CREATE" not in moved
+
+
+def test_check_notes_where_a_citus_schema_lives() -> None:
+    where = "schema 's' is a Citus 13.2-1 distributed schema on w1:5432"
+    report = run_check(FakeSource(where=where), SAGAS, registry, expected_schema=len(MIGRATIONS))
+    assert report.ok
+    assert f"note: {where}" in report.render()
 
 
 def test_a_topic_grown_to_a_multiple_is_a_note_and_any_other_count_a_problem() -> None:
