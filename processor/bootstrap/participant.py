@@ -24,6 +24,7 @@ from processor.bootstrap.service import ServiceAdapters
 from processor.errors import LoopDied
 from processor.messages import MessageRegistry, registry
 from processor.ports.engine import TP, RecordConsumer
+from processor.postgres.citus import Distributed
 from processor.postgres.participant import PostgresParticipantStore
 from processor.postgres.schema import Tables
 from processor.runtime.hooks import Hooks
@@ -73,6 +74,8 @@ class ParticipantService(ParticipantRuntime):
         shutdown_timeout: How long a stop may take, the consumer's close included (half of it
             at most); see :mod:`processor.runtime.stopping` for the process around it.
         hooks: Fault points for tests (see :class:`processor.runtime.hooks.Hooks`).
+        distributed: On a Citus coordinator, whether the schema is made a distributed schema
+            (the processor's ``SAGA_DATABASE__DISTRIBUTED``; ``auto`` does so for a new one).
     """
 
     store: PostgresParticipantStore
@@ -95,6 +98,7 @@ class ParticipantService(ParticipantRuntime):
         application_name: str = "saga-participant",
         shutdown_timeout: timedelta = SHUTDOWN_TIMEOUT,
         hooks: Hooks | None = None,
+        distributed: Distributed = "auto",
     ) -> None:
         cs = consumer or ConsumerSettings()
         adapters = ServiceAdapters(
@@ -105,6 +109,7 @@ class ParticipantService(ParticipantRuntime):
             application_name=application_name,
             # Handlers name the service's tables without the schema: they live in its schema.
             search_path=True,
+            distributed=distributed,
         )
         adapters.migrate()
         self.tables: Tables = adapters.tables
@@ -150,6 +155,7 @@ def migrate(settings: ProcessorSettings, app: ParticipantApp | None = None) -> i
         schema=ps.schema_name,
         application_name=ps.application_name,
         search_path=True,
+        distributed=settings.database.distributed,
     )
     applied = adapters.migrate(app.migrations if app is not None else None)
     schema = adapters.tables.schema
@@ -179,6 +185,7 @@ def build_service(
         application_name=ps.application_name,
         shutdown_timeout=settings.shutdown_timeout,
         hooks=hooks,
+        distributed=settings.database.distributed,
     )
 
 

@@ -14,6 +14,7 @@ from processor.engine.partitioner import Partitioner
 from processor.kafka.client import SagaConsumer
 from processor.kafka.producer import KafkaRecordProducer
 from processor.ports.engine import TP
+from processor.postgres.citus import Distributed
 from processor.postgres.connect import connect
 from processor.postgres.held import Conn
 from processor.postgres.notify import PostgresWakeSource
@@ -40,6 +41,8 @@ class ServiceAdapters:
         application_name: Shown in ``pg_stat_activity``.
         search_path: Whether the loops' connections find the schema first, so that handlers
             name the service's tables without it.
+        distributed: Whether the schema is made a Citus distributed schema
+            (``SAGA_DATABASE__DISTRIBUTED``; see :data:`processor.postgres.citus.Distributed`).
     """
 
     def __init__(
@@ -51,8 +54,10 @@ class ServiceAdapters:
         schema: str,
         application_name: str,
         search_path: bool,
+        distributed: Distributed = "auto",
     ) -> None:
         self.kafka_config = dict(kafka)
+        self.distributed: Distributed = distributed
         self.partitioner = partitioner
         self.tables = Tables(schema)
         self._url = database_url
@@ -70,7 +75,7 @@ class ServiceAdapters:
             How many of ``migrations`` were applied.
         """
         with connect(self._url, application_name=self._app) as conn:
-            migrate_participant(conn, self.tables)
+            migrate_participant(conn, self.tables, self.distributed)
             return migrate_service(conn, self.tables, migrations) if migrations is not None else 0
 
     def participant_store(self) -> PostgresParticipantStore:

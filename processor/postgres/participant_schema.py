@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import psycopg
 
+from processor.postgres.citus import Distributed, distribute_schema, distributed, use_citus
 from processor.postgres.migrations import apply_migrations
 from processor.postgres.schema import Tables, failed_outbox_ddl, outbox_ddl, outbox_source_ddl
 
@@ -59,15 +60,33 @@ PARTICIPANT_MIGRATIONS: tuple[str, ...] = (
 )
 
 
-def migrate_participant(conn: psycopg.Connection[object], tables: Tables) -> int:
-    """Creates the participant's schema and applies pending migrations; returns the version."""
+def migrate_participant(
+    conn: psycopg.Connection[object], tables: Tables, distributed: Distributed = "auto"
+) -> int:
+    """Creates the participant's schema and applies pending migrations; returns the version.
+
+    On Citus the schema is distributed as the processor's is
+    (:func:`processor.postgres.schema.migrate`): the inbox, the outbox, the positions and the
+    service's own tables, made in the schema later, share one worker, so a command's
+    transaction runs there alone.
+
+    Raises:
+        CitusUnavailable: Citus was asked for and the database does not have it.
+    """
     schema_q = f'"{tables.schema}"'
+    citus = use_citus(conn, distributed)
     apply_migrations(
         conn,
         [tables.render(ddl.replace("{schema_q}", schema_q)) for ddl in PARTICIPANT_MIGRATIONS],
         lock=f"participant-migrate:{tables.schema}",
         version_table=f"{schema_q}.participant_schema_version",
         schema=tables.schema,
+        prepare=(
+            (lambda c: distribute_schema(c, tables.schema, move=distributed == "citus"))
+            if citus
+            else None
+        ),
+        split=citus,
     )
     return len(PARTICIPANT_MIGRATIONS)
 
@@ -81,6 +100,9 @@ def migrate_service(
     participant's schema; never edit a released one, append a new one. Runs after
     :func:`migrate_participant`, which makes the schema.
     """
+    with conn.transaction():
+        # Citus passes DDL to the worker as the text sent: one statement at a time there.
+        split = distributed(conn, tables.schema)
     current = apply_migrations(
         conn,
         # As bytes: a service's own SQL goes to the server as written.
@@ -88,5 +110,6 @@ def migrate_service(
         lock=f"service-migrate:{tables.schema}",
         version_table=f'"{tables.schema}".service_schema_version',
         search_path=tables.schema,
+        split=split,
     )
     return max(0, len(migrations) - current)

@@ -24,6 +24,7 @@ from processor.postgres.check import PostgresCheckSource
 from processor.postgres.citus import placement, will_distribute
 from processor.postgres.connect import connect
 from processor.postgres.migrations import split_statements
+from processor.postgres.participant_schema import migrate_participant, migrate_service
 from processor.postgres.schema import MIGRATIONS, Tables, migrate, pending_sql
 
 pytestmark = pytest.mark.integration
@@ -229,3 +230,26 @@ def test_check_says_a_schema_of_plain_tables_stays_on_the_coordinator(
     assert where is not None
     assert "plain tables on a Citus" in where
     assert "SAGA_DATABASE__DISTRIBUTED=citus" in where
+
+
+def test_a_participants_tables_and_its_services_own_share_one_worker(
+    citus_url: str, schema: str
+) -> None:
+    # A command's transaction writes the inbox, the outbox, the position and the service's own
+    # rows: all in the schema's shard group, so it runs on one worker. The service's migration
+    # has several statements in one step, which Citus's workers take one at a time.
+    own = """
+    CREATE TABLE ledger (account text PRIMARY KEY, balance numeric NOT NULL,
+                         CONSTRAINT no_overdraft CHECK (balance >= 0));
+    CREATE INDEX ledger_balance_idx ON ledger (balance);
+    """
+    tables = Tables(schema)
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        migrate_participant(conn, tables)
+        assert migrate_service(conn, tables, [own]) == 1
+        found = tables_of(conn, schema)
+        worker = placement(conn, schema)
+    assert set(found) >= {"inbox", "outbox", "failed_outbox", "consumer_offset", "ledger"}
+    assert {kind for kind, _ in found.values()} == {"schema"}
+    assert len({group for _, group in found.values()}) == 1
+    assert worker is not None
