@@ -15,9 +15,11 @@ CITUS_TESTS = (
     "tests/e2e/test_deadline_failover.py",
     "tests/e2e/test_ordering.py",
     "tests/e2e/test_relay_handover.py",
+    "tests/integration/test_participant_app_crashes.py",
 )
 """What the ``citus`` phase runs against a Citus coordinator: the contract suites' PostgreSQL
-cases, the Citus tests, and the end-to-end tests of exactly-once effects under crashes."""
+cases, the Citus tests, and the tests of exactly-once effects under crashes (the processor's
+end-to-end ones, and a participant service killed mid-command)."""
 
 
 def kept(item: pytest.Item, phase: str) -> bool:
