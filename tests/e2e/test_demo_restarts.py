@@ -12,6 +12,7 @@ import uuid
 from decimal import Decimal
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
 from demo.accounts import AccountsService
 from schemas.transfers import (
@@ -20,7 +21,7 @@ from schemas.transfers import (
     CreditAccount,
     DebitAccount,
 )
-from tests.support.harness import Publisher, Reader, create_topics, wait_until
+from tests.support.harness import Publisher, Reader, create_topics, query, wait_until
 from tests.support.private_stack import PrivateStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -37,10 +38,11 @@ def test_accounts_service_survives_postgres_and_kafka_restarts(
     prefix = f"rs{uuid.uuid4().hex[:6]}."
     commands, replies = prefix + ACCOUNT_COMMANDS_TOPIC, prefix + TRANSFER_EVENTS_TOPIC
     create_topics(stack.kafka, [commands, replies], partitions=3)
+    schema = f"accounts_{prefix.rstrip('.')}"
     service = AccountsService(
         kafka={"bootstrap.servers": stack.kafka},
         database_url=stack.database,
-        schema=f"accounts_{prefix.rstrip('.')}",
+        schema=schema,
         topic_prefix=prefix,
         application_name=f"accounts-{prefix}",
     )
@@ -73,10 +75,17 @@ def test_accounts_service_survives_postgres_and_kafka_restarts(
         }
         return wanted <= seen
 
+    def wait_for_replies(timeout: float, what: str) -> None:
+        try:
+            reader.wait_for(answered, timeout=timeout, what=what)
+        except AssertionError as e:
+            report = diagnose(stack, schema, commands, reader, published)
+            raise AssertionError(f"{e}\n{report}\naccounts {service.counters}") from None
+
     runner.start()
     try:
         publish("p1")
-        reader.wait_for(answered, timeout=60, what="replies before any restart")
+        wait_for_replies(60, "replies before any restart")
 
         # PostgreSQL goes away while commands keep coming: the service must notice, wait, and
         # replace its connection once the server is back.
@@ -84,7 +93,7 @@ def test_accounts_service_survives_postgres_and_kafka_restarts(
         publish("p2")
         wait_until(lambda: service.counters.failed_batches > 0, timeout=60, what="a failed batch")
         stack.up("postgres")
-        reader.wait_for(answered, timeout=120, what="replies after the PostgreSQL restart")
+        wait_for_replies(120, "replies after the PostgreSQL restart")
         assert service.reconnects >= 1
 
         # The broker restarts with commands in flight.
@@ -92,7 +101,7 @@ def test_accounts_service_survives_postgres_and_kafka_restarts(
         stack.down("kafka")
         stack.up("kafka")
         publish("p4")
-        reader.wait_for(answered, timeout=180, what="replies after the broker restart")
+        wait_for_replies(180, "replies after the broker restart")
     finally:
         stop.set()
         runner.join(60)
@@ -104,3 +113,47 @@ def test_accounts_service_survives_postgres_and_kafka_restarts(
     assert {outcome for _, _, outcome in steps} == {"applied"}
     assert service.total() == before
     service.close()
+
+
+def diagnose(
+    stack: PrivateStack, schema: str, commands: str, reader: Reader, published: list[str]
+) -> str:
+    """Where the commands and replies stand, for a failure message: which side stopped.
+
+    Stored positions behind the command log's ends: the service stopped reading. Replies
+    waiting in its outbox: its relay stopped. Neither, and replies missing: the reader stopped.
+    """
+    lines: list[str] = []
+    seen = {m.key().decode() for m in reader.records}
+    by_phase: dict[str, int] = {}
+    for tid in published:
+        if tid not in seen:
+            by_phase[tid.split("-")[0]] = by_phase.get(tid.split("-")[0], 0) + 1
+    lines.append(f"transfers with no reply read, by phase: {by_phase}")
+    try:
+        at = reader.consumer.position(reader.consumer.assignment())
+        lines.append(f"reader positions {[(tp.partition, tp.offset) for tp in at]}")
+    except Exception as e:  # the report must not hide the failure it explains
+        lines.append(f"reader assignment unknown: {e!r}")
+    probe = Consumer({"bootstrap.servers": stack.kafka, "group.id": "report"})
+    try:
+        ends = [probe.get_watermark_offsets(TopicPartition(commands, p), 10)[1] for p in range(3)]
+        lines.append(f"command log ends {ends}")
+    except Exception as e:
+        lines.append(f"command log ends unknown: {e!r}")
+    finally:
+        probe.close()
+    try:
+        q = f'"{schema}"'
+        positions = query(
+            stack.database,
+            schema,
+            f"SELECT partition, next_offset, owner, updated_at FROM {q}.consumer_offset"
+            " ORDER BY partition",
+        )
+        waiting = query(stack.database, schema, f"SELECT count(*) FROM {q}.outbox")
+        inbox = query(stack.database, schema, f"SELECT count(*) FROM {q}.inbox")
+        lines.append(f"stored positions {positions}; replies waiting {waiting}; inbox {inbox}")
+    except Exception as e:
+        lines.append(f"database unreadable: {e!r}")
+    return "\n".join(lines)
