@@ -161,7 +161,7 @@ def test_unpublishable_rows_are_set_aside_while_other_sagas_flow_and_retry_publi
 
             # The operator creates the topic, then retries the saga: its rows go out in order.
             create_topics(kafka_bootstrap, [missing])
-            reader.consumer.subscribe([commands, dead, missing])
+            reader.follow([commands, dead, missing])
             back = retry_failed_rows(failed, saga_type="transfer", saga_id="lost")
             assert [b.row.headers["message-id"] for b in back] == ["lost-1", "lost-2", "lost-3"]
             relay.wake.set()

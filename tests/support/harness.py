@@ -11,7 +11,14 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from processor.bootstrap.processor import build_processor
@@ -179,21 +186,61 @@ class Publisher:
 
 
 class Reader:
-    """Reads a topic from the beginning, collecting every record seen."""
+    """Reads topics from their beginning, collecting every record seen, each once.
+
+    Not a group member: it assigns itself every partition of its topics and keeps its own
+    positions. Partitions added later, and topics created later, are taken up at the next poll
+    after their metadata is read again (about every second). A group member would be polled only
+    while a test waits on it: its session could time out meanwhile (during a broker restart),
+    and its next assignment would start over from the beginning, reading every record twice, or
+    never come.
+    """
+
+    REFRESH = 1.0
+    """Seconds between reads of the topics' metadata."""
 
     def __init__(self, kafka: str, topics: Sequence[str]) -> None:
         self.consumer = Consumer(
             {
                 "bootstrap.servers": kafka,
-                "group.id": f"reader-{uuid.uuid4().hex}",
+                "group.id": f"reader-{uuid.uuid4().hex}",  # never joined: no positions stored
                 "auto.offset.reset": "earliest",
                 "enable.auto.commit": False,
             }
         )
-        self.consumer.subscribe(list(topics))
         self.records: list[Any] = []
+        self._topics = list(topics)
+        self._assigned: set[tuple[str, int]] = set()
+        self._refreshed: float | None = None
+        self._take_new_partitions()
+
+    def follow(self, topics: Sequence[str]) -> None:
+        """Reads ``topics`` from now on (those already read go on where they are)."""
+        self._topics = list(topics)
+        self._refreshed = None
+
+    def _take_new_partitions(self) -> None:
+        now = time.monotonic()
+        if self._refreshed is not None and now - self._refreshed < self.REFRESH:
+            return
+        self._refreshed = now
+        new: list[tuple[str, int]] = []
+        for name in self._topics:
+            try:
+                found = self.consumer.list_topics(name, timeout=2).topics.get(name)
+            except KafkaException:
+                continue  # the broker is away: the next poll asks again
+            if found is None or found.error is not None:
+                continue  # not created yet
+            new += [(name, p) for p in sorted(found.partitions) if (name, p) not in self._assigned]
+        if new:
+            self.consumer.incremental_assign(
+                [TopicPartition(t, p, OFFSET_BEGINNING) for t, p in new]
+            )
+            self._assigned.update(new)
 
     def poll(self, timeout: float = 0.2) -> None:
+        self._take_new_partitions()
         for msg in self.consumer.consume(num_messages=1000, timeout=timeout):
             if msg.error() is None:
                 self.records.append(msg)
