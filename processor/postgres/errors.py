@@ -8,11 +8,20 @@ the same Python class (``OperationalError``) covers both "try again" and "never 
 
 from __future__ import annotations
 
+import re
+
 import psycopg
 
 from processor.errors import LockBusy, RecordDataError, Retryable, RuntimeFailure
 
-__all__ = ["CITUS_COPY_ERROR", "citus_copy_sqlstate", "translate", "unreachable"]
+__all__ = [
+    "CITUS_COPY_ERROR",
+    "CITUS_WORKER_ERRORS",
+    "citus_copy_sqlstate",
+    "translate",
+    "unreachable",
+    "unsharded",
+]
 
 # Connection lost (08), operator intervention such as a shutdown (57P), a statement cancelled by
 # its timeout or an operator (57014), serialization failure and deadlock (40001, 40P01), lock
@@ -40,6 +49,22 @@ _CITUS_COPY_REFUSALS = (
     ("value too long for type", "22001"),
     ("invalid byte sequence", "22021"),
 )
+
+
+# The coordinator functions that pass on a worker's error (a statement's result, copied rows).
+CITUS_WORKER_ERRORS = frozenset({"ReportResultError", CITUS_COPY_ERROR})
+
+# A quoted name with a Citus shard id appended (shard ids start at 102008).
+_SHARD_NAME = re.compile(r'"([^"]+)_\d{6,}"')
+
+
+def unsharded(message: str) -> str:
+    """A worker's message with its shards' names given back as the tables' (and indexes') own.
+
+    A worker names the shard it wrote (``relation "holds_118508"``, ``"holds_pkey_118508"``);
+    a dead letter's reason and a log line should name what an operator can find.
+    """
+    return _SHARD_NAME.sub(r'"\1"', message)
 
 
 def citus_copy_sqlstate(message: str) -> str:
@@ -93,7 +118,10 @@ def translate(e: psycopg.Error) -> RuntimeFailure:
             return Retryable(f"database unavailable: {type(e).__name__}: {e}")
         return RuntimeFailure(f"database client error: {type(e).__name__}")
     primary = e.diag.message_primary or type(e).__name__
-    if state == "XX000" and e.diag.source_function == CITUS_COPY_ERROR:
+    source = e.diag.source_function
+    if source in CITUS_WORKER_ERRORS:
+        primary = unsharded(primary)
+    if state == "XX000" and source == CITUS_COPY_ERROR:
         state = citus_copy_sqlstate(primary)
     if state == "55P03":
         return LockBusy(f"rows busy ({state}): {primary}")

@@ -18,11 +18,13 @@ from psycopg import sql
 
 from processor.engine.records import OffsetCommit, OutboxRow
 from processor.engine.rows import HistoryRow, Outcome, SagaStatus, SagaWrite, Wants, WriteSet
+from processor.errors import RecordDataError
 from processor.postgres import batch_sql
 from processor.postgres.batch import PostgresBatchStore
 from processor.postgres.check import PostgresCheckSource
 from processor.postgres.citus import placement, will_distribute
 from processor.postgres.connect import connect
+from processor.postgres.errors import translate
 from processor.postgres.migrations import split_statements
 from processor.postgres.participant_schema import migrate_participant, migrate_service
 from processor.postgres.schema import MIGRATIONS, Tables, migrate, pending_sql
@@ -253,3 +255,28 @@ def test_a_participants_tables_and_its_services_own_share_one_worker(
     assert {kind for kind, _ in found.values()} == {"schema"}
     assert len({group for _, group in found.values()}) == 1
     assert worker is not None
+
+
+@pytest.mark.parametrize(
+    "insert",
+    [
+        "INSERT INTO {t} VALUES ('a', -1)",  # routed to the worker
+        "INSERT INTO {t} SELECT 'b', -1",  # copied to the worker
+    ],
+)
+def test_a_workers_refusal_names_the_table_not_its_shard(
+    citus_url: str, schema: str, insert: str
+) -> None:
+    table = f'"{schema}".holds'
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        migrate_participant(conn, Tables(schema))
+        conn.execute(
+            f"CREATE TABLE {table} (id text PRIMARY KEY, amount numeric NOT NULL,"
+            " CONSTRAINT no_held CHECK (amount >= 0))"
+        )
+        with pytest.raises(psycopg.Error) as raised:
+            conn.execute(insert.format(t=table))
+    failure = translate(raised.value)
+    assert isinstance(failure, RecordDataError)
+    assert failure.sqlstate == "23514"
+    assert 'relation "holds" violates check constraint "no_held"' in str(failure)

@@ -7,7 +7,7 @@ import pytest
 from psycopg import errors
 
 from processor.errors import Failure, RecordDataError
-from processor.postgres.errors import citus_copy_sqlstate, translate
+from processor.postgres.errors import citus_copy_sqlstate, translate, unsharded
 
 
 @pytest.mark.parametrize(
@@ -75,3 +75,19 @@ def test_a_citus_worker_refusal_gets_its_class_back_from_its_message(
     # the replica on the same batch again and again; anything unknown is tried again.
     assert citus_copy_sqlstate(message) == sqlstate
     assert translate(errors.lookup(sqlstate)(message)).kind is kind
+
+
+def test_a_citus_workers_shard_names_are_given_back_as_the_tables() -> None:
+    assert (
+        unsharded('new row for relation "holds_118508" violates check constraint "no_held"')
+        == 'new row for relation "holds" violates check constraint "no_held"'
+    )
+    assert (
+        unsharded('duplicate key value violates unique constraint "holds_pkey_118508"')
+        == 'duplicate key value violates unique constraint "holds_pkey"'
+    )
+    # A name of one's own that ends in a short number stays as it is.
+    assert (
+        unsharded('relation "orders_2024" does not exist')
+        == 'relation "orders_2024" does not exist'
+    )
