@@ -116,10 +116,13 @@ def provide_citus(echo: Callable[[str], None] = print) -> Iterator[Citus]:
         return
     status = subprocess.run([str(CITUS), "status"], check=False, capture_output=True).returncode
     if status == _CITUS_MISSING:
-        yield Citus(
-            None,
-            f"Citus is not installed in this machine's PostgreSQL, and ${ENV_CITUS} is not set",
-        )
+        with ExitStack() as cleanup:
+            started = _citus_containers(cleanup, echo) if _docker_answers() else None
+            yield (
+                Citus(started)
+                if started
+                else Citus(None, citus_missing_reason(docker=_docker_answers()))
+            )
         return
     with ExitStack() as cleanup:
         if status != _CITUS_RUNNING:
@@ -128,6 +131,17 @@ def provide_citus(echo: Callable[[str], None] = print) -> Iterator[Citus]:
         _run([str(CITUS), "up"], echo)
         url = subprocess.run([str(CITUS), "url"], check=True, capture_output=True, text=True)
         yield Citus(url.stdout.strip())
+
+
+def citus_missing_reason(*, docker: bool) -> str:
+    """Why there is no Citus to test against, as the citus phase prints it."""
+    engine = (
+        "the Docker engine could not start the Citus image"
+        if docker
+        else "no Docker engine answers"
+    )
+    installed = "Citus is not installed in this machine's PostgreSQL"
+    return f"{installed}, {engine}, and ${ENV_CITUS} is not set"
 
 
 def wait_for_kafka(bootstrap: str, timeout: float = 60.0) -> None:
@@ -201,6 +215,76 @@ def _containers(
         pg = cleanup.enter_context(PostgresContainer(POSTGRES_IMAGE, driver=None))
         database = pg.get_connection_url()
     return kafka, database
+
+
+CITUS_IMAGE = "citusdata/citus:13.2.0"
+_CITUS_NODES = ("coordinator", "worker1", "worker2")
+
+
+def _citus_containers(cleanup: ExitStack, echo: Callable[[str], None]) -> str | None:
+    """Starts a coordinator and two workers from the official image on a network of their own;
+    returns the coordinator's URL, or None when the image cannot be run here.
+
+    The nodes reach each other by their aliases and trust one another on that network (as the
+    local cluster trusts loopback); only the test run reaches them, through mapped ports.
+    """
+    try:
+        from testcontainers.core.container import DockerContainer
+        from testcontainers.core.network import Network
+    except ImportError:
+        return None
+    echo(f"starting a Citus coordinator and two workers ({CITUS_IMAGE}) with testcontainers")
+    try:
+        network = cleanup.enter_context(Network())
+        urls: dict[str, str] = {}
+        for alias in _CITUS_NODES:
+            node = cleanup.enter_context(
+                DockerContainer(CITUS_IMAGE)
+                .with_envs(
+                    POSTGRES_USER="saga",
+                    POSTGRES_PASSWORD="saga",
+                    POSTGRES_DB="saga",
+                    POSTGRES_HOST_AUTH_METHOD="trust",
+                )
+                .with_network(network)
+                .with_network_aliases(alias)
+                .with_exposed_ports(5432)
+                .with_command("-c max_prepared_transactions=200")
+            )
+            host, port = node.get_container_host_ip(), node.get_exposed_port(5432)
+            urls[alias] = f"postgresql://saga:saga@{host}:{port}/saga"
+        for url in urls.values():
+            _citus_ready(url)
+        _sql(urls["coordinator"], "SELECT citus_set_coordinator_host('coordinator', 5432)")
+        for worker in _CITUS_NODES[1:]:
+            _sql(urls["coordinator"], f"SELECT citus_add_node('{worker}', 5432)")
+    except Exception as exc:  # no image, no pull, a refused start: say so, skip the phase
+        echo(f"the Citus containers did not come up: {type(exc).__name__}: {exc}")
+        return None
+    return urls["coordinator"]
+
+
+def _citus_ready(url: str, timeout: float = 120.0) -> None:
+    """Waits until a node takes connections and has the extension (the image's init creates it,
+    then restarts the server once: the first successful connection may come before that)."""
+    import psycopg
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            _sql(url, "CREATE EXTENSION IF NOT EXISTS citus")
+            return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def _sql(url: str, statement: str) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(statement.encode())
 
 
 # -- the local stack ---------------------------------------------------------------------------
