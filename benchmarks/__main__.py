@@ -1,4 +1,4 @@
-"""`python -m benchmarks [s1|s2|s3|s4|s5|s6|s7|all] [--quick]`: run scenarios, write a report.
+"""`python -m benchmarks [s1|...|s9|all] [--quick]`: run scenarios, write a report.
 
 A table of the results is printed at the end.
 
@@ -27,6 +27,7 @@ from benchmarks import (
     s6_soak,
     s7_replicas,
     s8_citus,
+    s9_layouts,
 )
 from benchmarks.common import (
     RESULTS_DIR,
@@ -44,7 +45,7 @@ from benchmarks.common import (
 # otherwise; 45 s with --quick, too short for table sizes to settle in less): each runs when
 # named, or in a full (not quick) run, so that a quick run of all stays within two minutes.
 QUICK_ALL = ["s1", "s2", "s3", "s5", "s7"]
-FULL_ALL = ["s1", "s2", "s3", "s5", "s7", "s4", "s6", "s8"]
+FULL_ALL = ["s1", "s2", "s3", "s5", "s7", "s4", "s6", "s8", "s9"]
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -56,7 +57,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         "scenario",
         nargs="?",
         default="all",
-        choices=["s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "all"],
+        choices=["s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s9", "all"],
     )
     parser.add_argument("--quick", action="store_true", help="small sizes, for a quick look")
     parser.add_argument("--events", type=int, help="S1 backlog size")
@@ -109,6 +110,9 @@ def _run(
     if name == "s8":
         options8 = s8_citus.Options.of(quick=args.quick, events=args.events, rounds=args.rounds)
         return s8_citus.run(found, box, options8), s8_citus.summary
+    if name == "s9":
+        options9 = s9_layouts.Options.of(quick=args.quick, events=args.events, rounds=args.rounds)
+        return s9_layouts.run(found, box, options9), s9_layouts.summary
     if name == "s5":
         options5 = s5_resume.Options.of(quick=args.quick, rounds=args.rounds)
         return s5_resume.run(found, box, options5), s5_resume.summary

@@ -52,16 +52,7 @@ start_node() {
 
 provision_node() {
   local node="$1"
-  psql_node "$node" -d postgres <<SQL >&2
-DO \$\$ BEGIN
-  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_USER') THEN
-    CREATE ROLE $PG_USER LOGIN SUPERUSER PASSWORD '$PG_PASSWORD';
-  END IF;
-END \$\$;
-SQL
-  if [[ "$(psql_node "$node" -d postgres -c "SELECT 1 FROM pg_database WHERE datname = '$PG_DB'")" != 1 ]]; then
-    psql_node "$node" -d postgres -c "CREATE DATABASE $PG_DB OWNER $PG_USER" >&2
-  fi
+  provision_role_and_db psql_node "$node"
   psql_node "$node" -d "$PG_DB" -c "CREATE EXTENSION IF NOT EXISTS citus" >&2
 }
 

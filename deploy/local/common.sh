@@ -37,3 +37,18 @@ wait_for() {
 }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# provision_role_and_db PSQL...: the tests' role and database, once, through the given psql
+# command (each cluster script has its own wrapper: port and socket of its cluster).
+provision_role_and_db() {
+  "$@" -d postgres <<SQL >&2
+DO \$\$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_USER') THEN
+    CREATE ROLE $PG_USER LOGIN SUPERUSER PASSWORD '$PG_PASSWORD';
+  END IF;
+END \$\$;
+SQL
+  if [[ "$("$@" -d postgres -c "SELECT 1 FROM pg_database WHERE datname = '$PG_DB'")" != 1 ]]; then
+    "$@" -d postgres -c "CREATE DATABASE $PG_DB OWNER $PG_USER" >&2
+  fi
+}

@@ -38,18 +38,7 @@ CONF
 
 psql_admin() { runuser -u postgres -- psql -p "$PG_PORT" -h /var/run/postgresql -v ON_ERROR_STOP=1 -qAt "$@"; }
 
-provision() {
-  psql_admin -d postgres <<SQL >&2
-DO \$\$ BEGIN
-  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_USER') THEN
-    CREATE ROLE $PG_USER LOGIN SUPERUSER PASSWORD '$PG_PASSWORD';
-  END IF;
-END \$\$;
-SQL
-  if [[ "$(psql_admin -d postgres -c "SELECT 1 FROM pg_database WHERE datname = '$PG_DB'")" != 1 ]]; then
-    psql_admin -d postgres -c "CREATE DATABASE $PG_DB OWNER $PG_USER" >&2
-  fi
-}
+provision() { provision_role_and_db psql_admin; }
 
 up() {
   local t0=$SECONDS
