@@ -16,10 +16,29 @@ CITUS_TESTS = (
     "tests/e2e/test_ordering.py",
     "tests/e2e/test_relay_handover.py",
     "tests/integration/test_participant_app_crashes.py",
+    # Everything else on Citus: retention, operator commands and their trail, the console's
+    # reads (which fan out where they name no saga) and its least-privilege roles, partition
+    # growth, dead letters, parking, deadlines, the relay per partition, duplicates.
+    "tests/integration/test_retention.py",
+    "tests/integration/test_operator_decisions.py",
+    "tests/integration/test_operator_trail.py",
+    "tests/integration/test_cli_audit.py",
+    "tests/integration/test_console_reader.py",
+    "tests/integration/test_console_filters.py",
+    "tests/integration/test_console_roles.py",
+    "tests/integration/test_growth.py",
+    "tests/integration/test_dead_letters.py",
+    "tests/integration/test_parking.py",
+    "tests/integration/test_deadlines.py",
+    "tests/integration/test_relay_partitions.py",
+    "tests/integration/test_duplicates.py",
 )
 """What the ``citus`` phase runs against a Citus coordinator: the contract suites' PostgreSQL
-cases, the Citus tests, and the tests of exactly-once effects under crashes (the processor's
-end-to-end ones, and a participant service killed mid-command)."""
+cases, the Citus tests, the tests of exactly-once effects under crashes (the processor's
+end-to-end ones, and a participant service killed mid-command), and the integration tests of
+the parts around the hot path. The rest of the integration suite passes on Citus too (101 tests
+when last run by hand) but for two files that assert plain PostgreSQL's plans; it is left out
+to keep the phase short."""
 
 
 def kept(item: pytest.Item, phase: str) -> bool:
