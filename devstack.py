@@ -249,7 +249,6 @@ def _citus_containers(cleanup: ExitStack, echo: Callable[[str], None]) -> str | 
                 .with_network(network)
                 .with_network_aliases(alias)
                 .with_exposed_ports(5432)
-                .with_command("-c max_prepared_transactions=200")
             )
             host, port = node.get_container_host_ip(), node.get_exposed_port(5432)
             urls[alias] = f"postgresql://saga:saga@{host}:{port}/saga"
@@ -265,8 +264,11 @@ def _citus_containers(cleanup: ExitStack, echo: Callable[[str], None]) -> str | 
 
 
 def _citus_ready(url: str, timeout: float = 120.0) -> None:
-    """Waits until a node takes connections and has the extension (the image's init creates it,
-    then restarts the server once: the first successful connection may come before that)."""
+    """Waits until a node takes connections through its mapped port, and has the extension.
+
+    The image's first start runs its init scripts on a server that listens on no TCP port, then
+    starts the real one: a connection that succeeds is to the real server.
+    """
     import psycopg
 
     deadline = time.monotonic() + timeout
