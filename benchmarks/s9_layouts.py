@@ -10,7 +10,8 @@ one transaction of one pipelined round trip. The layouts:
 - ``partition``: every table distributed by the Kafka partition and co-located, so a partition's
   batch is one shard's: a one-worker transaction, and the partitions spread over the workers.
 - ``saga``: the saga tables distributed by saga id (stable when a topic grows), the offsets by
-  partition: a batch spans shards on every worker and commits by two-phase commit.
+  partition, co-located with nothing: a batch spans shards on every worker and commits by
+  two-phase commit.
 
 Two more sides use the partition layout's tables after a topic grew, to test the design that
 S9 chooses (docs/scaling.md): the distribution value of a saga's rows is its bucket, the CRC-32
@@ -19,17 +20,20 @@ so no row moves when a topic grows; ``grown12-unnest`` reads a topic grown to 12
 multiple: a batch's sagas share one bucket) and ``grown9-unnest`` one grown to 9 (a batch's
 sagas fall in two buckets, which may sit on two workers).
 
-Each layout is written in two forms. ``-unnest``: as the processor writes a batch, one
-``INSERT ... SELECT FROM unnest(arrays)`` per table (one statement text for any batch size),
-which Citus runs through the coordinator by COPY and commits in two phases even on one worker.
+The three layouts are written in two forms each (the grown sides in the first only).
+``-unnest``: as the processor writes a batch, one ``INSERT ... SELECT FROM unnest(arrays)`` per
+table (one statement text for any batch size), which Citus runs through the coordinator by
+COPY and commits in two phases even on one worker.
 Plain: multi-row ``VALUES`` (prepared by psycopg after five uses; one statement text per batch
 size, and every batch here has the same size), which Citus routes by row, in one phase where a
 batch is one worker's. Ratios are to ``schema-unnest``, the processor's way today.
 
 Per layout: events/s with ``writers`` threads (each owns some partitions), each Citus node's
 CPU per event, and the remote commands of one batch (on which workers, prepared or not), so the
-report shows the plan each layout got, not only its speed. Layouts alternate round by round.
-Without a Citus cluster (`SAGA_TEST_CITUS_URL` or deploy/local/citus.sh), S9 measures nothing.
+report shows the plan each layout got, not only its speed; and how many batches touched more
+than one worker. The sides' order reverses round by round. Without a Citus cluster
+(`SAGA_TEST_CITUS_URL`, deploy/local/citus.sh or containers: devstack.provide_citus), S9
+measures nothing.
 """
 
 from __future__ import annotations
