@@ -55,6 +55,7 @@ from benchmarks.boxcpu import postmaster_pid, tree_seconds
 from benchmarks.common import Scratch, Services, say
 from benchmarks.s8_citus import nodes
 from devstack import provide_citus
+from processor.postgres.citus import placement
 
 LAYOUTS = (
     "schema-unnest",
@@ -106,10 +107,33 @@ CREATE TABLE {s}.offsets (
 """
 
 
-def _create(conn: psycopg.Connection[Any], schema: str, layout: str) -> None:
+@dataclass(frozen=True)
+class _Side:
+    """A side's name (one of LAYOUTS), read once."""
+
+    name: str
+
+    @property
+    def layout(self) -> str:
+        """``schema``, ``partition`` or ``saga``: the grown sides use the partition layout."""
+        base = self.name.removesuffix("-unnest")
+        return "partition" if base.startswith("grown") else base
+
+    @property
+    def count(self) -> int:
+        """The input topic's partition count the side's batches come from."""
+        base = self.name.removesuffix("-unnest")
+        return int(base.removeprefix("grown")) if base.startswith("grown") else PARTITIONS
+
+    @property
+    def unnest(self) -> bool:
+        """Whether the side writes as the processor does (``INSERT ... SELECT FROM unnest``)."""
+        return self.name.endswith("-unnest")
+
+
+def _create(conn: psycopg.Connection[Any], schema: str, side: _Side) -> None:
     s = sql.Identifier(schema).as_string(conn)
-    layout = layout.removesuffix("-unnest")
-    count = _count(layout)
+    layout = side.layout
     key = "saga_id" if layout == "saga" else "partition"
     conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
     saga_key = "saga_type, saga_id" if layout == "saga" else "partition, saga_type, saga_id"
@@ -136,14 +160,8 @@ def _create(conn: psycopg.Connection[Any], schema: str, layout: str) -> None:
         sql.SQL("INSERT INTO {}.offsets SELECT p %% %s, p, 0 FROM generate_series(0, %s) p").format(
             sql.Identifier(schema)
         ),
-        (PARTITIONS, count - 1),
+        (PARTITIONS, side.count - 1),
     )
-
-
-def _count(layout: str) -> int:
-    """The input topic's partition count a layout's batches come from."""
-    layout = layout.removesuffix("-unnest")
-    return int(layout.removeprefix("grown")) if layout.startswith("grown") else PARTITIONS
 
 
 def _statements(schema: str, *, unnest: bool = False) -> tuple[bytes, bytes, bytes, bytes]:
@@ -230,11 +248,11 @@ def _ids(events: int, tag: str, count: int, *, grown: bool) -> list[list[str]]:
     return out
 
 
-def _batches(events: int, tag: str, layout: str) -> list[_Batch]:
+def _batches(events: int, tag: str, side: _Side) -> list[_Batch]:
     """Every batch of the run, made before the clock starts: partition p's i-th batch holds
     saga starts at offsets i*BATCH.. of that partition. Rows carry their bucket in the
     ``partition`` column (before growth, the partition itself)."""
-    count = _count(layout)
+    count = side.count
     grown = count != PARTITIONS
     by_partition = _ids(events, tag, count, grown=grown)
     out: list[_Batch] = []
@@ -293,17 +311,18 @@ def _remote(url: str, schema: str, batch: _Batch, *, unnest: bool) -> dict[str, 
 
 def _placements(conn: psycopg.Connection[Any], schema: str, layout: str) -> dict[str, str]:
     """Which worker holds each partition's rows (for the saga layout: every worker)."""
-    layout = layout.removesuffix("-unnest")
     if layout == "saga":
         return {"all": "every worker"}
+    if layout == "schema":
+        where = placement(conn, schema)
+        node = f"{where[0]}:{where[1]}" if where else "?"
+        return {str(p): node for p in range(PARTITIONS)}
     out: dict[str, str] = {}
     for p in range(PARTITIONS):
-        # A distributed schema's table has one shard and no distribution value.
-        value = None if layout == "schema" else str(p)
         row = conn.execute(
             "SELECT nodename || ':' || nodeport FROM pg_dist_shard_placement "
             "WHERE shardid = get_shard_id_for_distribution_column(%s::regclass, %s::text)",
-            (f'"{schema}".saga', value),
+            (f'"{schema}".saga', str(p)),
         ).fetchone()
         out[str(p)] = str(row[0]) if row else "?"
     return out
@@ -323,12 +342,13 @@ def _spread(batches: list[_Batch], placements: dict[str, str]) -> dict[str, int]
 
 def _side(url: str, pids: dict[str, int | None], layout: str, options: Options, n: int) -> Any:
     schema = f"bench_s9_{layout.replace('-', '_')}{n}_{uuid.uuid4().hex[:6]}"
+    side = _Side(layout)
     with psycopg.connect(url, autocommit=True) as conn:
-        _create(conn, schema, layout)
-        placements = _placements(conn, schema, layout)
+        _create(conn, schema, side)
+        placements = _placements(conn, schema, side.layout)
     try:
-        unnest = layout.endswith("-unnest")
-        batches = _batches(options.events, f"{layout}{n}", layout)
+        unnest = side.unnest
+        batches = _batches(options.events, f"{layout}{n}", side)
         if unnest:
             batches = [b.columns() for b in batches]
         # The first batch shows the plan (logged remote commands); the rest are timed.

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from benchmarks.s9_layouts import BATCH, PARTITIONS, _batches
+from benchmarks.s9_layouts import BATCH, PARTITIONS, _batches, _Side
 from processor.engine.partitioner import Partitioner, partition_for
 
 EVENTS = 12 * BATCH * 3
@@ -17,7 +17,7 @@ EVENTS = 12 * BATCH * 3
 
 @pytest.mark.parametrize("layout", ["partition-unnest", "grown12-unnest", "grown9-unnest"])
 def test_every_batch_is_one_partitions_and_its_offsets_follow_on(layout: str) -> None:
-    batches = _batches(EVENTS, "t", layout)
+    batches = _batches(EVENTS, "t", _Side(layout))
     count = 12 if "12" in layout else 9 if "9" in layout else PARTITIONS
     assert {b.partition for b in batches} == set(range(count))
     for p in range(count):
@@ -34,7 +34,7 @@ def test_every_batch_is_one_partitions_and_its_offsets_follow_on(layout: str) ->
 
 
 def test_a_topic_grown_to_a_count_that_is_no_multiple_spreads_some_batches() -> None:
-    batches = _batches(EVENTS, "t", "grown9-unnest")
+    batches = _batches(EVENTS, "t", _Side("grown9-unnest"))
     assert any(len(b.buckets) > 1 for b in batches)
 
 
