@@ -116,13 +116,10 @@ def provide_citus(echo: Callable[[str], None] = print) -> Iterator[Citus]:
         return
     status = subprocess.run([str(CITUS), "status"], check=False, capture_output=True).returncode
     if status == _CITUS_MISSING:
+        docker = _docker_answers()
         with ExitStack() as cleanup:
-            started = _citus_containers(cleanup, echo) if _docker_answers() else None
-            yield (
-                Citus(started)
-                if started
-                else Citus(None, citus_missing_reason(docker=_docker_answers()))
-            )
+            started = _citus_containers(cleanup, echo) if docker else None
+            yield Citus(started) if started else Citus(None, citus_missing_reason(docker=docker))
         return
     with ExitStack() as cleanup:
         if status != _CITUS_RUNNING:
@@ -225,12 +222,14 @@ def _citus_containers(cleanup: ExitStack, echo: Callable[[str], None]) -> str | 
     """Starts a coordinator and two workers from the official image on a network of their own;
     returns the coordinator's URL, or None when the image cannot be run here.
 
-    The nodes reach each other by their aliases and trust one another on that network (as the
-    local cluster trusts loopback); only the test run reaches them, through mapped ports.
+    The image is PostgreSQL's with Citus, so each node is a `PostgresContainer` (which waits
+    until the server answers, as for the PostgreSQL service). The nodes reach each other by
+    their aliases and trust one another on that network (as the local cluster trusts loopback);
+    only the test run reaches them, through mapped ports.
     """
     try:
-        from testcontainers.core.container import DockerContainer
         from testcontainers.core.network import Network
+        from testcontainers.postgres import PostgresContainer
     except ImportError:
         return None
     echo(f"starting a Citus coordinator and two workers ({CITUS_IMAGE}) with testcontainers")
@@ -239,21 +238,15 @@ def _citus_containers(cleanup: ExitStack, echo: Callable[[str], None]) -> str | 
         urls: dict[str, str] = {}
         for alias in _CITUS_NODES:
             node = cleanup.enter_context(
-                DockerContainer(CITUS_IMAGE)
-                .with_envs(
-                    POSTGRES_USER="saga",
-                    POSTGRES_PASSWORD="saga",
-                    POSTGRES_DB="saga",
-                    POSTGRES_HOST_AUTH_METHOD="trust",
+                PostgresContainer(
+                    CITUS_IMAGE, username="saga", password="saga", dbname="saga", driver=None
                 )
+                .with_env("POSTGRES_HOST_AUTH_METHOD", "trust")
                 .with_network(network)
                 .with_network_aliases(alias)
-                .with_exposed_ports(5432)
             )
-            host, port = node.get_container_host_ip(), node.get_exposed_port(5432)
-            urls[alias] = f"postgresql://saga:saga@{host}:{port}/saga"
-        for url in urls.values():
-            _citus_ready(url)
+            urls[alias] = node.get_connection_url()
+            _sql(urls[alias], "CREATE EXTENSION IF NOT EXISTS citus")
         _sql(urls["coordinator"], "SELECT citus_set_coordinator_host('coordinator', 5432)")
         for worker in _CITUS_NODES[1:]:
             _sql(urls["coordinator"], f"SELECT citus_add_node('{worker}', 5432)")
@@ -261,25 +254,6 @@ def _citus_containers(cleanup: ExitStack, echo: Callable[[str], None]) -> str | 
         echo(f"the Citus containers did not come up: {type(exc).__name__}: {exc}")
         return None
     return urls["coordinator"]
-
-
-def _citus_ready(url: str, timeout: float = 120.0) -> None:
-    """Waits until a node takes connections through its mapped port, and has the extension.
-
-    The image's first start runs its init scripts on a server that listens on no TCP port, then
-    starts the real one: a connection that succeeds is to the real server.
-    """
-    import psycopg
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            _sql(url, "CREATE EXTENSION IF NOT EXISTS citus")
-            return
-        except psycopg.OperationalError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
 
 
 def _sql(url: str, statement: str) -> None:
