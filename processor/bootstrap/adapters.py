@@ -30,8 +30,16 @@ from processor.ports.engine import TP
 from processor.postgres import cluster
 from processor.postgres.batch import PostgresBatchStore
 from processor.postgres.check import PostgresCheckSource
-from processor.postgres.citus import use_citus, will_distribute
-from processor.postgres.connect import connect
+from processor.postgres.citus import (
+    NodeMove,
+    PinnedNode,
+    local_node,
+    move_pin,
+    pinned_node,
+    use_citus,
+    will_distribute,
+)
+from processor.postgres.connect import connect, connect_pinned
 from processor.postgres.connect import ensure_schema as migrate_to_latest
 from processor.postgres.deadlines import PostgresDeadlineStore
 from processor.postgres.failed_outbox import PostgresFailedOutbox
@@ -105,9 +113,13 @@ class Adapters:
     def connect(
         self, idle_in_transaction_timeout: timedelta | None = None, *, keyed: bool = False
     ) -> Conn:
-        """A connection of the replica's loops: named after it, every statement bounded."""
-        return connect(
+        """A connection of the replica's loops: named after it, every statement bounded.
+
+        On Citus, through the schema's node (:func:`processor.postgres.connect.connect_pinned`).
+        """
+        return connect_pinned(
             self._url,
+            self.tables.schema,
             application_name=f"saga:{self._instance_id}",
             idle_in_transaction_timeout=idle_in_transaction_timeout,
             statement_timeout=self.settings.database.statement_timeout,
@@ -219,7 +231,7 @@ class Adapters:
     @contextmanager
     def failed_outbox(self) -> Iterator[PostgresFailedOutbox]:
         """The failed outbox on an autocommit connection of its own, closed on leaving."""
-        with connect(self._url, autocommit=True) as conn:
+        with connect_pinned(self._url, self.tables.schema, autocommit=True) as conn:
             yield PostgresFailedOutbox(conn, self.tables)
 
     @contextmanager
@@ -245,6 +257,16 @@ class Adapters:
             citus = use_citus(c, setting)
             distribute = citus and will_distribute(c, self.tables.schema, move=setting == "citus")
         return current, pending_sql(current, self.tables, distribute=distribute)
+
+    def citus_node(self) -> tuple[tuple[int, str] | None, PinnedNode | None]:
+        """The Citus node the database URL reaches, and the one the schema's processes use."""
+        with connect(self._url, application_name="saga-processor-check", autocommit=True) as c:
+            return local_node(c), pinned_node(c, self.tables.schema)
+
+    def move_citus_node(self, actor: str, reason: str | None = None) -> NodeMove:
+        """Makes the node the database URL reaches the schema's (see :func:`move_pin`)."""
+        with connect(self._url, application_name="saga-processor-ops", autocommit=True) as c:
+            return move_pin(c, self.tables.schema, actor, reason)
 
     def cluster_view(self) -> ClusterView:
         """Replicas, partitions and owners, the deadline lease and the relay's backlog."""

@@ -73,6 +73,12 @@ COMMANDS: tuple[Command, ...] = (
         p.migrate,
     ),
     Command(
+        "citus-node",
+        "the Citus node the schema's processes connect through (`move`: make it this URL's)",
+        p.citus_node_arguments,
+        p.citus_node,
+    ),
+    Command(
         "check",
         "preflight before a deploy: stored sagas load, handlers exist, topics and schema match",
         p.check_arguments,

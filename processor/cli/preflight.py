@@ -1,7 +1,9 @@
-"""The deploy-time subcommands: `migrate` (or its DDL with `--sql`) and the preflight `check`.
+"""The deploy-time subcommands: `migrate`, the preflight `check`, and `citus-node`.
 
-Both run before new code processes anything: as a CI/CD step, or the Kubernetes Job that the
-deploy manifests run ahead of the rollout (deploy/kubernetes).
+`migrate` (or its DDL with `--sql`) and `check` run before new code processes anything: as a
+CI/CD step, or the Kubernetes Job that the deploy manifests run ahead of the rollout
+(deploy/kubernetes). `citus-node` shows the Citus node a schema's processes connect through, and
+moves them to another with every process stopped.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from processor.cli.commands import adapters, emit, json_flag
+from processor.cli.commands import adapters, emit, json_flag, operator_name
 from processor.ops.check import CheckReport
 from processor.settings import ProcessorSettings
 
@@ -50,6 +52,62 @@ def migrate(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     version = made.migrate()
     done = {"schema": tables.schema, "version": version}
     emit(args, done, f"schema {settings.database.schema_name} at version {version}")
+    return 0
+
+
+def citus_node_arguments(parser: argparse.ArgumentParser) -> None:
+    """`show` (the default) or `move`; `--json`."""
+    parser.add_argument(
+        "action",
+        nargs="?",
+        choices=["show", "move"],
+        default="show",
+        help="show: the node the database URL reaches and the one the schema's processes use; "
+        "move: make the node the URL reaches theirs (stop every process of the schema first)",
+    )
+    parser.add_argument("--reason", default=None, help="with move: why, for the operators' trail")
+    json_flag(parser)
+
+
+def citus_node(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    """Shows or moves the Citus node the schema's processes connect through; exit code 0.
+
+    `move` is refused (exit code 2) where it would break the order of the schema's rows; see
+    :func:`processor.postgres.citus.move_pin`.
+    """
+    made = adapters(settings)
+    schema = made.tables.schema
+    if args.action == "move":
+        moved = made.move_citus_node(operator_name(settings), args.reason)
+        came = moved.before.node if moved.before else "no node"
+        raised = ", ".join(f"{t} to {n}" for t, n in moved.raised.items()) or "none"
+        emit(
+            args,
+            {
+                "schema": schema,
+                "before": moved.before,
+                "after": moved.after,
+                "raised": moved.raised,
+            },
+            f"schema {schema}: its processes now connect through {moved.after.node} (group "
+            f"{moved.after.group_id}), before {came}; sequences raised: {raised}",
+        )
+        return 0
+    here, pinned = made.citus_node()
+    if here is None:
+        emit(args, {"schema": schema, "here": None, "pinned": None}, "not a Citus database")
+        return 0
+    where = (
+        f"its processes connect through {pinned.node} (group {pinned.group_id}), first "
+        f"{pinned.pinned_by} at {pinned.pinned_at.isoformat(sep=' ', timespec='seconds')}"
+        if pinned
+        else "no process has connected yet"
+    )
+    emit(
+        args,
+        {"schema": schema, "here": {"group": here[0], "node": here[1]}, "pinned": pinned},
+        f"schema {schema}: {where}; this URL reaches {here[1]} (group {here[0]})",
+    )
     return 0
 
 

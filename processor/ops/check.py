@@ -136,6 +136,9 @@ def run_check(
     where = source.distribution()
     if where is not None:
         report.notes.append(where)
+    wrong_node = source.node_problem()
+    if wrong_node is not None:
+        report.problems.append(wrong_node)
     _states(report, source.unended_sagas(), sagas)
     _deadlines(report, source.pending_deadlines(), sagas)
     _parked(report, source.parked_messages(), sagas, registry)

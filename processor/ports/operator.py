@@ -216,6 +216,10 @@ class CheckSource(Protocol):
         """Where the tables live on a Citus cluster, in words; None on a plain PostgreSQL."""
         ...
 
+    def node_problem(self) -> str | None:
+        """On Citus, why the connection's node is not the one the schema's processes use."""
+        ...
+
 
 class ResumeStore(ParkedStore, OperatorStore, Protocol):
     """Lists parked sagas and retries them (the PostgreSQL `OperatorQueries` does both)."""

@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 
 from processor.ports.operator import StoredSaga
-from processor.postgres.citus import distributed, installed, placement
+from processor.postgres.citus import distributed, installed, local_node, pinned_node, placement
 from processor.postgres.schema import Tables, current_version
 from processor.wire import HEADER_MESSAGE_TYPE, HEADER_SCHEMA_VERSION
 
@@ -102,5 +102,29 @@ class PostgresCheckSource:
                     "worker (docs/scaling.md)"
                 )
             where = placement(self.conn, schema)
+            pinned = pinned_node(self.conn, schema)
         node = f"{where[0]}:{where[1]}" if where else "no worker yet (no table)"
-        return f"schema {schema!r} is a Citus {version} distributed schema on {node}"
+        through = (
+            f"its processes connect through {pinned.node}"
+            + (" (the coordinator)" if pinned.group_id == 0 else "")
+            if pinned
+            else "no process has connected yet"
+        )
+        return f"schema {schema!r} is a Citus {version} distributed schema on {node}; {through}"
+
+    def node_problem(self) -> str | None:
+        """Why these settings would start a replica that is refused, or None.
+
+        On Citus, the connection may reach another node than the one the schema's processes
+        use (:func:`processor.postgres.citus.pin_node`).
+        """
+        with self.conn.transaction():
+            here = local_node(self.conn)
+            pinned = pinned_node(self.conn, self.tables.schema) if here else None
+        if here is None or pinned is None or pinned.group_id == here[0]:
+            return None
+        return (
+            f"the database URL reaches Citus node {here[1]}, but the processes of schema "
+            f"{self.tables.schema!r} connect through {pinned.node}: a replica started with these "
+            "settings would be refused (docs/scaling.md, 'Through a worker')"
+        )

@@ -6,6 +6,16 @@ statement to that worker. One statement touches only the schema's own tables, so
 on one worker, and a batch's transaction is a single-node transaction with the guarantees it
 has on one PostgreSQL. Several processors (a schema each) spread over the workers.
 
+Clients may also connect to the worker that holds the schema: Citus plans and runs the
+statements there, and the coordinator has no part in a batch (S8 measures both). Three things
+are per node, though: an identity column's values (a worker numbers from its group id times
+2^48, the coordinator from 1), advisory locks, and LISTEN/NOTIFY. Every process of a schema must
+therefore go through one node, or a saga's later outbox row could sort before an earlier one
+and two relays could each hold "the" relay lock. :func:`pin_node` records the node a schema's
+processes use, the first time one connects, and refuses a connection through any other.
+Migrations are DDL, which Citus takes on the coordinator only: off it,
+:func:`refuse_migrations_off_coordinator` stops a start whose schema is behind, with the way out.
+
 The statements themselves are written for both: Citus refuses functions that are not immutable
 inside a CASE, a coalesce or a conflict's clause of a modification (see the statements' comments),
 and reports a worker's refusal of copied rows without its SQLSTATE
@@ -15,9 +25,13 @@ and reports a worker's refusal of copied rows without its SQLSTATE
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from processor.errors import ConfigurationError
 from processor.settings.database import Distributed
@@ -26,11 +40,20 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "DISTRIBUTE",
+    "CitusNodeMismatch",
     "CitusUnavailable",
     "Distributed",
+    "MigrationsOffCoordinator",
+    "MoveRefused",
+    "NodeMove",
     "distribute_schema",
     "distributed",
+    "local_node",
+    "move_pin",
+    "pin_node",
+    "pinned_node",
     "placement",
+    "refuse_migrations_off_coordinator",
     "use_citus",
     "will_distribute",
 ]
@@ -41,6 +64,154 @@ class CitusUnavailable(ConfigurationError):
 
     def __init__(self, problem: str) -> None:
         super().__init__([problem])
+
+
+class CitusNodeMismatch(ConfigurationError):
+    """A connection reached another Citus node than the one the schema's processes use."""
+
+    def __init__(self, schema: str, pinned: PinnedNode, here: tuple[int, str]) -> None:
+        since = pinned.pinned_at.isoformat(sep=" ", timespec="seconds")
+        super().__init__(
+            [
+                f"schema {schema} is used through Citus node {pinned.node} (group "
+                f"{pinned.group_id}), first by {pinned.pinned_by} at {since}; this connection "
+                f"reached {here[1]} (group {here[0]}). Identity "
+                "values, advisory locks and notifications are per node, so every process of a "
+                "schema connects through one node: use that node's address, or stop every "
+                "process of the schema and move them all (docs/scaling.md, 'Through a worker')"
+            ]
+        )
+        self.pinned = pinned
+        self.here = here
+
+
+class MigrationsOffCoordinator(ConfigurationError):
+    """Migrations are pending and the connection is to a Citus worker, which refuses DDL."""
+
+    def __init__(self, version_table: str, current: int, latest: int, node: str) -> None:
+        super().__init__(
+            [
+                f"{version_table} is at {current} of {latest} migrations, and this connection "
+                f"is to Citus worker {node}, where Citus refuses DDL: run `saga-processor "
+                "migrate` with the coordinator's URL, then start through the worker"
+            ]
+        )
+
+
+@dataclass(frozen=True)
+class PinnedNode:
+    """The Citus node a schema's processes connect through (see :func:`pin_node`)."""
+
+    group_id: int
+    node: str
+    pinned_by: str
+    pinned_at: datetime
+
+
+def local_node(conn: psycopg.Connection[Any]) -> tuple[int, str] | None:
+    """The Citus node this connection is on, as (group id, "host:port"); None without Citus.
+
+    The coordinator's group is 0. The name is the one the cluster registered for the node
+    (``group N`` if it registered none).
+    """
+    with conn.transaction():
+        has = conn.execute("SELECT to_regclass('pg_catalog.pg_dist_local_group') IS NOT NULL")
+        row = has.fetchone()
+        if not row or not row[0]:
+            return None
+        found = conn.execute(
+            """
+            SELECT l.groupid,
+                   (SELECT n.nodename || ':' || n.nodeport FROM pg_dist_node AS n
+                     WHERE n.groupid = l.groupid ORDER BY n.nodeid LIMIT 1)
+              FROM pg_dist_local_group AS l
+            """
+        ).fetchone()
+    if found is None:
+        return None
+    group = int(found[0])
+    return group, str(found[1]) if found[1] else f"group {group}"
+
+
+def pin_node(conn: psycopg.Connection[Any], schema: str, who: str) -> PinnedNode | None:
+    """Records this connection's Citus node as the schema's, or checks that it is the one.
+
+    The first connection of any of the schema's processes records its node; every later one
+    must be on the same node (see the module's docstring). Commits its own transaction.
+
+    Args:
+        conn: A new connection, not in a transaction.
+        schema: The schema whose ``citus_node`` table holds the record.
+        who: The connecting process, recorded with the node (its ``application_name``).
+
+    Returns:
+        The schema's node; None without Citus, or before the schema has the table (a schema
+        still to be migrated).
+
+    Raises:
+        CitusNodeMismatch: The schema's processes use another node.
+    """
+    here = local_node(conn)
+    if here is None:
+        return None
+    table = _pin_table(schema)
+    with conn.transaction():
+        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
+        if not exists or not exists[0]:
+            return None
+        conn.execute(
+            f"INSERT INTO {table} (group_id, node, pinned_by) VALUES (%s, %s, %s)"
+            " ON CONFLICT DO NOTHING",
+            (here[0], here[1], who),
+        )
+        pinned = _read_pin(conn, table)
+    if pinned is None:  # the row was removed between the two statements: record again
+        return pin_node(conn, schema, who)
+    if pinned.group_id != here[0]:
+        raise CitusNodeMismatch(schema, pinned, here)
+    return pinned
+
+
+def pinned_node(conn: psycopg.Connection[Any], schema: str) -> PinnedNode | None:
+    """The node recorded for ``schema`` by :func:`pin_node`; None if none is (or no table)."""
+    table = _pin_table(schema)
+    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
+    if not exists or not exists[0]:
+        return None
+    return _read_pin(conn, table)
+
+
+def _pin_table(schema: str) -> str:
+    return '"' + schema.replace('"', '""') + '".citus_node'
+
+
+def _read_pin(conn: psycopg.Connection[Any], table: str) -> PinnedNode | None:
+    row = conn.execute(f"SELECT group_id, node, pinned_by, pinned_at FROM {table}").fetchone()
+    if row is None:
+        return None
+    return PinnedNode(int(row[0]), str(row[1]), str(row[2]), row[3])
+
+
+def refuse_migrations_off_coordinator(
+    conn: psycopg.Connection[Any], version_table: str, latest: int
+) -> bool:
+    """Whether ``conn`` is on a Citus worker, where migrations cannot run.
+
+    Raises:
+        MigrationsOffCoordinator: It is, and the schema is behind ``latest``.
+    """
+    here = local_node(conn)
+    if here is None or here[0] == 0:
+        return False
+    with conn.transaction():
+        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (version_table,)).fetchone()
+        current = 0
+        if exists and exists[0]:
+            row = conn.execute(f"SELECT coalesce(max(version), 0) FROM {version_table}").fetchone()
+            current = int(row[0]) if row else 0
+    if current < latest:
+        raise MigrationsOffCoordinator(version_table, current, latest, here[1])
+    return True
 
 
 def installed(conn: psycopg.Connection[Any]) -> str | None:
@@ -135,3 +306,105 @@ def placement(conn: psycopg.Connection[Any], schema: str) -> tuple[str, int] | N
         (schema,),
     ).fetchone()
     return (str(row[0]), int(row[1])) if row else None
+
+
+@dataclass(frozen=True)
+class NodeMove:
+    """What :func:`move_pin` did: the node before and after, and each sequence it raised."""
+
+    before: PinnedNode | None
+    after: PinnedNode
+    raised: dict[str, int]
+
+
+class MoveRefused(ConfigurationError):
+    """The schema's processes cannot move to the connected node (the reason says why)."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__([problem])
+
+
+def move_pin(
+    conn: psycopg.Connection[Any], schema: str, actor: str, reason: str | None = None
+) -> NodeMove:
+    """Makes the connected node the one ``schema``'s processes use, in one transaction.
+
+    The move is an operator's action: it enters the operators' trail (``operator_audit``) in
+    the same transaction, under ``actor`` and ``reason``.
+
+    Run with every process of the schema stopped: a process still connected through the old
+    node would write beside the new ones. Each identity sequence of the schema's tables is
+    raised on this node above the largest id its table holds, so that rows written through this
+    node sort after every older row, as the relay and the held records' replays need.
+
+    Raises:
+        MoveRefused: Not on Citus, the schema is not distributed (plain tables are on the
+            coordinator alone), or a table holds ids above this node's range (a worker numbers
+            from its group id times 2^48 up to the next group's start: a move to a worker of a
+            lower group than the ids come from would reuse or reorder ids).
+    """
+    here = local_node(conn)
+    if here is None:
+        raise MoveRefused("the database is not a Citus node: there is no node to move to")
+    with conn.transaction():
+        if not distributed(conn, schema):
+            raise MoveRefused(
+                f"schema {schema} is not a Citus distributed schema: its tables are on the "
+                "coordinator alone, where its processes connect"
+            )
+        table = _pin_table(schema)
+        conn.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
+        before = _read_pin(conn, table)
+        raised: dict[str, int] = {}
+        for name, sequence, last, limit in conn.execute(_IDENTITIES, (schema,)).fetchall():
+            top = conn.execute(
+                sql.SQL("SELECT max(id) FROM {}.{}").format(
+                    sql.Identifier(schema), sql.Identifier(name)
+                )
+            ).fetchone()
+            highest = int(top[0]) if top and top[0] is not None else 0
+            if highest >= int(limit):
+                raise MoveRefused(
+                    f"{schema}.{name} holds ids up to {highest}, above what {here[1]} (group "
+                    f"{here[0]}) numbers ({limit} at most): move to a node of a higher group, "
+                    "or to the coordinator"
+                )
+            if highest and (last is None or int(last) < highest):
+                conn.execute("SELECT setval(%s, %s)", (sequence, highest))
+                raised[name] = highest
+        conn.execute(f"DELETE FROM {table}")
+        conn.execute(
+            f"INSERT INTO {table} (group_id, node, pinned_by) VALUES (%s, %s, %s)",
+            (here[0], here[1], f"saga-processor citus-node move ({actor})"),
+        )
+        after = _read_pin(conn, table)
+        assert after is not None
+        target = {
+            "from": before.node if before else None,
+            "to": after.node,
+            "group": after.group_id,
+            "raised": raised,
+        }
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {}.operator_audit (actor, action, reason, target, outcome)"
+                " VALUES (%s, 'citus-node-move', %s, %s, 'done')"
+            ).format(sql.Identifier(schema)),
+            (actor, reason, Jsonb(target)),
+        )
+    return NodeMove(before, after, raised)
+
+
+# The schema's tables with an identity column, with its sequence as this node numbers it (a
+# worker's copy of a distributed table's sequence has its own range).
+_IDENTITIES = """
+SELECT c.relname, s.schemaname || '.' || s.sequencename, s.last_value, s.max_value
+  FROM pg_class AS c
+  JOIN pg_attribute AS a ON a.attrelid = c.oid AND a.attidentity <> '' AND a.attname = 'id'
+  JOIN pg_depend AS d ON d.refobjid = c.oid AND d.refobjsubid = a.attnum AND d.deptype = 'i'
+  JOIN pg_class AS q ON q.oid = d.objid AND q.relkind = 'S'
+  JOIN pg_sequences AS s ON s.schemaname = %s AND s.sequencename = q.relname
+ WHERE c.relnamespace = to_regnamespace(s.schemaname) AND c.relkind IN ('r', 'p')
+   AND c.oid IN (SELECT logicalrelid FROM pg_dist_partition)
+ ORDER BY c.relname
+"""

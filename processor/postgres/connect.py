@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -10,6 +11,7 @@ from psycopg.rows import TupleRow
 from psycopg.types.json import set_json_loads
 from pydantic_core import from_json
 
+from processor.postgres.citus import pin_node
 from processor.postgres.schema import Tables, migrate
 from processor.settings.database import Distributed
 
@@ -83,6 +85,24 @@ def connect(
     )
     # pydantic-core's parser is several times faster than json.loads for jsonb columns.
     set_json_loads(from_json, conn)
+    return conn
+
+
+def connect_pinned(url: str, schema: str, **options: Any) -> psycopg.Connection[TupleRow]:
+    """:func:`connect`, for a process that writes ``schema``'s tables.
+
+    On Citus, the connection must reach the node the schema's processes use
+    (:func:`processor.postgres.citus.pin_node`).
+
+    Raises:
+        CitusNodeMismatch: The connection reached another node (it is closed).
+    """
+    conn = connect(url, **options)
+    try:
+        pin_node(conn, schema, str(options.get("application_name", "saga-processor")))
+    except BaseException:
+        conn.close()
+        raise
     return conn
 
 

@@ -16,6 +16,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from processor.postgres.citus import refuse_migrations_off_coordinator
+
 __all__ = ["VERSION_COLUMNS", "apply_migrations", "split_statements"]
 
 VERSION_COLUMNS = "(version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
@@ -49,7 +51,13 @@ def apply_migrations(
 
     Returns:
         The version the schema was at before this call.
+
+    Raises:
+        MigrationsOffCoordinator: ``conn`` is to a Citus worker (DDL goes through the
+            coordinator only) and steps are pending; a schema that is current passes.
     """
+    if refuse_migrations_off_coordinator(conn, version_table, len(steps)):
+        return len(steps)
     with conn.transaction():
         # One starter at a time; the others find the work done.
         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (lock,))

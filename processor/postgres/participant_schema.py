@@ -16,7 +16,13 @@ import psycopg
 
 from processor.postgres.citus import Distributed, distribute_schema, distributed, use_citus
 from processor.postgres.migrations import apply_migrations
-from processor.postgres.schema import Tables, failed_outbox_ddl, outbox_ddl, outbox_source_ddl
+from processor.postgres.schema import (
+    Tables,
+    citus_node_ddl,
+    failed_outbox_ddl,
+    outbox_ddl,
+    outbox_source_ddl,
+)
 
 __all__ = ["PARTICIPANT_MIGRATIONS", "migrate_participant", "migrate_service"]
 
@@ -57,6 +63,9 @@ PARTICIPANT_MIGRATIONS: tuple[str, ...] = (
     # 2 (relay12): the processor's outbox shape gained the source partition columns (always
     # NULL here: a participant's relay publishes every row on the one-at-a-time path).
     outbox_source_ddl(partitioned=False),
+    # 3: on Citus, the one node the service's processes connect through, as the processor's
+    # (processor/postgres/citus.py: pin_node).
+    citus_node_ddl(),
 )
 
 

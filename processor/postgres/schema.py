@@ -47,6 +47,7 @@ class Tables:
             partition_count=self.q("partition_count"),
             partition_growth=self.q("partition_growth"),
             audit=self.q("operator_audit"),
+            citus_node=self.q("citus_node"),
             schema=self.schema,
         )
 
@@ -118,6 +119,23 @@ def outbox_source_ddl(*, partitioned: bool) -> str:
                                 ADD COLUMN source_partition int;{by_partition}
     CREATE INDEX ON {{outbox}} (id) WHERE source_topic IS NULL;
     CREATE INDEX ON {{outbox}} (saga_type, saga_id, id) WHERE source_topic IS NULL;
+    """
+
+
+def citus_node_ddl() -> str:
+    """The table that records the one Citus node a schema's processes connect through.
+
+    One row at most, written by the first connection on Citus
+    (:func:`processor.postgres.citus.pin_node`); it stays empty on a single PostgreSQL.
+    """
+    return """
+    CREATE TABLE {citus_node} (
+        one       boolean     PRIMARY KEY DEFAULT true CHECK (one),
+        group_id  int         NOT NULL,
+        node      text        NOT NULL,
+        pinned_by text        NOT NULL,
+        pinned_at timestamptz NOT NULL DEFAULT now()
+    );
     """
 
 
@@ -384,6 +402,9 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX saga_instance_parked_idx ON {instance} (updated_at, saga_type, saga_id)
      WHERE status = 'parked';
     """,
+    # 16: on Citus, the node every process of the schema connects through: identity values,
+    # advisory locks and notifications are per node (processor/postgres/citus.py).
+    citus_node_ddl(),
 )
 
 

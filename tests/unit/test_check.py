@@ -22,6 +22,7 @@ class FakeSource:
     parked: list[tuple[str, str | None, str | None, int]] = field(default_factory=list)
     partitions: dict[str, set[int]] = field(default_factory=dict)
     where: str | None = None
+    wrong_node: str | None = None
 
     def schema_version(self) -> int:
         return self.schema
@@ -40,6 +41,9 @@ class FakeSource:
 
     def distribution(self) -> str | None:
         return self.where
+
+    def node_problem(self) -> str | None:
+        return self.wrong_node
 
 
 SAGAS = bind_all([AccountV2])
@@ -113,6 +117,15 @@ def test_pending_sql_distributes_a_new_schema_before_its_tables_and_an_old_one_f
     moved = pending_sql(len(MIGRATIONS), tables, distribute=True)
     assert moved.strip().endswith("SELECT citus_schema_distribute('\"s\"'::regnamespace);")
     assert "CREATE" not in moved
+
+
+def test_a_url_to_another_citus_node_than_the_schemas_processes_use_fails_the_check() -> None:
+    wrong = "the database URL reaches Citus node c:5432, but ... connect through w1:5432"
+    report = run_check(
+        FakeSource(wrong_node=wrong), SAGAS, registry, expected_schema=len(MIGRATIONS)
+    )
+    assert not report.ok
+    assert wrong in report.problems
 
 
 def test_check_notes_where_a_citus_schema_lives() -> None:

@@ -19,6 +19,7 @@ SAMPLES = {
     "participant": "participant migrate",
     "migrate": "migrate --sql",
     "check": "check --skip-topics",
+    "citus-node": "citus-node move --reason test",
     "topics": "topics plan",
     "show": "show order-saga o-1",
     "sagas": "sagas stuck --older-than 2h",

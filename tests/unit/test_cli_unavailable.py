@@ -27,6 +27,8 @@ COMMANDS = [
     "audit list",
     "audit list --saga-type order-saga --since 2h --json",
     "check",
+    "citus-node",
+    "citus-node move --reason test",
     "retry order-saga o-1",
     "parked retry order-saga o-1 --reason test",
     "parked skip order-saga o-1 --reason test",

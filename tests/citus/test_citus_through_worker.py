@@ -1,0 +1,219 @@
+"""Processors connected to the Citus worker that holds their schema, not to the coordinator.
+
+The coordinator then has no part in a batch (S8 measures it). Identity values, advisory locks
+and notifications are per node, so the schema's processes must all use one node: the first to
+connect records it (processor/postgres/citus.py: pin_node), and a process or operator tool
+that reaches another node is refused, saying which node to use. Migrations (DDL) go through the
+coordinator; a start through the worker with migrations pending is refused, saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from processor.cli import main
+from processor.postgres.citus import (
+    CitusNodeMismatch,
+    MigrationsOffCoordinator,
+    MoveRefused,
+    move_pin,
+    pinned_node,
+    placement,
+)
+from processor.postgres.connect import connect_pinned, ensure_schema
+from processor.postgres.operator import open_operator_queries
+from processor.postgres.schema import MIGRATIONS, Tables
+from tests.e2e.conftest import (
+    E2EEnv,
+    Workload,
+    assert_invariants,
+    new_workload,
+    publish_steps,
+    publish_transfers,
+    wait_drained,
+)
+from tests.support.harness import create_topics, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+SAGAS = 40
+
+
+def worker_url(citus_url: str, schema: str) -> tuple[str, int]:
+    """The URL of the worker that holds ``schema`` (the coordinator's, with its host and port),
+    and that worker's group id."""
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        where = placement(conn, schema)
+        assert where is not None, f"{schema} is not a distributed schema"
+        row = conn.execute(
+            "SELECT groupid FROM pg_dist_node WHERE nodename = %s AND nodeport = %s", where
+        ).fetchone()
+    assert row is not None
+    return make_conninfo(citus_url, host=where[0], port=str(where[1])), int(row[0])
+
+
+@pytest.fixture
+def env(kafka_bootstrap: str, citus_url: str, tmp_path: Path) -> Iterator[E2EEnv]:
+    prefix = f"w{uuid.uuid4().hex[:8]}."
+    schema = f"t_via_worker_{prefix[1:-1]}"
+    ensure_schema(citus_url, Tables(schema))
+    url, _ = worker_url(citus_url, schema)
+    # The test reads through the coordinator; the processes connect to the worker.
+    env = E2EEnv(
+        kafka_bootstrap, citus_url, schema, prefix, tmp_path / "logs", partitions=6,
+        process_db=url,
+    )  # fmt: skip
+    env.logs.mkdir()
+    create_topics(kafka_bootstrap, [env.events_topic], partitions=env.partitions)
+    create_topics(kafka_bootstrap, [env.commands_topic, prefix + "saga-dead-letters"], 3)
+    try:
+        yield env
+    finally:
+        for proc in env.procs:
+            proc.stop()
+        for reader in env.readers:
+            reader.close()
+        with psycopg.connect(citus_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+def test_replicas_through_the_worker_apply_every_event_once_and_move_to_the_coordinator(
+    citus_url: str, env: E2EEnv, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, group = worker_url(citus_url, env.schema)
+    reader = env.reader()
+    through_worker = [env.start("r0"), env.start("r1")]
+    done = publish_transfers(env, SAGAS)
+    # Sagas that straddle the move below: two events through the worker, the third after.
+    straddling = new_workload(SAGAS // 2)
+    publish_steps(env, straddling, range(2))
+    wait_drained(env, done, reader)
+
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        pinned = pinned_node(conn, env.schema)
+    assert pinned is not None
+    assert pinned.group_id == group
+    # The first connection of a replica's start: its loops', or its operator queries' (a start
+    # resumes parked sagas).
+    assert pinned.pinned_by in {"saga:r0", "saga:r1", "saga-processor-ops"}
+    # The worker numbers the rows inserted through it from its own range (group id times 2^48):
+    # a row inserted through the coordinator would sort before them.
+    assert env.scalar("SELECT min(id) FROM saga_history") >= group << 48
+
+    # An operator tool through the coordinator is refused, and names the node to use.
+    with pytest.raises(CitusNodeMismatch) as refused:
+        open_operator_queries(citus_url, Tables(env.schema))
+    assert pinned.node in str(refused.value)
+    assert "(group 0)" in str(refused.value)
+
+    # So is a replica through the coordinator: it exits, saying why, instead of running on.
+    stray = E2EEnv(
+        env.kafka, citus_url, env.schema, env.prefix, env.logs, env.partitions,
+        process_db=citus_url,
+    )  # fmt: skip
+    proc = stray.start("stray")
+    env.procs.append(proc)
+    wait_until(lambda: not proc.alive(), timeout=60, what="the stray replica exits")
+    assert proc.stop() != 0
+    assert f"is used through Citus node {pinned.node}" in proc.log()
+    assert all(p.alive() for p in through_worker)
+
+    # Every process stopped, `citus-node move` through the coordinator moves them there.
+    for p in through_worker:
+        assert p.stop() == 0
+    monkeypatch.setenv("SAGA_DATABASE__URL", citus_url)
+    monkeypatch.setenv("SAGA_DATABASE__SCHEMA_NAME", env.schema)
+    monkeypatch.setenv("SAGA_KAFKA__BOOTSTRAP_SERVERS", env.kafka)
+    monkeypatch.setenv("SAGA_OPERATOR__NAME", "ana")
+    capsys.readouterr()
+    assert main(["citus-node", "move", "--reason", "off the worker", "--json"]) == 0
+    moved = json.loads(capsys.readouterr().out)
+    assert moved["before"]["node"] == pinned.node
+    assert moved["after"]["group_id"] == 0
+    highest = env.scalar("SELECT max(id) FROM saga_history")
+    assert moved["raised"]["saga_history"] == highest
+    assert main(["citus-node", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["pinned"]["group_id"] == shown["here"]["group"] == 0
+    trail = env.query(
+        "SELECT actor, action, reason, target->>'from', target->>'to' FROM operator_audit"
+    )
+    assert trail == [
+        ("ana", "citus-node-move", "off the worker", pinned.node, moved["after"]["node"])
+    ]
+
+    # Through the coordinator now; the straddling sagas' last events land after their first
+    # two in the history's id order, which the invariants read (and their offsets rise).
+    env.procs.append(stray.start("r2"))
+    publish_steps(env, straddling, range(2, 3))
+    everything = Workload({**done.events, **straddling.events})
+    wait_drained(env, everything, reader)
+    assert_invariants(env, everything, reader)
+    assert env.scalar("SELECT count(*) FROM saga_history WHERE id > %s", highest) == SAGAS // 2
+
+
+def test_a_move_to_a_worker_below_the_ids_written_is_refused(citus_url: str) -> None:
+    schema = f"t_move_down_{uuid.uuid4().hex[:8]}"
+    tables = Tables(schema)
+    ensure_schema(citus_url, tables)
+    try:
+        with psycopg.connect(citus_url, autocommit=True) as conn:
+            where = placement(conn, schema)
+            assert where is not None
+            nodes = conn.execute(
+                "SELECT groupid, nodename, nodeport FROM pg_dist_node WHERE groupid <> 0"
+                " ORDER BY groupid"
+            ).fetchall()
+            (_, low_host, low_port), (_, high_host, high_port) = nodes[0], nodes[-1]
+            if where != (high_host, high_port):
+                conn.execute(
+                    "SELECT citus_schema_move(to_regnamespace(%s), %s, %s, 'block_writes')",
+                    (schema, high_host, high_port),
+                )
+        high = make_conninfo(citus_url, host=high_host, port=str(high_port))
+        low = make_conninfo(citus_url, host=low_host, port=str(low_port))
+        with connect_pinned(high, schema, application_name="t") as conn:
+            conn.execute(
+                tables.render(
+                    'INSERT INTO {dead_letter} (topic, partition, "offset", headers, reason)'
+                    " VALUES ('t', 0, 0, '{{}}', 'r')"
+                )
+            )
+            conn.commit()
+        with psycopg.connect(low, autocommit=True) as conn:
+            with pytest.raises(MoveRefused) as refused:
+                move_pin(conn, schema, "ana")
+            assert f"{schema}.dead_letter holds ids up to" in str(refused.value)
+            # Nothing moved.
+            pinned = pinned_node(conn, schema)
+            assert pinned is not None
+            assert pinned.node == f"{high_host}:{high_port}"
+    finally:
+        with psycopg.connect(citus_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+def test_a_start_through_the_worker_with_migrations_pending_is_refused_with_the_way_out(
+    citus_url: str, env: E2EEnv
+) -> None:
+    url, _ = worker_url(citus_url, env.schema)
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DELETE FROM {}.schema_version WHERE version = %s").format(
+                sql.Identifier(env.schema)
+            ),
+            (len(MIGRATIONS),),
+        )
+    with pytest.raises(MigrationsOffCoordinator) as refused:
+        ensure_schema(url, Tables(env.schema))
+    message = str(refused.value)
+    assert f"at {len(MIGRATIONS) - 1} of {len(MIGRATIONS)} migrations" in message
+    assert "saga-processor migrate` with the coordinator's URL" in message
