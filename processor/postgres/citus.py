@@ -156,15 +156,24 @@ def pin_node(conn: psycopg.Connection[Any], schema: str, who: str) -> PinnedNode
         return None
     table = _pin_table(schema)
     with conn.transaction():
-        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
+        exists = conn.execute(
+            "SELECT to_regclass(%s) IS NOT NULL, has_table_privilege(to_regclass(%s), 'INSERT')",
+            (table, table),
+        ).fetchone()
         if not exists or not exists[0]:
             return None
-        conn.execute(
-            f"INSERT INTO {table} (group_id, node, pinned_by) VALUES (%s, %s, %s)"
-            " ON CONFLICT DO NOTHING",
-            (here[0], here[1], who),
-        )
         pinned = _read_pin(conn, table)
+        if pinned is None:
+            if not exists[1]:
+                # A role that only reads (the console's) records nothing: reads do not depend
+                # on the node, and the first process that writes records its own.
+                return None
+            conn.execute(
+                f"INSERT INTO {table} (group_id, node, pinned_by) VALUES (%s, %s, %s)"
+                " ON CONFLICT DO NOTHING",
+                (here[0], here[1], who),
+            )
+            pinned = _read_pin(conn, table)
     if pinned is None:  # the row was removed between the two statements: record again
         return pin_node(conn, schema, who)
     if pinned.group_id != here[0]:
