@@ -85,7 +85,6 @@ def _run(found: Services, citus_url: str, box: Scratch, options: Options) -> dic
         f"S8: S1's drain of {events} events on PostgreSQL and on Citus ({len(cluster) - 1} "
         f"workers), {options.rounds} alternating rounds"
     )
-    citus_side = Services(found.kafka, citus_url)
     made: list[Tables] = []
     rounds: list[dict[str, Any]] = []
     try:
@@ -96,33 +95,20 @@ def _run(found: Services, citus_url: str, box: Scratch, options: Options) -> dic
                 found, single, box, events, f"pg{n}", Meter.find(found.kafka, found.database_url)
             )
             box.settle(single)
-            tables = Tables(schema=f"bench_s8_citus{n}_{box.run_id}")
-            made.append(tables)
-            ensure_schema(citus_url, tables)
-            with psycopg.connect(citus_url, autocommit=True) as conn:
-                worker = placement(conn, tables.schema)
-            before = {name: tree_seconds(pid) if pid else None for name, pid in pids.items()}
-            side = _drain(
-                citus_side,
-                tables,
-                box,
-                events,
-                f"citus{n}",
-                Meter(pids["coordinator"], Meter.find(found.kafka, found.database_url).broker),
-            )
-            after = {name: tree_seconds(pid) if pid else None for name, pid in pids.items()}
-            side["schema_on"] = f"{worker[0]}:{worker[1]}" if worker else None
-            side["node_us"] = {
-                name: (a - b) / events * 1e6
-                for name, b in before.items()
-                if b is not None and (a := after[name]) is not None
-            }
-            row["citus"] = side
+            for side, via_worker in (("citus", False), ("citus_worker", True)):
+                tables = Tables(schema=f"bench_s8_{side}{n}_{box.run_id}")
+                made.append(tables)
+                row[side] = _citus_side(
+                    found, cluster, pids, tables, box, events, f"{side}{n}", via_worker
+                )
             rounds.append(row)
             say(
-                f"round {n}: PostgreSQL {row['postgres']['events_per_s']:,.0f} events/s, Citus "
-                f"{side['events_per_s']:,.0f} events/s; CPU us/event by node "
-                + ", ".join(f"{k} {v:.0f}" for k, v in side["node_us"].items())
+                f"round {n}: PostgreSQL {row['postgres']['events_per_s']:,.0f} events/s; "
+                + "; ".join(
+                    f"{_LABELS[side]} {row[side]['events_per_s']:,.0f} events/s, CPU us/event "
+                    + ", ".join(f"{k} {v:.0f}" for k, v in row[side]["node_us"].items())
+                    for side in _CITUS_SIDES
+                )
             )
     finally:
         with psycopg.connect(citus_url, autocommit=True) as conn:
@@ -133,12 +119,55 @@ def _run(found: Services, citus_url: str, box: Scratch, options: Options) -> dic
                     )
                 )
     pg = statistics.median(r["postgres"]["events_per_s"] for r in rounds)
-    ci = statistics.median(r["citus"]["events_per_s"] for r in rounds)
-    return {
-        "events": events,
-        "rounds": rounds,
-        "median": {"postgres_events_per_s": pg, "citus_events_per_s": ci, "ratio": ci / pg},
+    median: dict[str, float] = {"postgres_events_per_s": pg}
+    for side in _CITUS_SIDES:
+        median[f"{side}_events_per_s"] = per_s = statistics.median(
+            r[side]["events_per_s"] for r in rounds
+        )
+        median[f"{side}_ratio"] = per_s / pg
+    return {"events": events, "rounds": rounds, "median": median}
+
+
+def _citus_side(
+    found: Services,
+    cluster: dict[str, str],
+    pids: dict[str, int | None],
+    tables: Tables,
+    box: Scratch,
+    events: int,
+    label: str,
+    via_worker: bool,
+) -> dict[str, Any]:
+    """One drain on Citus: the schema made through the coordinator (Citus takes DDL there only),
+    the processor connected to the coordinator or to the worker that holds the schema."""
+    ensure_schema(cluster["coordinator"], tables)
+    with psycopg.connect(cluster["coordinator"], autocommit=True) as conn:
+        worker = placement(conn, tables.schema)
+    node = f"{worker[0]}:{worker[1]}" if worker else None
+    through = node if via_worker and node else "coordinator"
+    broker = Meter.find(found.kafka, found.database_url).broker
+    before = {name: tree_seconds(pid) if pid else None for name, pid in pids.items()}
+    side = _drain(
+        Services(found.kafka, cluster[through]),
+        tables,
+        box,
+        events,
+        label,
+        Meter(pids[through], broker),
+    )
+    after = {name: tree_seconds(pid) if pid else None for name, pid in pids.items()}
+    side["schema_on"] = node
+    side["through"] = through
+    side["node_us"] = {
+        name: (a - b) / events * 1e6
+        for name, b in before.items()
+        if b is not None and (a := after[name]) is not None
     }
+    return side
+
+
+_CITUS_SIDES = ("citus", "citus_worker")
+_LABELS = {"citus": "Citus through the coordinator", "citus_worker": "Citus through the worker"}
 
 
 def summary(result: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -146,12 +175,14 @@ def summary(result: dict[str, Any]) -> list[tuple[str, str, str]]:
         return [("S8", "skipped", result["skipped"])]
     median = result["median"]
     rows = [
-        ("S8", "single PostgreSQL (median)", f"{median['postgres_events_per_s']:,.0f} events/s"),
-        ("S8", "Citus (median)", f"{median['citus_events_per_s']:,.0f} events/s"),
-        ("S8", "Citus / PostgreSQL", f"{median['ratio']:.2f}"),
+        ("S8", "single PostgreSQL (median)", f"{median['postgres_events_per_s']:,.0f} events/s")
     ]
-    last = result["rounds"][-1]["citus"]
-    for name, us in last["node_us"].items():
-        rows.append(("S8", f"CPU us/event, {name}", f"{us:.0f}"))
-    rows.append(("S8", "schema on", str(last.get("schema_on"))))
+    for side in _CITUS_SIDES:
+        label = _LABELS[side]
+        last = result["rounds"][-1][side]
+        rows.append(("S8", f"{label} (median)", f"{median[f'{side}_events_per_s']:,.0f} events/s"))
+        rows.append(("S8", f"{label} / PostgreSQL", f"{median[f'{side}_ratio']:.2f}"))
+        for name, us in last["node_us"].items():
+            rows.append(("S8", f"{label}: CPU us/event, {name}", f"{us:.0f}"))
+        rows.append(("S8", f"{label}: schema on", str(last.get("schema_on"))))
     return rows
