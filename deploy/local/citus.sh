@@ -7,6 +7,8 @@
 #   citus.sh down               stop the three clusters
 #   citus.sh stop-worker N      stop worker N (1 or 2), for the tests of a worker outage
 #   citus.sh start-worker N     start it again
+#   citus.sh stop-coordinator   stop the coordinator, for the test of its outage
+#   citus.sh start-coordinator  start it again
 #   citus.sh status             "citus running", "citus stopped" (3) or "citus not installed" (4)
 #   citus.sh url                the coordinator's URL
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -91,14 +93,19 @@ down() {
   wait
 }
 
-worker() {
+# Stops (as a crash would: -m immediate) or starts one node.
+node() {
   local v; v="$(pg_version)"
-  case "$2" in 1|2) ;; *) die "no worker '$2': 1 or 2" ;; esac
   if [[ "$1" == stop ]]; then
-    pg_ctlcluster "$v" "$(node_cluster "worker$2")" stop -m immediate
+    pg_ctlcluster "$v" "$(node_cluster "$2")" stop -m immediate
   else
-    start_node "$v" "worker$2"
+    start_node "$v" "$2"
   fi
+}
+
+worker() {
+  case "$2" in 1|2) ;; *) die "no worker '$2': 1 or 2" ;; esac
+  node "$1" "worker$2"
 }
 
 url() { echo "postgresql://$PG_USER:$PG_PASSWORD@127.0.0.1:$CITUS_PORT/$PG_DB"; }
@@ -117,7 +124,9 @@ case "${1:-}" in
   down) down ;;
   stop-worker) worker stop "${2:-}" ;;
   start-worker) worker start "${2:-}" ;;
+  stop-coordinator) node stop coordinator ;;
+  start-coordinator) node start coordinator ;;
   status) status ;;
   url) url ;;
-  *) echo "usage: $0 up|down|stop-worker N|start-worker N|status|url" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|stop-worker N|start-worker N|stop-coordinator|start-coordinator|status|url" >&2; exit 2 ;;
 esac

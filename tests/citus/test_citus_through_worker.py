@@ -10,6 +10,7 @@ coordinator; a start through the worker with migrations pending is refused, sayi
 from __future__ import annotations
 
 import json
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from devstack import CITUS
 from processor.cli import main
 from processor.postgres.citus import (
     CitusNodeMismatch,
@@ -31,10 +33,12 @@ from processor.postgres.citus import (
 from processor.postgres.connect import connect_pinned, ensure_schema
 from processor.postgres.operator import open_operator_queries
 from processor.postgres.schema import MIGRATIONS, Tables
+from tests.citus.test_citus_worker_outage import local_workers
 from tests.e2e.conftest import (
     E2EEnv,
     Workload,
     assert_invariants,
+    log_lines,
     new_workload,
     publish_steps,
     publish_transfers,
@@ -158,6 +162,33 @@ def test_replicas_through_the_worker_apply_every_event_once_and_move_to_the_coor
     wait_drained(env, everything, reader)
     assert_invariants(env, everything, reader)
     assert env.scalar("SELECT count(*) FROM saga_history WHERE id > %s", highest) == SAGAS // 2
+
+
+def test_processes_through_the_worker_go_on_while_the_coordinator_is_down(
+    citus_url: str, env: E2EEnv
+) -> None:
+    local_workers(citus_url)  # stopping the coordinator needs the local cluster
+    url, _ = worker_url(citus_url, env.schema)
+    # The same world, read through the worker while the coordinator is away.
+    on_worker = E2EEnv(env.kafka, url, env.schema, env.prefix, env.logs, env.partitions)
+    reader = env.reader()
+    replicas = [env.start("r0"), env.start("r1")]
+    before = publish_transfers(env, SAGAS)
+    wait_drained(env, before, reader)
+
+    subprocess.run([str(CITUS), "stop-coordinator"], check=True)
+    try:
+        during = publish_transfers(env, SAGAS)
+        everything = Workload({**before.events, **during.events})
+        # Every saga ends, every command is published, every offset is stored: batches, the
+        # relay and the stored positions need nothing of the coordinator.
+        wait_drained(on_worker, everything, reader)
+    finally:
+        subprocess.run([str(CITUS), "start-coordinator"], check=True)
+    assert all(p.alive() for p in replicas)
+    assert_invariants(env, everything, reader)
+    for p in replicas:
+        assert not log_lines(p, "WARNING|ERROR"), p.log()
 
 
 def test_a_move_to_a_worker_below_the_ids_written_is_refused(citus_url: str) -> None:
