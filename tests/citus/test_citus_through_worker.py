@@ -35,6 +35,7 @@ from processor.postgres.operator import open_operator_queries
 from processor.postgres.schema import MIGRATIONS, Tables
 from tests.citus.test_citus_worker_outage import local_workers
 from tests.e2e.conftest import (
+    TRANSFER_SAGA,
     E2EEnv,
     Workload,
     assert_invariants,
@@ -137,7 +138,12 @@ def test_replicas_through_the_worker_apply_every_event_once_and_move_to_the_coor
     monkeypatch.setenv("SAGA_DATABASE__SCHEMA_NAME", env.schema)
     monkeypatch.setenv("SAGA_KAFKA__BOOTSTRAP_SERVERS", env.kafka)
     monkeypatch.setenv("SAGA_OPERATOR__NAME", "ana")
+    monkeypatch.setenv("SAGA_SAGAS", json.dumps([TRANSFER_SAGA]))
+    # Before the move, the preflight check fails these settings: they reach the coordinator.
     capsys.readouterr()
+    assert main(["check", "--skip-topics", "--json"]) == 1
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert any(f"connect through {pinned.node}" in p for p in problems), problems
     assert main(["citus-node", "move", "--reason", "off the worker", "--json"]) == 0
     moved = json.loads(capsys.readouterr().out)
     assert moved["before"]["node"] == pinned.node
@@ -147,6 +153,9 @@ def test_replicas_through_the_worker_apply_every_event_once_and_move_to_the_coor
     assert main(["citus-node", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["pinned"]["group_id"] == shown["here"]["group"] == 0
+    assert main(["check", "--skip-topics", "--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert any("its processes connect through" in n and "(the coordinator)" in n for n in notes)
     trail = env.query(
         "SELECT actor, action, reason, target->>'from', target->>'to' FROM operator_audit"
     )
