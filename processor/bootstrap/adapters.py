@@ -266,7 +266,8 @@ class Adapters:
     def move_citus_node(self, actor: str, reason: str | None = None) -> NodeMove:
         """Makes the node the database URL reaches the schema's (see :func:`move_pin`)."""
         with connect(self._url, application_name="saga-processor-ops", autocommit=True) as c:
-            return move_pin(c, self.tables.schema, actor, reason)
+            lease = self.tables.q(self.tables.deadline_lock)
+            return move_pin(c, self.tables.schema, actor, reason, lease_table=lease)
 
     def cluster_view(self) -> ClusterView:
         """Replicas, partitions and owners, the deadline lease and the relay's backlog."""

@@ -334,7 +334,12 @@ class MoveRefused(ConfigurationError):
 
 
 def move_pin(
-    conn: psycopg.Connection[Any], schema: str, actor: str, reason: str | None = None
+    conn: psycopg.Connection[Any],
+    schema: str,
+    actor: str,
+    reason: str | None = None,
+    *,
+    lease_table: str | None = None,
 ) -> NodeMove:
     """Makes the connected node the one ``schema``'s processes use, in one transaction.
 
@@ -342,15 +347,19 @@ def move_pin(
     the same transaction, under ``actor`` and ``reason``.
 
     Run with every process of the schema stopped: a process still connected through the old
-    node would write beside the new ones. Each identity sequence of the schema's tables is
+    node would write beside the new ones. A replica still connected to any node of the cluster
+    is found by its connections' name (``saga:`` and an instance id that owns a partition in
+    the schema's positions or held the deadline lease in ``lease_table``), and the move is
+    refused. Each identity sequence of the schema's tables is
     raised on this node above the largest id its table holds, so that rows written through this
     node sort after every older row, as the relay and the held records' replays need.
 
     Raises:
         MoveRefused: Not on Citus, the schema is not distributed (plain tables are on the
-            coordinator alone), or a table holds ids above this node's range (a worker numbers
-            from its group id times 2^48 up to the next group's start: a move to a worker of a
-            lower group than the ids come from would reuse or reorder ids).
+            coordinator alone), a replica of the schema is still connected, or a table holds
+            ids above this node's range (a worker numbers from its group id times 2^48 up to
+            the next group's start: a move to a worker of a lower group than the ids come from
+            would reuse or reorder ids).
     """
     here = local_node(conn)
     if here is None:
@@ -360,6 +369,13 @@ def move_pin(
             raise MoveRefused(
                 f"schema {schema} is not a Citus distributed schema: its tables are on the "
                 "coordinator alone, where its processes connect"
+            )
+        running = _running(conn, schema, lease_table)
+        if running:
+            raise MoveRefused(
+                f"processes of schema {schema} are still connected ("
+                + ", ".join(f"{name} on {node}" for name, node in running)
+                + "): stop every process of the schema, then move"
             )
         table = _pin_table(schema)
         conn.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
@@ -402,6 +418,31 @@ def move_pin(
             (actor, reason, Jsonb(target)),
         )
     return NodeMove(before, after, raised)
+
+
+def _running(
+    conn: psycopg.Connection[Any], schema: str, lease_table: str | None
+) -> list[tuple[str, str]]:
+    """The sessions of the schema's replicas anywhere in the cluster, as (name, node).
+
+    A replica is known by the instance ids that own the schema's partitions or held its deadline
+    lease; its loops' connections are named ``saga:`` and its id.
+    """
+    offsets = '"' + schema.replace('"', '""') + '".consumer_offset'
+    names: list[str] = []
+    for table, column in ((offsets, "owner"), (lease_table, "holder")):
+        found = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
+        if table is not None and found and found[0]:
+            names.append(f"SELECT 'saga:' || {column} FROM {table} WHERE {column} IS NOT NULL")
+    if not names:
+        return []
+    rows = conn.execute(
+        "SELECT DISTINCT a.application_name, coalesce(n.nodename || ':' || n.nodeport,"
+        " 'node ' || a.nodeid) FROM citus_stat_activity AS a"
+        " LEFT JOIN pg_dist_node AS n ON n.nodeid = a.nodeid"
+        f" WHERE a.application_name IN ({' UNION '.join(names)}) ORDER BY 1, 2"
+    ).fetchall()
+    return [(str(name), str(node)) for name, node in rows]
 
 
 # The schema's tables with an identity column, with its sequence as this node numbers it (a

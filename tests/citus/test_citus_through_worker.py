@@ -21,6 +21,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from devstack import CITUS
+from processor.bootstrap.adapters import Adapters
 from processor.cli import main
 from processor.postgres.citus import (
     CitusNodeMismatch,
@@ -131,19 +132,35 @@ def test_replicas_through_the_worker_apply_every_event_once_and_move_to_the_coor
     assert f"is used through Citus node {pinned.node}" in proc.log()
     assert all(p.alive() for p in through_worker)
 
-    # Every process stopped, `citus-node move` through the coordinator moves them there.
-    for p in through_worker:
-        assert p.stop() == 0
     monkeypatch.setenv("SAGA_DATABASE__URL", citus_url)
     monkeypatch.setenv("SAGA_DATABASE__SCHEMA_NAME", env.schema)
     monkeypatch.setenv("SAGA_KAFKA__BOOTSTRAP_SERVERS", env.kafka)
     monkeypatch.setenv("SAGA_OPERATOR__NAME", "ana")
     monkeypatch.setenv("SAGA_SAGAS", json.dumps([TRANSFER_SAGA]))
-    # Before the move, the preflight check fails these settings: they reach the coordinator.
+    # The preflight check fails these settings: they reach the coordinator.
     capsys.readouterr()
     assert main(["check", "--skip-topics", "--json"]) == 1
     problems = json.loads(capsys.readouterr().out)["problems"]
     assert any(f"connect through {pinned.node}" in p for p in problems), problems
+
+    # A move while the replicas run is refused, naming them and their node (a replica is known
+    # by the partitions it owns or the lease it holds: both own some once the group settles).
+    wait_until(
+        lambda: (
+            {o for (o,) in env.query("SELECT DISTINCT owner FROM consumer_offset")} == {"r0", "r1"}
+        ),
+        timeout=60,
+        what="both replicas own partitions",
+    )
+    with pytest.raises(MoveRefused) as running:
+        Adapters(env.settings()).move_citus_node("ana")
+    assert f"saga:r0 on {pinned.node}" in str(running.value)
+    assert f"saga:r1 on {pinned.node}" in str(running.value)
+
+    # Every process stopped, `citus-node move` through the coordinator moves them there.
+    for p in through_worker:
+        assert p.stop() == 0
+    capsys.readouterr()
     assert main(["citus-node", "move", "--reason", "off the worker", "--json"]) == 0
     moved = json.loads(capsys.readouterr().out)
     assert moved["before"]["node"] == pinned.node
