@@ -39,7 +39,7 @@ from processor.postgres.citus import (
     use_citus,
     will_distribute,
 )
-from processor.postgres.connect import connect, connect_pinned
+from processor.postgres.connect import connect
 from processor.postgres.connect import ensure_schema as migrate_to_latest
 from processor.postgres.deadlines import PostgresDeadlineStore
 from processor.postgres.failed_outbox import PostgresFailedOutbox
@@ -115,11 +115,11 @@ class Adapters:
     ) -> Conn:
         """A connection of the replica's loops: named after it, every statement bounded.
 
-        On Citus, through the schema's node (:func:`processor.postgres.connect.connect_pinned`).
+        On Citus, through the schema's node (:func:`processor.postgres.citus.pin_node`).
         """
-        return connect_pinned(
+        return connect(
             self._url,
-            self.tables.schema,
+            pin=self.tables.schema,
             application_name=f"saga:{self._instance_id}",
             idle_in_transaction_timeout=idle_in_transaction_timeout,
             statement_timeout=self.settings.database.statement_timeout,
@@ -231,7 +231,7 @@ class Adapters:
     @contextmanager
     def failed_outbox(self) -> Iterator[PostgresFailedOutbox]:
         """The failed outbox on an autocommit connection of its own, closed on leaving."""
-        with connect_pinned(self._url, self.tables.schema, autocommit=True) as conn:
+        with connect(self._url, pin=self.tables.schema, autocommit=True) as conn:
             yield PostgresFailedOutbox(conn, self.tables)
 
     @contextmanager

@@ -15,7 +15,7 @@ from processor.kafka.client import SagaConsumer
 from processor.kafka.producer import KafkaRecordProducer
 from processor.ports.engine import TP
 from processor.postgres.citus import Distributed
-from processor.postgres.connect import connect, connect_pinned
+from processor.postgres.connect import connect
 from processor.postgres.held import Conn
 from processor.postgres.notify import PostgresWakeSource
 from processor.postgres.outbox import PostgresOutboxStore
@@ -66,11 +66,11 @@ class ServiceAdapters:
 
     def connect(self) -> Conn:
         """A connection of the service's loops."""
-        return connect_pinned(
+        return connect(
             self._url,
-            self.tables.schema,
             application_name=self._app,
             search_path=self._search_path,
+            pin=self.tables.schema,
         )
 
     def migrate(self, migrations: Sequence[str] | None = None) -> int:

@@ -350,9 +350,9 @@ def move_pin(
     node would write beside the new ones. A replica still connected to any node of the cluster
     is found by its connections' name (``saga:`` and an instance id that owns a partition in
     the schema's positions or held the deadline lease in ``lease_table``), and the move is
-    refused. Each identity sequence of the schema's tables is
-    raised on this node above the largest id its table holds, so that rows written through this
-    node sort after every older row, as the relay and the held records' replays need.
+    refused. Each identity sequence of the schema's tables is raised on this node above the
+    largest id its table holds, so that rows written through this node sort after every older
+    row, as the relay and the held records' replays need.
 
     Raises:
         MoveRefused: Not on Citus, the schema is not distributed (plain tables are on the
@@ -431,8 +431,10 @@ def _running(
     offsets = '"' + schema.replace('"', '""') + '".consumer_offset'
     names: list[str] = []
     for table, column in ((offsets, "owner"), (lease_table, "holder")):
+        if table is None:
+            continue
         found = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
-        if table is not None and found and found[0]:
+        if found and found[0]:
             names.append(f"SELECT 'saga:' || {column} FROM {table} WHERE {column} IS NOT NULL")
     if not names:
         return []
@@ -448,7 +450,8 @@ def _running(
 # The schema's tables with an identity column, with its sequence as this node numbers it (a
 # worker's copy of a distributed table's sequence has its own range).
 _IDENTITIES = """
-SELECT c.relname, s.schemaname || '.' || s.sequencename, s.last_value, s.max_value
+SELECT c.relname, quote_ident(s.schemaname) || '.' || quote_ident(s.sequencename),
+       s.last_value, s.max_value
   FROM pg_class AS c
   JOIN pg_attribute AS a ON a.attrelid = c.oid AND a.attidentity <> '' AND a.attname = 'id'
   JOIN pg_depend AS d ON d.refobjid = c.oid AND d.refobjsubid = a.attnum AND d.deptype = 'i'

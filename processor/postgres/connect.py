@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -34,6 +33,7 @@ def connect(
     statement_timeout: timedelta | None = None,
     keyed: bool = False,
     search_path: str | None = None,
+    pin: str | None = None,
 ) -> psycopg.Connection[TupleRow]:
     """A connection with the processor's defaults (UTC session, bounded statement wait).
 
@@ -56,6 +56,13 @@ def connect(
             are then only taken where nothing else can run.
         search_path: A schema that unqualified names find first (then ``public``): a
             participant service's handlers name their own tables without the schema.
+        pin: The schema this connection writes, for a process of it: on Citus, the connection
+            must reach the node the schema's processes use
+            (:func:`processor.postgres.citus.pin_node`).
+
+    Raises:
+        CitusNodeMismatch: ``pin`` is given and the connection reached another node (it is
+            closed).
     """
     options = "-c timezone=UTC -c lock_timeout=30s"
     if idle_in_transaction_timeout is not None:
@@ -85,24 +92,12 @@ def connect(
     )
     # pydantic-core's parser is several times faster than json.loads for jsonb columns.
     set_json_loads(from_json, conn)
-    return conn
-
-
-def connect_pinned(url: str, schema: str, **options: Any) -> psycopg.Connection[TupleRow]:
-    """:func:`connect`, for a process that writes ``schema``'s tables.
-
-    On Citus, the connection must reach the node the schema's processes use
-    (:func:`processor.postgres.citus.pin_node`).
-
-    Raises:
-        CitusNodeMismatch: The connection reached another node (it is closed).
-    """
-    conn = connect(url, **options)
-    try:
-        pin_node(conn, schema, str(options.get("application_name", "saga-processor")))
-    except BaseException:
-        conn.close()
-        raise
+    if pin is not None:
+        try:
+            pin_node(conn, pin, application_name)
+        except BaseException:
+            conn.close()
+            raise
     return conn
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from processor.engine.rows import Loaded, SagaRow, Wants, WriteSet
 from processor.ports import DeadlineRow, HeldMessage, ParkedSaga, StateCount
 from processor.postgres.batch_rows import held_message
-from processor.postgres.connect import connect_pinned
+from processor.postgres.connect import connect
 from processor.postgres.held import Conn, OwnedConnection
 from processor.postgres.schema import Tables
 from processor.postgres.store import BatchStore
@@ -152,9 +152,7 @@ def open_operator_queries(url: str, tables: Tables) -> OperatorQueries:
         url: The processor's database URL.
         tables: The processor's table names.
     """
-    conn = connect_pinned(
-        url, tables.schema, application_name="saga-processor-ops", autocommit=True
-    )
+    conn = connect(url, application_name="saga-processor-ops", autocommit=True, pin=tables.schema)
     return OperatorQueries(conn, tables)
 
 

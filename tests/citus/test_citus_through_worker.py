@@ -31,7 +31,7 @@ from processor.postgres.citus import (
     pinned_node,
     placement,
 )
-from processor.postgres.connect import connect_pinned, ensure_schema
+from processor.postgres.connect import connect, ensure_schema
 from processor.postgres.operator import open_operator_queries
 from processor.postgres.schema import MIGRATIONS, Tables
 from tests.citus.test_citus_worker_outage import local_workers
@@ -237,7 +237,7 @@ def test_a_move_to_a_worker_below_the_ids_written_is_refused(citus_url: str) -> 
                 )
         high = make_conninfo(citus_url, host=high_host, port=str(high_port))
         low = make_conninfo(citus_url, host=low_host, port=str(low_port))
-        with connect_pinned(high, schema, application_name="t") as conn:
+        with connect(high, application_name="t", pin=schema) as conn:
             conn.execute(
                 tables.render(
                     'INSERT INTO {dead_letter} (topic, partition, "offset", headers, reason)'
