@@ -33,6 +33,11 @@ from processor.postgres.citus import (
 )
 from processor.postgres.connect import connect, ensure_schema
 from processor.postgres.operator import open_operator_queries
+from processor.postgres.participant_schema import (
+    PARTICIPANT_MIGRATIONS,
+    migrate_participant,
+    migrate_service,
+)
 from processor.postgres.schema import MIGRATIONS, Tables
 from tests.citus.test_citus_worker_outage import local_workers
 from tests.e2e.conftest import (
@@ -274,3 +279,42 @@ def test_a_start_through_the_worker_with_migrations_pending_is_refused_with_the_
     message = str(refused.value)
     assert f"at {len(MIGRATIONS) - 1} of {len(MIGRATIONS)} migrations" in message
     assert "saga-processor migrate` with the coordinator's URL" in message
+
+
+def test_a_participant_through_the_worker_migrates_nothing_there_and_pins_its_node(
+    citus_url: str,
+) -> None:
+    schema = f"t_svc_worker_{uuid.uuid4().hex[:8]}"
+    tables = Tables(schema)
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        migrate_participant(conn, tables)
+    try:
+        url, group = worker_url(citus_url, schema)
+        with psycopg.connect(url, autocommit=True) as conn:
+            # Current: a start through the worker finds nothing to do, and no DDL is sent.
+            assert migrate_participant(conn, tables) == len(PARTICIPANT_MIGRATIONS)
+            assert migrate_service(conn, tables, []) == 0
+        with psycopg.connect(citus_url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DELETE FROM {}.participant_schema_version WHERE version = %s").format(
+                    sql.Identifier(schema)
+                ),
+                (len(PARTICIPANT_MIGRATIONS),),
+            )
+        with (
+            psycopg.connect(url, autocommit=True) as conn,
+            pytest.raises(MigrationsOffCoordinator),
+        ):
+            migrate_participant(conn, tables)
+        # The service's connections pin the schema to the worker, as a processor's do.
+        with connect(url, application_name="saga-participant", pin=schema):
+            pass
+        with psycopg.connect(citus_url, autocommit=True) as conn:
+            pinned = pinned_node(conn, schema)
+        assert pinned is not None
+        assert (pinned.group_id, pinned.pinned_by) == (group, "saga-participant")
+        with pytest.raises(CitusNodeMismatch):
+            connect(citus_url, application_name="saga-participant", pin=schema)
+    finally:
+        with psycopg.connect(citus_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
