@@ -222,6 +222,43 @@ def test_processes_through_the_worker_go_on_while_the_coordinator_is_down(
         assert not log_lines(p, "WARNING|ERROR"), p.log()
 
 
+def test_processes_through_the_old_worker_go_on_after_the_schema_moves_to_the_other(
+    citus_url: str, env: E2EEnv
+) -> None:
+    reader = env.reader()
+    replicas = [env.start("r0"), env.start("r1")]
+    before = publish_transfers(env, SAGAS)
+    wait_drained(env, before, reader)
+
+    # A rebalance moves the schema under the running replicas (writes held during the copy).
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        old = placement(conn, env.schema)
+        assert old is not None
+        other = conn.execute(
+            "SELECT nodename, nodeport FROM pg_dist_node WHERE groupid <> 0"
+            " AND (nodename, nodeport) <> (%s, %s) LIMIT 1",
+            old,
+        ).fetchone()
+        assert other is not None
+        conn.execute(
+            "SELECT citus_schema_move(to_regnamespace(%s), %s, %s, 'block_writes')",
+            (env.schema, other[0], other[1]),
+        )
+        assert placement(conn, env.schema) == (other[0], other[1])
+
+    # Still connected to the old worker, which forwards their statements: nothing lost, nothing
+    # applied twice, and the node they use has not changed.
+    after = publish_transfers(env, SAGAS)
+    everything = Workload({**before.events, **after.events})
+    wait_drained(env, everything, reader)
+    assert_invariants(env, everything, reader)
+    assert all(p.alive() for p in replicas)
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        pinned = pinned_node(conn, env.schema)
+    assert pinned is not None
+    assert pinned.node == f"{old[0]}:{old[1]}"
+
+
 def test_a_move_to_a_worker_below_the_ids_written_is_refused(citus_url: str) -> None:
     schema = f"t_move_down_{uuid.uuid4().hex[:8]}"
     tables = Tables(schema)
