@@ -10,7 +10,8 @@ import psycopg
 import pytest
 
 from processor.postgres.check import PostgresCheckSource
-from processor.postgres.citus import CitusUnavailable
+from processor.postgres.citus import CitusUnavailable, MoveRefused, local_node, move_pin, pin_node
+from processor.postgres.connect import connect
 from processor.postgres.schema import MIGRATIONS, Tables, migrate
 
 pytestmark = pytest.mark.integration
@@ -67,3 +68,19 @@ def test_citus_asked_of_a_database_without_it_is_refused_and_creates_nothing(
     assert done.returncode == 2, done.stderr
     assert "the database has no citus extension" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_without_citus_no_node_is_recorded_checked_or_movable(plain: str, pg_schema: str) -> None:
+    tables = Tables(pg_schema)
+    with psycopg.connect(plain, autocommit=True) as conn:
+        migrate(conn, tables)
+    # A process's connection on one PostgreSQL: nothing to pin, nothing recorded.
+    with connect(plain, application_name="saga:r0", pin=pg_schema) as conn:
+        assert local_node(conn) is None
+        assert pin_node(conn, pg_schema, "saga:r0") is None
+    with psycopg.connect(plain, autocommit=True) as conn:
+        assert conn.execute(tables.render("SELECT count(*) FROM {citus_node}")).fetchone() == (0,)
+        assert PostgresCheckSource(conn, tables).node_problem() is None
+        with pytest.raises(MoveRefused) as refused:
+            move_pin(conn, pg_schema, "ana")
+    assert "not a Citus node" in str(refused.value)
