@@ -52,10 +52,31 @@ _LEASE = """
 # Replicas name their sessions `saga:<instance id>` (processor/runtime/processor.py). Any role
 # may read another session's application_name; the rest of its row needs pg_read_all_stats.
 _CONNECTED = """
-    SELECT substr(application_name, 6), count(*) FROM pg_stat_activity
+    SELECT substr(application_name, 6), count(*) FROM {activity}
      WHERE datname = current_database() AND application_name LIKE 'saga:%%'
      GROUP BY 1
 """
+
+
+def _connected(conn: Conn) -> dict[str, int]:
+    """Sessions per replica.
+
+    On Citus the replicas may be connected to a worker rather than to this node (docs/scaling.md,
+    "Through a worker"): they are counted over the whole cluster, where the role may ask.
+    """
+    citus = conn.execute("SELECT to_regclass('pg_catalog.citus_stat_activity') IS NOT NULL")
+    found = citus.fetchone()
+    if found and found[0]:
+        try:
+            return _count_sessions(conn, "citus_stat_activity")
+        except psycopg.errors.InsufficientPrivilege:
+            pass  # this node's sessions, as on one PostgreSQL
+    return _count_sessions(conn, "pg_stat_activity")
+
+
+def _count_sessions(conn: Conn, view: str) -> dict[str, int]:
+    rows = conn.execute(_CONNECTED.format(activity=view)).fetchall()
+    return {str(name): int(n) for name, n in rows}
 
 
 def cluster_view(conn: Conn, tables: Tables, group_id: str, cap: int = 10_000) -> ClusterView:
@@ -92,7 +113,7 @@ def cluster_view(conn: Conn, tables: Tables, group_id: str, cap: int = 10_000) -
     unpartitioned = RelayBacklog(int(found[0]), found[1], sum(failed.values()))
     row = conn.execute(r(_LEASE), (LEASE_NAME,)).fetchone()
     lease = DeadlineLease(str(row[0]), int(row[1]), row[2], row[3]) if row is not None else None
-    connected = {str(name): int(n) for name, n in conn.execute(_CONNECTED).fetchall()}
+    connected = _connected(conn)
     return ClusterView(
         group_id=group_id,
         replicas=replicas_of(partitions, connected, lease),

@@ -31,6 +31,7 @@ from processor.postgres.citus import (
     pinned_node,
     placement,
 )
+from processor.postgres.cluster import cluster_view
 from processor.postgres.connect import connect, ensure_schema
 from processor.postgres.operator import open_operator_queries
 from processor.postgres.participant_schema import (
@@ -222,6 +223,11 @@ def test_processes_through_the_worker_go_on_while_the_coordinator_is_down(
     replicas = [env.start("r0"), env.start("r1")]
     before = publish_transfers(env, SAGAS)
     wait_drained(env, before, reader)
+
+    # The console, on the coordinator, sees the replicas connected to the worker.
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        view = cluster_view(conn, Tables(env.schema), env.group_id)
+    assert {r.instance_id for r in view.replicas if r.connections} == {"r0", "r1"}
 
     subprocess.run([str(CITUS), "stop-coordinator"], check=True)
     try:
