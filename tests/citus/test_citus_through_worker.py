@@ -1,10 +1,14 @@
 """Processors connected to the Citus worker that holds their schema, not to the coordinator.
 
-The coordinator then has no part in a batch (S8 measures it). Identity values, advisory locks
-and notifications are per node, so the schema's processes must all use one node: the first to
-connect records it (processor/postgres/citus.py: pin_node), and a process or operator tool
-that reaches another node is refused, saying which node to use. Migrations (DDL) go through the
-coordinator; a start through the worker with migrations pending is refused, saying so.
+The coordinator then has no part in a batch (S8 measures it), and its outage stops nothing.
+Identity values, advisory locks and notifications are per node, so the schema's processes must
+all use one node: the first to connect records it (processor/postgres/citus.py: pin_node); a
+replica, an operator tool or a participant that reaches another node is refused, saying which
+node to use, and `check` fails such settings. `citus-node move` moves them all, with every
+process stopped, keeping the ids in order. Migrations (DDL) go through the coordinator; a start
+through the worker with migrations pending is refused, saying so. A rebalance that moves the
+schema leaves its processes working through their node, and the console on the coordinator
+sees them.
 """
 
 from __future__ import annotations
