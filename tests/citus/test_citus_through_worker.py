@@ -285,6 +285,33 @@ def test_processes_through_the_old_worker_go_on_after_the_schema_moves_to_the_ot
     assert pinned.node == f"{old[0]}:{old[1]}"
 
 
+def test_a_replica_whose_reconnection_reaches_another_node_stops_and_says_why(
+    citus_url: str, env: E2EEnv
+) -> None:
+    url, _ = worker_url(citus_url, env.schema)
+    reader = env.reader()
+    replica = env.start("r0")
+    done = publish_transfers(env, SAGAS // 4)
+    wait_drained(env, done, reader)
+    # As if the schema's processes had been moved to the coordinator under the running replica
+    # (a URL that resolves elsewhere after a reconnection meets the same check).
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("UPDATE {}.citus_node SET group_id = 0, node = 'the coordinator'").format(
+                sql.Identifier(env.schema)
+            )
+        )
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = 'saga:r0'"
+        )
+    # Its loops reconnect, are refused, and the process stops rather than run on half alive.
+    wait_until(lambda: not replica.alive(), timeout=60, what="the replica stops")
+    assert replica.stop() == 70  # a loop died (processor.cli.commands.EXIT_LOOP_DIED)
+    assert "is used through Citus node the coordinator (group 0)" in replica.log()
+
+
 def test_a_move_to_a_worker_below_the_ids_written_is_refused(citus_url: str) -> None:
     schema = f"t_move_down_{uuid.uuid4().hex[:8]}"
     tables = Tables(schema)
