@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 
 from processor.application import app_target, load_app
@@ -37,7 +38,14 @@ def _fault(point: str, at: int, action: str) -> Callable[[], None]:
                 raise RuntimeError(f"fault injected at {point} #{at}")
             if action == "hold-gil":
                 hold_the_interpreter()
-            os.kill(os.getpid(), signal.SIGKILL if action == "kill" else signal.SIGSTOP)
+            if action == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+                return
+            # To this thread, not the process: a process-directed SIGSTOP may be taken by
+            # another thread, and this one runs on until that thread's group stop reaches it,
+            # long enough to send the COMMIT it was meant to stop before. Taken by this thread,
+            # it stops here, before returning to the caller.
+            signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
 
     return hit
 
