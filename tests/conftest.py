@@ -18,8 +18,9 @@ from devstack import Services, provide
 from tests.support.phases import PHASE, kept
 from tests.support.roles import LeastPrivilege, least_privilege
 
-# A hang with the interpreter held still ends the run, with every thread's stack.
-pytest_plugins = ["tests.support.hang_watchdog"]
+# A hang with the interpreter held still ends the run, with every thread's stack; a failed
+# test that ran processes shows what they said.
+pytest_plugins = ["tests.support.hang_watchdog", "tests.support.tell"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -57,6 +57,7 @@ from tests.e2e.conftest import (
     wait_drained,
 )
 from tests.support.harness import create_topics, wait_until
+from tests.support.tell import tell_if_failed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -93,7 +94,9 @@ def reachable(url: str) -> str:
 
 
 @pytest.fixture
-def env(kafka_bootstrap: str, citus_url: str, tmp_path: Path) -> Iterator[E2EEnv]:
+def env(
+    request: pytest.FixtureRequest, kafka_bootstrap: str, citus_url: str, tmp_path: Path
+) -> Iterator[E2EEnv]:
     prefix = f"w{uuid.uuid4().hex[:8]}."
     schema = f"t_via_worker_{prefix[1:-1]}"
     ensure_schema(citus_url, Tables(schema))
@@ -111,6 +114,7 @@ def env(kafka_bootstrap: str, citus_url: str, tmp_path: Path) -> Iterator[E2EEnv
     finally:
         for proc in env.procs:
             proc.stop()
+        tell_if_failed(request, env.procs)
         for reader in env.readers:
             reader.close()
         with psycopg.connect(citus_url, autocommit=True) as conn:

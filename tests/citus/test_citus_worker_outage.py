@@ -31,6 +31,7 @@ from tests.e2e.conftest import (
     wait_drained,
 )
 from tests.support.harness import create_topics, wait_until
+from tests.support.tell import tell_if_failed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -55,7 +56,9 @@ def worker(action: str, number: int) -> None:
 
 
 @pytest.fixture
-def two_envs(kafka_bootstrap: str, citus_url: str, tmp_path: Path) -> Iterator[list[E2EEnv]]:
+def two_envs(
+    request: pytest.FixtureRequest, kafka_bootstrap: str, citus_url: str, tmp_path: Path
+) -> Iterator[list[E2EEnv]]:
     envs = []
     for name in ("a", "b"):
         prefix = f"c{uuid.uuid4().hex[:8]}."
@@ -73,6 +76,7 @@ def two_envs(kafka_bootstrap: str, citus_url: str, tmp_path: Path) -> Iterator[l
         for env in envs:
             for proc in env.procs:
                 proc.stop()
+            tell_if_failed(request, env.procs)
             for reader in env.readers:
                 reader.close()
         with psycopg.connect(citus_url, autocommit=True) as conn:

@@ -9,7 +9,6 @@ the input calls for.
 from __future__ import annotations
 
 import re
-import sys
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
@@ -36,6 +35,7 @@ from tests.support.private_stack import PrivateStack
 from tests.support.private_stack import private_stack as _private_stack
 from tests.support.procs import ProcessorProcess
 from tests.support.roles import LeastPrivilege
+from tests.support.tell import tell_if_failed
 
 TRANSFER_SAGA = "sagas.transfer:TransferSaga"
 TRANSFER_APP = "sagas.app:transfer_app"
@@ -145,30 +145,6 @@ class E2EEnv:
         return {int(p): (None if n is None else int(n)) for p, n in rows}
 
 
-_FAILED = pytest.StashKey[bool]()
-
-
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    report = yield
-    if report.when == "call":
-        item.stash[_FAILED] = report.failed
-    return report
-
-
-def _tell_logs(procs: list[ProcessorProcess]) -> None:
-    # A failed end-to-end test shows what its processes said (warnings and up, cut short), at
-    # the end of its report: where a CI log that keeps only its last lines still shows it.
-    for proc in procs:
-        lines = [
-            line[:220]
-            for line in proc.log().splitlines()
-            if not re.search(r" (DEBUG|INFO) ", line) or "revoked" in line or "assigned" in line
-        ]
-        sys.stdout.write(f"--- {proc.log_path.name}: last {min(25, len(lines))} lines ---\n")
-        sys.stdout.write("".join(f"{line}\n" for line in lines[-25:]))
-
-
 @pytest.fixture
 def e2e_env(
     request: pytest.FixtureRequest,
@@ -197,8 +173,7 @@ def e2e_env(
         # Processes first: a live processor must not outlast its schema being dropped.
         for proc in env.procs:
             proc.stop()
-        if request.node.stash.get(_FAILED, False):
-            _tell_logs(env.procs)
+        tell_if_failed(request, env.procs)
         for reader in env.readers:
             reader.close()
 
