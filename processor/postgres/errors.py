@@ -12,10 +12,12 @@ import re
 
 import psycopg
 
-from processor.errors import LockBusy, RecordDataError, Retryable, RuntimeFailure
+from processor.errors import CommitInDoubt, LockBusy, RecordDataError, Retryable, RuntimeFailure
 
 __all__ = [
+    "CITUS_COMMIT_FAILED",
     "CITUS_COPY_ERROR",
+    "CITUS_RESULT_ERROR",
     "CITUS_WORKER_ERRORS",
     "citus_copy_sqlstate",
     "translate",
@@ -51,8 +53,22 @@ _CITUS_COPY_REFUSALS = (
 )
 
 
+# A coordinator whose COMMIT of a transaction on a worker failed (the worker stopped, crashed
+# or restarted after the transaction's statements) reports it from this function under SQLSTATE
+# XX000, on a connection that stays usable (Citus 13, transaction/transaction_management.c).
+# The worker may have committed before its answer was lost: the outcome is unknown, as when the
+# connection to a single PostgreSQL breaks during COMMIT.
+CITUS_COMMIT_FAILED = "ErrorIfPostCommitFailedShardPlacements"
+
+# A coordinator passes on a worker's error from this function with the worker's SQLSTATE, or
+# with XX000 when the worker's answer had none: the coordinator's connection to the worker
+# failed (the worker stopped or crashed mid-statement or mid-PREPARE: "server closed the
+# connection unexpectedly", "SSL SYSCALL error: EOF detected"). That is an outage, not a fault
+# of the statement: the same work may succeed once the worker is back.
+CITUS_RESULT_ERROR = "ReportResultError"
+
 # The coordinator functions that pass on a worker's error (a statement's result, copied rows).
-CITUS_WORKER_ERRORS = frozenset({"ReportResultError", CITUS_COPY_ERROR})
+CITUS_WORKER_ERRORS = frozenset({CITUS_RESULT_ERROR, CITUS_COPY_ERROR})
 
 # A quoted name with a Citus shard id appended (shard ids start at 102008).
 _SHARD_NAME = re.compile(r'"([^"]+)_\d{6,}"')
@@ -107,7 +123,8 @@ def translate(e: psycopg.Error) -> RuntimeFailure:
         e: The error psycopg raised.
 
     Returns:
-        ``Retryable`` for a transient failure (``LockBusy`` for a lock wait that timed out),
+        ``Retryable`` for a transient failure (``LockBusy`` for a lock wait that timed out,
+        ``CommitInDoubt`` for a COMMIT a Citus worker did not confirm),
         ``RecordDataError`` for refused data, and a plain
         ``RuntimeFailure`` (``Failure.FATAL``) for everything else.
     """
@@ -123,6 +140,10 @@ def translate(e: psycopg.Error) -> RuntimeFailure:
         primary = unsharded(primary)
     if state == "XX000" and source == CITUS_COPY_ERROR:
         state = citus_copy_sqlstate(primary)
+    if state == "XX000" and source == CITUS_COMMIT_FAILED:
+        return CommitInDoubt(f"a Citus worker did not confirm the commit ({state}): {primary}")
+    if state == "XX000" and source == CITUS_RESULT_ERROR:
+        return Retryable(f"a Citus worker's connection failed ({state}): {primary}")
     if state == "55P03":
         return LockBusy(f"rows busy ({state}): {primary}")
     if state.startswith(_RETRYABLE):

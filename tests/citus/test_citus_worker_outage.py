@@ -3,7 +3,8 @@
 Two processors, a schema each, placed on different workers. With the worker of one stopped,
 the other keeps committing; the first gives its partitions back while its database does not
 answer, and finishes once the worker is back. Both end with exactly the effects of their input:
-nothing lost, nothing applied twice (the invariants of tests/e2e/conftest.py).
+nothing lost, nothing applied twice (the invariants of tests/e2e/conftest.py). And a COMMIT the
+stopped worker never confirmed is tried again or resolved, never taken for a fatal error.
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ import pytest
 from psycopg import sql
 
 from devstack import CITUS
+from processor.engine.records import OffsetCommit, OutboxRow
+from processor.engine.rows import HistoryRow, Outcome, SagaStatus, SagaWrite, WriteSet
+from processor.errors import CommitInDoubt, Failure, Retryable, RuntimeFailure
+from processor.postgres.batch import PostgresBatchStore
 from processor.postgres.citus import placement
+from processor.postgres.connect import connect
+from processor.postgres.errors import translate
 from processor.postgres.schema import Tables, migrate
 from tests.e2e.conftest import (
     E2EEnv,
@@ -144,3 +151,76 @@ def test_the_other_workers_processor_commits_through_an_outage_and_nothing_is_lo
         # A relay round cut by the outage may send a command again, with its id: never a
         # second effect (the invariants above), at most a repeat of the same record.
         assert report.distinct == len(workload.events) * 2
+
+
+def test_a_commit_the_schemas_worker_does_not_confirm_is_tried_again_not_fatal(
+    citus_url: str,
+) -> None:
+    """The worker stops between a transaction's statements and its COMMIT.
+
+    The coordinator reports that COMMIT under XX000 (a lost PREPARE of copied rows from the
+    function that relays a worker's result; a lost one-phase COMMIT from its own), which read as
+    "fatal" would stop the replica; a batch's comes back as worth another try, a one-phase
+    commit's as in doubt, and the batch commits once the worker is back.
+    """
+    workers = local_workers(citus_url)
+    schema = f"t_commit_{uuid.uuid4().hex[:8]}"
+    tables = Tables(schema)
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        migrate(conn, tables)
+        where = placement(conn, schema)
+    assert where is not None
+    number = workers[where[1]]
+    store = PostgresBatchStore(lambda: connect(citus_url), tables, "commit-group")
+    try:
+        store.claim([("in", 0)], "r0")
+        # A batch (its rows copied to the worker: a two-phase commit there).
+        with pytest.raises(RuntimeFailure) as batch:
+            store.write(
+                one_saga(0), [OffsetCommit("in", 0, 1, None, 1)],
+                before_commit=lambda: worker("stop", number),
+            )  # fmt: skip
+        worker("start", number)
+        assert batch.value.kind is Failure.RETRYABLE, batch.value
+        stored = wait_until(lambda: answers(store), timeout=60, what="the worker to answer")
+        assert stored == {("in", 0): (1, None)}  # not committed
+        store.write(one_saga(0), [OffsetCommit("in", 0, 1, None, 1)])
+        assert store.read_offsets([("in", 0)]) == {("in", 0): (1, 1)}
+
+        # A one-phase commit (an update of rows already there).
+        with connect(citus_url) as conn:
+            conn.execute(
+                sql.SQL("UPDATE {}.consumer_offset SET owner = 'r1'").format(sql.Identifier(schema))
+            )
+            worker("stop", number)
+            try:
+                with pytest.raises(psycopg.Error) as commit:
+                    conn.commit()
+            finally:
+                worker("start", number)
+        assert isinstance(translate(commit.value), CommitInDoubt), commit.value
+    finally:
+        store.close()
+        with psycopg.connect(citus_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+def one_saga(n: int) -> WriteSet:
+    sid = f"s{n}"
+    return WriteSet(
+        sagas=[SagaWrite("commit-saga", sid, {"n": n}, SagaStatus.ACTIVE, 1, None, None)],
+        history=[
+            HistoryRow(
+                "commit-saga", sid, f"m{n}", "Started", "event", Outcome.APPLIED, 1, "in", 0, n
+            )
+        ],
+        outbox=[OutboxRow("commit-saga", sid, "out", b"k", {}, b"v", None, ("in", 0))],
+    )
+
+
+def answers(store: PostgresBatchStore) -> dict[tuple[str, int], tuple[int, int | None]] | None:
+    """The stored offsets, or None while the worker does not answer yet."""
+    try:
+        return store.read_offsets([("in", 0)])
+    except Retryable:
+        return None
