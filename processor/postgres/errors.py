@@ -19,6 +19,7 @@ __all__ = [
     "CITUS_COPY_ERROR",
     "CITUS_RESULT_ERROR",
     "CITUS_WORKER_ERRORS",
+    "CITUS_WORKER_LOST",
     "citus_copy_sqlstate",
     "translate",
     "unreachable",
@@ -55,7 +56,7 @@ _CITUS_COPY_REFUSALS = (
 
 # A coordinator whose COMMIT of a transaction on a worker failed (the worker stopped, crashed
 # or restarted after the transaction's statements) reports it from this function under SQLSTATE
-# XX000, on a connection that stays usable (Citus 13, transaction/transaction_management.c).
+# XX000, on a connection that stays usable (Citus 13, connection/placement_connection.c).
 # The worker may have committed before its answer was lost: the outcome is unknown, as when the
 # connection to a single PostgreSQL breaks during COMMIT.
 CITUS_COMMIT_FAILED = "ErrorIfPostCommitFailedShardPlacements"
@@ -63,9 +64,17 @@ CITUS_COMMIT_FAILED = "ErrorIfPostCommitFailedShardPlacements"
 # A coordinator passes on a worker's error from this function with the worker's SQLSTATE, or
 # with XX000 when the worker's answer had none: the coordinator's connection to the worker
 # failed (the worker stopped or crashed mid-statement or mid-PREPARE: "server closed the
-# connection unexpectedly", "SSL SYSCALL error: EOF detected"). That is an outage, not a fault
-# of the statement: the same work may succeed once the worker is back.
+# connection unexpectedly", "SSL SYSCALL error: EOF detected").
 CITUS_RESULT_ERROR = "ReportResultError"
+
+# The coordinator functions that raise XX000 when its connection to a worker failed: the one
+# above, and those that fail a transaction whose modifying connection to a worker broke
+# ("failure on connection marked as essential"; read in Citus 13's
+# transaction/remote_transaction.c, not provoked by the tests). That is an outage, not a fault
+# of the statement: the same work may succeed once the worker is back.
+CITUS_WORKER_LOST = frozenset(
+    {CITUS_RESULT_ERROR, "MarkRemoteTransactionFailed", "CheckRemoteTransactionsHealth"}
+)
 
 # The coordinator functions that pass on a worker's error (a statement's result, copied rows).
 CITUS_WORKER_ERRORS = frozenset({CITUS_RESULT_ERROR, CITUS_COPY_ERROR})
@@ -142,7 +151,7 @@ def translate(e: psycopg.Error) -> RuntimeFailure:
         state = citus_copy_sqlstate(primary)
     if state == "XX000" and source == CITUS_COMMIT_FAILED:
         return CommitInDoubt(f"a Citus worker did not confirm the commit ({state}): {primary}")
-    if state == "XX000" and source == CITUS_RESULT_ERROR:
+    if state == "XX000" and source in CITUS_WORKER_LOST:
         return Retryable(f"a Citus worker's connection failed ({state}): {primary}")
     if state == "55P03":
         return LockBusy(f"rows busy ({state}): {primary}")
