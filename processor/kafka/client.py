@@ -171,6 +171,11 @@ class SagaConsumer:
             self._on_revoke(tps)
         consumer.incremental_unassign(partitions)
 
+    @property
+    def assigned(self) -> frozenset[TP]:
+        """The partitions assigned to this member now (for health and reports)."""
+        return frozenset(self._assigned_tps)
+
     def consume(self, max_records: int, timeout: float) -> list[Record]:
         out: list[Record] = []
         held = self._seek_pending() if self._reseek else ()

@@ -128,6 +128,8 @@ class ParticipantRuntime:
         self.last_step: float | None = None
         self.failing = 0
         self._guard = RewindGuard(lambda tp, offset: None)  # replaced by the consumer's
+        # The group member of the running consumer loop (for health and reports).
+        self.consumer: RecordConsumer | None = None
 
     def _positions(self, tps: list[TP]) -> Mapping[TP, int | None]:
         # Inside the consumer's rebalance callback: wait for the database rather than start
@@ -172,7 +174,9 @@ class ParticipantRuntime:
             raise LoopDied(failure.describe())
 
     def _consume(self, stop: threading.Event) -> None:
-        consumer = self._make_consumer(self.group_id, self.topics, self._positions, self._revoked)
+        consumer = self.consumer = self._make_consumer(
+            self.group_id, self.topics, self._positions, self._revoked
+        )
         self._guard = RewindGuard(consumer.seek)
         failures = 0
         try:

@@ -7,6 +7,7 @@ those under load, and leaves them running for the next test that restarts them.
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from decimal import Decimal
@@ -23,6 +24,7 @@ from schemas.transfers import (
 )
 from tests.support.harness import Publisher, Reader, create_topics, query, wait_until
 from tests.support.private_stack import PrivateStack
+from tests.support.tell import participant_state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -31,8 +33,10 @@ PER_PHASE = 40
 
 
 def test_accounts_service_survives_postgres_and_kafka_restarts(
-    private_stack: PrivateStack,
+    private_stack: PrivateStack, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # The service's rebalances, in the report of a failure.
+    caplog.set_level(logging.INFO, logger="processor.runtime.participant")
     # A private stack, the broker reached directly (see test_restarts_under_load).
     stack = private_stack
     prefix = f"rs{uuid.uuid4().hex[:6]}."
@@ -80,7 +84,8 @@ def test_accounts_service_survives_postgres_and_kafka_restarts(
             reader.wait_for(answered, timeout=timeout, what=what)
         except AssertionError as e:
             report = diagnose(stack, schema, commands, reader, published)
-            raise AssertionError(f"{e}\n{report}\naccounts {service.counters}") from None
+            state = participant_state(service.service)
+            raise AssertionError(f"{e}\n{report}\naccounts {service.counters}\n{state}") from None
 
     runner.start()
     try:

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
+import time
+import traceback
 from collections.abc import Iterable
 from typing import Any
 
 import pytest
 
+from processor.runtime.participant import ParticipantRuntime
 from tests.support.procs import ProcessorProcess
 
 _FAILED = pytest.StashKey[bool]()
@@ -49,3 +53,39 @@ def tell(procs: Iterable[ProcessorProcess]) -> None:
         ]
         sys.stdout.write(f"--- {proc.log_path}: last {min(LINES, len(lines))} lines ---\n")
         sys.stdout.write("".join(f"{line}\n" for line in lines[-LINES:]))
+
+
+def thread_stacks(prefix: str, depth: int = 12) -> str:
+    """Where this process's threads whose names start with ``prefix`` are now.
+
+    For a loop running in the test's own process that stopped making progress: a thread stuck
+    in a call shows that call, one that goes round shows its wait.
+    """
+    frames = sys._current_frames()
+    out: list[str] = []
+    for thread in threading.enumerate():
+        frame = frames.get(thread.ident or -1)
+        if thread.name.startswith(prefix) and frame is not None:
+            stack = "".join(traceback.format_stack(frame)[-depth:])
+            out.append(f"thread {thread.name}:\n{stack}")
+    return "\n".join(out) or f"no thread named {prefix}*"
+
+
+def participant_state(runtime: ParticipantRuntime) -> str:
+    """A participant running in the test's process: its loops, its group member, its stacks."""
+    lines: list[str] = []
+    supervisor = runtime.supervisor
+    lines.append(f"loops alive {supervisor.alive() if supervisor else 'not started'}")
+    if runtime.last_step is not None:
+        lines.append(f"consumer loop last stepped {time.monotonic() - runtime.last_step:.1f} s ago")
+    lines.append(
+        f"batches failing in a row {runtime.failing}, failed rounds {runtime.failed_rounds}"
+    )
+    consumer = runtime.consumer
+    assigned = getattr(consumer, "assigned", None)
+    rebalances = getattr(consumer, "rebalances", None)
+    lines.append(
+        f"assigned {sorted(assigned) if assigned is not None else '?'}; rebalances {rebalances}"
+    )
+    lines.append(thread_stacks("participant-"))
+    return "\n".join(lines)
