@@ -173,7 +173,7 @@ class SagaConsumer:
 
     @property
     def assigned(self) -> frozenset[TP]:
-        """The partitions assigned to this member now (for health and reports)."""
+        """A copy of the partitions assigned to this member now (for metrics and reports)."""
         return frozenset(self._assigned_tps)
 
     def consume(self, max_records: int, timeout: float) -> list[Record]:
@@ -274,7 +274,7 @@ class SagaConsumer:
         Raises:
             KafkaException: The broker did not answer in time.
         """
-        assigned = set(self._assigned_tps)  # a copy: the consuming thread changes the set
+        assigned = self.assigned  # a copy: the consuming thread changes the set
         wanted = [tp for tp in tps if tp in assigned]
         with self._marks_lock:
             if self._closed or not wanted:
