@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import operator
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -12,10 +13,12 @@ from typing import Any
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
+    ConsumerGroupState,
     KafkaError,
     KafkaException,
     TopicPartition,
 )
+from confluent_kafka.admin import AdminClient
 
 from processor.engine.records import UNREADABLE_HEADERS, Record
 from processor.errors import RuntimeFailure
@@ -27,6 +30,10 @@ TP = tuple[str, int]
 
 # Seconds the broker has to tell one partition's high watermark to the lag gauge.
 _MARKS_TIMEOUT = 2.0
+# Seconds the broker has to describe the group to the membership watch (see _watch_membership).
+_DESCRIBE_TIMEOUT = 2.0
+# Group states in which no member is joining: one that is not listed then is not in the group.
+_SETTLED = (ConsumerGroupState.STABLE, ConsumerGroupState.EMPTY)
 
 
 # Not msg.headers(): for a header name that is not valid UTF-8, confluent-kafka returns a list
@@ -127,12 +134,27 @@ class SagaConsumer:
         # Seeks the client refused, by partition: tried again before each read (see seek).
         self._reseek: dict[TP, int | None] = {}
         self._refusals: dict[TP, int] = {}
+        # The membership watch (see _watch_membership): it makes a client of its own, the
+        # admin client that asks the broker about the group, and needs the session's length.
+        self._conf = conf
+        self._admin_config: dict[str, Any] = {**config, "logger": client_logger()}
+        self._group_id = group_id
+        self._session = session_timeout_ms / 1000
+        self._subscribed = False
+        self._idle_since: float | None = None
+        self._absent_since: float | None = None
+        self._next_check = 0.0
+        self._admin: AdminClient | None = None
+        # Times the broker was asked whether the group goes on without this member.
+        self.membership_checks = 0
         self._consumer = Consumer(conf)
         self.rejoin()
 
     # Cooperative rebalancing hands over only the changed partitions; these callbacks must use
     # the incremental calls, or partitions are left unconsumed.
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self._consumer:
+            return  # a replaced client, closing: its partitions are no longer this member's
         tps = [(p.topic, p.partition) for p in partitions]
         self.rebalances["assigned"] += 1
         self._assigned_tps.update(tps)
@@ -149,11 +171,17 @@ class SagaConsumer:
         consumer.incremental_assign(starts)
 
     def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self._consumer:
+            consumer.incremental_unassign(partitions)  # a replaced client, closing
+            return
         self.rebalances["revoked"] += 1
         self._unassign(consumer, partitions)
 
     def _lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # The session expired: another member may own these already; forget them as revoked.
+        if consumer is not self._consumer:
+            consumer.incremental_unassign(partitions)  # a replaced client, closing
+            return
         self.rebalances["lost"] += 1
         self._unassign(consumer, partitions)
 
@@ -178,6 +206,10 @@ class SagaConsumer:
 
     def consume(self, max_records: int, timeout: float) -> list[Record]:
         out: list[Record] = []
+        if self._assigned_tps:
+            self._idle_since = self._absent_since = None
+        elif self._subscribed:
+            self._watch_membership()
         held = self._seek_pending() if self._reseek else ()
         for msg in self._consumer.consume(num_messages=max_records, timeout=timeout):
             err = msg.error()
@@ -244,12 +276,79 @@ class SagaConsumer:
 
     def leave(self) -> None:
         # The revocation callback runs in a later consume(), like any rebalance.
+        self._subscribed = False
         self._consumer.unsubscribe()
 
     def rejoin(self) -> None:
         self._consumer.subscribe(
             self._topics, on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost
         )
+        self._subscribed = True
+        self._idle_since = self._absent_since = None
+
+    def _watch_membership(self) -> None:
+        """Replaces the Kafka client of a member the group has gone on without.
+
+        After a broker restart, a librdkafka client was seen to give up its partitions when
+        its session expired and then never rejoin: its requests to the group coordinator waited
+        in a connection that never came up again (REQTMOUT with requests in the out-queue),
+        while the broker served every other client. Such a member consumes nothing and looks
+        alive. So while this member holds no partition, the broker is asked about the group
+        once per session timeout, starting two session timeouts after the member last held one:
+        a group that has settled (stable or empty, so no member is joining) without listing this
+        member, seen so twice a session timeout apart, means the client is not coming back. A
+        new client then joins in its place; the old one is closed on a thread of its own, since
+        its close may wait on the same dead connection.
+
+        A member the group lists with nothing assigned (more members than partitions) is left
+        alone, and so is one that left on purpose (see leave).
+        """
+        now = time.monotonic()
+        if self._idle_since is None:
+            self._idle_since = now
+        if now - self._idle_since < 2 * self._session or now < self._next_check:
+            return
+        self._next_check = now + self._session
+        self.membership_checks += 1
+        settled = self._settled_without_me()
+        if settled is None:
+            self._absent_since = None
+        elif self._absent_since is None:
+            self._absent_since = now
+        elif now - self._absent_since >= self._session:
+            self._replace(now, settled)
+
+    def _settled_without_me(self) -> str | None:
+        """The group's state if it is settled and does not list this member, else None."""
+        try:
+            if self._admin is None:
+                self._admin = AdminClient(self._admin_config)
+            me = self._consumer.memberid() or ""
+            futures = self._admin.describe_consumer_groups(
+                [self._group_id], request_timeout=_DESCRIBE_TIMEOUT
+            )
+            group = futures[self._group_id].result(timeout=_DESCRIBE_TIMEOUT + 1)
+        except Exception as e:  # the broker is away: a healthy client is waiting for it too
+            log.debug("group %s not described: %s", self._group_id, e)
+            return None
+        if group.state not in _SETTLED or any(m.member_id == me for m in group.members):
+            return None
+        return f"{group.state.name.lower()}, {len(group.members)} member(s)"
+
+    def _replace(self, now: float, settled: str) -> None:
+        log.warning(
+            "group %s: this member has held no partition for %.0f s and the group (%s) has "
+            "gone on without it; replacing its Kafka client",
+            self._group_id,
+            now - (self._idle_since or now),
+            settled,
+        )
+        self.rebalances["replaced"] += 1
+        old, self._consumer = self._consumer, Consumer(self._conf)
+        self.rejoin()
+        threading.Thread(
+            target=_close_quietly, args=(old,), name="consumer-close", daemon=True
+        ).start()
 
     def commit_advisory(self, offsets: Mapping[TP, int]) -> None:
         """Mirrors stored positions to Kafka so lag tools work; Postgres stays the authority."""
@@ -296,7 +395,15 @@ class SagaConsumer:
             marks_client, self._marks_client = self._marks_client, None
         if marks_client is not None:
             marks_client.close()
+        self._admin = None  # an admin client has no close; dropping it destroys it
         self._consumer.close()
+
+
+def _close_quietly(consumer: Consumer) -> None:
+    try:
+        consumer.close()
+    except Exception as e:  # a replaced client: nothing depends on how its close ends
+        log.debug("replaced consumer closed with: %s", e)
 
 
 def _start(offset: int | None) -> int:

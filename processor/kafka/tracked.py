@@ -47,7 +47,8 @@ class TrackedProducer:
 
     Args:
         factory: Makes the producer; called again after a fatal error, which leaves a producer
-            unusable for every later record.
+            unusable for every later record, and after a flush that left records
+            unacknowledged.
     """
 
     def __init__(self, factory: Callable[[], Producer]) -> None:
@@ -64,7 +65,7 @@ class TrackedProducer:
 
     @property
     def producer(self) -> Producer:
-        """The current confluent-kafka producer (it is replaced after a fatal error)."""
+        """The current confluent-kafka producer (replaced after a fatal error or a timeout)."""
         return self._producer
 
     def produce(
@@ -136,8 +137,11 @@ class TrackedProducer:
             (seq, FailedDelivery(topic, mid, f"not acknowledged within {timeout:g} s", False))
             for seq, (topic, mid) in late
         )
-        if fatal:
-            # The old producer's records are reported above, failed or unacknowledged.
-            log.warning("recreating the event producer after a fatal error")
+        if fatal or late:
+            # The old producer's records are reported above, failed or unacknowledged. One
+            # that left records unacknowledged may hold a partition's queue for good
+            # (confluentinc/librdkafka#5430): the records sent again go through a new one.
+            cause = "a fatal error" if fatal else f"{len(late)} record(s) not acknowledged"
+            log.warning("recreating the event producer after %s", cause)
             self._producer = self._factory()
         return [f for _, f in sorted(failures, key=lambda p: p[0])]

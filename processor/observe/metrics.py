@@ -220,9 +220,10 @@ class _Collector(Collector):
         rebalances = dict(src.rebalances or {})
         yield _counter(
             "saga_rebalances",
+            # "replaced": the Kafka client was replaced, the group having gone on without it.
             "Consumer group rebalances seen by this replica.",
             ["kind"],
-            {(k,): rebalances.get(k, 0) for k in ("assigned", "revoked", "lost")},
+            {(k,): rebalances.get(k, 0) for k in ("assigned", "revoked", "lost", "replaced")},
         )
         off = dict(src.off_partition or {})
         yield _counter(

@@ -9,6 +9,7 @@ account step be applied once (money is conserved), and no replica exit.
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,26 +35,40 @@ RATE = 20
 SCHEMA = "restarts"
 
 
+# Seconds without an acknowledgement, requests waiting, after which the load replaces its
+# producer (see Load).
+STALL = 30
+
+
 @dataclass
 class Load:
-    """Publishes transfer requests at a steady rate until stopped; rides out broker outages."""
+    """Publishes transfer requests at a steady rate until stopped; rides out broker outages.
+
+    Like any producer that must not lose a request, it keeps each one until the broker
+    acknowledges it, and sends the unacknowledged ones again through a new producer when
+    acknowledgements stop for ``STALL`` seconds: librdkafka (up to at least 2.16) can leave a
+    partition's records queued for good after the broker reports the partition without a
+    leader, as a lone broker does while it shuts down (it logs "new leader-1 not found in
+    cache"; confluentinc/librdkafka#5430). A request sent twice carries the same message id,
+    which the processor applies once.
+    """
 
     kafka: str
     topic: str
     published: list[str] = field(default_factory=list)
     errors: list[KafkaError] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
+    # Requests not yet acknowledged, in order: key -> (value, headers).
+    waiting: dict[bytes, tuple[bytes, list[tuple[str, str | bytes | None]]]] = field(
+        default_factory=dict
+    )
+    # Producers replaced after a stall, for the failure report.
+    replaced: int = 0
+    _generation: int = 0
+    _acked_at: float = 0.0
 
     def run(self) -> None:
-        producer = Producer(
-            {
-                "bootstrap.servers": self.kafka,
-                "enable.idempotence": True,
-                "linger.ms": 5,
-                # Longer than any outage here: a request waits for the broker instead of failing.
-                "message.timeout.ms": 600_000,
-            }
-        )
+        self._producer = self._new_producer()
         names = sorted(ACCOUNTS)
         run = uuid.uuid4().hex[:6]
         n = 0
@@ -65,21 +80,62 @@ class Load:
                 target_account_id=names[(n + 3) % len(names)],
                 amount=Decimal("1.25"),
             )
-            producer.produce(
-                self.topic,
-                key=tid.encode(),
-                value=msg.model_dump_json().encode(),
-                headers=[*headers_for(msg)],
-                on_delivery=self._delivered,
-            )
-            producer.poll(0)
+            if not self.waiting:
+                self._acked_at = time.monotonic()  # a stall counts from the oldest request
+            self.waiting[tid.encode()] = (msg.model_dump_json().encode(), [*headers_for(msg)])
+            self._send(tid.encode())
+            self._producer.poll(0)
+            self._unstall()
             self.published.append(tid)
             n += 1
-        assert producer.flush(600) == 0
+        deadline = time.monotonic() + 600
+        while self.waiting:
+            assert time.monotonic() < deadline, f"{len(self.waiting)} requests unacknowledged"
+            self._producer.poll(0.5)
+            self._unstall()
 
-    def _delivered(self, err: KafkaError | None, _msg: object) -> None:
+    def _new_producer(self) -> Producer:
+        return Producer(
+            {
+                "bootstrap.servers": self.kafka,
+                "enable.idempotence": True,
+                "linger.ms": 5,
+                # Longer than any outage here: a request waits for the broker instead of failing.
+                "message.timeout.ms": 600_000,
+            }
+        )
+
+    def _send(self, key: bytes) -> None:
+        value, headers = self.waiting[key]
+        generation = self._generation
+        self._producer.produce(
+            self.topic,
+            key=key,
+            value=value,
+            headers=headers,
+            on_delivery=lambda err, msg: self._delivered(generation, key, err),
+        )
+
+    def _unstall(self) -> None:
+        if not self.waiting or time.monotonic() - self._acked_at < STALL:
+            return
+        self.replaced += 1
+        old, self._producer = self._producer, self._new_producer()
+        self._generation += 1
+        old.purge()  # its reports belong to an old generation and are ignored
+        old.poll(0)
+        for key in list(self.waiting):
+            self._send(key)
+        self._acked_at = time.monotonic()
+
+    def _delivered(self, generation: int, key: bytes, err: KafkaError | None) -> None:
+        if generation != self._generation:
+            return
         if err is not None:
             self.errors.append(err)
+            return
+        self.waiting.pop(key, None)
+        self._acked_at = time.monotonic()
 
 
 @dataclass
@@ -112,6 +168,10 @@ class World:
             started = {r[0] for r in self.db("SELECT saga_id FROM saga_instance")}
             missing = [t for t in load.published if t not in started]
             lines.append(f"sagas by status {status}; never started {len(missing)} {missing[:3]}")
+            lines.append(
+                f"load: {len(load.published)} requests, {len(load.waiting)}"
+                f" unacknowledged, producer replaced {load.replaced} time(s)"
+            )
             for saga_id, state, updated in self.db(
                 "SELECT saga_id, state, updated_at FROM saga_instance WHERE status <> 'ended'"
                 " ORDER BY updated_at LIMIT 5"

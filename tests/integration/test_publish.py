@@ -10,12 +10,14 @@ caller's transaction commits.
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
+from confluent_kafka import Producer
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     AlterConfigOpType,
@@ -31,6 +33,7 @@ from processor.definition import SagaState, saga, saga_event_handler
 from processor.engine.decode import Event, decode
 from processor.engine.partitioner import Partitioner, partition_for
 from processor.engine.records import Record
+from processor.kafka.tracked import TrackedProducer
 from processor.messages import Message, message_type, registry
 from processor.settings import RelaySettings
 from tests.support.harness import Reader, query, wait_until
@@ -258,3 +261,34 @@ def test_outbox_events_go_out_through_the_relay_once_committed(
         pytest.raises(ValueError, match="autocommit"),
     ):
         outbox.publish(conn, ThingHappened(thing_id="alone"))
+
+
+def test_a_flush_that_leaves_records_unacknowledged_replaces_the_producer(
+    kafka_bootstrap: str, make_topic: Callable[..., str]
+) -> None:
+    """A producer can keep a partition's records queued for good (confluentinc/librdkafka#5430).
+
+    The first producer here reaches no broker (nothing listens on its port), so its record stays
+    queued the same way. The flush names it as not acknowledged and the next producer takes
+    over: the record published again under its message id reaches the broker.
+    """
+    topic = make_topic("replaced")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nowhere = f"127.0.0.1:{s.getsockname()[1]}"  # closed when the block ends
+    addresses = iter([nowhere, kafka_bootstrap])
+    tracked = TrackedProducer(lambda: Producer({"bootstrap.servers": next(addresses)}))
+    first = tracked.producer
+    tracked.produce(topic, b"k", b"v", {}, "m-1")
+    [failed] = tracked.flush(1.0)
+    assert (failed.topic, failed.message_id, failed.permanent) == (topic, "m-1", False)
+    assert "not acknowledged within 1 s" in failed.reason
+    assert tracked.producer is not first
+
+    tracked.produce(topic, b"k", b"v", {}, "m-1")
+    assert tracked.flush(30.0) == []
+    reader = Reader(kafka_bootstrap, [topic])
+    try:
+        reader.wait_for(lambda records: len(records) == 1, timeout=30, what="the record")
+    finally:
+        reader.close()
