@@ -24,7 +24,7 @@ from schemas.transfers import (
 )
 from tests.support.harness import Publisher, Reader, create_topics, query, wait_until
 from tests.support.private_stack import PrivateStack
-from tests.support.tell import participant_state
+from tests.support.tell import notice, participant_state, replaced_clients
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -33,7 +33,7 @@ PER_PHASE = 40
 
 
 def test_accounts_service_survives_postgres_and_kafka_restarts(
-    private_stack: PrivateStack, caplog: pytest.LogCaptureFixture
+    private_stack: PrivateStack, caplog: pytest.LogCaptureFixture, request: pytest.FixtureRequest
 ) -> None:
     # The service's rebalances, in the report of a failure.
     caplog.set_level(logging.INFO, logger="processor.runtime.participant")
@@ -117,6 +117,8 @@ def test_accounts_service_survives_postgres_and_kafka_restarts(
     assert len(steps) == 2 * len(published)
     assert {outcome for _, _, outcome in steps} == {"applied"}
     assert service.total() == before
+    if replaced := replaced_clients(service.service):
+        notice(request, f"the accounts service's consumer client was replaced {replaced} time(s)")
     service.close()
 
 

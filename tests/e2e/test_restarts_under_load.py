@@ -25,6 +25,7 @@ from tests.e2e.conftest import TRANSFER_SAGA
 from tests.support.harness import create_topics, headers_for, query, settings_for, wait_until
 from tests.support.private_stack import PrivateStack
 from tests.support.procs import ProcessorProcess
+from tests.support.tell import notice, replaced_clients
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -290,7 +291,7 @@ def world(private_stack: PrivateStack, tmp_path: Path) -> Iterator[World]:
 
 
 def test_every_saga_ends_and_money_is_conserved_across_postgres_and_broker_restarts(
-    world: World,
+    world: World, request: pytest.FixtureRequest
 ) -> None:
     stack = world.stack
     service = AccountsService(
@@ -401,4 +402,16 @@ def test_every_saga_ends_and_money_is_conserved_across_postgres_and_broker_resta
     assert service.total() == before
     for table in ("dead_letter", "parked_message", "failed_outbox"):
         assert world.count(f"SELECT count(*) FROM {table}") == 0, table
+    # Clients replaced on the way (see docs/operations.md), for the run's summary.
+    replaced = {
+        p.log_path.stem: (p.log().count("replacing its Kafka client"), p.log().count("recreating"))
+        for p in replicas
+    }
+    accounts_replaced = replaced_clients(service.service)
+    if load.replaced or accounts_replaced or any(c or r for c, r in replaced.values()):
+        notice(
+            request,
+            f"replaced: load producer {load.replaced}, accounts consumer {accounts_replaced},"
+            f" replicas' (consumers, producers) {replaced}",
+        )
     service.close()

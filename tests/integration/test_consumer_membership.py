@@ -57,60 +57,54 @@ def until(members: list[Member], check: Callable[[], bool], what: str, timeout: 
     wait_until(polled, timeout=timeout, what=what)
 
 
-def test_a_member_whose_client_dropped_out_of_its_group_is_replaced_and_reads_again(
+def test_a_member_the_group_went_on_without_is_replaced_and_idle_or_departed_ones_are_not(
     kafka_bootstrap: str, make_topic: Callable[..., str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    topic = make_topic("in", partitions=2)
+    topic = make_topic("in", partitions=1)
+    tp = (topic, 0)
     group = f"member-{uuid.uuid4().hex[:8]}"
     pub = Publisher(kafka_bootstrap)
     for i in range(4):
         pub.raw(topic, f"k{i}".encode(), f"v{i}".encode(), [])
     pub.flush()
-    m = Member(kafka_bootstrap, topic, group)
+    first = Member(kafka_bootstrap, topic, group)
+    members = [first]
     try:
-        until([m], lambda: len(m.records) == 4, "the first member's records")
-        assert m.consumer.assigned == {(topic, 0), (topic, 1)}
+        until(members, lambda: len(first.records) == 4, "the first member's records")
+        # More members than partitions: two stay in the group with nothing, one leaves.
+        members += [Member(kafka_bootstrap, topic, group) for _ in range(3)]
+        departed = members[3]
+        departed.consumer.leave()
 
-        # The client leaves the group; the adapter still means to be in it.
-        m.consumer._consumer.unsubscribe()
-        until([m], lambda: not m.consumer.assigned, "the client's partitions gone")
-        m.records.clear()
-
+        # The first member's client leaves the group; the adapter still means to be in it.
         with caplog.at_level(logging.WARNING, logger="processor.kafka.client"):
+            first.consumer._consumer.unsubscribe()
+            until(members, lambda: not first.consumer.assigned, "the client's partition gone")
             until(
-                [m],
-                lambda: m.consumer.assigned == {(topic, 0), (topic, 1)},
-                "the partitions assigned to a new client",
+                members,
+                lambda: first.consumer.rebalances["replaced"] == 1,
+                "the member's client replaced",
             )
-        assert m.consumer.rebalances["replaced"] == 1
-        # At least two checks saw the group settled without it (the first starts the count).
-        assert m.consumer.membership_checks >= 2
         [line] = [r.getMessage() for r in caplog.records if "replacing" in r.getMessage()]
         assert f"group {group}: this member has held no partition for" in line
-        assert "the group (empty, 0 member(s)) has gone on without it" in line
-        # The new client starts where the worker says: from the beginning here.
-        until([m], lambda: len(m.records) == 4, "every record read again by the new client")
-    finally:
-        m.consumer.close()
+        assert "the group (stable, 2 member(s)) has gone on without it" in line
+        # At least two checks saw the group settled without it (the first starts the count).
+        assert first.consumer.membership_checks >= 2
 
-
-def test_an_idle_member_the_group_lists_and_one_that_left_are_not_replaced(
-    kafka_bootstrap: str, make_topic: Callable[..., str]
-) -> None:
-    topic = make_topic("in", partitions=1)
-    group = f"member-{uuid.uuid4().hex[:8]}"
-    members = [Member(kafka_bootstrap, topic, group) for _ in range(3)]
-    try:
-        until(members, lambda: sum(len(m.assigned) for m in members) == 1, "one assignment")
-        holder = next(m for m in members if m.assigned)
-        idle, gone = (m for m in members if m is not holder)
-        gone.consumer.leave()
-        # More members than partitions: the idle one is asked about, and the group lists it.
-        until(members, lambda: idle.consumer.membership_checks >= 3, "three checks of it")
-        assert [m.consumer.rebalances["replaced"] for m in members] == [0, 0, 0]
-        assert gone.consumer.membership_checks == 0  # it left: nothing to watch
+        holder = next(m for m in members[1:3] if m.consumer.assigned == {tp})
+        [idle] = [m for m in members[1:3] if m is not holder]
+        # The idle member is asked about, and the group lists it; the departed one is not.
+        until(members, lambda: idle.consumer.membership_checks >= 2, "two checks of the idle")
+        assert [m.consumer.rebalances["replaced"] for m in members[1:]] == [0, 0, 0]
+        assert departed.consumer.membership_checks == 0
         assert holder.consumer.membership_checks == 0
-        assert holder.consumer.assigned == {(topic, 0)}
+
+        # The new client is a member like any other: it is given the partition and reads it.
+        first.records.clear()
+        holder.consumer.leave()
+        idle.consumer.leave()
+        until(members, lambda: len(first.records) == 4, "the records read by the new client")
+        assert first.consumer.assigned == {tp}
     finally:
         for m in members:
             m.consumer.close()

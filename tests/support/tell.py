@@ -2,7 +2,8 @@
 
 A CI log keeps only the end of a run, where pytest's summary is: a test that failed while
 processes ran (a drain that timed out, a replica that never rejoined) says little on its own.
-Fixtures that start processes call :func:`tell_if_failed` after stopping them.
+Fixtures that start processes call :func:`tell_if_failed` after stopping them. A test that
+passed but coped with something rare says so through :func:`notice`, at the end of the run.
 """
 
 from __future__ import annotations
@@ -31,6 +32,35 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.when == "call":
         item.stash[_FAILED] = report.failed
     return report
+
+
+def notice(request: pytest.FixtureRequest, text: str) -> None:
+    """Records something a passing test saw and coped with, for the run's closing summary.
+
+    For rare events a test rides out but the team should hear of (a client that had to be
+    replaced after a broker restart): a CI log that passed still says how often they happen.
+    """
+    request.node.user_properties.append(("noticed", text))
+
+
+def replaced_clients(runtime: ParticipantRuntime) -> int:
+    """How many times the service's consumer had its Kafka client replaced (see SagaConsumer)."""
+    rebalances = getattr(runtime.consumer, "rebalances", None)
+    return int(rebalances["replaced"]) if rebalances is not None else 0
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    noticed = [
+        (report.nodeid, value)
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        for key, value in getattr(report, "user_properties", ())
+        if key == "noticed" and getattr(report, "when", "call") == "call"
+    ]
+    if noticed:
+        terminalreporter.section("noticed")
+        for nodeid, text in noticed:
+            terminalreporter.write_line(f"{nodeid}: {text}")
 
 
 def failed(request: pytest.FixtureRequest) -> bool:
