@@ -8,14 +8,13 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
 
 from processor.errors import RuntimeFailure
 from processor.kafka.client import read_headers
-from processor.kafka.logs import client_logger
+from processor.kafka.logs import client_logger, logged
 from processor.ports.cluster import TopicFound, TopicPlan
 from processor.wire import HEADER_MESSAGE_TYPE
 
@@ -23,11 +22,6 @@ __all__ = ["create_topics", "describe_topics", "partition_counts", "sample_keys"
 
 # The topic configs `topics check` compares.
 _CHECKED_CONFIGS = ("cleanup.policy", "max.message.bytes")
-
-
-def _admin_config(config: Mapping[str, str]) -> dict[str, Any]:
-    """``config`` with librdkafka's own log lines routed through Python logging."""
-    return {**config, "logger": client_logger()}
 
 
 def partition_counts(
@@ -43,7 +37,7 @@ def partition_counts(
     Raises:
         RuntimeFailure: The cluster did not answer in time.
     """
-    admin = AdminClient(_admin_config(config))
+    admin = AdminClient(logged(config))
     try:
         meta = admin.list_topics(timeout=timeout)
     except KafkaException as e:
@@ -69,7 +63,7 @@ def describe_topics(
     out: dict[str, TopicFound | None] = dict.fromkeys(names)
     if not present:
         return out
-    admin = AdminClient(_admin_config(config))
+    admin = AdminClient(logged(config))
     futures = admin.describe_configs(
         [ConfigResource(ConfigResource.Type.TOPIC, t) for t in present], request_timeout=timeout
     )
@@ -97,7 +91,7 @@ def create_topics(
     wanted = list(plans)
     if not wanted:
         return {}
-    admin = AdminClient(_admin_config(config))
+    admin = AdminClient(logged(config))
     futures = admin.create_topics(
         [
             NewTopic(p.name, p.partitions, p.replication_factor, config=dict(p.configs))

@@ -22,7 +22,7 @@ from confluent_kafka.admin import AdminClient
 
 from processor.engine.records import UNREADABLE_HEADERS, Record
 from processor.errors import RuntimeFailure
-from processor.kafka.logs import client_logger
+from processor.kafka.logs import client_logger, logged
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class SagaConsumer:
         # The membership watch (see _watch_membership): it makes a client of its own, the
         # admin client that asks the broker about the group, and needs the session's length.
         self._conf = conf
-        self._admin_config: dict[str, Any] = {**config, "logger": client_logger()}
+        self._config = config
         self._group_id = group_id
         self._session = session_timeout_ms / 1000
         self._subscribed = False
@@ -316,13 +316,13 @@ class SagaConsumer:
         elif self._absent_since is None:
             self._absent_since = now
         elif now - self._absent_since >= self._session:
-            self._replace(now, settled)
+            self._replace(now - self._idle_since, settled)
 
     def _settled_without_me(self) -> str | None:
         """The group's state if it is settled and does not list this member, else None."""
         try:
             if self._admin is None:
-                self._admin = AdminClient(self._admin_config)
+                self._admin = AdminClient(logged(self._config))
             me = self._consumer.memberid() or ""
             futures = self._admin.describe_consumer_groups(
                 [self._group_id], request_timeout=_DESCRIBE_TIMEOUT
@@ -335,12 +335,12 @@ class SagaConsumer:
             return None
         return f"{group.state.name.lower()}, {len(group.members)} member(s)"
 
-    def _replace(self, now: float, settled: str) -> None:
+    def _replace(self, idle: float, settled: str) -> None:
         log.warning(
             "group %s: this member has held no partition for %.0f s and the group (%s) has "
             "gone on without it; replacing its Kafka client",
             self._group_id,
-            now - (self._idle_since or now),
+            idle,
             settled,
         )
         self.rebalances["replaced"] += 1

@@ -8,6 +8,8 @@ explained once at INFO instead of repeated at WARNING by every client the proces
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 # Substring of an expected warning -> why it is expected.
 EXPECTED = {
@@ -61,3 +63,8 @@ def client_logger() -> logging.Logger:
     if not any(isinstance(f, _Expected) for f in logger.filters):
         logger.addFilter(_Expected())
     return logger
+
+
+def logged(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` with librdkafka's own log lines routed through Python logging."""
+    return {**config, "logger": client_logger()}

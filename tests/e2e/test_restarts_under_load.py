@@ -403,9 +403,10 @@ def test_every_saga_ends_and_money_is_conserved_across_postgres_and_broker_resta
     for table in ("dead_letter", "parked_message", "failed_outbox"):
         assert world.count(f"SELECT count(*) FROM {table}") == 0, table
     # Clients replaced on the way (see docs/operations.md), for the run's summary.
+    logs = {p.log_path.stem: p.log() for p in replicas}
     replaced = {
-        p.log_path.stem: (p.log().count("replacing its Kafka client"), p.log().count("recreating"))
-        for p in replicas
+        name: (log.count("replacing its Kafka client"), log.count("recreating"))
+        for name, log in logs.items()
     }
     accounts_replaced = replaced_clients(service.service)
     if load.replaced or accounts_replaced or any(c or r for c, r in replaced.values()):
