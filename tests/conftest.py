@@ -15,7 +15,7 @@ import pytest
 from psycopg import sql
 
 from devstack import Services, provide
-from tests.support.phases import PHASE, kept
+from tests.support.phases import PHASE, PHASES, kept
 from tests.support.roles import LeastPrivilege, least_privilege
 
 # A hang with the interpreter held still ends the run, with every thread's stack; a failed
@@ -25,7 +25,7 @@ pytest_plugins = ["tests.support.hang_watchdog", "tests.support.tell"]
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     phase = os.environ.get(PHASE)
-    if phase not in ("parallel", "serial", "citus"):
+    if phase not in (*PHASES, "citus"):
         return
     keep: list[pytest.Item] = []
     drop: list[pytest.Item] = []

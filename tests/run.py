@@ -9,8 +9,9 @@
    ends every process still marked, and stops the services that step 1 started.
 
 With ``--split`` (what ``make test`` does) pytest runs in phases: the unit, contract and
-integration tests on two workers, then the end-to-end tests alone, then the Citus tests against
-a Citus coordinator where one can be had (:func:`run_split`).
+integration tests on four workers, the end-to-end tests two at a time, the tests that disturb
+the shared services alone, then the Citus tests against a Citus coordinator where one can be
+had (:func:`run_split`).
 
 ``python -m tests.run [--no-services] [--split] [PYTEST ARGS]``; the exit code is pytest's.
 """
@@ -38,13 +39,17 @@ from devstack import (
     provide_citus,
 )
 from tests.support.hang_watchdog import CURRENT_FILE
-from tests.support.phases import CITUS_TESTS, PHASE
+from tests.support.phases import CITUS_TESTS, PHASE, PHASES
 from tests.support.procs import alive
 
 MARK = TEST_RUN_MARK
-# Workers of the parallel phase of a split run (``--split``); the machines CI runs on have two
-# cores, and the tests of that phase mostly wait.
-WORKERS = os.environ.get("SAGA_TEST_WORKERS", "2")
+# Workers of the parallel phase of a split run (``--split``). The machines CI runs on have two
+# cores, and the tests of that phase mostly wait on the services: two workers left the cores
+# idle half the time, four a third of it (a tenth in the Citus phase).
+WORKERS = os.environ.get("SAGA_TEST_WORKERS", "4")
+# End-to-end tests at once. Each runs several processes and measures bounds in seconds, with
+# slack for a loaded two-core machine; one at a time left the cores idle two thirds of the time.
+E2E_WORKERS = "2"
 
 
 def _echo(line: str) -> None:
@@ -151,18 +156,25 @@ def services(echo: bool = True) -> Iterator[dict[str, str]]:
 NO_TESTS = 5
 
 
-def run_split(args: Sequence[str], env: dict[str, str]) -> int:
-    """Runs the suite in phases; the exit code is the first failing phase's.
+def _workers(count: str) -> list[str]:
+    return ["-n", count, "--dist", "loadfile"]
 
-    1. Unit, contract and integration tests on :data:`WORKERS` pytest-xdist workers: they wait
-       on the services far more than they compute, and each uses topics, groups and schemas of
-       its own.
-    2. End-to-end tests, and those that disturb the shared services, one at a time
-       (``tests.support.phases.alone``).
-    3. When the whole suite runs, the Citus tests (:func:`run_citus`).
+
+def run_split(args: Sequence[str], env: dict[str, str]) -> int:
+    """Runs the suite in phases (``tests.support.phases.phase_of``); the exit code is the
+    first failing phase's.
+
+    1. ``parallel``: unit, contract and integration tests on :data:`WORKERS` pytest-xdist
+       workers: they wait on the services far more than they compute, and each uses topics,
+       groups and schemas of its own.
+    2. ``e2e``: the end-to-end tests, :data:`E2E_WORKERS` at a time.
+    3. ``serial``: the tests that disturb the shared services, alone.
+    4. When the whole suite runs, the Citus tests (:func:`run_citus`).
     """
     codes = []
-    for phase, extra in (("parallel", ["-n", WORKERS, "--dist", "loadfile"]), ("serial", [])):
+    workers = {"parallel": _workers(WORKERS), "e2e": _workers(E2E_WORKERS), "serial": []}
+    for phase in PHASES:
+        extra = workers[phase]
         _echo(f"{phase} phase")
         started = time.monotonic()
         code = run_pytest([*extra, *args], {**env, PHASE: phase})
@@ -177,8 +189,9 @@ def run_split(args: Sequence[str], env: dict[str, str]) -> int:
 
 
 def run_citus(args: Sequence[str], env: dict[str, str]) -> int:
-    """3. The Citus tests (:data:`CITUS_TESTS`) against a Citus coordinator: the contract and
-    Citus tests on the workers, then the end-to-end ones alone.
+    """4. The Citus tests (:data:`CITUS_TESTS`) against a Citus coordinator, in the same three
+    parts: the contract and Citus tests on the workers, the end-to-end ones two at a time, and
+    those that stop a node of the cluster alone.
 
     Citus is not in Debian's packages: on a machine without it the phase says how many tests it
     skipped and why, and passes.
@@ -190,11 +203,10 @@ def run_citus(args: Sequence[str], env: dict[str, str]) -> int:
             return NO_TESTS
         env = {**env, ENV_DATABASE: citus.url, PHASE: "citus"}
         codes = []
-        # As the first two phases: the contract and Citus tests on the workers, then the
-        # end-to-end ones alone.
         for part, extra in (
-            ("", ["-n", WORKERS, "--dist", "loadfile", "-m", "not e2e"]),
-            (" (end-to-end)", ["-m", "e2e"]),
+            ("", [*_workers(WORKERS), "-m", "not e2e and not serial"]),
+            (" (end-to-end)", [*_workers(E2E_WORKERS), "-m", "e2e and not serial"]),
+            (" (alone)", ["-m", "serial"]),
         ):
             _echo(f"citus phase{part}")
             started = time.monotonic()

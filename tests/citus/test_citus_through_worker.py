@@ -220,6 +220,8 @@ def test_replicas_through_the_worker_apply_every_event_once_and_move_to_the_coor
     assert env.scalar("SELECT count(*) FROM saga_history WHERE id > %s", highest) == SAGAS // 2
 
 
+# It stops the shared cluster's coordinator: no other test runs beside it.
+@pytest.mark.serial
 def test_processes_through_the_worker_go_on_while_the_coordinator_is_down(
     citus_url: str, env: E2EEnv
 ) -> None:

@@ -40,7 +40,8 @@ from tests.e2e.conftest import (
 from tests.support.harness import create_topics, wait_until
 from tests.support.tell import tell_if_failed
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# It stops a node of the shared Citus cluster: no other test runs beside it.
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.serial]
 
 OUTAGE = 30.0
 SAGAS = 60

@@ -1,11 +1,14 @@
-"""The two phases of a split run (``python -m tests.run --split``, what ``make test`` does)."""
+"""The phases of a split run (``python -m tests.run --split``, what ``make test`` does)."""
 
 from __future__ import annotations
 
 import pytest
 
 PHASE = "SAGA_TEST_PHASE"
-"""``parallel``, ``serial`` or ``citus``: which part of the suite a pytest process runs."""
+"""Which part of the suite a pytest process runs: one of :data:`PHASES`, or ``citus``."""
+
+PHASES = ("parallel", "e2e", "serial")
+"""The phases of a split run against single PostgreSQL, in order (see :func:`phase_of`)."""
 
 CITUS_TESTS = (
     "tests/contract",
@@ -47,14 +50,21 @@ def kept(item: pytest.Item, phase: str) -> bool:
     if phase == "citus":
         # The in-memory side of a contract suite has run already; it has no database.
         return "[memory" not in item.nodeid
-    return not citus and alone(item) == (phase == "serial")
+    return not citus and phase_of(item) == phase
 
 
-def alone(item: pytest.Item) -> bool:
-    """Whether ``item`` runs in the serial phase: end-to-end, or disturbing shared services.
+def phase_of(item: pytest.Item) -> str:
+    """The phase of a split run that ``item`` belongs to.
 
-    End-to-end tests run several processes each and measure bounds in seconds (a shutdown
-    budget, a lease, a session timeout); they run one at a time so that a second test's load
-    never eats their margins.
+    - ``serial``: it disturbs the shared services (restarts the broker, stops a Citus node),
+      so it runs with no other test.
+    - ``e2e``: end-to-end. These run several processes each and measure bounds in seconds (a
+      shutdown budget, a lease, a session timeout) with slack for a loaded two-core machine;
+      they run two at a time, never beside the parallel phase's four workers.
+    - ``parallel``: unit, contract and integration tests, which mostly wait on the services.
     """
-    return "e2e" in item.path.parts or item.get_closest_marker("serial") is not None
+    if item.get_closest_marker("serial") is not None:
+        return "serial"
+    if "e2e" in item.path.parts:
+        return "e2e"
+    return "parallel"

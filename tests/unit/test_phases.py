@@ -1,0 +1,67 @@
+"""Each test of a split run lands in exactly one phase (``tests.support.phases``).
+
+Collected by pytest itself, as ``make test`` collects: a test in no phase would never run, and a
+test in two would run beside what it must not (a broker restart beside the end-to-end tests).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.phases import PHASE, PHASES
+
+REPO = Path(__file__).resolve().parents[2]
+FILES = (
+    "tests/unit/test_run_bytecode.py",
+    "tests/integration/test_stack_smoke.py",
+    "tests/e2e/test_supervision.py",
+    "tests/citus/test_citus_through_worker.py",
+)
+
+
+def _collected(phase: str, *args: str) -> set[str]:
+    """The ids pytest collects in ``phase`` from ``args`` (default :data:`FILES`)."""
+    collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    done = subprocess.run(
+        [*collect, *(args or FILES)],
+        cwd=REPO,
+        env={**os.environ, PHASE: phase},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {line for line in done.stdout.splitlines() if "::" in line}
+
+
+def test_every_test_runs_in_one_phase_and_the_broker_restart_runs_alone() -> None:
+    phases = {phase: _collected(phase) for phase in PHASES}
+
+    def where(name: str) -> list[str]:
+        return [p for p, ids in phases.items() if any(name in i for i in ids)]
+
+    assert where("test_the_runs_environment_keeps_compiled_modules") == ["parallel"]
+    assert where("test_postgres_commit_is_kept_and_rollback_is_not") == ["parallel"]
+    assert where("test_a_loop_that_raises_ends_the_process") == ["e2e"]
+    assert phases["serial"] == {
+        "tests/integration/test_stack_smoke.py::test_broker_restart_keeps_acknowledged_messages"
+    }
+    # The Citus tests run in the citus phase only, where markers split them further.
+    assert where("test_citus_through_worker") == []
+    everything = [i for ids in phases.values() for i in ids]
+    assert len(everything) == len(set(everything))
+
+
+def test_the_citus_phase_runs_the_tests_that_stop_a_node_alone() -> None:
+    outage, through_worker = "tests/citus/test_citus_worker_outage.py", FILES[-1]
+    alone = {i.split("::")[-1] for i in _collected("citus", "-m", "serial", outage, through_worker)}
+    assert "test_processes_through_the_worker_go_on_while_the_coordinator_is_down" in alone
+    assert "test_the_other_workers_processor_commits_through_an_outage_and_nothing_is_lost" in alone
+    # A schema moved under its own processes disturbs no other test.
+    assert not any("schema_moves" in name for name in alone), alone
+    paired = _collected("citus", "-m", "e2e and not serial", through_worker)
+    assert any("schema_moves" in i for i in paired), paired
