@@ -156,8 +156,24 @@ def services(echo: bool = True) -> Iterator[dict[str, str]]:
 NO_TESTS = 5
 
 
+# What the phases of ``make test`` may take on a two-core machine (the project's standard); a
+# split run that takes longer says so at its end.
+BUDGET_S = 12 * 60
+
+
 def _workers(count: str) -> list[str]:
     return ["-n", count, "--dist", "loadfile"]
+
+
+def _phase(name: str, args: Sequence[str], env: dict[str, str], took: list[str]) -> int:
+    """Runs one phase of a split run; notes how long it took in ``took``."""
+    _echo(name)
+    started = time.monotonic()
+    code = run_pytest(args, env)
+    seconds = time.monotonic() - started
+    _echo(f"{name}: exit {code} after {seconds:.0f} s")
+    took.append(f"{name.replace(' phase', '')} {seconds:.0f} s")
+    return code
 
 
 def run_split(args: Sequence[str], env: dict[str, str]) -> int:
@@ -171,24 +187,31 @@ def run_split(args: Sequence[str], env: dict[str, str]) -> int:
     3. ``serial``: the tests that disturb the shared services, alone.
     4. When the whole suite runs, the Citus tests (:func:`run_citus`).
     """
-    codes = []
+    started = time.monotonic()
+    codes: list[int] = []
+    took: list[str] = []
     workers = {"parallel": _workers(WORKERS), "e2e": _workers(E2E_WORKERS), "serial": []}
     for phase in PHASES:
-        extra = workers[phase]
-        _echo(f"{phase} phase")
-        started = time.monotonic()
-        code = run_pytest([*extra, *args], {**env, PHASE: phase})
-        _echo(f"{phase} phase: exit {code} after {time.monotonic() - started:.0f} s")
-        codes.append(code)
+        codes.append(
+            _phase(f"{phase} phase", [*workers[phase], *args], {**env, PHASE: phase}, took)
+        )
     if not any(not a.startswith("-") for a in args):
         # The whole suite was asked for, not some of its files.
-        codes.append(run_citus(args, env))
+        codes.append(run_citus(args, env, took))
+    _echo(summary(took, time.monotonic() - started))
     if all(c == NO_TESTS for c in codes):
         return NO_TESTS
     return next((c for c in codes if c not in (0, NO_TESTS)), 0)
 
 
-def run_citus(args: Sequence[str], env: dict[str, str]) -> int:
+def summary(took: Sequence[str], seconds: float) -> str:
+    """The last line of a split run: each phase's time, the total, and whether it is over
+    :data:`BUDGET_S`."""
+    over = f", over the budget of {BUDGET_S // 60} minutes" if seconds > BUDGET_S else ""
+    return f"phases took {', '.join(took)}: {seconds:.0f} s in all{over}"
+
+
+def run_citus(args: Sequence[str], env: dict[str, str], took: list[str]) -> int:
     """4. The Citus tests (:data:`CITUS_TESTS`) against a Citus coordinator, in the same three
     parts: the contract and Citus tests on the workers, the end-to-end ones two at a time, and
     those that stop a node of the cluster alone.
@@ -208,11 +231,7 @@ def run_citus(args: Sequence[str], env: dict[str, str]) -> int:
             (" (end-to-end)", [*_workers(E2E_WORKERS), "-m", "e2e and not serial"]),
             (" (alone)", ["-m", "serial"]),
         ):
-            _echo(f"citus phase{part}")
-            started = time.monotonic()
-            code = run_pytest([*extra, *CITUS_TESTS, *args], env)
-            _echo(f"citus phase{part}: exit {code} after {time.monotonic() - started:.0f} s")
-            codes.append(code)
+            codes.append(_phase(f"citus phase{part}", [*extra, *CITUS_TESTS, *args], env, took))
         return next((c for c in codes if c not in (0, NO_TESTS)), 0)
 
 

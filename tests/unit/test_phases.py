@@ -1,4 +1,5 @@
-"""Each test of a split run lands in exactly one phase (``tests.support.phases``).
+"""Each test of a split run lands in exactly one phase (``tests.support.phases``), and the run
+ends saying how long its phases took.
 
 Collected by pytest itself, as ``make test`` collects: a test in no phase would never run, and a
 test in two would run beside what it must not (a broker restart beside the end-to-end tests).
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.run import summary
 from tests.support.phases import PHASE, PHASES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,3 +67,9 @@ def test_the_citus_phase_runs_the_tests_that_stop_a_node_alone() -> None:
     assert not any("schema_moves" in name for name in alone), alone
     paired = _collected("citus", "-m", "e2e and not serial", through_worker)
     assert any("schema_moves" in i for i in paired), paired
+
+
+def test_a_split_run_ends_with_its_phases_times_and_says_when_it_is_over_budget() -> None:
+    took = ["parallel 132 s", "e2e 268 s"]
+    assert summary(took, 400.4) == "phases took parallel 132 s, e2e 268 s: 400 s in all"
+    assert summary(took, 721).endswith(": 721 s in all, over the budget of 12 minutes")
