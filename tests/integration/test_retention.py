@@ -7,6 +7,7 @@ running sagas stay duplicates, and the tables stay bounded while tens of thousan
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import uuid
@@ -28,6 +29,7 @@ from processor.postgres.connect import connect, ensure_schema
 from processor.postgres.retention import PostgresRetentionStore
 from processor.postgres.schema import Tables
 from processor.runner import bind_all
+from processor.runtime.hooks import HookPoint, Hooks
 from processor.runtime.retention import Retention
 from processor.settings import RetentionSettings
 from sagas.transfer import TransferSaga
@@ -196,11 +198,17 @@ def test_purged_sagas_stay_ended_and_purged_ids_stay_duplicates(
 def test_tables_stay_bounded_while_fifty_thousand_sagas_start_and_end(
     database_url: str, tables: Tables, engine: Engine
 ) -> None:
-    total, per_batch = 50_000, 500
+    # Ten blocks of 5,000 sagas, each started and ended in batches of 500 while the loop purges
+    # beside them. Whether the loop keeps up with a given write rate is a matter of speed, which
+    # S6 (the soak benchmark) measures; what is asserted here holds on any machine: after each
+    # block, the first round that starts once the block's rows are past their periods leaves
+    # none of them, so no table ever holds more than one block, against 50,000 sagas and
+    # 100,000 history rows without retention.
+    total, block, per_batch = 50_000, 5_000, 500
     settings = RetentionSettings(
         ended_sagas=0.2,
         history=0.2,
-        dedupe_window=1.0,
+        dedupe_window=0.5,
         dead_letters=1.0,
         parked_messages=1.0,
         failed_outbox=1.0,
@@ -208,44 +216,53 @@ def test_tables_stay_bounded_while_fifty_thousand_sagas_start_and_end(
         chunk_pause=0,
         interval=0.05,
     )
-    retention = Retention(PostgresRetentionStore(lambda: connect(database_url), tables), settings)
+    longest = settings.dedupe_window.total_seconds()
+    hooks = Hooks()
+    starts: list[float] = []
+    hooks.on(HookPoint.RETENTION_ROUND, lambda: starts.append(time.time()))
+    retention = Retention(
+        PostgresRetentionStore(lambda: connect(database_url), tables), settings, hooks=hooks
+    )
+
+    def purged_since(moment: float) -> bool:
+        # Rounds complete in the order they start; a round that failed leaves an extra start
+        # in the list, which only makes this stricter.
+        done = retention.rounds
+        return done > 0 and starts[done - 1] > moment
+
     stop = threading.Event()
     loop = threading.Thread(target=retention.run, args=(stop,), name="retention")
     loop.start()
     peaks = {"instance": 0, "history": 0, "tombstone": 0}
     try:
-        for start in range(0, total, per_batch):
-            ids = [f"s{n}" for n in range(start, start + per_batch)]
-            records = [engine.record(Opened(order_id=i), f"{i}-o") for i in ids]
-            records += [engine.record(Closed(order_id=i), f"{i}-c") for i in ids]
-            ws = engine.run(records)
-            assert ws.counts["ended"] == per_batch
-            if start % (10 * per_batch) == 0:
-                for table, peak in list(peaks.items()):
-                    peaks[table] = max(peak, count(database_url, tables, table))
-        # Everything ends up purged once the window has passed. How long that takes follows
-        # the machine's speed; what must not happen is a loop that stops purging, so it fails
-        # when 30 s pass without a row going (the window is 1 s).
-        left, stalled_at = None, time.monotonic() + 30
-        while now_left := (
-            count(database_url, tables, "tombstone") + count(database_url, tables, "history")
-        ):
-            if left is None or now_left < left:
-                left, stalled_at = now_left, time.monotonic() + 30
-            assert time.monotonic() < stalled_at, f"retention stopped with {left} rows to purge"
-            time.sleep(0.1)
+        for first in range(0, total, block):
+            for start in range(first, first + block, per_batch):
+                ids = [f"s{n}" for n in range(start, start + per_batch)]
+                records = [engine.record(Opened(order_id=i), f"{i}-o") for i in ids]
+                records += [engine.record(Closed(order_id=i), f"{i}-c") for i in ids]
+                ws = engine.run(records)
+                assert ws.counts["ended"] == per_batch
+            # Every saga of the block ended (in the database's clock, the same as this one's)
+            # before this moment.
+            written = time.time()
+            for table, peak in list(peaks.items()):
+                peaks[table] = max(peak, count(database_url, tables, table))
+            wait_until(
+                functools.partial(purged_since, written + longest),
+                timeout=30,
+                what=f"a retention round after sagas s{first}..s{first + block - 1} aged",
+            )
+            left = {table: count(database_url, tables, table) for table in peaks}
+            assert left == {"instance": 0, "history": 0, "tombstone": 0}, (first, left)
     finally:
         stop.set()
         loop.join(10)
     assert not loop.is_alive()
-    assert count(database_url, tables, "instance") == 0
     assert retention.deleted[Purge.ENDED_SAGAS] == total
     assert retention.deleted[Purge.TOMBSTONES] == total
-    # Without retention: 50,000 sagas and 100,000 history rows. The bound is the rows written
-    # within a period or a window at this rate, far below that.
-    assert peaks["instance"] < 15_000, peaks
-    assert peaks["history"] < 30_000, peaks
-    assert peaks["tombstone"] < 30_000, peaks
+    assert peaks["instance"] <= block, peaks
+    assert peaks["history"] <= 2 * block, peaks
+    assert peaks["tombstone"] <= block, peaks
     print(f"\npeak rows while {total} sagas ran: {peaks}; deleted {dict(retention.deleted)}")
 
 
