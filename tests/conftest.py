@@ -15,7 +15,7 @@ import pytest
 from psycopg import sql
 
 from devstack import Services, provide
-from tests.support.phases import PHASE, PHASES, kept
+from tests.support.phases import PHASE, PHASES, kept, longest_first
 from tests.support.roles import LeastPrivilege, least_privilege
 
 # A hang with the interpreter held still ends the run, with every thread's stack; a failed
@@ -33,7 +33,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         (keep if kept(item, phase) else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
-        items[:] = keep
+    # pytest-xdist hands whole files out in this order (the split run turns its own reordering
+    # off): what takes longest goes first, so that no worker is left with it at the end.
+    items[:] = longest_first(keep, config.rootpath)
 
 
 @pytest.fixture(scope="session")

@@ -24,10 +24,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from devstack import (
     ENV_ALLOW_RESTART,
@@ -107,38 +110,77 @@ def bytecode_cached(env: dict[str, str]) -> dict[str, str]:
     return kept
 
 
-def run_pytest(args: Sequence[str], env: dict[str, str]) -> int:
-    """Runs pytest with ``args``; afterwards reports a test it died in and ends what is left."""
-    mark = uuid.uuid4().hex
-    with tempfile.NamedTemporaryFile("w+", prefix="saga-test-current-", delete=False) as f:
-        current = Path(f.name)
-    env = {**bytecode_cached(env), MARK: mark, CURRENT_FILE: str(current)}
-    child = subprocess.Popen([sys.executable, "-m", "pytest", *args], env=env)
-    # Ctrl-C reaches pytest too (one process group); it stops the run, this waits for it.
+class Pytest:
+    """One pytest process of the run, started at once; :meth:`finish` waits for it and cleans up.
+
+    Args:
+        args: pytest's arguments.
+        env: Its environment (with compiled modules kept, and :data:`MARK` added).
+        output: Where its output goes, when not to this process's.
+    """
+
+    def __init__(self, args: Sequence[str], env: dict[str, str], output: IO[str] | None = None):
+        self.mark = uuid.uuid4().hex
+        with tempfile.NamedTemporaryFile("w+", prefix="saga-test-current-", delete=False) as f:
+            self.current = Path(f.name)
+        env = {**bytecode_cached(env), MARK: self.mark, CURRENT_FILE: str(self.current)}
+        self.child = subprocess.Popen(
+            [sys.executable, "-m", "pytest", *args],
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT if output else None,
+        )
+
+    def finish(self) -> int:
+        """pytest's exit code, once it has ended; reports a test it died in and ends what is
+        left of its processes."""
+        code = self.child.wait()
+        current = self.current
+        for path in [current, *current.parent.glob(current.name + ".*")]:
+            died_in = path.read_text().split("\n") if path.exists() else []
+            path.unlink(missing_ok=True)
+            if not died_in or not died_in[0]:
+                continue
+            _echo(
+                f"pytest ended (exit {code}) inside {died_in[0]}: it ran past its hard limit of "
+                f"{died_in[1]} s (its timeout plus a grace), so a thread held the interpreter and "
+                "only faulthandler's watchdog could act: every thread's stack is above"
+                if code == 1
+                else f"pytest ended (exit {code}) inside {died_in[0]}"
+            )
+            code = code or 1
+        left = end_marked(self.mark)
+        if left:
+            _echo(f"ended {left} process(es) the run left behind")
+        return code
+
+
+@contextlib.contextmanager
+def passing_signals_to(runs: Sequence[Pytest]) -> Iterator[None]:
+    """Ctrl-C reaches pytest too (one process group): it stops the run, this waits for it. A
+    platform's SIGTERM is passed on to every pytest in ``runs``, and the clean-up still runs.
+
+    Enter it once they have started: an ignored SIGINT would be inherited by them.
+    """
+
+    def terminate(*_: object) -> None:
+        for run in runs:
+            run.child.terminate()
+
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # A platform's SIGTERM is passed on, and the clean-up below still runs.
-    signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+    before = signal.signal(signal.SIGTERM, terminate)
     try:
-        code = child.wait()
+        yield
     finally:
         signal.signal(signal.SIGINT, previous)
-    for path in [current, *current.parent.glob(current.name + ".*")]:
-        died_in = path.read_text().split("\n") if path.exists() else []
-        path.unlink(missing_ok=True)
-        if not died_in or not died_in[0]:
-            continue
-        _echo(
-            f"pytest ended (exit {code}) inside {died_in[0]}: it ran past its hard limit of "
-            f"{died_in[1]} s (its timeout plus a grace), so a thread held the interpreter and "
-            "only faulthandler's watchdog could act: every thread's stack is above"
-            if code == 1
-            else f"pytest ended (exit {code}) inside {died_in[0]}"
-        )
-        code = code or 1
-    left = end_marked(mark)
-    if left:
-        _echo(f"ended {left} process(es) the run left behind")
-    return code
+        signal.signal(signal.SIGTERM, before)
+
+
+def run_pytest(args: Sequence[str], env: dict[str, str]) -> int:
+    """Runs pytest with ``args``; afterwards reports a test it died in and ends what is left."""
+    run = Pytest(args, env)
+    with passing_signals_to([run]):
+        return run.finish()
 
 
 @contextlib.contextmanager
@@ -162,18 +204,65 @@ BUDGET_S = 12 * 60
 
 
 def _workers(count: str) -> list[str]:
-    return ["-n", count, "--dist", "loadfile"]
+    # Files in the order of the collection (``tests.support.phases.longest_first``), not by
+    # how many tests each has.
+    return ["-n", count, "--dist", "loadfile", "--no-loadscope-reorder"]
 
 
-def _phase(name: str, args: Sequence[str], env: dict[str, str], took: list[str]) -> int:
-    """Runs one phase of a split run; notes how long it took in ``took``."""
-    _echo(name)
+@dataclass(frozen=True)
+class Phase:
+    """One pytest run of a split run: its name, arguments and environment."""
+
+    name: str
+    args: Sequence[str]
+    env: dict[str, str]
+
+
+def first_failure(codes: Sequence[int]) -> int:
+    if codes and all(c == NO_TESTS for c in codes):
+        return NO_TESTS
+    return next((c for c in codes if c not in (0, NO_TESTS)), 0)
+
+
+def run_phases(phases: Sequence[Phase], took: list[str]) -> list[int]:
+    """Runs ``phases`` at once and returns their exit codes; notes their times in ``took``.
+
+    The first one's output comes here as it runs; each other's is kept in a file and printed
+    once all have ended, so that their lines do not interleave.
+    """
+    first, *beside = phases
+    _echo(first.name + "".join(f", beside it the {p.name}" for p in beside))
     started = time.monotonic()
-    code = run_pytest(args, env)
-    seconds = time.monotonic() - started
-    _echo(f"{name}: exit {code} after {seconds:.0f} s")
-    took.append(f"{name.replace(' phase', '')} {seconds:.0f} s")
-    return code
+    ended: dict[str, tuple[int, float]] = {}
+    with contextlib.ExitStack() as files:
+        outputs = [None, *(files.enter_context(tempfile.TemporaryFile("w+")) for _ in beside)]
+        runs = [Pytest(p.args, p.env, out) for p, out in zip(phases, outputs, strict=True)]
+
+        def finish(phase: Phase, run: Pytest) -> None:
+            code = run.finish()
+            ended[phase.name] = (code, time.monotonic() - started)
+
+        waiting = [
+            threading.Thread(target=finish, args=(p, r), name=p.name)
+            for p, r in zip(phases, runs, strict=True)
+        ]
+        with passing_signals_to(runs):
+            for thread in waiting:
+                thread.start()
+            for thread in waiting:
+                thread.join()
+        for phase, out in zip(beside, outputs[1:], strict=True):
+            assert out is not None
+            out.seek(0)
+            _echo(f"output of the {phase.name}:")
+            sys.stdout.write(out.read())
+            sys.stdout.flush()
+    for i, phase in enumerate(phases):
+        code, seconds = ended[phase.name]
+        _echo(f"{phase.name}: exit {code} after {seconds:.0f} s")
+        name = phase.name.replace(" phase", "")
+        took.append(f"{name} {seconds:.0f} s" + (f" (beside {first.name})" if i else ""))
+    return [ended[p.name][0] for p in phases]
 
 
 def run_split(args: Sequence[str], env: dict[str, str]) -> int:
@@ -183,25 +272,56 @@ def run_split(args: Sequence[str], env: dict[str, str]) -> int:
     1. ``parallel``: unit, contract and integration tests on :data:`WORKERS` pytest-xdist
        workers: they wait on the services far more than they compute, and each uses topics,
        groups and schemas of its own.
-    2. ``e2e``: the end-to-end tests, :data:`E2E_WORKERS` at a time.
+    2. ``e2e``: the end-to-end tests, :data:`E2E_WORKERS` at a time. Beside them, the Citus
+       tests that stop a node of the Citus cluster: only Citus tests use it, and these spend
+       their time waiting through the outage, which is where the end-to-end tests leave the
+       cores idle too.
     3. ``serial``: the tests that disturb the shared services, alone.
-    4. When the whole suite runs, the Citus tests (:func:`run_citus`).
+    4. The other Citus tests (:data:`CITUS_TESTS`) against a Citus coordinator: those that are
+       not end-to-end on :data:`WORKERS` workers, then the end-to-end ones two at a time.
+
+    Steps 2 and 4 run Citus tests only when the whole suite runs, not some of its files. Citus
+    is not in Debian's packages: on a machine without it the run says how many tests it skipped
+    and why, and passes.
     """
     started = time.monotonic()
     codes: list[int] = []
     took: list[str] = []
     workers = {"parallel": _workers(WORKERS), "e2e": _workers(E2E_WORKERS), "serial": []}
-    for phase in PHASES:
-        codes.append(
-            _phase(f"{phase} phase", [*workers[phase], *args], {**env, PHASE: phase}, took)
-        )
-    if not any(not a.startswith("-") for a in args):
-        # The whole suite was asked for, not some of its files.
-        codes.append(run_citus(args, env, took))
+    plain = {
+        phase: Phase(f"{phase} phase", [*workers[phase], *args], {**env, PHASE: phase})
+        for phase in PHASES
+    }
+    whole = not any(not a.startswith("-") for a in args)
+    with provide_citus(_echo) if whole else contextlib.nullcontext() as citus:
+        url = citus.url if citus is not None else None
+        on_citus = url is not None
+        if citus is not None and url is None:
+            count = collected([*CITUS_TESTS, *args], {**env, PHASE: "citus"})
+            _echo(f"citus phase: skipped {count} tests: {citus.reason}")
+        citus_env = {**env, ENV_DATABASE: url, PHASE: "citus"} if url is not None else {}
+
+        def on_coordinator(part: str, extra: Sequence[str]) -> Phase:
+            return Phase(f"citus phase{part}", [*extra, *CITUS_TESTS, *args], citus_env)
+
+        stages = [
+            [plain["parallel"]],
+            [plain["e2e"], *([on_coordinator(" (alone)", ["-m", "serial"])] if on_citus else [])],
+            [plain["serial"]],
+        ]
+        if on_citus:
+            stages += [
+                [on_coordinator("", [*_workers(WORKERS), "-m", "not e2e and not serial"])],
+                [
+                    on_coordinator(
+                        " (end-to-end)", [*_workers(E2E_WORKERS), "-m", "e2e and not serial"]
+                    )
+                ],
+            ]
+        for stage in stages:
+            codes += run_phases(stage, took)
     _echo(summary(took, time.monotonic() - started))
-    if all(c == NO_TESTS for c in codes):
-        return NO_TESTS
-    return next((c for c in codes if c not in (0, NO_TESTS)), 0)
+    return first_failure(codes)
 
 
 def summary(took: Sequence[str], seconds: float) -> str:
@@ -209,30 +329,6 @@ def summary(took: Sequence[str], seconds: float) -> str:
     :data:`BUDGET_S`."""
     over = f", over the budget of {BUDGET_S // 60} minutes" if seconds > BUDGET_S else ""
     return f"phases took {', '.join(took)}: {seconds:.0f} s in all{over}"
-
-
-def run_citus(args: Sequence[str], env: dict[str, str], took: list[str]) -> int:
-    """4. The Citus tests (:data:`CITUS_TESTS`) against a Citus coordinator, in the same three
-    parts: the contract and Citus tests on the workers, the end-to-end ones two at a time, and
-    those that stop a node of the cluster alone.
-
-    Citus is not in Debian's packages: on a machine without it the phase says how many tests it
-    skipped and why, and passes.
-    """
-    with provide_citus(_echo) as citus:
-        if citus.url is None:
-            count = collected([*CITUS_TESTS, *args], {**env, PHASE: "citus"})
-            _echo(f"citus phase: skipped {count} tests: {citus.reason}")
-            return NO_TESTS
-        env = {**env, ENV_DATABASE: citus.url, PHASE: "citus"}
-        codes = []
-        for part, extra in (
-            ("", [*_workers(WORKERS), "-m", "not e2e and not serial"]),
-            (" (end-to-end)", [*_workers(E2E_WORKERS), "-m", "e2e and not serial"]),
-            (" (alone)", ["-m", "serial"]),
-        ):
-            codes.append(_phase(f"citus phase{part}", [*extra, *CITUS_TESTS, *args], env, took))
-        return next((c for c in codes if c not in (0, NO_TESTS)), 0)
 
 
 def collected(args: Sequence[str], env: dict[str, str]) -> int:

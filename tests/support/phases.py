@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 PHASE = "SAGA_TEST_PHASE"
@@ -42,6 +44,33 @@ end-to-end ones, and a participant service killed mid-command), and the integrat
 the parts around the hot path. The rest of the integration suite passes on Citus too (101 tests
 when last run by hand) but for two files that assert plain PostgreSQL's plans; it is left out
 to keep the phase short."""
+
+
+LONGEST_FIRST = (
+    "tests/e2e/test_restarts_under_load.py",
+    "tests/e2e/test_liveness.py",
+    "tests/e2e/test_stop_without_broker.py",
+    "tests/e2e/test_participant_crashes.py",
+    "tests/e2e/test_deadline_failover.py",
+    "tests/e2e/test_demo_restarts.py",
+    "tests/e2e/test_partition_growth.py",
+    "tests/e2e/test_fencing.py",
+    "tests/e2e/test_crash_recovery.py",
+    "tests/e2e/test_large_records.py",
+)
+"""The end-to-end files that take longest (30 to 90 s each on a two-core machine), longest
+first. The end-to-end phase starts them first: started last, one of them ran for a minute on
+one worker while the other had nothing left to do."""
+
+
+def longest_first(items: list[pytest.Item], root: Path) -> list[pytest.Item]:
+    """``items`` with those of :data:`LONGEST_FIRST` first, in its order; the rest keep theirs."""
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+
+    def key(item: pytest.Item) -> int:
+        return rank.get(item.path.relative_to(root).as_posix(), len(rank))
+
+    return sorted(items, key=key)
 
 
 def kept(item: pytest.Item, phase: str) -> bool:

@@ -11,9 +11,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
-from tests.run import summary
-from tests.support.phases import PHASE, PHASES
+import pytest
+
+from tests.run import Phase, first_failure, run_phases, summary
+from tests.support.phases import LONGEST_FIRST, PHASE, PHASES, longest_first
 
 REPO = Path(__file__).resolve().parents[2]
 FILES = (
@@ -73,3 +77,50 @@ def test_a_split_run_ends_with_its_phases_times_and_says_when_it_is_over_budget(
     took = ["parallel 132 s", "e2e 268 s"]
     assert summary(took, 400.4) == "phases took parallel 132 s, e2e 268 s: 400 s in all"
     assert summary(took, 721).endswith(": 721 s in all, over the budget of 12 minutes")
+
+
+def test_phases_run_at_once_and_the_one_beside_prints_its_output_after(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "test_passes.py").write_text("def test_passes():\n    print('first runs')\n")
+    (tmp_path / "test_fails.py").write_text("def test_fails():\n    assert 'beside' == 'fails'\n")
+    alone = ["-c", os.devnull, "--rootdir", str(tmp_path), "-p", "no:cacheprovider", "-s"]
+    env = dict(os.environ)
+    took: list[str] = []
+    codes = run_phases(
+        [
+            Phase("first phase", [*alone, str(tmp_path / "test_passes.py")], env),
+            Phase("second phase", [*alone, str(tmp_path / "test_fails.py")], env),
+        ],
+        took,
+    )
+    assert codes == [0, 1]
+    assert first_failure(codes) == 1
+    assert [t.split(" ")[0] for t in took] == ["first", "second"]
+    assert took[1].endswith(" s (beside first phase)")
+    out = capfd.readouterr().out
+    # The first phase's output, then the second's, whole, after it.
+    assert out.index("first runs") < out.index("output of the second phase:")
+    assert out.index("output of the second phase:") < out.index("'beside' == 'fails'")
+    assert "second phase: exit 1 after" in out
+
+
+def test_a_split_run_fails_with_the_first_failing_phase_and_is_empty_only_if_all_are() -> None:
+    assert first_failure([0, 5, 2, 1]) == 2
+    assert first_failure([5, 0]) == 0
+    assert first_failure([5, 5]) == 5
+
+
+def test_the_longest_end_to_end_files_go_first_in_their_order_and_all_exist() -> None:
+    root = Path("/repo")
+
+    def item(path: str) -> pytest.Item:
+        return cast(pytest.Item, SimpleNamespace(path=root / path))
+
+    first, second = LONGEST_FIRST[:2]
+    items = [item("tests/e2e/test_app.py"), item(second), item("tests/e2e/test_zz.py")]
+    items += [item(first), item(second)]
+    ordered = [i.path.relative_to(root).as_posix() for i in longest_first(items, root)]
+    assert ordered == [first, second, second, "tests/e2e/test_app.py", "tests/e2e/test_zz.py"]
+    # A file renamed or removed would silently lose its place.
+    assert [p for p in LONGEST_FIRST if not (REPO / p).is_file()] == []
