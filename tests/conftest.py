@@ -33,8 +33,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         (keep if kept(item, phase) else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
-    # pytest-xdist hands whole files out in this order (the split run turns its own reordering
-    # off): what takes longest goes first, so that no worker is left with it at the end.
+    # The end-to-end phase hands whole files out in this order (tests.run turns pytest-xdist's
+    # own order off there): what takes longest goes first, so that no worker is left with it
+    # at the end.
     items[:] = longest_first(keep, config.rootpath)
 
 

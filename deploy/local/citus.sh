@@ -48,6 +48,7 @@ start_node() {
   local v="$1" node="$2"
   [[ "$(node_status "$node")" == online ]] && return
   mkdir -p /var/run/postgresql && chown postgres:postgres /var/run/postgresql
+  write_durability "/etc/postgresql/$v/$(node_cluster "$node")/conf.d"
   pg_ctlcluster "$v" "$(node_cluster "$node")" start
   wait_for "citus $node" 60 port_open "$(node_port "$node")" || die "citus $node did not open its port within 60 s"
 }
@@ -79,7 +80,7 @@ up() {
   wait
   for node in "${NODES[@]}"; do provision_node "$node"; done
   register_workers
-  log "citus ready in $((SECONDS - t0)) s: $(url)"
+  log "citus ready in $((SECONDS - t0)) s (fsync $(psql_node coordinator -c 'SHOW fsync')): $(url)"
 }
 
 down() {

@@ -22,6 +22,10 @@ PG_CLUSTER="${SAGA_PG_CLUSTER:-saga}"
 PG_USER="saga"
 PG_PASSWORD="saga"
 PG_DB="saga"
+# fsync of a cluster this stack starts: on, unless the test run turns it off (tests/run.py). With
+# it off a commit still hands its WAL to the kernel, so a killed PostgreSQL (what the tests do)
+# loses nothing; only a crash of the machine could. Benchmarks and the demo keep it on.
+PG_FSYNC="${SAGA_LOCAL_PG_FSYNC:-on}"
 
 log() { printf '[stack] %s\n' "$*" >&2; }
 die() { printf '[stack] error: %s\n' "$*" >&2; exit 1; }
@@ -34,6 +38,13 @@ wait_for() {
     if (( SECONDS >= deadline )); then return 1; fi
     sleep 0.3
   done
+}
+
+# write_durability CONF_DIR: the fsync setting, written before each start of a cluster (a cluster
+# already running is left as it is).
+write_durability() {
+  [[ "$PG_FSYNC" == on || "$PG_FSYNC" == off ]] || die "SAGA_LOCAL_PG_FSYNC must be on or off, not '$PG_FSYNC'"
+  printf 'fsync = %s\n' "$PG_FSYNC" > "$1/durability.conf"
 }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }

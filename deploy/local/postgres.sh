@@ -49,11 +49,12 @@ up() {
     log "postgres already running on 127.0.0.1:$PG_PORT"
   else
     mkdir -p /var/run/postgresql && chown postgres:postgres /var/run/postgresql
+    write_durability "/etc/postgresql/$v/$PG_CLUSTER/conf.d"
     pg_ctlcluster "$v" "$PG_CLUSTER" start
     wait_for "postgres" 60 port_open "$PG_PORT" || die "postgres did not open port $PG_PORT within 60 s"
   fi
   provision
-  log "postgres ready in $((SECONDS - t0)) s: postgresql://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB"
+  log "postgres ready in $((SECONDS - t0)) s (fsync $(psql_admin -d postgres -c 'SHOW fsync')): postgresql://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB"
 }
 
 down() {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
@@ -17,7 +18,8 @@ from typing import cast
 import pytest
 
 from tests.run import Phase, first_failure, run_phases, summary
-from tests.support.phases import LONGEST_FIRST, PHASE, PHASES, longest_first
+from tests.support.phase_report import REPORT
+from tests.support.phases import LONGEST_FIRST, PHASE, longest_first
 
 REPO = Path(__file__).resolve().parents[2]
 FILES = (
@@ -26,51 +28,80 @@ FILES = (
     "tests/e2e/test_supervision.py",
     "tests/citus/test_citus_through_worker.py",
 )
+OUTAGE = "tests/citus/test_citus_worker_outage.py"
 
 
-def _collected(phase: str, *args: str) -> set[str]:
-    """The ids pytest collects in ``phase`` from ``args`` (default :data:`FILES`)."""
+def _collected(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
     done = subprocess.run(
-        [*collect, *(args or FILES)],
+        [*collect, *args],
         cwd=REPO,
-        env={**os.environ, PHASE: phase},
+        env={**os.environ, **env},
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    return {line for line in done.stdout.splitlines() if "::" in line}
+    return done
 
 
-def test_every_test_runs_in_one_phase_and_the_broker_restart_runs_alone() -> None:
-    phases = {phase: _collected(phase) for phase in PHASES}
+@dataclass(frozen=True)
+class Placed:
+    phases: tuple[str, ...]
+    markers: frozenset[str]
 
+
+@pytest.fixture(scope="module")
+def placed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Placed]:
+    """Each test of :data:`FILES` and the Citus outage tests: the phases that keep it, and its
+    markers (what ``-m`` selects on), from one collection."""
+    report = tmp_path_factory.mktemp("phases") / "report"
+    plugin = ["-p", "tests.support.phase_report"]
+    _collected(*plugin, *FILES, OUTAGE, env={REPORT: str(report)})
+    out = {}
+    for line in report.read_text().splitlines():
+        nodeid, phases, markers = line.split("\t")
+        out[nodeid] = Placed(tuple(filter(None, phases.split(","))), frozenset(markers.split(",")))
+    return out
+
+
+def test_every_test_runs_in_one_phase_and_the_broker_restart_runs_alone(
+    placed: dict[str, Placed],
+) -> None:
     def where(name: str) -> list[str]:
-        return [p for p, ids in phases.items() if any(name in i for i in ids)]
+        # Each case of a parametrized test in the same phases.
+        [phases] = {p.phases for i, p in placed.items() if i.split("::")[-1].startswith(name)}
+        return [p for p in phases if p != "citus"]
 
     assert where("test_the_runs_environment_keeps_compiled_modules") == ["parallel"]
     assert where("test_postgres_commit_is_kept_and_rollback_is_not") == ["parallel"]
-    assert where("test_a_loop_that_raises_ends_the_process") == ["e2e"]
-    assert phases["serial"] == {
+    assert where("test_a_loop_that_raises_ends_the_process_non_zero_within_seconds") == ["e2e"]
+    broker_restart = (
         "tests/integration/test_stack_smoke.py::test_broker_restart_keeps_acknowledged_messages"
-    }
-    # The Citus tests run in the citus phase only, where markers split them further.
-    assert where("test_citus_through_worker") == []
-    everything = [i for ids in phases.values() for i in ids]
-    assert len(everything) == len(set(everything))
+    )
+    assert [i for i, p in placed.items() if "serial" in p.phases] == [broker_restart]
+    # The Citus tests run in the citus phase only, where markers split them further; every
+    # other test in exactly one phase.
+    for nodeid, p in placed.items():
+        if "citus" in p.markers:
+            assert p.phases == ("citus",), nodeid
+        else:
+            assert len([x for x in p.phases if x != "citus"]) == 1, (nodeid, p)
+    # How a phase deselects the rest, as make test runs it.
+    serial = _collected(*FILES, env={PHASE: "serial"}).stdout.splitlines()
+    assert [line for line in serial if "::" in line] == [broker_restart]
 
 
-def test_the_citus_phase_runs_the_tests_that_stop_a_node_alone() -> None:
-    outage, through_worker = "tests/citus/test_citus_worker_outage.py", FILES[-1]
-    alone = {i.split("::")[-1] for i in _collected("citus", "-m", "serial", outage, through_worker)}
+def test_the_citus_phase_runs_the_tests_that_stop_a_node_alone(placed: dict[str, Placed]) -> None:
+    on_citus = {i.split("::")[-1]: p.markers for i, p in placed.items() if "citus" in p.phases}
+    alone = {name for name, markers in on_citus.items() if "serial" in markers}
     assert "test_processes_through_the_worker_go_on_while_the_coordinator_is_down" in alone
     assert "test_the_other_workers_processor_commits_through_an_outage_and_nothing_is_lost" in alone
     # A schema moved under its own processes disturbs no other test.
     assert not any("schema_moves" in name for name in alone), alone
-    paired = _collected("citus", "-m", "e2e and not serial", through_worker)
-    assert any("schema_moves" in i for i in paired), paired
+    paired = {name for name, markers in on_citus.items() if "e2e" in markers} - alone
+    assert any("schema_moves" in name for name in paired), paired
 
 
 def test_a_split_run_ends_with_its_phases_times_and_says_when_it_is_over_budget() -> None:
