@@ -155,6 +155,10 @@ class Pytest:
         return code
 
 
+# Set once a SIGTERM has reached the run: the phases not yet started do not start.
+TERMINATED = threading.Event()
+
+
 @contextlib.contextmanager
 def passing_signals_to(runs: Sequence[Pytest]) -> Iterator[None]:
     """Ctrl-C reaches pytest too (one process group): it stops the run, this waits for it. A
@@ -164,6 +168,7 @@ def passing_signals_to(runs: Sequence[Pytest]) -> Iterator[None]:
     """
 
     def terminate(*_: object) -> None:
+        TERMINATED.set()
         for run in runs:
             run.child.terminate()
 
@@ -331,6 +336,9 @@ def run_split(args: Sequence[str], env: dict[str, str]) -> int:
                 ],
             ]
         for stage in stages:
+            if TERMINATED.is_set():
+                _echo("stopped by SIGTERM: the phases after it do not run")
+                break
             codes += run_phases(stage, took)
     _echo(summary(took, time.monotonic() - started))
     return first_failure(codes)

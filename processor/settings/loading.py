@@ -81,8 +81,11 @@ ALLOWED_NAMES = frozenset(
         "SAGA_CACHE_DIR",
         "SAGA_KAFKA_PORT",
         "SAGA_KAFKA_CONTROLLER_PORT",
+        "SAGA_KAFKA_ADVERTISED_PORT",
         "SAGA_PG_PORT",
         "SAGA_PG_CLUSTER",
+        "SAGA_LOCAL_PG_FSYNC",
+        "SAGA_CITUS_PORT",
         # The application object (`MODULE:ATTR`) the command line loads; read by processor.cli.
         "SAGA_APP",
     }

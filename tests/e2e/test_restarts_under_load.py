@@ -216,7 +216,9 @@ class World:
         except Exception as e:
             lines.append(f"accounts positions unreadable: {e!r}")
         for p in self.procs:
-            tail = [ln for ln in p.log().splitlines() if " INFO " in ln or " WARNING " in ln][-12:]
+            # Not DEBUG; ERROR and CRITICAL say why a replica ended.
+            levels = (" INFO ", " WARNING ", " ERROR ", " CRITICAL ")
+            tail = [ln for ln in p.log().splitlines() if any(lv in ln for lv in levels)][-12:]
             lines.append(f"{p.log_path.name} alive={p.alive()}:\n    " + "\n    ".join(tail))
         return "\n".join(lines)
 

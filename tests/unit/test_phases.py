@@ -8,8 +8,10 @@ test in two would run beside what it must not (a broker restart beside the end-t
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,7 +19,8 @@ from typing import cast
 
 import pytest
 
-from tests.run import Phase, first_failure, run_phases, summary
+from tests.run import TERMINATED, Phase, first_failure, run_phases, summary
+from tests.support.harness import wait_until
 from tests.support.phase_report import REPORT
 from tests.support.phases import LONGEST_FIRST, PHASE, longest_first
 
@@ -36,7 +39,8 @@ def _collected(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[s
     done = subprocess.run(
         [*collect, *args],
         cwd=REPO,
-        env={**os.environ, **env},
+        # Only the phase asked for: the run of this test has one of its own.
+        env={**{k: v for k, v in os.environ.items() if k != PHASE}, **env},
         capture_output=True,
         text=True,
         timeout=120,
@@ -155,3 +159,30 @@ def test_the_longest_end_to_end_files_go_first_in_their_order_and_all_exist() ->
     assert ordered == [first, second, second, "tests/e2e/test_app.py", "tests/e2e/test_zz.py"]
     # A file renamed or removed would silently lose its place.
     assert [p for p in LONGEST_FIRST if not (REPO / p).is_file()] == []
+
+
+def test_a_sigterm_ends_the_phases_under_way_and_the_run_starts_no_other(tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    (tmp_path / "test_waits.py").write_text(
+        "import pathlib, time\n"
+        "def test_waits():\n"
+        f"    pathlib.Path({str(started)!r}).touch()\n"
+        "    time.sleep(600)\n"
+    )
+    alone = ["-c", os.devnull, "--rootdir", str(tmp_path), "-p", "no:cacheprovider"]
+    phase = Phase("waiting phase", [*alone, str(tmp_path / "test_waits.py")], dict(os.environ))
+
+    def platform() -> None:
+        # As a platform stops a job: SIGTERM to the run, once its pytest runs the test.
+        wait_until(started.exists, timeout=60, what="the test to start")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    sender = threading.Thread(target=platform)
+    sender.start()
+    try:
+        [code] = run_phases([phase], [])
+        sender.join()
+        assert code == -signal.SIGTERM
+        assert TERMINATED.is_set()
+    finally:
+        TERMINATED.clear()

@@ -4,7 +4,9 @@ values, and misspelt names."""
 from __future__ import annotations
 
 import os
+import re
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -147,6 +149,15 @@ def test_a_misspelt_variable_is_refused_by_name(monkeypatch: pytest.MonkeyPatch)
 )
 def test_settings_and_tool_variables_are_known(name: str) -> None:
     assert unknown_variables({name: "x"}) == []
+
+
+def test_every_variable_the_local_stack_reads_is_known() -> None:
+    # The test run passes its environment to the processes it starts: a stack variable the
+    # processor refused would stop every one of them.
+    scripts = (Path(__file__).resolve().parents[2] / "deploy" / "local").glob("*.sh")
+    names = {n for script in scripts for n in re.findall(r"SAGA_[A-Z_]+", script.read_text())}
+    assert "SAGA_LOCAL_PG_FSYNC" in names
+    assert unknown_variables(dict.fromkeys(names, "x")) == []
 
 
 @pytest.mark.parametrize(
