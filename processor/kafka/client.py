@@ -13,16 +13,15 @@ from typing import Any
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
-    ConsumerGroupState,
     KafkaError,
     KafkaException,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient
 
 from processor.engine.records import UNREADABLE_HEADERS, Record
 from processor.errors import RuntimeFailure
-from processor.kafka.logs import client_logger, logged
+from processor.kafka.group_view import describe_group
+from processor.kafka.logs import client_logger
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +32,7 @@ _MARKS_TIMEOUT = 2.0
 # Seconds the broker has to describe the group to the membership watch (see _watch_membership).
 _DESCRIBE_TIMEOUT = 2.0
 # Group states in which no member is joining: one that is not listed then is not in the group.
-_SETTLED = (ConsumerGroupState.STABLE, ConsumerGroupState.EMPTY)
+_SETTLED = ("stable", "empty")
 
 
 # Not msg.headers(): for a header name that is not valid UTF-8, confluent-kafka returns a list
@@ -134,8 +133,8 @@ class SagaConsumer:
         # Seeks the client refused, by partition: tried again before each read (see seek).
         self._reseek: dict[TP, int | None] = {}
         self._refusals: dict[TP, int] = {}
-        # The membership watch (see _watch_membership): it makes a client of its own, the
-        # admin client that asks the broker about the group, and needs the session's length.
+        # The membership watch (see _watch_membership): it makes a client of its own, asks
+        # the broker about the group from a process of its own, and needs the session's length.
         self._conf = conf
         self._config = config
         self._group_id = group_id
@@ -144,7 +143,6 @@ class SagaConsumer:
         self._idle_since: float | None = None
         self._absent_since: float | None = None
         self._next_check = 0.0
-        self._admin: AdminClient | None = None
         # Times the broker was asked whether the group goes on without this member.
         self.membership_checks = 0
         self._consumer = Consumer(conf)
@@ -320,20 +318,14 @@ class SagaConsumer:
 
     def _settled_without_me(self) -> str | None:
         """The group's state if it is settled and does not list this member, else None."""
-        try:
-            if self._admin is None:
-                self._admin = AdminClient(logged(self._config))
-            me = self._consumer.memberid() or ""
-            futures = self._admin.describe_consumer_groups(
-                [self._group_id], request_timeout=_DESCRIBE_TIMEOUT
-            )
-            group = futures[self._group_id].result(timeout=_DESCRIBE_TIMEOUT + 1)
-        except Exception as e:  # the broker is away: a healthy client is waiting for it too
-            log.debug("group %s not described: %s", self._group_id, e)
+        me = self._consumer.memberid() or ""
+        # From a process of its own: see processor.kafka.group_view.
+        group = describe_group(self._config, self._group_id, _DESCRIBE_TIMEOUT)
+        if group is None:  # the broker is away: a healthy client is waiting for it too
             return None
-        if group.state not in _SETTLED or any(m.member_id == me for m in group.members):
+        if group.state not in _SETTLED or me in group.members:
             return None
-        return f"{group.state.name.lower()}, {len(group.members)} member(s)"
+        return f"{group.state}, {len(group.members)} member(s)"
 
     def _replace(self, idle: float, settled: str) -> None:
         log.warning(
@@ -395,7 +387,6 @@ class SagaConsumer:
             marks_client, self._marks_client = self._marks_client, None
         if marks_client is not None:
             marks_client.close()
-        self._admin = None  # an admin client has no close; dropping it destroys it
         self._consumer.close()
 
 
