@@ -312,10 +312,11 @@ def run_split(args: Sequence[str], env: dict[str, str]) -> int:
     with provide_citus(_echo) if whole else contextlib.nullcontext() as citus:
         url = citus.url if citus is not None else None
         on_citus = url is not None
-        if citus is not None and url is None:
+        if citus is not None and not on_citus:
             count = collected([*CITUS_TESTS, *args], {**env, PHASE: "citus"})
             _echo(f"citus phase: skipped {count} tests: {citus.reason}")
-        citus_env = {**env, ENV_DATABASE: url, PHASE: "citus"} if url is not None else {}
+        # Used only on_citus.
+        citus_env = {**env, ENV_DATABASE: url or "", PHASE: "citus"}
 
         def on_coordinator(part: str, extra: Sequence[str]) -> Phase:
             return Phase(f"citus phase{part}", [*extra, *CITUS_TESTS, *args], citus_env)

@@ -3,7 +3,7 @@
 librdkafka's admin client can abort the whole process when a request to a group coordinator
 (DescribeConsumerGroups) fails as its connection drops: ``rd_kafka_enq_once_del_source_return:
 Assertion `eonce->refcnt > 0' failed`` (librdkafka issue 4605, in 2.16 still). The membership
-watch (:class:`processor.kafka.client.KafkaClient`) asks exactly while brokers come and go, and
+watch (:class:`processor.kafka.client.SagaConsumer`) asks exactly while brokers come and go, and
 after a broker restart every replica of a group asked at once and every one of them aborted. So
 the question is asked by a short-lived child process: an abort ends the child, and the watch
 reads it as "not described", as it reads a broker that does not answer.
