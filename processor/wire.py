@@ -15,7 +15,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 __all__ = [
@@ -41,7 +41,9 @@ __all__ = [
     "HEADER_SOURCE_TOPIC",
     "HEADER_TRACEPARENT",
     "HEADER_TRACESTATE",
+    "OPERATOR_CLOCK_SKEW",
     "OPERATOR_COMMAND",
+    "OPERATOR_EXPIRY",
     "FiredRecord",
     "OperatorAction",
     "OperatorRecord",
@@ -78,6 +80,13 @@ HEADER_FENCING_TOKEN = "fencing-token"
 # -- operator records -----------------------------------------------------------------------
 OPERATOR_COMMAND = "saga.operator-command"
 HEADER_OPERATOR_AUTH = "operator-auth"
+# How long after its issued-at the processor still applies an operator record (the default of
+# SAGA_OPERATOR__EXPIRY): a signed record copied off the topic is worth nothing after it.
+OPERATOR_EXPIRY = timedelta(minutes=15)
+# How far ahead of the processor's clock (the database's) an issued-at may be: the sender's
+# clock is another machine's, and a few seconds of drift must not refuse a fresh request. Small,
+# so that a record cannot be signed now to be valid for long in the future.
+OPERATOR_CLOCK_SKEW = timedelta(minutes=1)
 
 # -- dead letters ---------------------------------------------------------------------------
 HEADER_DEAD_LETTER_REASON = "dead-letter-reason"
@@ -255,6 +264,10 @@ class OperatorRecord:
         by: Who asked.
         reason: Why; recorded in the saga's history.
         name: The deadline's name, for deadline actions.
+        issued_at: When it was signed, in Unix milliseconds. It is part of the signed value, so
+            a copy of the record cannot be made younger: the processor refuses one older than
+            its expiry (``SAGA_OPERATOR__EXPIRY``). None only in a record an older release
+            sent, which the processor refuses as expired.
     """
 
     action: OperatorAction
@@ -264,13 +277,14 @@ class OperatorRecord:
     by: str
     reason: str
     name: str | None = None
+    issued_at: int | None = None
 
     @property
     def message_id(self) -> str:
         return f"operator:{self.command_id}"
 
     def value(self) -> bytes:
-        body = {
+        body: dict[str, object] = {
             "action": str(self.action),
             "saga_type": self.saga_type,
             "saga_id": self.saga_id,
@@ -279,6 +293,9 @@ class OperatorRecord:
             "reason": self.reason,
             "name": self.name,
         }
+        # Left out rather than null when absent: the value an older release signed.
+        if self.issued_at is not None:
+            body["issued_at"] = self.issued_at
         return json.dumps(body, sort_keys=True).encode()
 
     def headers(self, key: bytes) -> dict[str, str]:
@@ -298,6 +315,7 @@ class OperatorRecord:
         try:
             body = json.loads(value or b"")
             name = body.get("name")
+            issued_at = body.get("issued_at")
             return cls(
                 action=OperatorAction(body["action"]),
                 saga_type=str(body["saga_type"]),
@@ -306,9 +324,17 @@ class OperatorRecord:
                 by=str(body["by"]),
                 reason=str(body["reason"]),
                 name=str(name) if name is not None else None,
+                issued_at=_unix_ms(issued_at) if issued_at is not None else None,
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError("malformed operator record") from e
+
+
+def _unix_ms(value: object) -> int:
+    """An issued-at as sent: an integer, never a bool, float or text that merely reads as one."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError("malformed operator record: issued_at is not an integer")
+    return value
 
 
 def operator_signature(key: bytes, value: bytes) -> str:

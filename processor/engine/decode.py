@@ -70,6 +70,9 @@ class Reason(StrEnum):
     INVALID_TEXT = "invalid-text"
     REFUSED_BY_DATABASE = "refused-by-database"
     UNAUTHENTICATED = "unauthenticated"
+    # A signed operator record that is not where its saga's records are: keyed by something
+    # else than its saga id, or on a partition the id does not map to (a copy sent elsewhere).
+    MISPLACED = "misplaced"
 
 
 # Not frozen: a frozen dataclass sets each field through object.__setattr__ (about 0.1 us a

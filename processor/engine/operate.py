@@ -6,12 +6,19 @@ through the same steps as the consumer's, so it is ordered with the saga's other
 by the batch's offsets, deduplicated by the request's message id and recorded in the timeline.
 It applies all or nothing: if a held record fails again, the saga stays parked as it was and the
 request is recorded as refused, with the record and the reason.
+
+A signed record is worth something to whoever copies it off the topic, so each one is decided
+once: its message id, whatever the outcome (``rows.DECIDED``), makes a copy a duplicate; and a
+record older than the expiry (or issued ahead of the clock by more than the skew) is refused,
+judged by the batch's database clock, never by the record's timestamp, which its sender sets.
+A record held behind a parked saga was judged fresh when it arrived: its replay does not expire.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
+from datetime import datetime, timedelta
 from typing import Any
 
 from processor.engine.decode import FiredDeadline, Operator, Rejected, TooNew, decode
@@ -21,9 +28,11 @@ from processor.engine.records import Record
 from processor.engine.route import REPLAYS, Router
 from processor.engine.rows import (
     ACTIVE,
+    DECIDED,
     ENDED,
     PARKED,
     AuditEntry,
+    HistoryRow,
     Loaded,
     Outcome,
     WriteSet,
@@ -31,7 +40,7 @@ from processor.engine.rows import (
 from processor.engine.steps import DeadlineSteps, EventSteps
 from processor.engine.working import Item, MessageKey, Pass, Working
 from processor.messages import HEADER_MESSAGE_ID, MessageRegistry
-from processor.wire import OperatorAction
+from processor.wire import OPERATOR_CLOCK_SKEW, OperatorAction, OperatorRecord
 
 
 class OperatorSteps:
@@ -46,6 +55,8 @@ class OperatorSteps:
         deadlines: The step of fired deadlines.
         router: Routes the held records a retry replays.
         registry: Message types, to decode the held records.
+        expiry: How long after its issued-at an operator record is still applied
+            (``SAGA_OPERATOR__EXPIRY``).
     """
 
     def __init__(
@@ -56,6 +67,8 @@ class OperatorSteps:
         deadlines: DeadlineSteps,
         router: Router,
         registry: MessageRegistry,
+        *,
+        expiry: timedelta,
     ) -> None:
         self._history = writer.history
         self._dead_letter = writer.dead_letter
@@ -68,6 +81,7 @@ class OperatorSteps:
         self._fire = deadlines.fire
         self._route = router.route
         self._registry = registry
+        self._expiry = expiry
 
     def step(self, p: Pass, w: Working, item: Item) -> None:
         """Plans one routed item against its saga (the consumer's batch and a retry's replay)."""
@@ -82,7 +96,12 @@ class OperatorSteps:
             ws = p.ws
             written = (len(ws.history), len(ws.audit))
             self._operate(p, w, item, decoded, mkey)
-            _audit(ws, w, item, decoded, *written)
+            row = _row_of(ws, w, item, written[0])
+            if row is not None and row.outcome in DECIDED:
+                # Whatever the outcome: a later copy (in this batch or sent again) is a duplicate.
+                p.seen.add(mkey)
+            if row is not None and row.outcome is not Outcome.PARKED_BEHIND:
+                _audit(ws, w, item, decoded, row, *written)
         elif isinstance(decoded, TooNew):
             self._too_new(p, w, item, decoded)
         else:
@@ -93,6 +112,13 @@ class OperatorSteps:
         ws, now, seen = p.ws, p.now, p.seen
         req = op.request
         label = f"operator {req.action} by {req.by}: {req.reason}"[:1000]
+        # First of all, even before a parked saga holds it: a held record is replayed later
+        # (p.replay) as it was judged on arrival.
+        stale = None if p.replay else _stale(req, now, self._expiry)
+        if stale is not None:
+            detail = f"{label} ({stale})"[:1000]
+            self._history(ws, w, item, Outcome.OPERATOR_REFUSED, detail=detail)
+            return
         if req.action in REPLAYS:
             if w.status != PARKED:
                 detail = f"{label} (the saga is not parked)"
@@ -209,6 +235,9 @@ class OperatorSteps:
                     self._history(trial, replayed, x, Outcome.SKIPPED, detail=label)
                     if isinstance(x.decoded, FiredDeadline):
                         _drop_skipped_deadline(replayed, x.decoded, loaded)
+                    elif isinstance(x.decoded, Operator):
+                        # Dropped on purpose: decided, as a copy sent again would find it.
+                        trial_seen.add((*key, x.message_id))
                 else:
                     self.step(trial_pass, replayed, x)
                     if trial.parked:
@@ -249,21 +278,73 @@ class OperatorSteps:
         self._history(ws, w, item, Outcome.OPERATOR_REFUSED, detail=detail)
 
 
-def _audit(ws: WriteSet, w: Working, item: Item, op: Operator, history: int, audit: int) -> None:
+def _stale(req: OperatorRecord, now: datetime, expiry: timedelta) -> str | None:
+    """Why ``req`` is too old (or too new) to apply at ``now``; None when it is fresh.
+
+    Milliseconds are compared as integers: an issued-at is whatever the signer wrote, and a
+    wild one must be refused, not overflow a date.
+    """
+    if req.issued_at is None:
+        return "expired: it has no issued-at (sent by an older release); send it again"
+    age_ms = int(now.timestamp() * 1000) - req.issued_at
+    if age_ms > expiry // _MS:
+        return f"expired: issued {_span(age_ms)} ago, the expiry is {_span(expiry // _MS)}"
+    if -age_ms > OPERATOR_CLOCK_SKEW // _MS:
+        return (
+            f"issued {_span(-age_ms)} ahead of the processor's clock, more than the "
+            f"{_span(OPERATOR_CLOCK_SKEW // _MS)} of clock skew allowed"
+        )
+    return None
+
+
+_MS = timedelta(milliseconds=1)
+
+
+def _span(ms: int) -> str:
+    """A duration in milliseconds as people read it: ``1h02m03s``, ``20m00s``, ``42s``."""
+    minutes, seconds = divmod(ms // 1000, 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m{seconds:02d}s"
+    if minutes:
+        return f"{minutes}m{seconds:02d}s"
+    return f"{seconds}s"
+
+
+def _row_of(ws: WriteSet, w: Working, item: Item, history: int) -> HistoryRow | None:
+    """The history row ``item`` was recorded with, written from index ``history`` on."""
+    key = (w.bound.saga_type, w.saga_id)
+    return next(
+        (
+            h
+            for h in ws.history[history:]
+            if h.message_id == item.message_id and (h.saga_type, h.saga_id) == key
+        ),
+        None,
+    )
+
+
+def _audit(
+    ws: WriteSet,
+    w: Working,
+    item: Item,
+    op: Operator,
+    decided: HistoryRow,
+    history: int,
+    audit: int,
+) -> None:
     """Records the operator's request in the audit table, in the batch that decided it.
 
     The entry rides the same write as the request's history row, so it is stored exactly when
     the decision is: a batch that does not commit leaves neither, and a redelivered request is
     a duplicate that reaches no decision. A request held behind a parked saga is decided (and
     recorded) when a retry replays it: after the retry's entry, which goes before those of the
-    requests it replayed (``history`` and ``audit`` are the lengths before the request).
+    requests it replayed (``history`` and ``audit`` are the lengths before the request;
+    ``decided`` is the request's own row).
     """
     req = op.request
     key = (w.bound.saga_type, w.saga_id)
     rows = [h for h in ws.history[history:] if (h.saga_type, h.saga_id) == key]
-    decided = next((h for h in rows if h.message_id == item.message_id), None)
-    if decided is None or decided.outcome is Outcome.PARKED_BEHIND:
-        return
     target: dict[str, Any] = {"request": item.message_id}
     if req.name is not None:
         target["name"] = req.name

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from processor.engine.rows import Loaded, Outcome, SagaRow, WriteSet
+from processor.engine.rows import DECIDED, Loaded, Outcome, SagaRow, WriteSet
 
 
 def overlay(loaded: Loaded, prior: WriteSet) -> Loaded:
@@ -13,9 +13,9 @@ def overlay(loaded: Loaded, prior: WriteSet) -> Loaded:
     This lets a batch be planned while the one before it is still committing.
 
     Rows the prior batch writes replace the stored ones (so versions chain), the messages it
-    applied count as applied, and deadlines it deletes (consumed, cancelled, rescheduled, or
-    cleared by an end) are gone. If the prior batch does not commit, the caller discards what
-    it planned on top of it.
+    applied count as applied (and the operator records it decided, as decided), and deadlines
+    it deletes (consumed, cancelled, rescheduled, or cleared by an end) are gone. If the prior
+    batch does not commit, the caller discards what it planned on top of it.
 
     The prior batch may in fact have committed already, so every step must also hold when
     `loaded` reflects it: in particular a deadline row the prior batch inserted stays, even
@@ -32,6 +32,15 @@ def overlay(loaded: Loaded, prior: WriteSet) -> Loaded:
         for h in prior.history
         if h.outcome == Outcome.APPLIED
     )
+    decided = loaded.decided
+    if prior.audit:
+        # Only a batch that decided an operator record audited one: events skip this pass.
+        decided = set(decided)
+        decided.update(
+            (h.saga_type, h.saga_id, h.message_id)
+            for h in prior.history
+            if h.kind == "operator" and h.outcome in DECIDED
+        )
     deleted = set(prior.deadline_deletes)
     cleared = set(prior.deadline_clears)
     inserted = {uuid.UUID(d.id) for d in prior.deadline_inserts}
@@ -54,4 +63,5 @@ def overlay(loaded: Loaded, prior: WriteSet) -> Loaded:
         loaded.now,
         tombstones=loaded.tombstones,
         held=loaded.held,
+        decided=decided,
     )

@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from processor.engine.decode import Decoded, Event, Rejected
 from processor.engine.handlers import Handlers, HandlerSpan, load
@@ -33,7 +33,7 @@ from processor.engine.working import Item, Pass, Working, storable
 from processor.errors import describe_error
 from processor.messages import Message, MessageRegistry
 from processor.runner import BoundSaga
-from processor.wire import Topics
+from processor.wire import OPERATOR_EXPIRY, Topics
 
 __all__ = ["TOO_NEW", "HistoryPayload", "Item", "Planner", "describe_error", "storable"]
 
@@ -56,7 +56,21 @@ def _random_id() -> str:
 
 
 class Planner:
-    """Routes decoded records to sagas and plans the batch's writes."""
+    """Routes decoded records to sagas and plans the batch's writes.
+
+    Args:
+        sagas: The saga types this processor runs, by name.
+        registry: Message types.
+        dead_letter_topic: Where rejected records go (the prefix already applied).
+        handler_attempts: Runs of a failing handler before its saga is parked.
+        topic_prefix: Prepended to the topics commands go to.
+        deadline_ids: Makes the ids of new deadline rows.
+        history_payload: What the history keeps of each record.
+        operator_key: The shared key operator records are signed with.
+        operator_keys: Each operator's own key, by name.
+        operator_expiry: How long after its issued-at an operator record is still applied
+            (``SAGA_OPERATOR__EXPIRY``).
+    """
 
     def __init__(
         self,
@@ -70,6 +84,7 @@ class Planner:
         history_payload: HistoryPayload = "full",
         operator_key: bytes | None = None,
         operator_keys: Mapping[str, bytes] | None = None,
+        operator_expiry: timedelta = OPERATOR_EXPIRY,
     ) -> None:
         # Without a key no operator record is accepted: they are dead-lettered, unauthenticated.
         self._router = Router(
@@ -93,6 +108,7 @@ class Planner:
             DeadlineSteps(writer, self._handlers),
             self._router,
             registry,
+            expiry=operator_expiry,
         )
         self._step = steps.step
         self._fail = self._handlers.fail
@@ -144,7 +160,8 @@ class Planner:
             unrouted: Records no saga handles, for the counts.
             replay: The items were held behind a parked saga and are replayed by an operator:
                 a fired deadline then applies if its row still matches and is due, whatever
-                its token (it was consumed in log order; the lease may have moved on since).
+                its token (it was consumed in log order; the lease may have moved on since),
+                and an operator record applies however old (it was fresh when it arrived).
             park: Sagas to park at their first item of the batch, with the reason, instead of
                 running their handlers (the database refused their writes).
 
@@ -173,7 +190,10 @@ class Planner:
         ws = WriteSet()
         ws.counts["unrouted"] += unrouted
         working: dict[SagaKey, Working] = {}
-        p = Pass(ws, loaded, now, set(loaded.applied), replay)
+        seen = set(loaded.applied)
+        if loaded.decided:
+            seen.update(loaded.decided)
+        p = Pass(ws, loaded, now, seen, replay)
         step = self._step
         for item in items:
             if isinstance(item, Rejected):

@@ -2,7 +2,9 @@
 
 An event goes to the sagas that handle its type, by their association property; a fired deadline
 and an operator record name their saga; a record newer than the code goes by rule (see
-``TooNew``). A record that cannot be routed is rejected with its reason.
+``TooNew``). A record that cannot be routed is rejected with its reason. An operator record must
+also be signed and sent where its saga's records are: keyed by the saga id, and (checked where
+the partition counts are known, see ``misplaced``) on the partition that id maps to.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from processor.engine.decode import (
     TooNew,
     id_problem,
 )
+from processor.engine.partitioner import Partitioner, fits, partition_for
 from processor.engine.rows import Wants
 from processor.engine.working import Item
 from processor.messages import Message, MessageRegistry
@@ -168,7 +171,7 @@ class Router:
         return items
 
     def _operator(self, d: Operator, wants: Wants) -> Item | Rejected:
-        """Routes an operator record to its saga once its signature checks out."""
+        """Routes an operator record to its saga once its signature and its key check out."""
         req = d.request
         value = d.record.value or b""
         trusted = self._operator_key is not None and operator_signed(
@@ -188,12 +191,44 @@ class Router:
                 return Rejected(d.record, Reason.UNAUTHENTICATED, "bad or missing operator-auth")
             d = dataclasses.replace(d, request=dataclasses.replace(req, by=owner))
             req = d.request
+        if d.record.key != req.saga_id.encode():
+            # The signature covers the value, not where the record was sent: a copy produced
+            # elsewhere would be applied out of its saga's order, or beside it by another
+            # replica (see also `misplaced`, for the partition).
+            return Rejected(d.record, Reason.MISPLACED, "the record's key is not its saga id")
         bound = self._sagas.get(req.saga_type)
         if bound is None:
             return Rejected(d.record, Reason.UNKNOWN_TYPE, f"no saga type {req.saga_type!r}")
         key = (req.saga_type, req.saga_id)
+        mkey = (*key, req.message_id)
         wants.saga_keys.add(key)
-        wants.message_keys.add((*key, req.message_id))
+        wants.message_keys.add(mkey)
+        wants.operator_keys.add(mkey)
         if req.action in REPLAYS:
             wants.held_keys.add(key)
         return Item(d, bound, req.saga_id)
+
+
+def misplaced(d: Operator, counts: tuple[int, ...], partitioner: Partitioner) -> Rejected | None:
+    """Why ``d`` is refused when its partition is not one its saga id maps to; None if it is.
+
+    The senders route a request where the saga's events go now (``processor.engine.growth``),
+    so a signed record found elsewhere is a copy someone else produced there: applied, it would
+    run out of order with the saga's events, or beside them on another replica.
+
+    Args:
+        d: An operator record.
+        counts: The partition counts producers of its topic may hash with, the current one
+            first (a grown topic's older ones too); empty when unknown: nothing is checked.
+        partitioner: The producers' partitioner (``SAGA_CONSUMER__PARTITIONER``).
+    """
+    record = d.record
+    key = d.request.saga_id.encode()
+    if not counts or fits(key, record.partition, counts, partitioner):
+        return None
+    detail = (
+        f"partition {record.partition} is not its saga's: SAGA_CONSUMER__PARTITIONER="
+        f"{partitioner} puts the saga id on partition {partition_for(key, counts[0], partitioner)}"
+        f" of {counts[0]}"
+    )
+    return Rejected(record, Reason.MISPLACED, detail)

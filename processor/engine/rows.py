@@ -48,6 +48,26 @@ class Outcome(StrEnum):
     SKIPPED = "skipped"
 
 
+DECIDED = frozenset(
+    {
+        Outcome.APPLIED,
+        Outcome.NO_SAGA,
+        Outcome.IGNORED_ENDED,
+        Outcome.OPERATOR_REFUSED,
+        Outcome.SKIPPED,
+    }
+)
+"""Outcomes that decide an operator record for good: a copy of it is then a duplicate.
+
+Not only ``applied``: a signed request refused, or sent before its saga existed, must not be
+decided again when someone sends its bytes again later. A record held behind a parked saga
+(``parked-behind``, ``parked``) is not decided yet: a retry replays it. Retention purges the
+rows that applied nothing after ``SAGA_RETENTION__HISTORY`` (days), far longer than an operator
+record stays unexpired (``SAGA_OPERATOR__EXPIRY``, minutes): by the time such a row is gone, a
+copy of its record is refused as expired.
+"""
+
+
 SagaKey = tuple[str, str]
 
 
@@ -90,6 +110,9 @@ class Loaded:
     # For the sagas in ``Wants.held_keys``: the records held behind each, in arrival order.
     # Their deadline rows are in ``deadlines`` too, for the held fired deadlines.
     held: Mapping[SagaKey, Sequence[HeldMessage]] = field(default_factory=dict)
+    # Of ``Wants.operator_keys``: the operator records already decided (an outcome in
+    # ``DECIDED``, not only applied); a copy of one is a duplicate.
+    decided: AbstractSet[tuple[str, str, str]] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +130,9 @@ class Wants:
     deadline_ids: set[str]
     # Parked sagas an operator's retry in this batch replays: load their held records.
     held_keys: set[SagaKey] = field(default_factory=set)
+    # The batch's operator records (saga type, saga id, message id): load those decided
+    # whatever their outcome. A statement of its own, run only for a batch that holds one.
+    operator_keys: set[tuple[str, str, str]] = field(default_factory=set)
 
 
 @dataclass(slots=True)

@@ -85,7 +85,8 @@ class Pass:
         ws: Where the pass's writes go.
         loaded: The rows the batch loaded.
         now: The clock reading handlers see.
-        seen: Inputs applied before or during this pass: a later one is a duplicate.
+        seen: Inputs applied (operator records: decided, whatever the outcome) before or
+            during this pass: a later one is a duplicate.
         replay: The items are held records an operator replays (see ``Planner.plan``).
     """
 

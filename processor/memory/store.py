@@ -11,6 +11,7 @@ from typing import Any
 
 from processor.engine.records import OffsetCommit, OutboxRow
 from processor.engine.rows import (
+    DECIDED,
     DeadLetter,
     HeldMessage,
     HistoryRow,
@@ -112,8 +113,30 @@ class MemoryBatchStore:
             )
             lease = t.lease_token
         return Loaded(
-            sagas, applied, deadlines, lease, self.clock(), tombstones=tombstones, held=held
+            sagas,
+            applied,
+            deadlines,
+            lease,
+            self.clock(),
+            tombstones=tombstones,
+            held=held,
+            decided=self._decided(wants),
         )
+
+    def _decided(self, wants: Wants) -> set[tuple[str, str, str]]:
+        """Of the batch's operator records, those decided before, whatever the outcome.
+
+        Read off the history itself, as the PostgreSQL store does, so that retention's purges
+        (`processor.memory.retention`) forget them alike.
+        """
+        if not wants.operator_keys:
+            return set()
+        return {
+            key
+            for h in self.tables.history
+            if h.outcome in DECIDED
+            and (key := (h.saga_type, h.saga_id, h.message_id)) in wants.operator_keys
+        }
 
     def purge_ended(self) -> int:
         """Purges every ended saga as retention would: its row and history go, a tombstone stays.

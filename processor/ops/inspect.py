@@ -103,13 +103,16 @@ def send_operator_request(
     name: str | None = None,
     timeout: float = 30.0,
     route: Callable[[str, bytes, int], int] | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> OperatorRecord:
     """Signs the request and sends it into the saga's input partition; returns it once acked.
 
     The partition is the one the saga's latest event came from (fired deadlines go there too),
     so the request is ordered with whatever the saga receives next; ``route`` moves it to where
     the saga's events go now when its input topic grew since (see
-    :func:`processor.engine.growth.route`).
+    :func:`processor.engine.growth.route`). The signed value carries when it was issued
+    (``clock``, seconds since the epoch): the processor refuses it once older than
+    ``SAGA_OPERATOR__EXPIRY``, so a copy taken off the topic cannot be sent again later.
 
     Raises:
         OperatorRefused: No operator key is configured, no reason was given, the saga has no
@@ -127,7 +130,10 @@ def send_operator_request(
     where = store.input_partition(saga_type, saga_id)
     if where is None:
         raise OperatorRefused(f"saga {saga_type} {saga_id} has no event on record to follow")
-    request = OperatorRecord(action, saga_type, saga_id, uuid.uuid4().hex, by, reason, name)
+    issued_at = int(clock() * 1000)
+    request = OperatorRecord(
+        action, saga_type, saga_id, uuid.uuid4().hex, by, reason, name, issued_at=issued_at
+    )
     row = OutboxRow(
         saga_type=saga_type,
         saga_id=saga_id,

@@ -250,6 +250,7 @@ class _Replay:
                 raise _Failed(_failure(h, "the message no longer routes to this saga"))
             items.extend(mine)
             wants.message_keys.update(k for k in more.message_keys if k[:2] == key)
+            wants.operator_keys.update(k for k in more.operator_keys if k[:2] == key)
             wants.deadline_ids.update(more.deadline_ids)
         loaded = self.store.load(wants)
         # The one override: the instance runs as if it had never been parked, or as if it had

@@ -63,6 +63,19 @@ SELECT h.* FROM jsonb_array_elements(%s::jsonb) AS k CROSS JOIN LATERAL (
        AND message_id = k->>2 LIMIT 1) AS h
 """
 
+# The operator records of a batch decided before, whatever the outcome (rows.DECIDED, spelt
+# out): a copy sent again is a duplicate even when the first met no saga or was refused. Run
+# only for a batch that holds operator records; each key is a probe of the saga's rows through
+# the (saga_type, saga_id, id) index. Retention deletes the rows that applied nothing after
+# SAGA_RETENTION__HISTORY (days), when a copy is long refused as expired anyway (minutes).
+LOAD_DECIDED = """
+SELECT h.* FROM jsonb_array_elements(%s::jsonb) AS k CROSS JOIN LATERAL (
+    SELECT saga_type, saga_id, message_id FROM {history}
+     WHERE saga_type = k->>0 AND saga_id = k->>1 AND message_id = k->>2
+       AND outcome IN ('applied', 'no-saga', 'ignored-ended', 'operator-refused', 'skipped')
+     LIMIT 1) AS h
+"""
+
 LOAD_DEADLINES = """
 SELECT id::text, saga_type, saga_id, name, due_at, payload, dispatch_token
   FROM {deadline} WHERE id = ANY(%b::uuid[])

@@ -73,7 +73,10 @@ _SQL: dict[Purge, str] = {
         ON CONFLICT (saga_type, saga_id) DO UPDATE
            SET ended_at = excluded.ended_at, purged_at = excluded.purged_at
         """,
-    # Applied rows are the message-id detector; they stay for the dedupe window (below).
+    # Applied rows are the message-id detector; they stay for the dedupe window (below). An
+    # operator record is decided by its other outcomes too (rows.DECIDED): purging those rows
+    # after this period (days) is safe, a copy of the record being refused as expired minutes
+    # after it was issued (SAGA_OPERATOR__EXPIRY).
     Purge.HISTORY: f"""
         DELETE FROM {{history}} WHERE id IN (
             SELECT id FROM {{history}} AS h

@@ -82,6 +82,7 @@ class BatchStore:
         self._load_sagas = r(sql.LOAD_SAGAS)
         self._load_tombstones = r(sql.LOAD_TOMBSTONES)
         self._load_applied = r(sql.LOAD_APPLIED)
+        self._load_decided = r(sql.LOAD_DECIDED)
         self._load_deadlines = r(sql.LOAD_DEADLINES)
         self._load_lease = r(sql.LOAD_LEASE)
         self._insert_sagas = r(sql.INSERT_SAGAS)
@@ -179,6 +180,15 @@ class BatchStore:
             c4 = self.conn.execute(self._load_lease, (LEASE_NAME,)) if ids or hk else None
             c6 = self.conn.execute(self._load_held, hargs) if hk else None
             c7 = self.conn.execute(self._load_saga_deadlines, hargs) if hk else None
+            # Only a batch with operator records asks: events never pay for it.
+            okeys = wants.operator_keys
+            c8 = (
+                self.conn.execute(
+                    self._load_decided, (batch_rows.encode_message_keys(sorted(okeys)),)
+                )
+                if okeys
+                else None
+            )
         sagas = {
             (t, i): SagaRow(t, i, state, SagaStatus(status), version, reason, sv)
             for t, i, state, status, version, reason, sv in c1.fetchall()
@@ -204,6 +214,7 @@ class BatchStore:
                 (did, DeadlineRef(t, i, n, due, payload, token))
                 for did, t, i, n, due, payload, token in c7.fetchall()
             )
+        decided = {(t, i, m) for t, i, m in c8.fetchall()} if c8 else frozenset()
         return Loaded(
             sagas,
             applied,
@@ -212,6 +223,7 @@ class BatchStore:
             now_row[0],
             tombstones=tombstones,
             held=held,
+            decided=decided,
         )
 
     def write(self, ws: WriteSet, offsets: Sequence[OffsetCommit]) -> None:

@@ -154,6 +154,7 @@ def bind_sagas(
         history_payload=settings.history.payload,
         operator_key=operator_key(settings),
         operator_keys={n: k.get_secret_value().encode() for n, k in settings.operator.keys.items()},
+        operator_expiry=settings.operator.expiry,
     )
     return BoundSagas(sagas, registry, planner)
 

@@ -9,16 +9,22 @@ partition at the counts in play (every count a grown topic had, for producers th
 refreshed), counted by topic for the metrics endpoint, and logged once per topic and pattern,
 naming the partitioner that would have matched. Records a producer sent where only an old count
 puts them are counted too: that producer has not learnt of the growth.
+
+Operator records are the processor's own: their senders route them by the same rules, so one
+found on a partition its saga id does not map to is a copy someone else produced there, and it
+is dead-lettered (see ``processor.engine.route.misplaced``). The counts are the growth watch's
+last round, read from memory: the check adds no I/O to a batch.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
-from processor.engine.decode import Decoded, Event
+from processor.engine.decode import Decoded, Event, Operator, Rejected
 from processor.engine.partitioner import Partitioner, fits, matching, partition_for
+from processor.engine.route import misplaced
 
 __all__ = ["PlacementCheck"]
 
@@ -27,6 +33,9 @@ log = logging.getLogger(__name__)
 
 class PlacementCheck:
     """Counts and logs keyed input records that are not where the partitioner puts them.
+
+    Operator records that are not where their saga id goes are rejected instead (see
+    :meth:`check`).
 
     Args:
         partitioner: ``SAGA_CONSUMER__PARTITIONER``.
@@ -47,11 +56,19 @@ class PlacementCheck:
         self._logged: set[tuple[str, tuple[str, ...]]] = set()
         self._stale_logged: set[str] = set()
 
-    def check(self, decoded: Iterable[Decoded]) -> None:
-        """Checks the events among ``decoded`` (fired deadlines and operator records are ours)."""
+    def check(self, decoded: list[Decoded]) -> list[Decoded]:
+        """Checks the keys of the events among ``decoded``, and where operator records are.
+
+        Returns:
+            ``decoded`` itself, or when an operator record is on a partition its saga id does
+            not map to, a copy with that record rejected in its place.
+        """
         counts: dict[str, tuple[int, ...]] = {}
+        rejected: dict[int, Rejected] = {}
         for d in decoded:
             if type(d) is not Event:
+                if type(d) is Operator and (refused := self._misplaced(d, counts)) is not None:
+                    rejected[id(d)] = refused
                 continue
             r = d.record
             if r.key is None:
@@ -93,6 +110,16 @@ class PlacementCheck:
                 r.offset,
                 hint,
             )
+        if not rejected:
+            return decoded
+        return [rejected.get(id(d), d) for d in decoded]
+
+    def _misplaced(self, d: Operator, counts: dict[str, tuple[int, ...]]) -> Rejected | None:
+        topic = d.record.topic
+        n = counts.get(topic)
+        if n is None:
+            n = counts[topic] = self._counts(topic)
+        return misplaced(d, n, self.partitioner)
 
     def _stale(self, d: Event, count: int) -> None:
         r = d.record

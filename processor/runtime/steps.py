@@ -107,7 +107,8 @@ class BatchSteps:
         if not mine:
             return None
         if self._placement is not None:
-            self._placement.check(mine)
+            # Operator records off their saga's partition come back rejected.
+            mine = self._placement.check(mine)
         return self._batch(mine)
 
     def _batch(self, decoded: list[Decoded]) -> Batch:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import ipaddress
+import re
+from datetime import timedelta
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from processor.settings.values import Duration
+from processor.wire import OPERATOR_EXPIRY
 
 __all__ = [
     "ConsoleOperator",
@@ -28,16 +34,37 @@ class OperatorSettings(BaseModel):
     keys: dict[str, SecretStr] = Field(default_factory=dict)
     # Who asked, recorded with each request; defaults to the OS user running the command.
     name: str | None = None
+    # How long after it was signed the processor still applies an operator record; an older one
+    # (or one without an issued-at, from an older release) is refused as expired, so a signed
+    # record copied off the topic cannot be replayed later. Judged by the database's clock.
+    expiry: Duration = Field(default=OPERATOR_EXPIRY, gt=timedelta(0))
 
 
 ConsoleRole = Literal["viewer", "operator", "admin"]
 
 
+# Keys are typed by people but guessed by machines (see processor.console.auth.MIN_KEY_LENGTH,
+# which the console checks again for keys given in code).
+MIN_CONSOLE_KEY = 16
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")
+
+
+def _long_enough(value: SecretStr | None) -> SecretStr | None:
+    if value is not None and len(value.get_secret_value()) < MIN_CONSOLE_KEY:
+        raise ValueError(f"shorter than {MIN_CONSOLE_KEY} characters")
+    return value
+
+
 class ConsoleOperator(BaseModel):
     """One operator who signs in to the console with their own key."""
 
+    # A misspelt field (`rol`) would otherwise leave the operator with the default role.
+    model_config = ConfigDict(extra="forbid")
+
     key: SecretStr
     role: ConsoleRole = "operator"
+
+    _key_length = field_validator("key")(_long_enough)
 
 
 class ConsoleSettings(BaseModel):
@@ -63,3 +90,22 @@ class ConsoleSettings(BaseModel):
     # Whether viewers see saga state, message payloads and dead-letter values (operators and
     # admins always do).
     show_payloads: bool = False
+
+    _token_length = field_validator("token")(_long_enough)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for proxy in value:
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                raise ValueError(f"{proxy!r} is not an address or a network") from None
+        return value
+
+    @field_validator("user_header")
+    @classmethod
+    def _header(cls, value: str) -> str:
+        if not _HEADER_NAME.match(value):
+            raise ValueError("not an HTTP header name")
+        return value

@@ -351,6 +351,8 @@ class SagaFixture:
             by="saga-fixture",
             reason=reason,
             name=name,
+            # Issued on the virtual clock the batch runs at: never expired.
+            issued_at=int(self.now.timestamp() * 1000),
         )
         decoded = self._engine.decode(operator_record(request, self._seq))
         batch = self._engine.run([decoded], self.now)

@@ -19,6 +19,7 @@ import pytest
 from processor.engine.records import OffsetCommit, OutboxRow, Record
 from processor.engine.rows import (
     ACTIVE,
+    DECIDED,
     ENDED,
     AuditEntry,
     DeadlineInsert,
@@ -402,6 +403,38 @@ def test_a_second_applied_row_for_a_message_is_refused(backing: Backing) -> None
     assert refused.value.sqlstate == "23505"
     assert store.read_offsets([A]) == {A: (1, 1)}
     assert backing.outbox() == 0
+
+
+@pytest.mark.parametrize(
+    ("outcome", "decided"),
+    [
+        (Outcome.APPLIED, True),
+        (Outcome.NO_SAGA, True),
+        (Outcome.IGNORED_ENDED, True),
+        (Outcome.OPERATOR_REFUSED, True),
+        (Outcome.SKIPPED, True),
+        # Held behind a parked saga: a retry replays it, so it is not decided yet.
+        (Outcome.PARKED_BEHIND, False),
+        (Outcome.PARKED, False),
+        (Outcome.DUPLICATE, False),
+    ],
+)
+def test_an_operator_record_is_decided_by_any_outcome_but_being_held(
+    backing: Backing, outcome: Outcome, decided: bool
+) -> None:
+    store = backing.store()
+    row = HistoryRow(
+        SAGA, "s1", "operator:c1", "operator:cancel", "operator", outcome, None, A[0], A[1], 1
+    )
+    store.write(WriteSet(history=[row]), [])
+    asked = {(SAGA, "s1", "operator:c1"), (SAGA, "s2", "operator:c1")}
+
+    loaded = store.load(Wants({(SAGA, "s1")}, set(), set(), operator_keys=asked))
+
+    assert set(loaded.decided) == ({(SAGA, "s1", "operator:c1")} if decided else set())
+    assert (outcome in DECIDED) is decided
+    # Asked about none, none is read: a batch of events never pays for it.
+    assert not store.load(Wants({(SAGA, "s1")}, {(SAGA, "s1", "operator:c1")}, set())).decided
 
 
 # -- deadlines -----------------------------------------------------------------------------------

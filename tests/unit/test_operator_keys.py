@@ -25,7 +25,13 @@ def _planner() -> Planner:
 
 def _record(key: bytes, by: str) -> Operator:
     request = OperatorRecord(
-        OperatorAction.CANCEL, "unit-order", "o1", command_id="c-1", by=by, reason="why"
+        OperatorAction.CANCEL,
+        "unit-order",
+        "o1",
+        command_id="c-1",
+        by=by,
+        reason="why",
+        issued_at=1_777_626_000_000,
     )
     headers = tuple((k, v.encode()) for k, v in request.headers(key).items())
     record = Record("in", 0, 1, b"o1", request.value(), headers)

@@ -6,10 +6,12 @@ import logging
 
 import pytest
 
-from processor.engine.decode import decode
+from processor.engine.decode import Decoded, Operator, Reason, Rejected, decode
 from processor.engine.partitioner import fits, matching, normalise, partition_for
+from processor.engine.records import Record
 from processor.runtime.placement import PlacementCheck
 from processor.settings import ConsumerSettings
+from processor.wire import OperatorAction, OperatorRecord
 from tests.unit.test_plan import REG, Log, Noted
 
 COUNT = 6
@@ -97,3 +99,50 @@ def test_records_of_a_producer_that_missed_the_growth_are_counted_and_logged_onc
     assert "has not learnt of its growth to 12 partitions" in line
     assert f"saga_id={moved[0]}" in line
     assert f"goes to partition {partition_for(moved[0].encode(), 12, 'crc32')} now" in line
+
+
+def _operator_on(partition: int, saga_id: str) -> Operator:
+    request = OperatorRecord(
+        OperatorAction.TERMINATE, "unit-order", saga_id, "c1", "ana", "why", issued_at=0
+    )
+    headers = tuple((k, v.encode()) for k, v in request.headers(b"key").items())
+    decoded = decode(
+        Record("in", partition, 1, saga_id.encode(), request.value(), headers), REG, 1 << 20
+    )
+    assert isinstance(decoded, Operator)
+    return decoded
+
+
+def test_an_operator_record_off_its_sagas_partition_is_rejected_in_its_place() -> None:
+    check = PlacementCheck("crc32", lambda topic: (COUNT,))
+    saga_id = "order-1"
+    home = partition_for(saga_id.encode(), COUNT, "crc32")
+    at_home, elsewhere = _operator_on(home, saga_id), _operator_on((home + 1) % COUNT, saga_id)
+    event = _on(home, saga_id)
+    checked = check.check([event, elsewhere, at_home])  # type: ignore[list-item]
+    assert checked[0] is event
+    assert checked[2] is at_home
+    rejected = checked[1]
+    assert isinstance(rejected, Rejected)
+    assert rejected.record is elsewhere.record
+    assert rejected.reason == Reason.MISPLACED
+    assert rejected.detail == (
+        f"partition {(home + 1) % COUNT} is not its saga's: SAGA_CONSUMER__PARTITIONER=crc32 "
+        f"puts the saga id on partition {home} of {COUNT}"
+    )
+    # Nothing to reject: the very list comes back.
+    records: list[Decoded] = [event, at_home]
+    assert check.check(records) is records
+
+
+def test_an_operator_record_fits_at_any_count_in_play_and_is_kept_while_counts_are_unknown() -> (
+    None
+):
+    saga_id = next(
+        k for k in (f"order-{i}" for i in range(100)) if partition_for(k.encode(), 12, "crc32") >= 6
+    )
+    # Sent by a producer that still hashes with the count before the growth.
+    old_home = _operator_on(partition_for(saga_id.encode(), 6, "crc32"), saga_id)
+    assert PlacementCheck("crc32", lambda topic: (12, 6)).check([old_home]) == [old_home]
+    anywhere = _operator_on(5, saga_id)
+    assert PlacementCheck("crc32", lambda topic: ()).check([anywhere]) == [anywhere]

@@ -15,6 +15,7 @@ from processor.runner import bind_all
 from processor.wire import OperatorAction, OperatorRecord
 from tests.unit.test_plan import (
     DEAD,
+    NOW,
     REG,
     SAGA,
     Gate,
@@ -29,6 +30,7 @@ from tests.unit.test_plan import (
 )
 
 KEY = b"operator-key"
+ISSUED_AT = int(NOW.timestamp() * 1000)
 
 
 def _planner(
@@ -54,7 +56,9 @@ def _operator(
     command_id: str = "c1",
 ) -> Record:
     log.offset += 1
-    req = OperatorRecord(action, SAGA, saga_id, command_id, "ana", "customer asked", name)
+    req = OperatorRecord(
+        action, SAGA, saga_id, command_id, "ana", "customer asked", name, ISSUED_AT
+    )
     headers = tuple((k, v.encode()) for k, v in req.headers(key).items())
     return Record("in", 0, log.offset, saga_id.encode(), req.value(), headers)
 

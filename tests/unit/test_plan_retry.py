@@ -12,6 +12,8 @@ from processor.wire import OperatorAction, OperatorRecord
 from tests.unit.test_plan import D1, DEAD, NOW, REG, SAGA, Gate, Log, Noted, Opened, OrderSaga
 
 KEY = b"operator-key"
+# Issued at the clock the batches are planned at: fresh.
+ISSUED_AT = int(NOW.timestamp() * 1000)
 
 
 def _planner(gate: Gate) -> Planner:
@@ -21,7 +23,9 @@ def _planner(gate: Gate) -> Planner:
 
 def _request(log: Log, action: OperatorAction, command_id: str = "c1") -> Record:
     log.offset += 1
-    req = OperatorRecord(action, SAGA, "o1", command_id, "ana", "fixed the ledger")
+    req = OperatorRecord(
+        action, SAGA, "o1", command_id, "ana", "fixed the ledger", issued_at=ISSUED_AT
+    )
     headers = tuple((k, v.encode()) for k, v in req.headers(KEY).items())
     return Record("in", 0, log.offset, b"o1", req.value(), headers)
 
@@ -89,9 +93,13 @@ def test_a_retry_that_fails_again_changes_nothing_and_says_where() -> None:
     assert detail is not None
     assert "replay failed at m-2 (in[0]@2)" in detail
     assert "gate closed" in detail
-    # Refused, not applied: once the cause is fixed the same request may be sent again.
+    # Decided: the same request sent again once the cause is fixed is a duplicate; a new one
+    # (the next `parked retry`) replays.
     gate.failures = 0
     _batch(planner, store, [_request(log, OperatorAction.PARKED_RETRY)])
+    assert _timeline(store)[-1][:2] == ("operator:c1", "duplicate")
+    assert store.tables.sagas[(SAGA, "o1")].status == "parked"
+    _batch(planner, store, [_request(log, OperatorAction.PARKED_RETRY, "c2")])
     assert store.tables.sagas[(SAGA, "o1")].status == "active"
 
 

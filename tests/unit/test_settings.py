@@ -166,3 +166,15 @@ def test_every_variable_the_local_stack_reads_is_known() -> None:
 )
 def test_misspelt_names_are_unknown(name: str) -> None:
     assert unknown_variables({name: "x", "SAGA_SAGAS": "[]"}) == [name]
+
+
+def test_operator_records_expire_after_15_minutes_unless_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert load_settings().operator.expiry == timedelta(minutes=15)
+    monkeypatch.setenv("SAGA_OPERATOR__EXPIRY", "5m")
+    assert load_settings().operator.expiry == timedelta(minutes=5)
+    monkeypatch.setenv("SAGA_OPERATOR__EXPIRY", "0s")
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings()
+    assert "SAGA_OPERATOR__EXPIRY" in str(raised.value)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from datetime import UTC, datetime
 from pathlib import Path
+
+import pytest
 
 from processor import wire
 from processor.engine.records import Record
@@ -100,11 +103,36 @@ def test_a_fired_deadline_carries_the_envelope_then_its_own_headers() -> None:
 
 
 def test_an_operator_record_is_signed_after_its_envelope() -> None:
-    request = OperatorRecord(OperatorAction.CANCEL, "s", "s-1", "c-1", "ada", "why")
+    request = OperatorRecord(
+        OperatorAction.CANCEL, "s", "s-1", "c-1", "ada", "why", issued_at=1_777_626_000_000
+    )
     headers = request.headers(b"key")
     assert list(headers) == ["message-id", "message-type", "saga-type", "saga-id", "operator-auth"]
     assert headers["message-type"] == "saga.operator-command"
     assert wire.operator_signed(b"key", request.value(), headers["operator-auth"])
+
+
+def test_an_operator_records_issued_at_is_signed_and_read_back() -> None:
+    request = OperatorRecord(
+        OperatorAction.CANCEL, "s", "s-1", "c-1", "ada", "why", issued_at=1_777_626_000_000
+    )
+    assert OperatorRecord.parse(request.value()) == request
+    signature = request.headers(b"key")["operator-auth"]
+    # Made younger, the value no longer matches its signature.
+    younger = dataclasses.replace(request, issued_at=1_777_626_000_000 + 3_600_000)
+    assert not wire.operator_signed(b"key", younger.value(), signature)
+    # An older release's value has none, and reads back without one.
+    legacy = dataclasses.replace(request, issued_at=None)
+    assert b"issued_at" not in legacy.value()
+    assert OperatorRecord.parse(legacy.value()).issued_at is None
+
+
+@pytest.mark.parametrize("issued_at", ['"1777626000000"', "1777626000000.5", "true"])
+def test_an_issued_at_that_is_not_an_integer_is_malformed(issued_at: str) -> None:
+    legacy = OperatorRecord(OperatorAction.CANCEL, "s", "s-1", "c-1", "ada", "why").value()
+    value = legacy.replace(b"}", b', "issued_at": ' + issued_at.encode() + b"}")
+    with pytest.raises(ValueError, match="issued_at is not an integer"):
+        OperatorRecord.parse(value)
 
 
 def test_a_reply_carries_the_commands_key_conversation_and_trace() -> None:

@@ -24,7 +24,7 @@ from processor.runner import bind_all
 from processor.runtime.hooks import Hooks
 from processor.runtime.worker import Worker
 from processor.wire import OperatorAction
-from tests.unit.test_plan import DEAD, REG, SAGA, Gate, Log, Noted, Opened, OrderSaga
+from tests.unit.test_plan import DEAD, NOW, REG, SAGA, Gate, Log, Noted, Opened, OrderSaga
 from tests.unit.test_plan_retry import KEY, _request
 
 TOPIC = "in"
@@ -42,8 +42,9 @@ def parts(gate: Gate) -> Iterator[tuple[Worker, MemoryRecordConsumer, MemoryTabl
     tables = MemoryTables()
     hooks = Hooks()
     worker = Worker(
-        store=MemoryBatchStore(tables),
-        control=MemoryBatchStore(tables),
+        # The operator records are issued at NOW: so is the database's clock here.
+        store=MemoryBatchStore(tables, clock=lambda: NOW),
+        control=MemoryBatchStore(tables, clock=lambda: NOW),
         planner=planner,
         registry=REG,
         owner="me",
@@ -117,7 +118,7 @@ class _Refusing(MemoryBatchStore):
     """Refuses, as a database constraint would, any write that applies ``refused`` message ids."""
 
     def __init__(self, tables: MemoryTables) -> None:
-        super().__init__(tables)
+        super().__init__(tables, clock=lambda: NOW)
         self.refused: set[str] = set()
 
     def write(self, ws: WriteSet, offsets: Sequence[OffsetCommit], **kw: Any) -> None:
