@@ -363,18 +363,24 @@ def console(args: argparse.Namespace, settings: ProcessorSettings) -> int:
 
     from processor.console import Backend, create_app
     from processor.console.auth import Authenticator
+    from processor.console.serve import server_config
+    from processor.errors import ConfigurationError
     from processor.runtime.stopping import ShutdownBound
 
     cs = settings.console
     token = cs.token.get_secret_value() if cs.token else None
-    auth = Authenticator(
-        keys={n: (o.key.get_secret_value(), o.role) for n, o in cs.operators.items()},
-        trusted_proxies=cs.trusted_proxies,
-        user_header=cs.user_header,
-        proxy_roles=cs.roles,
-        proxy_role=cs.proxy_role,
-        anonymous=cs.anonymous,
-    )
+    try:
+        auth = Authenticator(
+            keys={n: (o.key.get_secret_value(), o.role) for n, o in cs.operators.items()},
+            trusted_proxies=cs.trusted_proxies,
+            user_header=cs.user_header,
+            proxy_roles=cs.roles,
+            proxy_role=cs.proxy_role,
+            anonymous=cs.anonymous,
+        )
+    except ConfigurationError as e:
+        print(f"saga-processor: the console cannot start: {e}", file=sys.stderr)
+        return EXIT_USAGE
     if args.enable_actions and not (token or auth.authenticates):
         print(
             "saga-processor: --enable-actions needs a way to sign in: SAGA_CONSOLE__OPERATORS, "
@@ -398,11 +404,7 @@ def console(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     )
     print(f"saga console on http://{host}:{port}/", flush=True)
     budget = settings.shutdown_timeout.total_seconds()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=int(budget)
-        )
-    )
+    server = uvicorn.Server(server_config(app, host, port, timeout_graceful_shutdown=int(budget)))
     # uvicorn's own handler starts its graceful stop; the bound ends the process even if the
     # producer's flush or a request holds on past it (see processor.runtime.stopping).
     bound = ShutdownBound(budget)

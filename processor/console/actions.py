@@ -1,7 +1,8 @@
 """The console's actions: form POSTs that change a saga, a dead letter or a failed outbox row.
 
-Each one needs a reason and an identity whose role allows it (see :mod:`processor.console.auth`);
-what destroys for good also asks for a confirmation. The identity is recorded as "by".
+Each one needs the page's form token, a reason and an identity whose role allows it (see
+:mod:`processor.console.auth`); what destroys for good also asks for a confirmation. A key sent
+with an action is throttled like a sign-in. The identity is recorded as "by".
 """
 
 from __future__ import annotations
@@ -9,15 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from processor.console.auth import Authenticator, Identity, allowed
+from processor.console.auth import Identity, allowed
 from processor.console.backend import Backend
+from processor.console.protect import Keys, row_id
 from processor.errors import SagaError
 from processor.wire import OperatorAction
 
@@ -30,9 +32,9 @@ _FOR_GOOD = frozenset({"purge", "discard"})
 
 @dataclass(frozen=True)
 class Guard:
-    """Who may act: the sign-in rules, whether actions are on, and the shared token's name."""
+    """Who may act: the form and key checks, whether actions are on, and the shared token's name."""
 
-    auth: Authenticator
+    keys: Keys
     who: Callable[[Request], Identity]
     enabled: bool
     token_name: str
@@ -40,18 +42,23 @@ class Guard:
 
 def action_routes(backend: Backend, guard: Guard) -> list[Route]:
     """The POST routes of the actions over ``backend``, each checked by ``guard``."""
-    auth, who, enabled, token_name = guard.auth, guard.who, guard.enabled, guard.token_name
+    keys, who, enabled, token_name = guard.keys, guard.who, guard.enabled, guard.token_name
 
     async def _form(
         request: Request, action: str
     ) -> tuple[dict[str, str], Identity, Response | None]:
-        form = {k: str(v) for k, v in (await request.form()).items()}
         identity = who(request)
         if not enabled:
-            return form, identity, Response("actions are disabled", 403)
+            return {}, identity, Response("actions are disabled", 403)
+        form, refused = await keys.form(request)
+        if refused is not None:
+            return form, identity, refused
         if form.get("token"):
             # A key sent with the action: the shared token, or an operator's own with its name.
-            signed = auth.sign_in(form.get("operator") or token_name, form["token"])
+            name = form.get("operator") or token_name
+            signed, refused = keys.sign_in(request, name, form["token"])
+            if refused is not None:
+                return form, identity, refused
             if signed is None:
                 return form, identity, Response("wrong token", 403)
             identity = signed
@@ -115,25 +122,30 @@ def action_routes(backend: Backend, guard: Guard) -> list[Route]:
         except (SagaError, KeyError) as e:
             notice = f"{action} refused: {e}"
         query = urlencode({"notice": notice})
-        return RedirectResponse(f"/saga/{saga_type}/{saga_id}?{query}", 303)
+        # Quoted whole: an id may hold any character, a line break included.
+        page = f"/saga/{quote(saga_type, safe='')}/{quote(saga_id, safe='')}"
+        return RedirectResponse(f"{page}?{query}", 303)
 
     async def dead_letter_action(request: Request) -> Response:
         action = request.path_params["action"]
         form, identity, refused = await _form(request, action)
         if refused is not None:
             return refused
-        row_id = int(request.path_params["row_id"])
         reason = form["reason"]
+        try:
+            row = _row(request)
+        except SagaError as e:
+            return Response(str(e), 400)
         try:
             if action == "replay":
                 await run_in_threadpool(
-                    partial(backend.replay_dead_letter, actor=identity.name, reason=reason), row_id
+                    partial(backend.replay_dead_letter, actor=identity.name, reason=reason), row
                 )
             else:
                 await run_in_threadpool(
-                    partial(backend.purge_dead_letter, actor=identity.name, reason=reason), row_id
+                    partial(backend.purge_dead_letter, actor=identity.name, reason=reason), row
                 )
-            notice = f"dead letter {row_id}: {action} done"
+            notice = f"dead letter {row}: {action} done"
         except SagaError as e:
             notice = f"{action} refused: {e}"
         return RedirectResponse("/dead-letters?" + urlencode({"notice": notice}), 303)
@@ -143,11 +155,14 @@ def action_routes(backend: Backend, guard: Guard) -> list[Route]:
         form, identity, refused = await _form(request, "outbox-retry" if retry else "discard")
         if refused is not None:
             return refused
-        row_id = int(request.path_params["row_id"])
+        try:
+            row = _row(request)
+        except SagaError as e:
+            return Response(str(e), 400)
         try:
             rows = await run_in_threadpool(
                 partial(backend.outbox_action, actor=identity.name),
-                row_id,
+                row,
                 retry,
                 form["reason"],
             )
@@ -155,6 +170,11 @@ def action_routes(backend: Backend, guard: Guard) -> list[Route]:
         except SagaError as e:
             notice = f"refused: {e}"
         return RedirectResponse("/failed-outbox?" + urlencode({"notice": notice}), 303)
+
+    def _row(request: Request) -> int:
+        found = row_id("row id", str(request.path_params["row_id"]))
+        assert found is not None
+        return found
 
     return [
         Route("/saga/{saga_type}/{saga_id}/{action}", saga_action, methods=["POST"]),

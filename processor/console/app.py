@@ -4,7 +4,9 @@ Pages are server-rendered (Jinja2) and work without JavaScript. Every list is pa
 and every query is served by an index, so pages stay fast on a database of a million sagas.
 Actions exist only when the app is created with ``actions=True`` and someone can sign in (a
 proxy, operator keys or the shared token: see :mod:`processor.console.auth`); each one is a form
-POST with a reason, by an identity whose role allows it, and records that identity as "by".
+POST with a reason and the page's form token, from the console's own origin, by an identity
+whose role allows it, and records that identity as "by". :mod:`processor.console.protect` holds
+the defences every request passes (security headers, origin and parameter checks, throttling).
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -29,6 +32,7 @@ from starlette.templating import Jinja2Templates
 from processor.console.actions import Guard, action_routes
 from processor.console.auth import COOKIE, Authenticator, Identity
 from processor.console.backend import Backend
+from processor.console.protect import FormTokens, Keys, Shield, Throttle, row_id
 from processor.errors import SagaError
 from processor.handles import SagaOutcome
 from processor.ops.diagram import svg
@@ -36,10 +40,15 @@ from processor.ops.filters import state_documents
 from processor.ops.inspect import NoSuchSaga, show_saga
 from processor.ports.views import jsonable, step_state
 from processor.settings import parse_duration
+from processor.wire import HEADER_OPERATOR_AUTH
 
 __all__ = ["create_app"]
 
+log = logging.getLogger(__name__)
+
 PAGE = 50
+# A header that authorises whoever holds it: shown to nobody, only that it was there.
+_SECRET_HEADERS = frozenset({HEADER_OPERATOR_AUTH})
 TEMPLATES = Path(__file__).parent / "templates"
 
 
@@ -67,6 +76,7 @@ def create_app(
     auth: Authenticator | None = None,
     show_payloads: bool = False,
     token_name: str | None = None,
+    throttle: Throttle | None = None,
 ) -> Starlette:
     """The console over ``backend``.
 
@@ -79,6 +89,7 @@ def create_app(
         show_payloads: Whether viewers see state, payloads and dead-letter values.
         token_name: The name recorded for actions done with the shared token (by default the
             backend's operator name).
+        throttle: Slows down wrong keys, per address and per name (a default one otherwise).
     """
     token_name = token_name or backend.by
     templates = Jinja2Templates(directory=str(TEMPLATES))
@@ -90,10 +101,22 @@ def create_app(
     if token and auth is not None and auth.sign_in(token_name, token) is None:
         auth = _with_token(auth, token_name, token)
     enabled = actions and auth.authenticates
+    throttle = throttle or Throttle()
+    forms = FormTokens()
+
+    def peer(request: Request) -> str | None:
+        return request.client.host if request.client is not None else None
 
     def who(request: Request) -> Identity:
-        client = request.client.host if request.client is not None else None
-        return auth.identify(request.headers, client, request.cookies.get(COOKIE))
+        return auth.identify(request.headers.items(), peer(request), request.cookies.get(COOKIE))
+
+    def form_token(request: Request) -> str:
+        return forms.token(request.state.form_cookie, request.cookies.get(COOKIE))
+
+    def secure(request: Request) -> bool:
+        return auth.over_tls(request.url.scheme, request.headers.items(), peer(request))
+
+    checks = Keys(auth, throttle, forms, lambda r: auth.client_address(r.headers.items(), peer(r)))
 
     def sees_payloads(identity: Identity) -> bool:
         return show_payloads or identity.may("operator")
@@ -107,25 +130,46 @@ def create_app(
         context["admin"] = enabled and (identity.may("admin") or not signed_in)
         context["signed_in"] = signed_in
         context["can_sign_in"] = auth.authenticates
+        context["csp_nonce"] = request.state.csp_nonce
+        context["form_token"] = form_token(request)
         return templates.TemplateResponse(request, name, context, status_code=status)
+
+    def bad(request: Request, message: str) -> Response:
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"error": message}, 400)
+        return render(request, "error.html", 400, message=message, title="Bad request")
 
     def login_page(request: Request) -> Response:
         return render(request, "login.html", title="Sign in")
 
     async def login(request: Request) -> Response:
-        form = {k: str(v) for k, v in (await request.form()).items()}
-        identity = auth.sign_in(form.get("name", "").strip(), form.get("key", ""))
+        form, refused = await checks.form(request)
+        if refused is not None:
+            return refused
+        name = form.get("name", "").strip()
+        identity, refused = checks.sign_in(request, name, form.get("key", ""))
+        if refused is not None:
+            return refused
         if identity is None:
             return render(request, "login.html", 403, title="Sign in", failed=True)
         response = RedirectResponse("/", 303)
         response.set_cookie(
-            COOKIE, auth.cookie(identity), httponly=True, samesite="strict", max_age=12 * 3600
+            COOKIE,
+            auth.start_session(identity),
+            httponly=True,
+            samesite="strict",
+            max_age=12 * 3600,
+            secure=secure(request),
         )
         return response
 
-    def logout(request: Request) -> Response:
+    async def logout(request: Request) -> Response:
+        _, refused = await checks.form(request)
+        if refused is not None:
+            return refused
+        auth.end_session(request.cookies.get(COOKIE))
         response = RedirectResponse("/", 303)
-        response.delete_cookie(COOKIE)
+        response.delete_cookie(COOKIE, httponly=True, samesite="strict", secure=secure(request))
         return response
 
     def overview(request: Request) -> Response:
@@ -160,7 +204,10 @@ def create_app(
 
     def stuck(request: Request) -> Response:
         p = request.query_params
-        older = parse_duration(p.get("older_than") or "1h")
+        try:
+            older = _duration("older_than", p.get("older_than") or "1h")
+        except SagaError as e:
+            return bad(request, str(e))
         with backend.inspect() as q:
             rows = q.stuck(older_than=older, saga_type=p.get("type") or None, limit=PAGE)
         return render(
@@ -174,7 +221,9 @@ def create_app(
             with backend.inspect() as q:
                 rows = q.find(saga_id)
         if len(rows) == 1:
-            return RedirectResponse(f"/saga/{rows[0].saga_type}/{rows[0].saga_id}", 303)
+            found = rows[0]
+            page = f"/saga/{quote(found.saga_type, safe='')}/{quote(found.saga_id, safe='')}"
+            return RedirectResponse(page, 303)
         return render(
             request, "sagas.html", rows=rows, more=None, title=f"Search: {saga_id}", params={}
         )
@@ -191,8 +240,7 @@ def create_app(
         diagram = svg(spec, view.saga.machine_state) if spec is not None else None
         identity = who(request)
         own = step_state(view.state)
-        if not sees_payloads(identity):
-            view = _redacted(view)
+        view = _redacted(view) if not sees_payloads(identity) else _unsigned(view)
         return render(
             request,
             "saga.html",
@@ -212,23 +260,29 @@ def create_app(
                 )
         except NoSuchSaga as e:
             return JSONResponse({"error": str(e)}, 404)
-        if not sees_payloads(who(request)):
-            view = _redacted(view)
+        view = _redacted(view) if not sees_payloads(who(request)) else _unsigned(view)
         return JSONResponse(jsonable(view))
 
     def dead_letters(request: Request) -> Response:
-        before = request.query_params.get("before")
+        try:
+            before = row_id("before", request.query_params.get("before") or None)
+        except SagaError as e:
+            return bad(request, str(e))
         with backend.inspect() as q:
-            rows = q.dead_letters(before=int(before) if before else None, limit=PAGE)
+            rows = q.dead_letters(before=before, limit=PAGE)
         more = f"/dead-letters?before={rows[-1].id}" if len(rows) == PAGE else None
         return render(request, "dead_letters.html", rows=rows, more=more, title="Dead letters")
 
     def dead_letter(request: Request) -> Response:
         try:
+            wanted = row_id("row id", str(request.path_params["row_id"]))
             with backend.inspect() as q:
-                row, _, _ = q.dead_letter(int(request.path_params["row_id"]))
+                row, _, _ = q.dead_letter(wanted or 0)
+        except SagaError as e:
+            return bad(request, str(e))
         except LookupError as e:
             return render(request, "error.html", 404, message=str(e), title="Not found")
+        row = dataclasses.replace(row, headers=_masked(row.headers))
         identity = who(request)
         return render(
             request,
@@ -262,7 +316,7 @@ def create_app(
         Route("/failed-outbox", failed_outbox),
         Route("/audit", audit),
         *_cluster_routes(backend, render),
-        *action_routes(backend, Guard(auth, who, enabled, token_name)),
+        *action_routes(backend, Guard(checks, who, enabled, token_name)),
     ]
 
     @contextlib.asynccontextmanager
@@ -281,7 +335,21 @@ def create_app(
                 return RedirectResponse("/login", 303)
             return await call_next(request)
 
-    middleware = [] if auth.open_to_anyone else [Middleware(SignedInOnly)]
+    def tls(scope: Any) -> bool:
+        return secure(Request(scope))
+
+    def own_host(scope: Any) -> str:
+        # Behind a trusted proxy the browser addressed the proxy: its forwarded host, if it
+        # says one, is the origin's.
+        request = Request(scope)
+        forwarded = request.headers.get("x-forwarded-host")
+        if forwarded and auth.from_proxy(request.headers.items(), peer(request)):
+            return forwarded.split(",")[-1].strip()
+        return request.headers.get("host", "")
+
+    middleware = [Middleware(Shield, secure=tls, host=own_host)]
+    if not auth.open_to_anyone:
+        middleware.append(Middleware(SignedInOnly))
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
 
 
@@ -289,6 +357,41 @@ def _with_token(auth: Authenticator, name: str, token: str) -> Authenticator:
     """``auth`` also accepting the shared token, as an admin named ``name``."""
     auth.add_key(name, token, "admin")
     return auth
+
+
+def _masked(headers: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """``headers`` with the value of each one that authorises something hidden."""
+    if headers is None:
+        return None
+    return {k: "(hidden)" if k.lower() in _SECRET_HEADERS else v for k, v in headers.items()}
+
+
+def _unsigned(view: Any) -> Any:
+    """A saga view whose timeline hides the values of headers that authorise something."""
+    timeline = [dataclasses.replace(t, headers=_masked(t.headers)) for t in view.timeline]
+    return dataclasses.replace(view, timeline=timeline)
+
+
+def _duration(name: str, value: str) -> timedelta:
+    """The duration ``value`` of the parameter ``name``.
+
+    Raises:
+        SagaError: It is no duration the console can subtract from now.
+    """
+    try:
+        parsed = parse_duration(value)
+        if isinstance(parsed, str):  # ISO 8601: pydantic's to read
+            from pydantic import TypeAdapter
+
+            parsed = TypeAdapter(timedelta).validate_python(parsed)
+        # Past about 2,000 years a moment before now is no datetime.
+        if not isinstance(parsed, timedelta) or not timedelta(0) <= parsed < timedelta(
+            days=730_000
+        ):
+            raise ValueError(f"not a duration from 0 to 2,000 years: {value[:40]!r}")
+        return parsed
+    except (ValueError, OverflowError) as e:
+        raise SagaError(f"bad parameter {name}: {str(e)[:200]}") from e
 
 
 def _redacted(view: Any) -> Any:
@@ -300,6 +403,7 @@ def _redacted(view: Any) -> Any:
 # -- the sagas list's filters, the cluster page and the probes ---------------------------------
 
 OUTCOMES = tuple(o.value for o in SagaOutcome)
+_STATUSES = ("active", "parked", "ended")
 # Seconds between reloads the auto-refresh offers; anything else in `?refresh=` is ignored.
 REFRESH_CHOICES = ("5", "10", "30", "60")
 
@@ -315,16 +419,19 @@ def _list_filters(params: Mapping[str, str]) -> dict[str, Any]:
         if params.get("after"):
             at, saga_type, saga_id = params["after"].split("|", 2)
             after = (datetime.fromisoformat(at), saga_type, saga_id)
-        older = parse_duration(params["older_than"]) if params.get("older_than") else None
     except ValueError as e:
-        raise SagaError(f"bad filter: {e}") from e
+        raise SagaError(f"bad parameter after: {str(e)[:200]}") from e
+    older = _duration("older_than", params["older_than"]) if params.get("older_than") else None
+    status = params.get("status") or None
+    if status is not None and status not in _STATUSES:
+        raise SagaError(f"bad parameter status: one of {', '.join(_STATUSES)}")
     outcome = params.get("outcome") or None
     if outcome is not None and outcome not in OUTCOMES:
-        raise SagaError(f"no outcome {outcome!r}: one of {', '.join(OUTCOMES)}")
+        raise SagaError(f"bad parameter outcome: one of {', '.join(OUTCOMES)}")
     search = (params.get("attr") or "").strip()
     return {
         "saga_type": params.get("type") or None,
-        "status": params.get("status") or None,
+        "status": status,
         "machine_state": params.get("state") or None,
         "older_than": older,
         "after": after,

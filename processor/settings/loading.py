@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from processor.errors import ConfigurationError
@@ -70,6 +70,19 @@ class ProcessorSettings(BaseSettings):
     # Read by the command line only (it configures logging): `text` for a terminal, `json` for
     # a log pipeline. A setting, so that a misspelt value is refused like any other.
     log_format: Literal["text", "json"] = "text"
+
+    @model_validator(mode="after")
+    def _decided_outlive_expiry(self) -> ProcessorSettings:
+        # An operator record refused or met with no saga is recognised when sent again by its
+        # history row, which retention purges after retention.history; past its expiry a copy
+        # is refused anyway. A purge inside that window would let the copy be decided again.
+        if self.retention.enabled and self.retention.history <= self.operator.expiry * 2:
+            raise ValueError(
+                f"retention.history ({self.retention.history}) must be more than twice "
+                f"operator.expiry ({self.operator.expiry}): refused operator requests must "
+                "stay recognised until they expire"
+            )
+        return self
 
 
 # `SAGA_*` variables that are not settings but belong to the tools around the processor: the
@@ -182,6 +195,9 @@ def load_settings(
         raise ConfigurationError(
             [f"{name}: not a setting (misspelt? see docs/operations.md)" for name in unknown]
         )
+    repeated = name_map_problems(seen)
+    if repeated:
+        raise ConfigurationError(repeated)
     problems: list[str]
     try:
         if defaults:
@@ -199,6 +215,39 @@ def load_settings(
         problems = [str(e)]
     # Raised outside the except clauses, so that the refused input is not kept as __context__.
     raise ConfigurationError(problems)
+
+
+# Settings that name people: a name given twice in one JSON object would silently keep only
+# the last one, so the other person's key or role would be dropped without a word.
+_BY_NAME = ("SAGA_CONSOLE__OPERATORS", "SAGA_CONSOLE__ROLES", "SAGA_OPERATOR__KEYS")
+
+
+def name_map_problems(environ: Mapping[str, str]) -> list[str]:
+    """A problem per name given twice, or per text that is no JSON, in settings mapping names.
+
+    Each problem says where, never the value.
+    """
+    import json
+
+    problems: list[str] = []
+    for variable in _BY_NAME:
+        raw = next((v for n, v in environ.items() if n.upper() == variable), None)
+        if raw is None:
+            continue
+
+        def pairs(items: list[tuple[str, Any]], variable: str = variable) -> dict[str, Any]:
+            names = [k for k, _ in items]
+            problems.extend(
+                f"{variable}: {name!r} is given more than once"
+                for name in sorted({n for n in names if names.count(n) > 1})
+            )
+            return dict(items)
+
+        try:
+            json.loads(raw, object_pairs_hook=pairs)
+        except json.JSONDecodeError as e:
+            problems.append(f"{variable}: not JSON ({e.msg} at line {e.lineno} column {e.colno})")
+    return problems
 
 
 def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

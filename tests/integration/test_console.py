@@ -23,6 +23,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from processor.console import Backend, create_app
+from processor.console.serve import server_config
 from processor.settings import ProcessorSettings
 from sagas.order import OrderSaga
 from schemas.orders import StockReserved
@@ -41,6 +42,7 @@ from tests.integration.test_parking import (
     OrderPlaced as PackingPlaced,
 )
 from tests.support.browser import chromium, screenshot
+from tests.support.console import FormClient
 from tests.support.harness import Publisher, create_topics, query, running, settings_for, wait_until
 from tests.support.orders import Orders
 
@@ -84,7 +86,7 @@ def console(world: Orders) -> Iterator[str]:
 @contextmanager
 def _serve(app: Any) -> Iterator[str]:
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(server_config(app, "127.0.0.1", port))
     thread = threading.Thread(target=server.run, name="console", daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"
@@ -229,16 +231,13 @@ def test_actions_need_the_token(world: Orders, console: str) -> None:
     from processor.postgres.connect import ensure_schema
 
     ensure_schema(world.settings.database.url.get_secret_value(), tables_for(world.settings))
-    refused = httpx.post(
-        f"{console}/saga/{PACKING}/nobody/retry", data={"reason": "x", "token": "wrong"}
-    )
-    assert refused.status_code == 403
-    page = httpx.get(f"{console}/saga/{PACKING}/nobody")
-    assert page.status_code == 404
-    # Terminate undoes nothing: without the box ticked it is refused before anything is sent.
-    unforced = httpx.post(
-        f"{console}/saga/{PACKING}/nobody/terminate", data={"reason": "x", "token": TOKEN}
-    )
+    with FormClient(console) as client:
+        refused = client.post(f"/saga/{PACKING}/nobody/retry", {"reason": "x", "token": "wrong"})
+        assert refused.status_code == 403
+        page = httpx.get(f"{console}/saga/{PACKING}/nobody")
+        assert page.status_code == 404
+        # Terminate undoes nothing: without the box ticked it is refused before anything is sent.
+        unforced = client.post(f"/saga/{PACKING}/nobody/terminate", {"reason": "x", "token": TOKEN})
     assert unforced.status_code == 303
     assert "terminate+refused" in unforced.headers["location"]
 

@@ -9,6 +9,7 @@ import pytest
 from processor.console import Backend, create_app
 from processor.settings import ProcessorSettings
 from tests.integration.test_console import _serve
+from tests.support.console import FormClient
 from tests.support.roles import LeastPrivilege
 
 pytestmark = pytest.mark.integration
@@ -46,16 +47,16 @@ def test_with_anonymous_reading_off_every_page_asks_for_a_sign_in_but_the_probes
         kafka={"bootstrap_servers": kafka_bootstrap},
         database={"url": db.reader_url, "schema_name": db.schema},
     )
-    auth = Authenticator(keys={"vera": ("vera-key", "viewer")}, anonymous=None)
+    auth = Authenticator(keys={"vera": ("vera-key-0123456789", "viewer")}, anonymous=None)
     with _serve(create_app(Backend(settings, by="reader-test"), auth=auth)) as base:
         page = httpx.get(base + "/sagas", timeout=30)
         assert page.status_code == 303
         assert page.headers["location"] == "/login"
         assert httpx.get(base + "/api/saga/t/x", timeout=30).status_code == 401
         assert httpx.get(base + "/healthz", timeout=30).status_code == 200
-        signed = httpx.post(base + "/login", data={"name": "vera", "key": "vera-key"}, timeout=30)
-        assert signed.status_code == 303
-        cookies = {k: v for k, v in signed.cookies.items()}
-        assert httpx.get(base + "/sagas", cookies=cookies, timeout=30).status_code == 200
-        wrong = httpx.post(base + "/login", data={"name": "vera", "key": "nope"}, timeout=30)
-        assert wrong.status_code == 403
+        with FormClient(base) as client:
+            signed = client.sign_in("vera", "vera-key-0123456789")
+            assert signed.status_code == 303
+            assert client.http.get("/sagas").status_code == 200
+        with FormClient(base) as stranger:
+            assert stranger.sign_in("vera", "nope").status_code == 403

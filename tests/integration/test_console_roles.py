@@ -29,15 +29,16 @@ from tests.integration.test_parking import (
 from tests.integration.test_parking import SAGA_TYPE as PACKING
 from tests.integration.test_parking import OrderPlaced as PackingPlaced
 from tests.support.browser import chromium, screenshot
+from tests.support.console import FormClient
 from tests.support.harness import running, wait_until
 from tests.support.orders import Orders
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 KEYS = {
-    "vera": ("vera-key", "viewer"),
-    "olga": ("olga-key", "operator"),
-    "ada": ("ada-key", "admin"),
+    "vera": ("vera-key-0123456789", "viewer"),
+    "olga": ("olga-key-0123456789", "operator"),
+    "ada": ("ada-key-0123456789", "admin"),
 }
 
 
@@ -108,7 +109,8 @@ def test_a_viewer_reads_an_operator_retries_an_admin_purges(
             screenshot(b, "viewer-saga")
             # Posted anyway, with the viewer's session: refused, and nothing was sent.
             session = {COOKIE: b.get_cookie(COOKIE)["value"]}  # type: ignore[index]
-            refused = httpx.post(f"{page}/retry", data={"reason": "x"}, cookies=session)
+            with FormClient(console, cookies=session) as as_vera:
+                refused = as_vera.post(f"{page}/retry", {"reason": "x"})
             assert refused.status_code == 403
             assert "needs the operator role (vera)" in refused.text
             api = httpx.get(f"{console}/api/saga/{PACKING}/{packing}", cookies=session).json()
@@ -137,9 +139,8 @@ def test_a_viewer_reads_an_operator_retries_an_admin_purges(
             # An admin: purges the dead letter; the audit trail has who, what and why.
             _sign_in(b, console, "ada")
             admin = {COOKIE: b.get_cookie(COOKIE)["value"]}  # type: ignore[index]
-            unconfirmed = httpx.post(
-                f"{console}/dead-letters/{dead}/purge", data={"reason": "x"}, cookies=admin
-            )
+            with FormClient(console, cookies=admin) as as_ada:
+                unconfirmed = as_ada.post(f"/dead-letters/{dead}/purge", {"reason": "x"})
             assert unconfirmed.status_code == 400
             assert "cannot be undone" in unconfirmed.text
             b.get(console + "/dead-letters")
