@@ -336,15 +336,23 @@ def import_target(target: str, malformed: str, what: str = "") -> Any:
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         raise SagaError(malformed)
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
-        found: Any = importlib.import_module(module_name)
+        found: Any = import_module(module_name)
         for part in attr.split("."):
             found = getattr(found, part)
     except (ImportError, AttributeError) as e:
         raise SagaError(f"cannot load {what}{target!r}: {type(e).__name__}: {e}") from e
     return found
+
+
+def import_module(name: str) -> Any:
+    """The module ``name``, found in the working directory too, as `python -m` would.
+
+    Every command that names user code (`run`, `diagram`, `SAGA_SAGAS`) finds it the same way.
+    """
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return importlib.import_module(name)
 
 
 def _load(target: str) -> Any:

@@ -7,7 +7,6 @@ application object (`MODULE:ATTR`) that every command taking a target loads.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ from typing import Any
 
 # load_app and app_target live with SagaApp (no database driver, for the offline commands) and
 # are offered here too, next to the other assembly steps every command calls.
-from processor.application import APP_VARIABLE, SagaApp, app_target, load_app
+from processor.application import APP_VARIABLE, SagaApp, app_target, import_module, load_app
 from processor.definition import definition_of
 from processor.engine.plan import Planner
 from processor.errors import ConfigurationError
@@ -43,18 +42,37 @@ __all__ = [
 
 
 def load_saga_classes(specs: Iterable[str]) -> list[type[Any]]:
-    """`module:Class`, or a module exposing `SAGAS` (or `EXAMPLE_SAGAS`)."""
+    """`module:Class`, or a module exposing `SAGAS` (or `EXAMPLE_SAGAS`), as `SAGA_SAGAS` lists.
+
+    Modules are found as `saga-processor diagram` finds them (the working directory too).
+
+    Raises:
+        ConfigurationError: Naming every entry that does not load, and how to fix it.
+    """
     found: list[type[Any]] = []
+    problems: list[str] = []
     for spec in specs:
         module_name, _, attr = spec.partition(":")
-        module = importlib.import_module(module_name)
-        if attr:
-            found.append(getattr(module, attr))
-        else:
-            listed: Iterable[type[Any]] = (
-                getattr(module, "SAGAS", None) or getattr(module, "EXAMPLE_SAGAS", None) or ()
+        try:
+            module = import_module(module_name)
+            if attr:
+                found.append(getattr(module, attr))
+                continue
+        except (ImportError, AttributeError) as e:
+            problems.append(f"SAGA_SAGAS: cannot load {spec!r}: {type(e).__name__}: {e}")
+            continue
+        listed: Iterable[type[Any]] | None = getattr(module, "SAGAS", None) or getattr(
+            module, "EXAMPLE_SAGAS", None
+        )
+        if not listed:
+            problems.append(
+                f"SAGA_SAGAS: module {module_name!r} has no SAGAS list: name a class "
+                f"({module_name}:MySaga) or define SAGAS = [MySaga] in it"
             )
-            found.extend(listed)
+            continue
+        found.extend(listed)
+    if problems:
+        raise ConfigurationError(problems)
     return found
 
 

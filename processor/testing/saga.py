@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import difflib
 import pprint
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Self
 
 from processor.definition import SagaState, definition_of
-from processor.engine.decode import Event
+from processor.engine.decode import Event, FiredDeadline, Operator, TooNew
 from processor.engine.rows import ACTIVE, ENDED, Outcome, SagaRow
 from processor.handles import CommandIntent, DeadlineOp, ScheduleDeadline
 from processor.messages import Message, MessageMetadata, registry
@@ -95,6 +95,27 @@ class Result:
     pending: dict[str, datetime]
     outcome: str | None = None
     waiting: str | None = None
+    # Delivers the step's record again (for `redeliver`); None for steps that have no record.
+    _again: Callable[[], Result] | None = field(default=None, repr=False, compare=False)
+
+    def redeliver(self) -> Result:
+        """Deliver the same record again (same message id), as Kafka does after a crash.
+
+        The processor recognises the message id and records a duplicate: the result is
+        ``ignored`` and sends nothing, whatever the handler would do.
+
+        Raises:
+            AssertionError: This step delivered no record (time passing, an operator request).
+        """
+        if self._again is None:
+            raise AssertionError("only a step that delivered an event (`when`) can redeliver")
+        return self._again()
+
+    def expect_ignored(self) -> Self:
+        """Assert the step changed nothing (a duplicate, an ended or never-started saga)."""
+        if not self.ignored:
+            raise AssertionError(f"the step was applied, not ignored: sent {self.commands}")
+        return self
 
     @property
     def commands(self) -> list[Message]:
@@ -271,11 +292,22 @@ class SagaFixture:
             self.when(event)
         return self
 
-    def when(self, event: Message, *, metadata: MessageMetadata | None = None) -> Result:
+    def when(
+        self,
+        event: Message,
+        *,
+        message_id: str | None = None,
+        metadata: MessageMetadata | None = None,
+    ) -> Result:
         """Deliver ``event`` at the current virtual time.
+
+        A reply published twice upstream is two records with one message id: deliver it twice
+        with the same ``message_id``, and the second is a duplicate (``ignored``). For the
+        same record delivered again, use :meth:`Result.redeliver`.
 
         Args:
             event: The event; its association value picks the saga instance.
+            message_id: The message id of the made-up metadata (unique per step by default).
             metadata: Metadata to inject; a plausible one is made up when omitted. Delivering
                 a message id that was already applied is a duplicate, and ignored.
 
@@ -296,18 +328,25 @@ class SagaFixture:
         if self.saga_id is None:
             self.saga_id = saga_id
         self._seq += 1
-        meta = metadata or self._metadata(event, saga_id)
+        meta = metadata or self._metadata(event, saga_id, message_id)
         record = event_record(event, meta, registry, self._seq)
         # Injected metadata reaches the handler as given; made-up metadata goes over the wire
         # format, so an event that would not survive it fails here rather than in production.
         decoded = (
             Event(record, event, meta) if metadata is not None else self._engine.decode(record)
         )
+        return self._deliver(event, saga_id, decoded)
+
+    def _deliver(
+        self, event: Message, saga_id: str, decoded: Event | FiredDeadline | TooNew | Operator
+    ) -> Result:
         batch = self._engine.run([decoded], self.now)
         ignored = any(outcome in _IGNORED for outcome in batch.outcomes())
         if ignored:
             self.ignored.append(event)
-        return self._result(saga_id, batch.runs, ignored=ignored)
+        result = self._result(saga_id, batch.runs, ignored=ignored)
+        result._again = lambda: self._deliver(event, saga_id, decoded)
+        return result
 
     def when_cancelled(self, reason: str = "cancelled in a test") -> Result:
         """An operator's ``saga cancel``: runs the saga's cancel path, as the processor does.
@@ -425,10 +464,10 @@ class SagaFixture:
             waiting=runs[-1].outcome.escalated if runs else None,
         )
 
-    def _metadata(self, event: Message, saga_id: str) -> MessageMetadata:
+    def _metadata(self, event: Message, saga_id: str, message_id: str | None) -> MessageMetadata:
         entry = registry.of(type(event))
         return MessageMetadata(
-            message_id=f"fixture-{self._seq}",
+            message_id=message_id or f"fixture-{self._seq}",
             message_type=entry.name,
             correlation_id=saga_id,
             causation_id=None,

@@ -206,3 +206,17 @@ def test_cancel_after_the_credit_was_sent_is_recorded_and_changes_nothing() -> N
     result = fixture.when_cancelled("too late").expect_no_commands().expect_active()
     result.expect_state(cancel_refused="credit already sent when saga-fixture cancelled")
     fixture.when(CREDIT_OK).expect_ended("COMPLETED")
+
+
+def test_a_redelivered_reply_and_a_reply_published_twice_are_duplicates() -> None:
+    fixture = SagaFixture(TransferSaga).given(REQUESTED)
+    first = fixture.when(DEBIT_OK).expect_commands(CREDIT)
+    # The same record again (a consumer that crashed before its commit): nothing more.
+    first.redeliver().expect_ignored().expect_no_commands()
+    # The reply published twice upstream: two records, one message id.
+    fixture.when(CREDIT_OK, message_id="credit-ok-1").expect_ended()
+    again = fixture.when(CREDIT_OK, message_id="credit-ok-1")
+    again.expect_ignored().expect_no_commands()
+    assert fixture.ignored == [DEBIT_OK, CREDIT_OK]
+    with pytest.raises(AssertionError, match="only a step that delivered an event"):
+        fixture.when_time_elapses(timedelta(seconds=1)).redeliver()
