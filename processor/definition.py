@@ -12,10 +12,11 @@ import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict
 
+from processor._marks import SAGA, foreign_handlers, tag, used_bare
 from processor.errors import SagaDefinitionError
 from processor.messages import Message
 from processor.params import Param, classify_params
@@ -138,23 +139,37 @@ class SagaDefinition:
         return (*self.event_handlers.values(), *self.deadline_handlers.values())
 
 
-def _add_mark(func: _F, mark: _Mark) -> _F:
-    if not inspect.isfunction(func):
-        raise SagaDefinitionError(
-            [f"saga handler decorators apply to plain methods, not {type(func).__name__}"]
-        )
-    marks: tuple[_Mark, ...] = getattr(func, _MARK, ())
-    setattr(func, _MARK, (*marks, mark))
-    return func
+def _marker(mark: _Mark, decorator: str) -> Callable[[_F], _F]:
+    def add_mark(func: _F) -> _F:
+        if not inspect.isfunction(func):
+            raise SagaDefinitionError(
+                [f"saga handler decorators apply to plain methods, not {type(func).__name__}"]
+            )
+        marks: tuple[_Mark, ...] = getattr(func, _MARK, ())
+        setattr(func, _MARK, (*marks, mark))
+        tag(func, SAGA, f"@{decorator}")
+        return func
+
+    return add_mark
 
 
+@overload
 def saga_event_handler(
     event_type: type[Message] | None = None,
     *,
     association_property: str,
     start: bool = False,
     end: bool = False,
-) -> Callable[[_F], _F]:
+) -> Callable[[_F], _F]: ...
+@overload
+def saga_event_handler(event_type: Callable[..., None], /) -> NoReturn: ...
+def saga_event_handler(
+    event_type: Any = None,
+    *,
+    association_property: Any = None,
+    start: bool = False,
+    end: bool = False,
+) -> Any:
     """Mark a saga method as the handler of one event type.
 
     Args:
@@ -166,9 +181,22 @@ def saga_event_handler(
 
     Returns:
         The decorator; it returns the function unchanged apart from the mark.
+
+    Raises:
+        SagaDefinitionError: Used bare (``@saga_event_handler``): the association property
+            cannot be guessed.
     """
-    mark = _Mark("event", event_type, association_property, start, end)
-    return lambda func: _add_mark(func, mark)
+    # A callable that is not a class is the method itself: the decorator was written bare.
+    if callable(event_type) and not isinstance(event_type, type):
+        raise used_bare(
+            "saga_event_handler",
+            event_type,
+            "@saga_event_handler(association_property='...'); the event type is read from "
+            "the parameter annotated with it",
+        )
+    return _marker(
+        _Mark("event", event_type, association_property, start, end), "saga_event_handler"
+    )
 
 
 def saga_deadline_handler(name: str, *, end: bool = False) -> Callable[[_F], _F]:
@@ -183,9 +211,13 @@ def saga_deadline_handler(name: str, *, end: bool = False) -> Callable[[_F], _F]
 
     Returns:
         The decorator; it returns the function unchanged apart from the mark.
+
+    Raises:
+        SagaDefinitionError: Used bare (``@saga_deadline_handler``): the name is needed.
     """
-    mark = _Mark("deadline", name, None, False, end)
-    return lambda func: _add_mark(func, mark)
+    if callable(name):
+        raise used_bare("saga_deadline_handler", name, "@saga_deadline_handler('payment-timeout')")
+    return _marker(_Mark("deadline", name, None, False, end), "saga_deadline_handler")
 
 
 CANCEL_HANDLER = "saga.cancel"
@@ -206,22 +238,28 @@ class CancelRequest(BaseModel):
     by: str = ""
 
 
-def saga_cancel_handler(*, end: bool = False) -> Callable[[_F], _F]:
+@overload
+def saga_cancel_handler(func: _F, /) -> _F: ...
+@overload
+def saga_cancel_handler(*, end: bool = False) -> Callable[[_F], _F]: ...
+def saga_cancel_handler(func: Callable[..., Any] | None = None, /, *, end: bool = False) -> Any:
     """Mark a saga method as what ``saga cancel`` runs: the saga's compensation.
 
     It takes what a deadline handler takes (handles, settings, dependencies) and, by its type,
     the :class:`CancelRequest`. It usually sends the undo commands and lets the replies end the
     saga; ``end=True`` ends it right after. A saga without one (and not an orchestrated saga,
     which compensates by itself) refuses ``saga cancel``; ``saga terminate --force`` still ends
-    it, undoing nothing.
+    it, undoing nothing. Written bare (``@saga_cancel_handler``) it takes the defaults.
 
     Args:
+        func: The method, when the decorator is written without parentheses.
         end: The saga ends after this handler runs.
 
     Returns:
-        The decorator; it returns the function unchanged apart from the mark.
+        The decorator (or, used bare, the marked method).
     """
-    return saga_deadline_handler(CANCEL_HANDLER, end=end)
+    decorate = _marker(_Mark("deadline", CANCEL_HANDLER, None, False, end), "saga_cancel_handler")
+    return decorate if func is None else decorate(func)
 
 
 DECISION_HANDLER = "saga.decision"
@@ -244,32 +282,52 @@ class DecisionRequest(BaseModel):
     by: str = ""
 
 
-def saga_decision_handler(*, end: bool = False) -> Callable[[_F], _F]:
+@overload
+def saga_decision_handler(func: _F, /) -> _F: ...
+@overload
+def saga_decision_handler(*, end: bool = False) -> Callable[[_F], _F]: ...
+def saga_decision_handler(func: Callable[..., Any] | None = None, /, *, end: bool = False) -> Any:
     """Mark a saga method as what ``saga resolve`` runs for a saga waiting on a person.
 
     The plain-saga counterpart of an orchestrated saga's escalation: a handler calls
     ``lifecycle.escalate(reason)``, a person looks, and an operator's ``saga-processor saga
     resolve TYPE ID DECISION --reason WHY`` runs this handler with a :class:`DecisionRequest`
     (plus the usual handles, settings and dependencies). A saga without one refuses resolve.
+    Written bare (``@saga_decision_handler``) it takes the defaults.
 
     Args:
+        func: The method, when the decorator is written without parentheses.
         end: The saga ends after this handler runs.
 
     Returns:
-        The decorator; it returns the function unchanged apart from the mark.
+        The decorator (or, used bare, the marked method).
     """
-    return saga_deadline_handler(DECISION_HANDLER, end=end)
+    mark = _Mark("deadline", DECISION_HANDLER, None, False, end)
+    decorate = _marker(mark, "saga_decision_handler")
+    return decorate if func is None else decorate(func)
 
 
 _S = TypeVar("_S", bound=type[SagaState])
 
 
+@overload
 def saga(
     *, type: str | None = None, saga_type: str | None = None, version: int = 1
-) -> Callable[[_S], _S]:
+) -> Callable[[_S], _S]: ...
+@overload
+def saga(cls: builtins.type[Any], /) -> NoReturn: ...
+def saga(
+    cls: Any = None,
+    /,
+    *,
+    type: str | None = None,
+    saga_type: str | None = None,
+    version: int = 1,
+) -> Any:
     """Class decorator declaring a saga.
 
     Args:
+        cls: Only set when the decorator is written bare, which is refused.
         type: The saga's type name, stored with each instance and sent in command headers.
         saga_type: Alias of ``type`` for callers that avoid shadowing the builtin.
         version: The state's version. Bump it when a change to the fields would not load a
@@ -279,12 +337,17 @@ def saga(
     Returns:
         The decorator. It validates the class and raises :class:`SagaDefinitionError` listing
         every problem, or attaches a :class:`SagaDefinition` read by :func:`definition_of`.
-    """
 
-    def decorate(cls: _S) -> _S:
-        definition = _build(cls, type, saga_type, version)
-        setattr(cls, _DEFINITION, definition)
-        return cls
+    Raises:
+        SagaDefinitionError: Used bare (``@saga``): the type name is stored with every
+            instance, so it is written out rather than guessed from the class name.
+    """
+    if cls is not None:
+        raise used_bare("saga", cls, "@saga(type='my-saga')")
+
+    def decorate(klass: _S) -> _S:
+        setattr(klass, _DEFINITION, _build(klass, type, saga_type, version))
+        return klass
 
     return decorate
 
@@ -319,6 +382,8 @@ def _build(
         problems.append("give the saga a non-empty type name: @saga(type='my-saga')")
         saga_type = ""
     # ``saga`` shadows the builtin ``type`` in its signature, hence ``builtins.type``.
+    foreign = foreign_handlers(cls, SAGA) if isinstance(cls, builtins.type) else []
+    problems.extend(foreign)
     if not (isinstance(cls, builtins.type) and issubclass(cls, SagaState)):
         problems.append(f"{name} must subclass processor.SagaState (its fields are the state)")
         raise SagaDefinitionError(problems, subject=f"saga {name}")
@@ -333,10 +398,11 @@ def _build(
     event_handlers: dict[type[Message], HandlerDef] = {}
     deadline_handlers: dict[str, HandlerDef] = {}
     localns = {cls.__name__: cls}
+    marked = _marked_functions(cls)
     # Counted over the marks, not the valid handlers, so a broken start handler is reported
     # once for what is wrong with it rather than again as "no start handler".
     declares_start = False
-    for func in _marked_functions(cls):
+    for func in marked:
         marks: tuple[_Mark, ...] = getattr(func, _MARK)
         declares_start = declares_start or any(m.start for m in marks)
         if len(marks) > 1:
@@ -364,7 +430,9 @@ def _build(
                 )
             event_handlers.setdefault(handler.key, handler)
 
-    if not declares_start:
+    # A class of command handlers only is a participant under the wrong decorator: saying it
+    # lacks a start handler too would point the author the wrong way.
+    if not declares_start and not (foreign and not marked):
         problems.append(
             "no start handler: mark at least one event handler with "
             "@saga_event_handler(..., start=True)"

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from processor.errors import SagaError
+from processor.errors import SagaDefinitionError, SagaError
 from processor.machine import MachineSpec, lint, mermaid
 from processor.ops.diagram import load_spec
 from processor.ports.views import jsonable
@@ -231,8 +231,16 @@ def diagram(args: argparse.Namespace) -> int:
 
 
 def lint_saga(args: argparse.Namespace) -> int:
-    """Prints the machine's problems; exit code 1 when there are any."""
-    problems = lint(spec_of(args))
+    """Prints the machine's problems; exit code 1 when there are any.
+
+    A saga that fails its own checks when imported (an unknown policy or reply kind, a
+    decorator used bare, a handler of the wrong kind) is what a lint is for: its problems are
+    reported as findings, one per line, rather than as a usage error.
+    """
+    try:
+        problems = lint(spec_of(args))
+    except SagaDefinitionError as e:
+        problems = [f"{e.subject}: {p}" if e.subject else p for p in e.problems]
     text = "\n".join(problems) or f"{args.target or 'the app'}: no problems found"
     emit(args, {"ok": not problems, "problems": problems}, text)
     return 1 if problems else 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import timedelta
 
+from processor._choices import choice_problem
 from processor.definition import saga_deadline_handler
 from processor.handles import SagaCommands, SagaDeadlines, SagaLifecycle
 from processor.machine.analysis import MachineSpec
@@ -142,7 +143,14 @@ class OrchestratedSaga(StepMachine):
             deadlines: The handler's deadlines handle.
             lifecycle: The handler's lifecycle handle.
             reason: The participant's reason, for the record.
+
+        Raises:
+            ValueError: ``kind`` is not a :data:`ReplyKind`. A hand-written handler passed it;
+                the saga is parked rather than the reply read as some other kind.
         """
+        wrong = choice_problem("kind", kind, ReplyKind)
+        if wrong is not None:
+            raise ValueError(f"reply about step {step!r}: {wrong}")
         io = HandlerIo(commands, deadlines, lifecycle)
         if kind == "succeeded":
             self._succeeded(self.orchestration.step(step), io)
@@ -267,8 +275,9 @@ class OrchestratedSaga(StepMachine):
 
     def resolution_refusal(self, decision: str) -> str | None:
         """Why ``decision`` cannot apply now, or None when it can."""
-        if decision not in DECISIONS:
-            return f"decide one of {', '.join(DECISIONS)}, not {decision!r}"
+        wrong = choice_problem("decision", decision, Decision)
+        if wrong is not None:
+            return wrong
         if self.progress.escalated is None or self.machine_state != _S.WAITING:
             return "no step of this saga waits on a person's decision"
         return None

@@ -7,11 +7,13 @@ pass a participant's reply or a person's decision to the orchestrator. The check
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from processor._choices import choice_problem, did_you_mean
+from processor._marks import SAGA, tag
 from processor.definition import saga_event_handler
+from processor.errors import SagaDefinitionError
 from processor.handles import SagaCommands, SagaDeadlines, SagaLifecycle
 from processor.machine.progress import HandlerIo, ReplyHandler, ReplyKind
 from processor.machine.steps import Orchestration
@@ -56,7 +58,21 @@ def on_reply(
 
     Returns:
         A handler function, marked like one written with ``@saga_event_handler``.
+
+    Raises:
+        SagaDefinitionError: ``kind`` is not a :data:`ReplyKind` (an unknown kind used to be
+            ignored, and taken for ``"undo-failed"`` during compensation), ``event_type`` is
+            not a message class, or ``reason_field`` is not one of its fields.
     """
+    where = f"on_reply({getattr(event_type, '__name__', event_type)}, step={step!r})"
+    problems = _field_problems(event_type, reason_field=reason_field)
+    wrong = choice_problem("kind", kind, ReplyKind)
+    if wrong is not None:
+        problems.append(wrong)
+    if not isinstance(step, str) or not step:
+        problems.append("step= must name one of the orchestration's steps")
+    if problems:
+        raise SagaDefinitionError(problems, subject=where)
 
     def apply(saga: OrchestratedSaga, event: Any, io: HandlerIo) -> None:
         reason = getattr(event, reason_field, None) if reason_field else None
@@ -85,7 +101,15 @@ def on_decision(
 
     Returns:
         A handler function, marked like one written with ``@saga_event_handler``.
+
+    Raises:
+        SagaDefinitionError: ``event_type`` is not a message class, or ``decision_field`` or
+            ``reason_field`` is not one of its fields.
     """
+    problems = _field_problems(event_type, reason_field=reason_field, decision_field=decision_field)
+    if problems:
+        name = getattr(event_type, "__name__", event_type)
+        raise SagaDefinitionError(problems, subject=f"on_decision({name})")
 
     def apply(saga: OrchestratedSaga, event: Any, io: HandlerIo) -> None:
         decision = str(getattr(event, decision_field))
@@ -93,6 +117,24 @@ def on_decision(
         saga.resolve(decision, io.commands, io.deadlines, io.lifecycle, reason=reason)  # type: ignore[arg-type]
 
     return _event_handler(apply, event_type, association_property)
+
+
+def _field_problems(event_type: object, **fields: str | None) -> list[str]:
+    """The event must be a message class, and each named field one of its fields.
+
+    ``reason_field`` defaults to ``"reason"`` for events with and without one, so only a
+    reason field named explicitly must exist; the others must always.
+    """
+    if not (isinstance(event_type, type) and issubclass(event_type, Message)):
+        return [f"{event_type!r} is not a Message subclass; pass the event class"]
+    declared = event_type.model_fields
+    problems = []
+    for parameter, name in fields.items():
+        if name is None or name in declared or (parameter, name) == ("reason_field", "reason"):
+            continue
+        wrong = choice_problem(parameter, name, declared)
+        problems.append(f"{wrong} (the fields of {event_type.__name__})")
+    return problems
 
 
 def _event_handler(
@@ -129,6 +171,7 @@ def _event_handler(
     marked: Callable[..., None] = saga_event_handler(
         event_type, association_property=association_property
     )(handler)
+    tag(marked, SAGA, "on_reply(...)" if reply_of else "on_decision(...)")
     return marked
 
 
@@ -151,11 +194,9 @@ def reply_problems(cls: type[StepMachine]) -> list[str]:
     for handler, name, kind in reply_handlers(cls):
         step = steps.get(name)
         if step is None:
-            close = difflib.get_close_matches(name, steps, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
             problems.append(
                 f"reply handler {handler} names step {name!r}, which the orchestration "
-                f"does not declare (its steps: {', '.join(steps)}){hint}"
+                f"does not declare (its steps: {', '.join(steps)}){did_you_mean(name, steps)}"
             )
         elif kind in _UNDO_KINDS and step.compensation is None:
             problems.append(

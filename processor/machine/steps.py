@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from processor._choices import choice_problem
 from processor.errors import SagaDefinitionError
 from processor.machine.retry import NO_RETRY, RetryPolicy
 from processor.messages import Message
@@ -119,6 +120,10 @@ class Step:
             ``"AWAITING_FRAUD_REVIEW"``), drawn by ``diagram`` inside the canonical RUNNING or
             WAITING state and kept in ``progress.state``; defaults to the step's name in
             capitals.
+
+    Raises:
+        SagaDefinitionError: A field's value is invalid (an unknown policy, a duration that is
+            not a positive ``timedelta``...); every problem of the step is listed at once.
     """
 
     name: str
@@ -138,6 +143,46 @@ class Step:
     escalation_timeout: timedelta = timedelta(days=1)
     breaker_wait: timedelta = timedelta(seconds=30)
     state: str | None = None
+
+    def __post_init__(self) -> None:
+        # Each field on its own, so a typo fails at this ``Step(...)`` line; how the fields
+        # combine and how steps relate is checked by ``Orchestration``, all problems at once.
+        problems = [
+            p
+            for p in (
+                choice_problem("late_success", self.late_success, LateSuccess),
+                choice_problem("on_timeout", self.on_timeout, TimeoutPolicy),
+                choice_problem("on_exhausted", self.on_exhausted, ExhaustedPolicy),
+            )
+            if p is not None
+        ]
+        if not isinstance(self.name, str) or not self.name:
+            problems.append("every step needs a name: Step('reserve', action=...)")
+        if not callable(self.action):
+            problems.append("action must be a function building the command from the saga")
+        if self.compensation is not None and not callable(self.compensation):
+            problems.append("compensation must be a function building the undo command, or None")
+        for what, policy in (("retry", self.retry), ("undo_retry", self.undo_retry)):
+            if not isinstance(policy, RetryPolicy):
+                problems.append(f"{what} must be a RetryPolicy, not {policy!r}")
+        durations = {
+            "timeout": self.timeout,
+            "escalation_timeout": self.escalation_timeout,
+            "breaker_wait": self.breaker_wait,
+            "undo_timeout": self.undo_timeout,
+        }
+        for what, value in durations.items():
+            if value is None and what == "undo_timeout":
+                continue
+            if not isinstance(value, timedelta):
+                problems.append(f"{what} must be a timedelta, not {value!r}")
+            elif value <= timedelta(0):
+                problems.append(f"{what} must be positive")
+        for what, value in (("min_budget", self.min_budget), ("late_window", self.late_window)):
+            if not isinstance(value, timedelta):
+                problems.append(f"{what} must be a timedelta, not {value!r}")
+        if problems:
+            raise SagaDefinitionError(problems, subject=f"step {self.name!r}")
 
     @property
     def state_name(self) -> str:
@@ -212,6 +257,9 @@ class Orchestration:
     _by_name: dict[str, Step] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        strays = [f"{s!r} is not a Step" for s in self.steps if not isinstance(s, Step)]
+        if strays:
+            raise SagaDefinitionError(strays, subject="orchestration")
         problems: list[str] = []
         names = [s.name for s in self.steps]
         if not names:
@@ -231,10 +279,6 @@ class Orchestration:
             if not n.replace("_", "").isalnum():
                 problems.append(f"step state {n!r}: use letters, digits and underscores")
         for s in self.steps:
-            if not s.name:
-                problems.append("every step needs a name")
-            if s.timeout <= timedelta(0):
-                problems.append(f"step {s.name!r}: timeout must be positive")
             if s.retry.max_attempts > 1 and not s.idempotent:
                 problems.append(
                     f"step {s.name!r} has a retry policy but is not idempotent; mark it "
@@ -247,17 +291,14 @@ class Orchestration:
                     f"step {s.name!r}: only steps that wait for a person escalate on timeout; "
                     "use on_exhausted='escalate' to hand a failing step to a person"
                 )
-            if s.on_exhausted not in ("compensate", "escalate", "fail"):
-                problems.append(
-                    f"step {s.name!r}: on_exhausted must be compensate, escalate or fail"
-                )
-            if s.escalation_timeout <= timedelta(0):
-                problems.append(f"step {s.name!r}: escalation_timeout must be positive")
-            if s.breaker_wait <= timedelta(0):
-                problems.append(f"step {s.name!r}: breaker_wait must be positive")
-        if self.on_saga_timeout not in ("compensate", "escalate", "fail"):
-            problems.append("on_saga_timeout must be compensate, escalate or fail")
-        if self.sla is not None and self.sla <= timedelta(0):
+        wrong = choice_problem("on_saga_timeout", self.on_saga_timeout, SagaTimeoutPolicy)
+        if wrong is not None:
+            problems.append(wrong)
+        if not callable(self.escalation):
+            problems.append("escalation must be a function building the command sent to a person")
+        if self.sla is not None and not isinstance(self.sla, timedelta):
+            problems.append(f"sla must be a timedelta or None, not {self.sla!r}")
+        elif self.sla is not None and self.sla <= timedelta(0):
             problems.append("sla must be positive")
         if problems:
             raise SagaDefinitionError(problems, subject="orchestration")

@@ -21,8 +21,10 @@ import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar, overload
 
+from processor._choices import choice_problem
+from processor._marks import PARTICIPANT, foreign_handlers, tag, used_bare
 from processor.definition import HandlerDef
 from processor.errors import SagaDefinitionError
 from processor.messages import Message
@@ -43,10 +45,11 @@ __all__ = [
 _MARK = "__participant_handler_mark__"
 _DEFINITION = "__participant_definition__"
 
-DROP: Literal["drop"] = "drop"
+Drop = Literal["drop"]
+DROP: Drop = "drop"
 """Declares that a command past its ``deadline-unix-ms`` is dropped without a reply."""
 
-Expired = Callable[[Any], Message] | Literal["drop"]
+Expired = Callable[[Any], Message] | Drop
 """What to do with an expired command: build the reply from the command, or :data:`DROP`."""
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -105,10 +108,17 @@ class ParticipantDefinition:
     handlers: Mapping[type[Message], CommandHandlerDef]
 
 
+@overload
 def command_handler(
     command_type: type[Message] | None = None, *, expired: Expired = DROP
-) -> Callable[[_F], _F]:
+) -> Callable[[_F], _F]: ...
+@overload
+def command_handler(command_type: _F, /) -> _F: ...
+def command_handler(command_type: Any = None, *, expired: Expired = DROP) -> Any:
     """Mark a participant method as the handler of one command type.
+
+    Written bare (``@command_handler``) it reads the command type from the annotated parameter
+    and drops expired commands, as ``@command_handler()`` does.
 
     Args:
         command_type: The command class; inferred from the one Message-annotated parameter
@@ -117,32 +127,48 @@ def command_handler(
             function from the command to the reply to send instead, or :data:`DROP`.
 
     Returns:
-        The decorator; it returns the function unchanged apart from the mark.
+        The decorator (or, used bare, the marked method).
     """
 
     def decorate(func: _F) -> _F:
         if not inspect.isfunction(func):
             raise SagaDefinitionError(["@command_handler applies to plain methods"])
-        setattr(func, _MARK, _Mark(command_type, expired))
+        # Every mark is kept, so two decorators on one method are reported, not one dropped.
+        setattr(func, _MARK, (*getattr(func, _MARK, ()), _Mark(command_type, expired)))
+        tag(func, PARTICIPANT, "@command_handler")
         return func
 
+    # A callable that is not a class is the method itself: the decorator was written bare.
+    if callable(command_type) and not isinstance(command_type, type):
+        return command_handler(expired=expired)(command_type)
     return decorate
 
 
-def participant(*, name: str) -> Callable[[_C], _C]:
+@overload
+def participant(*, name: str) -> Callable[[_C], _C]: ...
+@overload
+def participant(cls: type, /) -> NoReturn: ...
+def participant(cls: type | None = None, /, *, name: Any = None) -> Any:
     """Class decorator declaring a participant.
 
     Args:
+        cls: Only set when the decorator is written bare, which is refused.
         name: The participant's name.
 
     Returns:
         The decorator. It validates every handler and raises one :class:`SagaDefinitionError`
         listing every problem, or attaches a :class:`ParticipantDefinition`.
-    """
 
-    def decorate(cls: _C) -> _C:
-        setattr(cls, _DEFINITION, _build(cls, name))
-        return cls
+    Raises:
+        SagaDefinitionError: Used bare (``@participant``): the name is the participant's
+            consumer group, so it is written out rather than guessed from the class name.
+    """
+    if cls is not None:
+        raise used_bare("participant", cls, "@participant(name='inventory')")
+
+    def decorate(klass: _C) -> _C:
+        setattr(klass, _DEFINITION, _build(klass, name))
+        return klass
 
     return decorate
 
@@ -163,12 +189,19 @@ def _build(cls: type, name: str) -> ParticipantDefinition:
     problems: list[str] = []
     if not isinstance(name, str) or not name.strip():
         problems.append("give the participant a non-empty name: @participant(name='inventory')")
+    problems.extend(foreign_handlers(cls, PARTICIPANT))
     handlers: dict[type[Message], CommandHandlerDef] = {}
     for attr in vars(cls).values():
-        mark = getattr(attr, _MARK, None)
-        if not isinstance(mark, _Mark):
+        marks = getattr(attr, _MARK, None)
+        if not isinstance(marks, tuple) or not marks:
             continue
-        handler = _handler(attr, mark, {cls.__name__: cls}, problems)
+        if len(marks) > 1:
+            problems.append(
+                f"handler {attr.__qualname__} carries {len(marks)} @command_handler decorators; "
+                "one method handles one command type"
+            )
+            continue
+        handler = _handler(attr, marks[0], {cls.__name__: cls}, problems)
         if handler is None:
             continue
         other = handlers.get(handler.command_type)
@@ -197,8 +230,14 @@ def _handler(
             given = mark.command_type
         else:
             problems.append(f"{where}: the command type {mark.command_type!r} is not a Message")
-    if not (mark.expired == DROP or callable(mark.expired)):
-        problems.append(f"{where}: expired= takes a function building the reply, or DROP")
+    if isinstance(mark.expired, str):
+        wrong = choice_problem("expired", mark.expired, Drop)
+        if wrong is not None:
+            problems.append(f"{where}: {wrong} (or pass a function building the reply)")
+    elif not callable(mark.expired):
+        problems.append(
+            f"{where}: expired={mark.expired!r}: pass a function building the reply, or DROP"
+        )
     params, command_type = classify_params(
         func, kind="event", event_type=given, localns=localns, problems=problems
     )

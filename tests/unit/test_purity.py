@@ -55,6 +55,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "messages.py",
             "handles.py",
             "params.py",
+            "_choices.py",
+            "_marks.py",
             "definition.py",
             "upcasting.py",
             "binding.py",

@@ -1,0 +1,95 @@
+"""What the handler decorators of sagas and participants share.
+
+A method decorator only marks its function, and a class decorator collects the marks it knows.
+A mark of the other kind (a ``@command_handler`` in a ``@saga`` class) used to be skipped without
+a word, and a decorator written without its parentheses silently replaced the method, so both
+show up only later, as a command nobody handles. Each mark therefore records its family, each
+class decorator reports the marks of the other family, and a decorator used bare says how to
+write it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from processor.errors import SagaDefinitionError
+
+__all__ = ["PARTICIPANT", "SAGA", "Family", "foreign_handlers", "tag", "used_bare"]
+
+_FAMILY = "__handler_family__"
+
+
+@dataclass(frozen=True)
+class Family:
+    """The handlers one class decorator runs.
+
+    Attributes:
+        kind: What one handler is called (``"command handler"``).
+        runner: What runs them (``"a participant"``).
+        decorator: The class decorator, spelt as written (``"@participant(name='...')"``).
+    """
+
+    kind: str
+    runner: str
+    decorator: str
+
+    @property
+    def short(self) -> str:
+        """The class decorator's bare name (``"@participant"``)."""
+        return self.decorator.split("(", 1)[0]
+
+
+SAGA = Family("saga handler", "a saga", "@saga(type='...') on a SagaState subclass")
+PARTICIPANT = Family("command handler", "a participant", "@participant(name='...')")
+
+
+def tag(func: Callable[..., Any], family: Family, decorator: str) -> None:
+    """Record that ``@decorator`` of ``family`` marked ``func``."""
+    setattr(func, _FAMILY, (family, decorator))
+
+
+def foreign_handlers(cls: type, family: Family) -> list[str]:
+    """One problem per method of ``cls`` (or its bases) marked by another family's decorator.
+
+    Args:
+        cls: The class being decorated.
+        family: The family its class decorator runs.
+
+    Returns:
+        E.g. ``"handler Hotel.cancel is a command handler (@command_handler), and command
+        handlers run only in a participant: decorate the class with @participant(name='...'),
+        not @saga"``.
+    """
+    problems = []
+    seen: set[str] = set()
+    for klass in cls.__mro__:
+        for name, attr in vars(klass).items():
+            # The most derived definition of a name is the one the class has.
+            if name in seen:
+                continue
+            seen.add(name)
+            found = getattr(attr, _FAMILY, None) if callable(attr) else None
+            if found is None:
+                continue
+            other, decorator = found
+            if other != family:
+                problems.append(
+                    f"handler {cls.__qualname__}.{name} is a {other.kind} ({decorator}), and "
+                    f"{other.kind}s run only in {other.runner}: decorate the class with "
+                    f"{other.decorator}, not {family.short}"
+                )
+    return problems
+
+
+def used_bare(decorator: str, target: object, spelling: str) -> SagaDefinitionError:
+    """The error for ``@decorator`` written without the arguments it needs.
+
+    Args:
+        decorator: Its name, e.g. ``"saga_event_handler"``.
+        target: The function or class it was applied to.
+        spelling: How to write it, e.g. ``"@saga_event_handler(association_property='...')"``.
+    """
+    name = getattr(target, "__qualname__", repr(target))
+    return SagaDefinitionError([f"@{decorator} on {name} needs arguments; write {spelling}"])
