@@ -30,6 +30,7 @@ from demo.participants import app as participants_app
 from demo.participants import seed
 from demo.traffic import produce_event
 from processor.bootstrap.participant import migrate
+from processor.kafka.logs import logged
 from processor.settings import ProcessorSettings
 from schemas.orders import (
     ESCALATIONS_TOPIC,
@@ -151,7 +152,7 @@ def start_order_participants(
 
 def publish_orders(kafka: str, prefix: str, plan: OrderPlan) -> None:
     """Places every order of the plan."""
-    producer = Producer({"bootstrap.servers": kafka, "enable.idempotence": True})
+    producer = Producer(logged({"bootstrap.servers": kafka, "enable.idempotence": True}))
     for order in plan.orders:
         produce_event(producer, prefix, order, order.order_id, f"placed-{order.order_id}")
     if producer.flush(30):
@@ -169,7 +170,7 @@ def start_order_bank(
     """
     stop = threading.Event()
     settled: list[str] = []
-    producer = Producer({"bootstrap.servers": kafka, "enable.idempotence": True})
+    producer = Producer(logged({"bootstrap.servers": kafka, "enable.idempotence": True}))
 
     def settle() -> None:
         with psycopg.connect(database, options=f"-c search_path={schema}") as conn:
@@ -234,13 +235,15 @@ def start_order_person(
 
     stop = threading.Event()
     decided: Counter[str] = Counter()
-    events = Producer({"bootstrap.servers": kafka, "enable.idempotence": True})
+    events = Producer(logged({"bootstrap.servers": kafka, "enable.idempotence": True}))
     consumer = Consumer(
-        {
-            "bootstrap.servers": kafka,
-            "group.id": f"{prefix}person",
-            "auto.offset.reset": "earliest",
-        }
+        logged(
+            {
+                "bootstrap.servers": kafka,
+                "group.id": f"{prefix}person",
+                "auto.offset.reset": "earliest",
+            }
+        )
     )
     consumer.subscribe([prefix + ESCALATIONS_TOPIC])
     producer = KafkaRecordProducer(

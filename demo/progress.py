@@ -21,6 +21,7 @@ from demo.traffic import (
     WALLET_SAGA,
     Request,
 )
+from processor.kafka.logs import logged
 
 
 @dataclass
@@ -51,7 +52,7 @@ class Monitor:
         )
         self.schema = schema
         # Never subscribes: only asks for end offsets, so it joins no group.
-        self.kafka = Consumer({**kafka, "group.id": f"{schema}-monitor"})
+        self.kafka = Consumer(logged({**kafka, "group.id": f"{schema}-monitor"}))
         self.command_topics = list(command_topics)
         self._partitions: list[TopicPartition] | None = None
 

@@ -46,6 +46,7 @@ from demo.order_demo import (
 )
 from demo.progress import Monitor, line, summary
 from demo.traffic import TRANSFER_SAGA, WALLET_SAGA, Scenario, publish, scenario
+from processor.kafka.logs import logged
 from processor.postgres.connect import ensure_schema
 from processor.postgres.schema import Tables
 from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC
@@ -66,7 +67,7 @@ def say(text: str) -> None:
 
 
 def _topics(cleanup: ExitStack, kafka: str, prefix: str, keep: bool) -> None:
-    admin = AdminClient({"bootstrap.servers": kafka})
+    admin = AdminClient(logged({"bootstrap.servers": kafka}))
     names = [
         prefix + t
         for t in (

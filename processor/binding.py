@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -100,8 +102,19 @@ def resolve_handler(
     settings: Mapping[str, Any],
     dependencies: Mapping[type, object],
     problems: list[str],
+    *,
+    app: str = "SagaApp",
 ) -> tuple[ResolvedParam, ...]:
-    """Resolve each parameter of ``handler``, appending problems to ``problems``."""
+    """Resolve each parameter of ``handler``, appending problems to ``problems``.
+
+    Args:
+        handler: The handler.
+        settings: Setting values by key.
+        dependencies: Registered dependencies by type.
+        problems: Where each problem goes.
+        app: The application class that registers dependencies for this handler (named in the
+            fix a problem suggests).
+    """
     where = f"handler {handler.name}"
     out: list[ResolvedParam] = []
     payloads: list[Param] = []
@@ -127,11 +140,7 @@ def resolve_handler(
             elif p.optional:
                 out.append(ResolvedParam(p, True, None if p.default is NO_DEFAULT else p.default))
             else:
-                problems.append(
-                    f"{where}: parameter {p.name!r} needs a dependency of type "
-                    f"{_name(p.annotation)}; provide one in the app: "
-                    f"SagaApp(dependencies={{{_name(p.annotation)}: ...}}) or factories="
-                )
+                problems.append(_missing(where, p, app))
         else:
             out.append(ResolvedParam(p))
     if len(payloads) > 1:
@@ -151,6 +160,22 @@ def resolve_handler(
                 f"({type(e).__name__}); use a pydantic model, dataclass or plain type"
             )
     return tuple(out)
+
+
+# Types a handler more likely wants from configuration than from a registered object.
+_VALUES = (str, int, float, bool, Decimal, timedelta, datetime)
+
+
+def _missing(where: str, p: Param, app: str) -> str:
+    """The problem of a parameter nothing provides, with the fix that most likely fits it."""
+    name = _name(p.annotation)
+    text = (
+        f"{where}: parameter {p.name!r} needs a dependency of type {name}; provide one in the "
+        f"app: {app}(dependencies={{{name}: ...}}) or factories="
+    )
+    if isinstance(p.annotation, type) and issubclass(p.annotation, _VALUES):
+        text += f"; or, for a configured value, Annotated[{name}, Setting('some.key')]"
+    return text
 
 
 def _name(annotation: Any) -> str:

@@ -50,6 +50,8 @@ class Command:
     # A command that reads only its arguments runs without SAGA_* configuration.
     run: c.Run | c.Offline
     offline: bool = False
+    # A command that never opens the database runs without SAGA_DATABASE__URL.
+    database: bool = True
 
 
 # Every subcommand, in the order `--help` lists them.
@@ -89,6 +91,7 @@ COMMANDS: tuple[Command, ...] = (
         "`topics plan|create|check`: the topics the sagas read and write, made and checked",
         t.topics_arguments,
         t.topics,
+        database=False,
     ),
     Command(
         "show",
@@ -253,7 +256,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         load = load_participant_app if command.name == "participant" else load_app
         app = load(target) if target else None
         args.saga_app = app
-        settings = load_settings(defaults=app.settings if app is not None else None)
+        defaults = dict(app.settings) if app is not None else {}
+        if not command.database and DATABASE_URL not in os.environ:
+            # Required by the settings for every command that connects; this one never does, so
+            # an address nothing will ever dial stands in for it.
+            defaults.setdefault("database", {"url": UNUSED_DATABASE})
+        settings = load_settings(defaults=defaults or None)
         return cast(c.Run, command.run)(args, settings)
     except Exception as e:
         why = _unavailable(e)
@@ -265,6 +273,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"saga-processor: {e}", file=sys.stderr)
         return EXIT_REFUSED if isinstance(e, Refused) else EXIT_USAGE
 
+
+DATABASE_URL = "SAGA_DATABASE__URL"
+UNUSED_DATABASE = "postgresql://unused.invalid/unused"
+"""Stands in for the database URL of a command that never connects (``.invalid`` resolves to
+nothing, RFC 2606)."""
 
 EXIT_REFUSED = 1
 """The command ran and the answer is no (as `cli.inspect.EXIT_PROBLEM`): nothing changed."""

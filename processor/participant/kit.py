@@ -299,7 +299,9 @@ def _bind(
                     "run them in separate services or merge the handlers"
                 )
                 continue
-            params = resolve_handler(handler.as_handler(), settings, dependencies, problems)
+            params = resolve_handler(
+                handler.as_handler(), settings, dependencies, problems, app="ParticipantApp"
+            )
             bound[command_type] = _Bound(instance, handler, params)
     if problems:
         raise ConfigurationError(problems)

@@ -204,3 +204,15 @@ def test_a_processor_without_sagas_is_refused_by_name() -> None:
     settings = ProcessorSettings(database={"url": "postgresql://unused"}, sagas=[])
     with pytest.raises(ConfigurationError, match="no saga configured"):
         bind_sagas(settings)
+
+
+def test_a_missing_value_type_suggests_a_setting_and_a_participant_names_its_app() -> None:
+    from processor.binding import _missing
+    from processor.params import NO_DEFAULT, Param
+
+    wait = Param("wait", "dependency", timedelta, None, False, NO_DEFAULT)
+    text = _missing("handler h", wait, "ParticipantApp")
+    assert "ParticipantApp(dependencies={timedelta: ...})" in text
+    assert "or, for a configured value, Annotated[timedelta, Setting('some.key')]" in text
+    clock = Param("clock", "dependency", Ledger, None, False, NO_DEFAULT)
+    assert "Setting(" not in _missing("handler h", clock, "SagaApp")

@@ -83,3 +83,16 @@ def test_the_offline_commands_print_one_json_document(capsys: pytest.CaptureFixt
     assert json.loads(capsys.readouterr().out) == {"ok": True, "problems": []}
     assert main(["schemas", "sagas.order", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["asyncapi"] == "3.0.0"
+
+
+def test_topics_plan_needs_no_database(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("SAGA_DATABASE__URL", raising=False)
+    monkeypatch.setenv("SAGA_SAGAS", '["sagas"]')
+    assert main(["topics", "plan", "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert {"topic": "transfer-events", "role": "reads"}.items() <= planned[0].items()
+    # A command that connects still asks for it, naming the variable.
+    assert main(["sagas", "list"]) == 2
+    assert "SAGA_DATABASE__URL" in capsys.readouterr().err
