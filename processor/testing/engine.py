@@ -150,6 +150,10 @@ def event_record(
         key=metadata.key.encode() if metadata.key is not None else None,
         value=event.model_dump_json().encode(),
         headers=tuple((k, v.encode()) for k, v in headers.items()),
+        # The broker's timestamp too is the fixture's virtual time, never the wall clock's.
+        timestamp_ms=(
+            int(metadata.occurred_at.timestamp() * 1000) if metadata.occurred_at else None
+        ),
     )
 
 

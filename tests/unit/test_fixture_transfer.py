@@ -220,3 +220,15 @@ def test_a_redelivered_reply_and_a_reply_published_twice_are_duplicates() -> Non
     assert fixture.ignored == [DEBIT_OK, CREDIT_OK]
     with pytest.raises(AssertionError, match="only a step that delivered an event"):
         fixture.when_time_elapses(timedelta(seconds=1)).redeliver()
+
+
+def test_a_reply_is_stamped_with_the_fixtures_virtual_time() -> None:
+    from processor.messages import registry
+    from processor.testing.engine import event_record
+
+    fixture = SagaFixture(TransferSaga).given(REQUESTED)
+    fixture.when_time_elapses(timedelta(minutes=7))
+    meta = fixture._metadata(DEBIT_OK, "t-1", None)
+    assert meta.occurred_at == T0 + timedelta(minutes=7)
+    record = event_record(DEBIT_OK, meta, registry, 1)
+    assert record.timestamp_ms == int((T0 + timedelta(minutes=7)).timestamp() * 1000)
