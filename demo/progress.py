@@ -13,6 +13,7 @@ from confluent_kafka import Consumer, TopicPartition
 from psycopg.rows import TupleRow
 
 from demo.traffic import (
+    COMPENSATED,
     COMPLETED,
     FAILED,
     REFUNDED,
@@ -97,15 +98,19 @@ class Monitor:
             )
         }
         out: dict[str, str] = {}
-        for saga_type, saga_id, state in self._q(
-            "SELECT saga_type, saga_id, state FROM {s}.saga_instance WHERE status = 'ended'"
+        for saga_type, saga_id, state, ended in self._q(
+            "SELECT saga_type, saga_id, state, machine_state FROM {s}.saga_instance "
+            "WHERE status = 'ended'"
         ):
             st = state if isinstance(state, dict) else json.loads(state or "{}")
             if saga_type == TRANSFER_SAGA:
                 if st.get("credit_confirmed"):
                     out[saga_id] = COMPLETED
+                elif saga_id in fired:
+                    out[saga_id] = TIMED_OUT
                 else:
-                    out[saga_id] = TIMED_OUT if saga_id in fired else FAILED
+                    # The outcome the saga ended with: the debit reversed, or nothing to undo.
+                    out[saga_id] = COMPENSATED if ended == "COMPENSATED" else FAILED
             elif saga_type == WALLET_SAGA:
                 out[saga_id] = COMPLETED if "completed" in st.get("history", []) else REFUNDED
         return out
@@ -145,6 +150,9 @@ def line(snap: Snapshot, elapsed: float, expected: Mapping[str, int]) -> str:
     return f"[{elapsed:5.1f}s] " + " | ".join(parts)
 
 
+_SHOWN = (COMPLETED, COMPENSATED, FAILED, REFUNDED, TIMED_OUT)
+
+
 def summary(
     requests: Sequence[Request], outcomes: Mapping[str, str], fired: Sequence[str]
 ) -> tuple[list[str], list[str]]:
@@ -153,12 +161,8 @@ def summary(
     for saga_type in (TRANSFER_SAGA, WALLET_SAGA):
         ids = [r.transfer_id for r in requests if r.saga_type == saga_type]
         got = Counter(outcomes.get(i, "not ended") for i in ids)
-        counts = ", ".join(
-            f"{k} {got[k]}" for k in (COMPLETED, FAILED, REFUNDED, TIMED_OUT) if got[k]
-        )
-        rest = ", ".join(
-            f"{k} {n}" for k, n in got.items() if k not in (COMPLETED, FAILED, REFUNDED, TIMED_OUT)
-        )
+        counts = ", ".join(f"{k} {got[k]}" for k in _SHOWN if got[k])
+        rest = ", ".join(f"{k} {n}" for k, n in got.items() if k not in _SHOWN)
         lines.append(
             f"  {saga_type:<16} {len(ids):3d} sagas: {counts}{', ' + rest if rest else ''}"
         )

@@ -16,7 +16,7 @@ from typing import Any
 
 from processor.errors import SagaDefinitionError
 
-__all__ = ["PARTICIPANT", "SAGA", "Family", "foreign_handlers", "tag", "used_bare"]
+__all__ = ["PARTICIPANT", "SAGA", "Family", "foreign_handlers", "spelling", "tag", "used_bare"]
 
 _FAMILY = "__handler_family__"
 
@@ -48,6 +48,12 @@ PARTICIPANT = Family("command handler", "a participant", "@participant(name='...
 def tag(func: Callable[..., Any], family: Family, decorator: str) -> None:
     """Record that ``@decorator`` of ``family`` marked ``func``."""
     setattr(func, _FAMILY, (family, decorator))
+
+
+def spelling(func: object) -> str | None:
+    """How ``func`` was marked (``"@saga_event_handler"``, ``"on_reply(...)"``), or None."""
+    found = getattr(func, _FAMILY, None)
+    return str(found[1]) if found is not None else None
 
 
 def foreign_handlers(cls: type, family: Family) -> list[str]:

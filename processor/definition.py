@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import inspect
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -157,7 +158,7 @@ def _marker(mark: _Mark, decorator: str) -> Callable[[_F], _F]:
 def saga_event_handler(
     event_type: type[Message] | None = None,
     *,
-    association_property: str,
+    association_property: str | None = None,
     start: bool = False,
     end: bool = False,
 ) -> Callable[[_F], _F]: ...
@@ -175,7 +176,8 @@ def saga_event_handler(
     Args:
         event_type: The event class; inferred from the one Message-annotated parameter when
             omitted.
-        association_property: Field of the event whose value is the saga id.
+        association_property: Field of the event whose value is the saga id; defaults to the
+            saga's (``@saga(..., association_property=...)``).
         start: The event may start a new saga instance.
         end: The saga ends after this handler runs.
 
@@ -312,7 +314,11 @@ _S = TypeVar("_S", bound=type[SagaState])
 
 @overload
 def saga(
-    *, type: str | None = None, saga_type: str | None = None, version: int = 1
+    *,
+    type: str | None = None,
+    saga_type: str | None = None,
+    version: int = 1,
+    association_property: str | None = None,
 ) -> Callable[[_S], _S]: ...
 @overload
 def saga(cls: builtins.type[Any], /) -> NoReturn: ...
@@ -323,6 +329,7 @@ def saga(
     type: str | None = None,
     saga_type: str | None = None,
     version: int = 1,
+    association_property: str | None = None,
 ) -> Any:
     """Class decorator declaring a saga.
 
@@ -333,6 +340,9 @@ def saga(
         version: The state's version. Bump it when a change to the fields would not load a
             stored state (a rename, a removal, a new required meaning) and register an
             upcaster from the previous version (see :func:`processor.upcasting.upcaster`).
+        association_property: The event field holding the saga id, said once for the whole
+            saga: every event handler that does not name its own uses it, as do the handlers
+            an orchestration generates (``Step(..., replies=...)``, ``Orchestration(start=...)``).
 
     Returns:
         The decorator. It validates the class and raises :class:`SagaDefinitionError` listing
@@ -346,7 +356,8 @@ def saga(
         raise used_bare("saga", cls, "@saga(type='my-saga')")
 
     def decorate(klass: _S) -> _S:
-        setattr(klass, _DEFINITION, _build(klass, type, saga_type, version))
+        definition = _build(klass, type, saga_type, version, association_property)
+        setattr(klass, _DEFINITION, definition)
         return klass
 
     return decorate
@@ -366,9 +377,21 @@ def definition_of(cls: type[SagaState]) -> SagaDefinition:
 
 
 def _build(
-    cls: object, type_arg: str | None, alias: str | None, version: object = 1
+    cls: object,
+    type_arg: str | None,
+    alias: str | None,
+    version: object = 1,
+    association_property: object = None,
 ) -> SagaDefinition:
     problems: list[str] = []
+    if association_property is not None and (
+        not isinstance(association_property, str) or not association_property
+    ):
+        problems.append(
+            f"association_property={association_property!r} must name the event field holding "
+            "the saga id"
+        )
+        association_property = None
     state_version = 1
     if isinstance(version, int) and not isinstance(version, bool) and version >= 1:
         state_version = version
@@ -410,7 +433,7 @@ def _build(
                 f"handler {func.__qualname__} carries {len(marks)} handler decorators; use one"
             )
             continue
-        handler = _handler(func, marks[0], localns, problems)
+        handler = _handler(func, marks[0], localns, problems, association_property)
         if handler is None:
             continue
         if isinstance(handler.key, str):
@@ -449,6 +472,30 @@ def _build(
     )
 
 
+def handled_event(func: object) -> type[Message] | None:
+    """The event class ``func`` is marked to handle, or None if it is no event handler.
+
+    Read from its decorator, else from the parameter annotated with a message class; None
+    when neither says (``@saga`` then reports the handler).
+    """
+    for mark in getattr(func, _MARK, ()):
+        if mark.kind != "event":
+            continue
+        if isinstance(mark.key, type) and issubclass(mark.key, Message):
+            return mark.key
+        try:
+            hints = typing.get_type_hints(func)
+        except Exception:
+            return None
+        found = [
+            t
+            for name, t in hints.items()
+            if name != "return" and isinstance(t, type) and issubclass(t, Message)
+        ]
+        return found[0] if len(found) == 1 else None
+    return None
+
+
 def _marked_functions(cls: type) -> list[Callable[..., Any]]:
     # Walk the MRO base-first so an override in a subclass replaces the inherited handler.
     found: dict[str, Callable[..., Any]] = {}
@@ -462,7 +509,11 @@ def _marked_functions(cls: type) -> list[Callable[..., Any]]:
 
 
 def _handler(
-    func: Callable[..., Any], mark: _Mark, localns: dict[str, Any], problems: list[str]
+    func: Callable[..., Any],
+    mark: _Mark,
+    localns: dict[str, Any],
+    problems: list[str],
+    saga_property: object = None,
 ) -> HandlerDef | None:
     where = f"handler {func.__qualname__}"
     if inspect.iscoroutinefunction(func) or inspect.isgeneratorfunction(func):
@@ -477,7 +528,15 @@ def _handler(
             else:
                 problems.append(f"{where}: the event type {key!r} must be a Message subclass")
         prop = mark.association_property
-        if not isinstance(prop, str) or not prop:
+        inherited = prop is None and saga_property is not None
+        if inherited:
+            prop = saga_property
+        if prop is None:
+            problems.append(
+                f"{where}: association_property must name a field of the event; pass it here, "
+                "or once for the saga: @saga(type=..., association_property='...')"
+            )
+        elif not isinstance(prop, str) or not prop:
             problems.append(f"{where}: association_property must name a field of the event")
     elif not isinstance(mark.key, str) or not mark.key.strip():
         problems.append(f"{where}: the deadline name must be a non-empty string")
@@ -493,9 +552,11 @@ def _handler(
         and prop not in event_type.model_fields
     ):
         fields = ", ".join(event_type.model_fields) or "none"
+        said = " (the saga's, from @saga(association_property=...))" if inherited else ""
         problems.append(
-            f"{where}: association_property {prop!r} is not a field of "
-            f"{event_type.__qualname__} (fields: {fields})"
+            f"{where}: association_property {prop!r}{said} is not a field of "
+            f"{event_type.__qualname__} (fields: {fields}); add it to the event, or name "
+            "the field that holds the saga id"
         )
     # A handler with problems is still returned when its key is known, so that duplicates are
     # reported too; the caller raises because ``problems`` is not empty.

@@ -270,10 +270,15 @@ class SagaOutcome(StrEnum):
 
     COMPLETED = "COMPLETED"
     """It did what it was for."""
+    COMPENSATED = "COMPENSATED"
+    """It could not finish, and every step it had completed was undone (at least one undo ran,
+    every undo succeeded or a person marked it done by hand)."""
     FAILED = "FAILED"
-    """It could not, and undid what it had done (or had nothing to undo)."""
+    """It could not finish, and no undo ran: nothing had been done that needed one, or a ``fail``
+    policy stopped it as it stood."""
     COMPENSATION_FAILED = "COMPENSATION_FAILED"
-    """It could not, and an undo failed too: a person has been told."""
+    """It could not, and an undo failed too, with nobody asked to finish it (an orchestrated
+    saga asks a person instead and keeps WAITING; see ``OrchestratedSaga.resolve``)."""
     TIMED_OUT = "TIMED_OUT"
     """Its deadline passed first."""
     CANCELLED = "CANCELLED"

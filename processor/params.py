@@ -16,10 +16,18 @@ from typing import Annotated, Any, Literal
 from processor.handles import SagaCommands, SagaDeadlines, SagaLifecycle, Setting
 from processor.messages import Message, MessageMetadata
 
-__all__ = ["NO_DEFAULT", "Param", "ParamKind", "classify_params"]
+__all__ = ["HANDLES_BUNDLE", "NO_DEFAULT", "Param", "ParamKind", "classify_params"]
 
 ParamKind = Literal[
-    "event", "payload", "commands", "deadlines", "lifecycle", "metadata", "setting", "dependency"
+    "event",
+    "payload",
+    "commands",
+    "deadlines",
+    "lifecycle",
+    "handles",
+    "metadata",
+    "setting",
+    "dependency",
 ]
 
 NO_DEFAULT: Any = inspect.Parameter.empty
@@ -31,6 +39,10 @@ _HANDLES: dict[type, ParamKind] = {
     SagaLifecycle: "lifecycle",
     MessageMetadata: "metadata",
 }
+
+HANDLES_BUNDLE = "__saga_handles__"
+"""A class with this attribute set to True is built from the run's commands, deadlines and
+lifecycle handles, in that order (``processor.machine.HandlerIo``): kind ``"handles"``."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +159,8 @@ def classify_params(
         base, accepts_none = _strip_optional(annotation)
         optional = has_default or accepts_none
         handle_kind = _HANDLES.get(base) if isinstance(base, type) else None
+        if getattr(base, HANDLES_BUNDLE, False) is True:
+            handle_kind = "handles"
         if handle_kind == "metadata" and kind == "deadline":
             problems.append(
                 f"{where}: parameter {p.name!r} asks for MessageMetadata, but a deadline is a "

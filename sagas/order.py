@@ -11,24 +11,25 @@
 
 The whole saga has a two-day budget; when it runs out the saga is TIMED_OUT and compensates.
 Timers and the shipping retry schedule come from settings (``order.*``) so tests and staging can
-shorten them.
+shorten them. Each step names its replies, the saga its association property (``order_id``),
+and the generated start handler fills the order's fields from ``OrderPlaced``.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 from decimal import Decimal
-from typing import Annotated, Any, ClassVar
+from typing import Any
 
-from processor import SagaCommands, SagaDeadlines, SagaLifecycle, Setting, saga, saga_event_handler
+from processor import saga
 from processor.machine import (
     Escalation,
     OrchestratedSaga,
     Orchestration,
-    ReplyHandler,
+    Replies,
     RetryPolicy,
+    SettingKeys,
     Step,
-    on_reply,
 )
 from processor.messages import Message
 from schemas.orders import (
@@ -65,21 +66,12 @@ __all__ = [
 DEFAULT_PAYMENT_TIMEOUT = timedelta(minutes=15)
 DEFAULT_REVIEW_TIMEOUT = timedelta(days=1)
 DEFAULT_SLA = timedelta(days=2)
-
-PaymentTimeout = Annotated[
-    timedelta, Setting("order.payment-timeout", default=DEFAULT_PAYMENT_TIMEOUT)
-]
-ReviewTimeout = Annotated[
-    timedelta, Setting("order.review-timeout", default=DEFAULT_REVIEW_TIMEOUT)
-]
-Sla = Annotated[timedelta, Setting("order.sla", default=DEFAULT_SLA)]
 SHIP_RETRY = RetryPolicy(
     max_attempts=5, base_delay=timedelta(minutes=1), max_delay=timedelta(minutes=30)
 )
-ShipRetry = Annotated[RetryPolicy, Setting("order.ship-retry", default=SHIP_RETRY)]
 
 
-def _facts(order: Any) -> dict[str, Any]:
+def _facts(order: OrderSaga) -> dict[str, Any]:
     return {
         "order_id": order.order_id,
         "customer_id": order.customer_id,
@@ -89,11 +81,12 @@ def _facts(order: Any) -> dict[str, Any]:
     }
 
 
-def _escalate(order: Any, escalation: Escalation) -> Message:
+def _escalate(order: OrderSaga, escalation: Escalation) -> Message:
     return EscalateToPerson(order_id=order.order_id, **escalation.model_dump())
 
 
-ORDER_ORCHESTRATION = Orchestration(
+ORDER_ORCHESTRATION = Orchestration["OrderSaga"](
+    start=OrderPlaced,
     steps=(
         Step(
             "reserve",
@@ -106,6 +99,12 @@ ORDER_ORCHESTRATION = Orchestration(
             ),
             min_budget=timedelta(seconds=10),
             state="RESERVING",
+            replies=Replies(
+                succeeded=StockReserved,
+                rejected=StockUnavailable,
+                failed=StockReservationFailed,
+                undone=StockReleased,
+            ),
         ),
         Step(
             "pay",
@@ -116,6 +115,12 @@ ORDER_ORCHESTRATION = Orchestration(
             late_success="undo",
             late_window=timedelta(hours=1),
             state="CHARGING",
+            replies=Replies(
+                succeeded=PaymentCaptured,
+                rejected=PaymentDeclined,
+                undone=PaymentRefunded,
+                undo_failed=RefundFailed,
+            ),
         ),
         Step(
             "fraud-review",
@@ -124,6 +129,7 @@ ORDER_ORCHESTRATION = Orchestration(
             waits_for_person=True,
             on_timeout="escalate",
             state="AWAITING_FRAUD_REVIEW",
+            replies=Replies(succeeded=FraudReviewApproved, rejected=FraudReviewRejected),
         ),
         Step(
             "ship",
@@ -135,15 +141,21 @@ ORDER_ORCHESTRATION = Orchestration(
             # A carrier outage is no reason to refund: a person decides (saga resolve).
             on_exhausted="escalate",
             state="SHIPPING",
+            replies=Replies(succeeded=OrderShipped, failed=ShipmentFailed),
         ),
     ),
     escalation=_escalate,
     sla=DEFAULT_SLA,
     on_saga_timeout="compensate",
+    settings=SettingKeys(
+        sla="order.sla",
+        timeouts={"pay": "order.payment-timeout", "fraud-review": "order.review-timeout"},
+        retries={"ship": "order.ship-retry"},
+    ),
 )
 
 
-@saga(type="order-saga")
+@saga(type="order-saga", association_property="order_id")
 class OrderSaga(OrchestratedSaga):
     """Takes an order from placement to shipment, or undoes what was done."""
 
@@ -154,69 +166,3 @@ class OrderSaga(OrchestratedSaga):
     sku: str = ""
     quantity: int = 0
     amount: Decimal = Decimal(0)
-
-    @saga_event_handler(OrderPlaced, association_property="order_id", start=True)
-    def on_placed(
-        self,
-        event: OrderPlaced,
-        *,
-        commands: SagaCommands,
-        deadlines: SagaDeadlines,
-        lifecycle: SagaLifecycle,
-        payment_timeout: PaymentTimeout,
-        review_timeout: ReviewTimeout,
-        sla: Sla,
-        ship_retry: ShipRetry,
-    ) -> None:
-        """Copy the order and reserve its stock."""
-        self.order_id = event.order_id
-        self.customer_id = event.customer_id
-        self.sku = event.sku
-        self.quantity = event.quantity
-        self.amount = event.amount
-        self.begin(
-            event.order_id,
-            commands,
-            deadlines,
-            lifecycle,
-            sla=sla,
-            timeouts={"pay": payment_timeout, "fraud-review": review_timeout},
-            retries={"ship": ship_retry},
-        )
-
-    on_stock_reserved: ClassVar[ReplyHandler] = on_reply(
-        StockReserved, step="reserve", association_property="order_id"
-    )
-    on_stock_unavailable: ClassVar[ReplyHandler] = on_reply(
-        StockUnavailable, step="reserve", kind="rejected", association_property="order_id"
-    )
-    on_reservation_failed: ClassVar[ReplyHandler] = on_reply(
-        StockReservationFailed, step="reserve", kind="failed", association_property="order_id"
-    )
-    on_stock_released: ClassVar[ReplyHandler] = on_reply(
-        StockReleased, step="reserve", kind="undone", association_property="order_id"
-    )
-    on_payment_captured: ClassVar[ReplyHandler] = on_reply(
-        PaymentCaptured, step="pay", association_property="order_id"
-    )
-    on_payment_declined: ClassVar[ReplyHandler] = on_reply(
-        PaymentDeclined, step="pay", kind="rejected", association_property="order_id"
-    )
-    on_payment_refunded: ClassVar[ReplyHandler] = on_reply(
-        PaymentRefunded, step="pay", kind="undone", association_property="order_id"
-    )
-    on_refund_failed: ClassVar[ReplyHandler] = on_reply(
-        RefundFailed, step="pay", kind="undo-failed", association_property="order_id"
-    )
-    on_review_approved: ClassVar[ReplyHandler] = on_reply(
-        FraudReviewApproved, step="fraud-review", association_property="order_id"
-    )
-    on_review_rejected: ClassVar[ReplyHandler] = on_reply(
-        FraudReviewRejected, step="fraud-review", kind="rejected", association_property="order_id"
-    )
-    on_shipped: ClassVar[ReplyHandler] = on_reply(
-        OrderShipped, step="ship", association_property="order_id"
-    )
-    on_shipment_failed: ClassVar[ReplyHandler] = on_reply(
-        ShipmentFailed, step="ship", kind="failed", association_property="order_id"
-    )

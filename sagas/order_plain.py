@@ -77,7 +77,8 @@ class PlainOrderSaga(SagaState):
     ship_attempts: int = 0
     # Undo commands sent and not yet confirmed: the saga ends once none is left.
     undoing: list[str] = Field(default_factory=list)
-    outcome: SagaOutcome = SagaOutcome.FAILED
+    # How it ends once its undos are confirmed: at least the reservation's release runs.
+    outcome: SagaOutcome = SagaOutcome.COMPENSATED
 
     @saga_event_handler(OrderPlaced, association_property="order_id", start=True)
     def on_placed(self, event: OrderPlaced, commands: SagaCommands) -> None:

@@ -107,9 +107,14 @@ class TransferSaga(SagaState):
     def on_credit_failed(
         self, event: CreditFailed, commands: SagaCommands, lifecycle: SagaLifecycle
     ) -> None:
-        """The target refused the money: give it back to the source."""
+        """The target refused the money: give it back to the source.
+
+        COMPENSATED, not FAILED: the debit is undone. The reversal is sent in the same
+        transaction as the end, and the account service never refuses one (it returns money
+        this transfer took).
+        """
         commands.send(self._reverse_debit())
-        lifecycle.end(SagaOutcome.FAILED)
+        lifecycle.end(SagaOutcome.COMPENSATED)
 
     @saga_deadline_handler(PAYMENT_TIMEOUT)
     def on_payment_timeout(self, commands: SagaCommands, lifecycle: SagaLifecycle) -> None:

@@ -12,7 +12,14 @@ from typing import Literal
 
 from pydantic import Field
 
-from processor import SagaCommands, SagaState, saga, saga_event_handler
+from processor import (
+    SagaCommands,
+    SagaLifecycle,
+    SagaOutcome,
+    SagaState,
+    saga,
+    saga_event_handler,
+)
 from schemas.wallets import (
     CompleteTransfer,
     InitiateTransfer,
@@ -69,10 +76,16 @@ class WalletTransferSaga(SagaState):
         self.history = [*self.history, "failed"]
         commands.send(RefundTransfer(**self._facts()))
 
-    @saga_event_handler(TransferRefunded, association_property="transfer_id", end=True)
-    def on_refunded(self, event: TransferRefunded) -> None:
-        """The source has its money back; done."""
+    @saga_event_handler(TransferRefunded, association_property="transfer_id")
+    def on_refunded(self, event: TransferRefunded, lifecycle: SagaLifecycle) -> None:
+        """The source has its money back; done.
+
+        COMPENSATED when the source had been debited (the refund undid it); FAILED when the
+        debit itself was refused, so the refund found nothing to give back.
+        """
         self.history = [*self.history, "refunded"]
+        debited = "initiated" in self.history
+        lifecycle.end(SagaOutcome.COMPENSATED if debited else SagaOutcome.FAILED)
 
     def _facts(self) -> dict[str, object]:
         return {

@@ -4,6 +4,6 @@ Importing this package registers every message type in ``processor.messages.regi
 ``python -m schemas.export`` writes their JSON Schemas for services in other languages.
 """
 
-from schemas import orders, transfers, wallets
+from schemas import orders, transfers, trips, wallets
 
-__all__ = ["orders", "transfers", "wallets"]
+__all__ = ["orders", "transfers", "trips", "wallets"]

@@ -62,8 +62,9 @@ def saga_arguments(parser: argparse.ArgumentParser) -> None:
         sub.add_argument("saga_id", metavar="SAGA_ID")
     resolve.add_argument(
         "decision",
-        help="retry, skip or compensate for an orchestrated saga's escalated step; what a plain "
-        "saga's @saga_decision_handler understands otherwise",
+        help="retry, skip or compensate for an orchestrated saga's escalated step (retry or skip "
+        "for an escalated undo: skip means it was undone by hand); what a plain saga's "
+        "@saga_decision_handler understands otherwise",
     )
     for sub in (cancel, terminate, resolve):
         sub.add_argument("--reason", required=True)

@@ -237,9 +237,9 @@ def create_app(
         except NoSuchSaga as e:
             return render(request, "error.html", 404, message=str(e), title="Not found")
         spec = backend.machine(saga_type)
-        diagram = svg(spec, view.saga.machine_state) if spec is not None else None
-        identity = who(request)
         own = step_state(view.state)
+        diagram = svg(spec, view.saga.machine_state, own) if spec is not None else None
+        identity = who(request)
         view = _redacted(view) if not sees_payloads(identity) else _unsigned(view)
         return render(
             request,

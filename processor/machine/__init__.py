@@ -3,6 +3,7 @@
 Pure: like the rest of the authoring API, nothing here imports a Kafka or PostgreSQL client.
 """
 
+from processor.machine._declared import Replies, SettingKeys, start_event
 from processor.machine.analysis import MachineSpec, lint, mermaid
 from processor.machine.orchestrator import (
     SAGA_DEADLINE,
@@ -14,6 +15,7 @@ from processor.machine.orchestrator import (
     on_decision,
     on_reply,
 )
+from processor.machine.progress import HandlerIo
 from processor.machine.retry import NO_RETRY, RetryPolicy, jitter_fraction
 from processor.machine.saga import MachineRecord, MachineSaga
 from processor.machine.states import (
@@ -42,6 +44,7 @@ __all__ = [
     "Attempt",
     "Decision",
     "Escalation",
+    "HandlerIo",
     "MachineRecord",
     "MachineSaga",
     "MachineSpec",
@@ -49,9 +52,11 @@ __all__ = [
     "OrchestratedSaga",
     "Orchestration",
     "Progress",
+    "Replies",
     "ReplyHandler",
     "ReplyKind",
     "RetryPolicy",
+    "SettingKeys",
     "Step",
     "StepTimer",
     "Transition",
@@ -62,4 +67,5 @@ __all__ = [
     "mermaid",
     "on_decision",
     "on_reply",
+    "start_event",
 ]

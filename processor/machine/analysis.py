@@ -6,6 +6,7 @@ same answer.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -26,6 +27,9 @@ class MachineSpec:
         notes: Extra text per state for the diagram (e.g. the steps run in it).
         wiring: Problems the saga class found in its own handlers, reported by the lint.
         substates: The saga's own states inside a canonical one (its steps), in order.
+        ordered: States whose substates always run one after another in the listed order
+            (an orchestrated saga's COMPENSATING: its undos, last step first); the diagrams
+            chain them with arrows.
     """
 
     name: str
@@ -35,6 +39,7 @@ class MachineSpec:
     notes: Mapping[MachineState, str] = field(default_factory=dict)
     wiring: tuple[str, ...] = ()
     substates: Mapping[MachineState, tuple[str, ...]] = field(default_factory=dict)
+    ordered: frozenset[MachineState] = frozenset()
 
     def reachable(self) -> frozenset[MachineState]:
         """States reachable from the initial state."""
@@ -99,7 +104,14 @@ def mermaid(spec: MachineSpec) -> str:
         lines.append(f"    {s} --> [*]")
     for s in _order(spec.transitions.states):
         inner = spec.substates.get(s, ())
-        if inner:
+        if inner and s in spec.ordered:
+            # Run one after another (compensation: last step first): drawn as a chain.
+            lines.append(f"    state {s} {{")
+            lines.append(f"        [*] --> {inner[0]}")
+            lines.extend(f"        {a} --> {b}" for a, b in itertools.pairwise(inner))
+            lines.append(f"        {inner[-1]} --> [*]")
+            lines.append("    }")
+        elif inner:
             # The saga's own states for its steps, drawn inside the canonical one.
             lines.append(f"    state {s} {{")
             lines.extend(f"        {name}" for name in inner)

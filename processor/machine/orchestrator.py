@@ -18,10 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import timedelta
+from typing import Any, overload
 
 from processor._choices import choice_problem
 from processor.definition import saga_deadline_handler
 from processor.handles import SagaCommands, SagaDeadlines, SagaLifecycle
+from processor.machine._generated import declaration_problems, install, keep_start
 from processor.machine.analysis import MachineSpec
 from processor.machine.progress import (
     SAGA_DEADLINE,
@@ -37,6 +39,7 @@ from processor.machine.spec import orchestration_spec
 from processor.machine.states import MachineState
 from processor.machine.stepping import StepMachine
 from processor.machine.steps import DECISIONS, Decision, StepTimer
+from processor.messages import Message
 
 __all__ = [
     "SAGA_DEADLINE",
@@ -55,11 +58,31 @@ _S = MachineState
 class OrchestratedSaga(StepMachine):
     """Base class of sagas declared as ordered steps.
 
-    Subclasses set ``orchestration`` and decorate themselves with ``@saga``.
+    Subclasses set ``orchestration`` and decorate themselves with ``@saga``. The handlers the
+    orchestration declares (``Step(..., replies=...)``, ``Orchestration(start=...)``) are
+    generated as the class is created.
     """
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        install(cls)
 
     # -- called by the concrete saga's handlers -------------------------------------------
 
+    @overload
+    def begin(
+        self,
+        key: Message,
+        commands: HandlerIo,
+        /,
+        *,
+        sla: timedelta | None = None,
+        timeouts: Mapping[str, timedelta] | None = None,
+        retries: Mapping[str, RetryPolicy] | None = None,
+        late_windows: Mapping[str, timedelta] | None = None,
+    ) -> None: ...
+    @overload
     def begin(
         self,
         key: str,
@@ -71,18 +94,36 @@ class OrchestratedSaga(StepMachine):
         timeouts: Mapping[str, timedelta] | None = None,
         retries: Mapping[str, RetryPolicy] | None = None,
         late_windows: Mapping[str, timedelta] | None = None,
+    ) -> None: ...
+    def begin(
+        self,
+        key: str | Message,
+        commands: SagaCommands | HandlerIo,
+        deadlines: SagaDeadlines | None = None,
+        lifecycle: SagaLifecycle | None = None,
+        *,
+        sla: timedelta | None = None,
+        timeouts: Mapping[str, timedelta] | None = None,
+        retries: Mapping[str, RetryPolicy] | None = None,
+        late_windows: Mapping[str, timedelta] | None = None,
     ) -> None:
         """Start the first step and arm the saga deadline.
 
+        Called as ``begin(event, io)`` from a start handler that asks for ``io: HandlerIo``:
+        the event is kept on the state (see ``Orchestration.start``) and its association
+        value is the saga id. The older ``begin(saga_id, commands, deadlines, lifecycle)``
+        keeps nothing.
+
         The overrides usually come from settings (``Annotated[RetryPolicy, Setting(...)]``
-        parameters of the start handler); they are stored with the saga, so a change of
-        settings applies to sagas started after it and a running saga keeps its schedule.
+        parameters of the start handler, or ``Orchestration(settings=...)``); they are stored
+        with the saga, so a change of settings applies to sagas started after it and a
+        running saga keeps its schedule.
 
         Args:
-            key: The saga id; retry jitter is derived from it.
-            commands: The handler's commands handle.
-            deadlines: The handler's deadlines handle.
-            lifecycle: The handler's lifecycle handle.
+            key: The start event, or the saga id; retry jitter is derived from the saga id.
+            commands: The handler's :class:`HandlerIo` (with an event), or its commands handle.
+            deadlines: The handler's deadlines handle (with a saga id).
+            lifecycle: The handler's lifecycle handle (with a saga id).
             sla: Whole-saga budget overriding ``orchestration.sla`` (e.g. from a setting).
             timeouts: Step timeouts by step name overriding the declared ones.
             retries: Retry policies by step name overriding the declared ones; only for
@@ -93,7 +134,14 @@ class OrchestratedSaga(StepMachine):
             ValueError: An override names a step the orchestration does not declare, or gives
                 retries to a step that is not idempotent.
         """
-        io = HandlerIo(commands, deadlines, lifecycle)
+        if isinstance(commands, HandlerIo):
+            io = commands
+        else:
+            assert deadlines is not None, "begin(saga_id, commands, deadlines, lifecycle)"
+            assert lifecycle is not None, "begin(saga_id, commands, deadlines, lifecycle)"
+            io = HandlerIo(commands, deadlines, lifecycle)
+        if isinstance(key, Message):
+            key = keep_start(self, key)
         p = self.progress
         p.key = key
         names = {s.name for s in self.orchestration.steps}
@@ -118,7 +166,7 @@ class OrchestratedSaga(StepMachine):
         budget = sla if sla is not None else self.orchestration.sla
         if budget is not None:
             p.deadline_at = io.now + budget
-            deadlines.schedule(SAGA_DEADLINE, at=p.deadline_at)
+            io.deadlines.schedule(SAGA_DEADLINE, at=p.deadline_at)
         self._start(0, io)
 
     def reply(
@@ -176,13 +224,9 @@ class OrchestratedSaga(StepMachine):
             why = f"step {step} {kind}" + (f": {reason}" if reason else "")
             self._retry_or_compensate(current, io, why, retryable=kind == "failed")
         elif kind == "undone":
-            if self.progress.undo_queue[:1] == [step] and self.machine_state == _S.COMPENSATING:
-                io.deadlines.cancel(STEP_TIMER)
-                self.progress.undo_queue = self.progress.undo_queue[1:]
-                self.progress.undone = [*self.progress.undone, step]
-                self._next_undo(io)
-        elif self.progress.undo_queue[:1] == [step] and self.machine_state == _S.COMPENSATING:
-            self._retry_undo(self.orchestration.step(step), io, f"undo of {step} failed: {reason}")
+            self._undone(step, io)
+        else:
+            self._undo_failed(step, io, reason)
 
     # -- deadlines ---------------------------------------------------------------------------
 
@@ -217,11 +261,8 @@ class OrchestratedSaga(StepMachine):
             # Nobody reported a late success in time: treat the in-doubt steps as not landed.
             p.in_doubt = []
             self._next_undo(io)
-        elif p.undo_queue[:1] == [timer.step] and timer.attempt == p.attempt:
-            if timer.purpose == "retry":
-                self._send_undo(step, p.attempt + 1, io)
-            else:
-                self._retry_undo(step, io, f"undo of {step.name} timed out")
+        else:
+            self._undo_timer(timer, io)
 
     @saga_deadline_handler(SAGA_DEADLINE)
     def on_saga_deadline(
@@ -229,8 +270,8 @@ class OrchestratedSaga(StepMachine):
     ) -> None:
         """The whole-saga budget is spent: record TIMED_OUT, then compensate or escalate."""
         io = HandlerIo(commands, deadlines, lifecycle)
-        if self.machine_state not in (_S.RUNNING, _S.WAITING):
-            return  # compensation runs on its own budget
+        if not self._moving_forward():
+            return  # compensation runs on its own budget (also while a person decides an undo)
         self._abandon_step()
         self.progress.timed_out = True
         self.transition_to(_S.TIMED_OUT, io.now, "saga deadline passed")
@@ -257,7 +298,7 @@ class OrchestratedSaga(StepMachine):
         is still undone. A saga already compensating or finished is left as it is.
         """
         io = HandlerIo(commands, deadlines, lifecycle)
-        if self.machine_state not in (_S.RUNNING, _S.WAITING):
+        if not self._moving_forward():
             return
         self._abandon_step()
         self.progress.cancelled = True
@@ -266,8 +307,10 @@ class OrchestratedSaga(StepMachine):
     # -- a person's decision -------------------------------------------------------------
 
     def waiting_on(self) -> str | None:
-        """Why the saga waits on a person (its escalated step), for operators; else None."""
+        """Why the saga waits on a person (its escalated step or undo), for operators; else None."""
         p = self.progress
+        if p.undo_escalated is not None:
+            return p.undo_failure or f"undo of step {p.undo_escalated} escalated"
         if p.escalated is None:
             return None
         # The reason names the step already ("step ship timed out").
@@ -278,6 +321,8 @@ class OrchestratedSaga(StepMachine):
         wrong = choice_problem("decision", decision, Decision)
         if wrong is not None:
             return wrong
+        if self.progress.undo_escalated is not None and self.machine_state == _S.WAITING:
+            return self._undo_refusal(decision)
         if self.progress.escalated is None or self.machine_state != _S.WAITING:
             return "no step of this saga waits on a person's decision"
         return None
@@ -295,13 +340,20 @@ class OrchestratedSaga(StepMachine):
 
         ``"retry"`` starts the step again with a fresh retry schedule; ``"skip"`` moves on to
         the next step as if it had succeeded (nothing to undo for it); ``"compensate"`` undoes
-        what was done. A decision that comes when no step waits for one (a duplicate, or one
-        the saga deadline overtook) is recorded in ``progress.late`` and changes nothing.
+        what was done. For an undo that ran out of retries, ``"retry"`` sends the undo again
+        with a fresh ``undo_retry`` schedule, ``"skip"`` takes it as done by hand and goes on
+        undoing the earlier steps, and ``"compensate"`` is refused (see ``_resolve_undo``).
+        A decision that comes when no step waits for one (a duplicate, or one the saga deadline
+        overtook) is recorded in ``progress.late`` and changes nothing.
         """
         io = HandlerIo(commands, deadlines, lifecycle)
         p = self.progress
         if self.resolution_refusal(decision) is not None:
             p.late = [*p.late, f"decision:{decision}-ignored"]
+            return
+        if p.undo_escalated is not None:
+            said = f"{decision} decided" + (f": {reason}" if reason else "")
+            self._resolve_undo(decision, io, said)
             return
         assert p.escalated is not None
         step = self.orchestration.step(p.escalated)
@@ -345,8 +397,11 @@ class OrchestratedSaga(StepMachine):
 
     @classmethod
     def definition_problems(cls) -> list[str]:
-        """Reply handlers must name declared steps; undo replies need a step with an undo."""
-        return reply_problems(cls)
+        """Reply handlers must name declared steps; undo replies need a step with an undo.
+
+        A reply or start event is declared once, beside its step or as a handler.
+        """
+        return [*reply_problems(cls), *declaration_problems(cls)]
 
     @classmethod
     def wiring_warnings(cls) -> list[str]:

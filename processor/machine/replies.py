@@ -7,7 +7,8 @@ pass a participant's reply or a person's decision to the orchestrator. The check
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import inspect
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from processor._choices import choice_problem, did_you_mean
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from processor.machine.stepping import StepMachine
 
 __all__ = [
+    "build_handler",
     "on_decision",
     "on_reply",
     "reply_handlers",
@@ -40,10 +42,13 @@ def on_reply(
     *,
     step: str,
     kind: ReplyKind = "succeeded",
-    association_property: str,
+    association_property: str | None = None,
     reason_field: str | None = "reason",
 ) -> ReplyHandler:
     """Declare, in a saga class body, the handler of a participant's reply.
+
+    ``Step(..., replies=Replies(...))`` declares the same handlers beside the step; a reply
+    class is declared one way or the other, once.
 
     Example:
         ``on_reserved: ClassVar[ReplyHandler] = on_reply(StockReserved, step="reserve",
@@ -53,7 +58,8 @@ def on_reply(
         event_type: The reply event class.
         step: Step the reply is about.
         kind: What the reply means (see :meth:`OrchestratedSaga.reply`).
-        association_property: Field of the event holding the saga id.
+        association_property: Field of the event holding the saga id; defaults to the saga's
+            (``@saga(..., association_property=...)``).
         reason_field: Field of the event holding a failure reason, if any.
 
     Returns:
@@ -78,13 +84,13 @@ def on_reply(
         reason = getattr(event, reason_field, None) if reason_field else None
         saga.reply(step, kind, io.commands, io.deadlines, io.lifecycle, reason=reason)
 
-    return _event_handler(apply, event_type, association_property, reply_of=(step, kind))
+    return build_handler(apply, event_type, association_property, reply_of=(step, kind))
 
 
 def on_decision(
     event_type: type[Message],
     *,
-    association_property: str,
+    association_property: str | None = None,
     decision_field: str = "decision",
     reason_field: str | None = "reason",
 ) -> ReplyHandler:
@@ -95,7 +101,7 @@ def on_decision(
 
     Args:
         event_type: The decision event class.
-        association_property: Field of the event holding the saga id.
+        association_property: Field of the event holding the saga id; defaults to the saga's.
         decision_field: Field of the event holding the decision.
         reason_field: Field of the event holding why, if any.
 
@@ -116,7 +122,7 @@ def on_decision(
         reason = getattr(event, reason_field, None) if reason_field else None
         saga.resolve(decision, io.commands, io.deadlines, io.lifecycle, reason=reason)  # type: ignore[arg-type]
 
-    return _event_handler(apply, event_type, association_property)
+    return build_handler(apply, event_type, association_property)
 
 
 def _field_problems(event_type: object, **fields: str | None) -> list[str]:
@@ -137,14 +143,29 @@ def _field_problems(event_type: object, **fields: str | None) -> list[str]:
     return problems
 
 
-def _event_handler(
-    apply: Callable[[OrchestratedSaga, Any, HandlerIo], None],
+def build_handler(
+    apply: Callable[..., None],
     event_type: type[Message],
-    association_property: str,
+    association_property: str | None,
     *,
     reply_of: tuple[str, ReplyKind] | None = None,
+    start: bool = False,
+    settings: Mapping[str, Any] | None = None,
+    spelling: str | None = None,
 ) -> ReplyHandler:
-    """A handler calling ``apply``, named and marked as ``@saga_event_handler`` would leave it."""
+    """A handler calling ``apply``, named and marked as ``@saga_event_handler`` would leave it.
+
+    Args:
+        apply: Called as ``apply(saga, event, io, **settings)``.
+        event_type: The event handled.
+        association_property: Its field holding the saga id; None for the saga's.
+        reply_of: ``(step, kind)`` of a reply handler.
+        start: The event starts the saga.
+        settings: Extra parameters by name, each ``Annotated[type, Setting(...)]``: the
+            runtime resolves them as it does a hand-written handler's.
+        spelling: How the handler was declared, for messages (``"on_reply(...)"``).
+    """
+    extra = dict(settings or {})
 
     def handler(
         self: OrchestratedSaga,
@@ -152,8 +173,9 @@ def _event_handler(
         commands: SagaCommands,
         deadlines: SagaDeadlines,
         lifecycle: SagaLifecycle,
+        **configured: Any,
     ) -> None:
-        apply(self, event, HandlerIo(commands, deadlines, lifecycle))
+        apply(self, event, HandlerIo(commands, deadlines, lifecycle), **configured)
 
     if reply_of is not None:
         setattr(handler, _REPLY_OF, reply_of)
@@ -161,24 +183,38 @@ def _event_handler(
     # event type is (one handler per event type).
     handler.__name__ = f"on_{event_type.__name__}"
     handler.__qualname__ = handler.__name__
-    handler.__annotations__ = {
-        "event": event_type,
-        "commands": SagaCommands,
-        "deadlines": SagaDeadlines,
-        "lifecycle": SagaLifecycle,
-        "return": None,
-    }
+    handles = {"commands": SagaCommands, "deadlines": SagaDeadlines, "lifecycle": SagaLifecycle}
+    handler.__annotations__ = {"event": event_type, **handles, **extra, "return": None}
+    # What the runtime reads: the handles and the settings by name, no ``**configured``.
+    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    handler.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            inspect.Parameter("self", positional),
+            inspect.Parameter("event", positional, annotation=event_type),
+            *(inspect.Parameter(n, positional, annotation=t) for n, t in handles.items()),
+            *(
+                inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=t)
+                for n, t in extra.items()
+            ),
+        ],
+        return_annotation=None,
+    )
     marked: Callable[..., None] = saga_event_handler(
-        event_type, association_property=association_property
+        event_type, association_property=association_property, start=start
     )(handler)
-    tag(marked, SAGA, "on_reply(...)" if reply_of else "on_decision(...)")
+    tag(marked, SAGA, spelling or ("on_reply(...)" if reply_of else "on_decision(...)"))
     return marked
 
 
 def reply_handlers(cls: type) -> Iterator[tuple[str, str, ReplyKind]]:
     """``(handler name, step, kind)`` of every :func:`on_reply` handler of the class."""
+    seen: set[str] = set()
     for klass in cls.__mro__:
         for name, attr in vars(klass).items():
+            # The most derived definition of a name is the one the class has.
+            if name in seen:
+                continue
+            seen.add(name)
             found = getattr(attr, _REPLY_OF, None)
             if found is not None:
                 yield name, found[0], found[1]
@@ -225,6 +261,6 @@ def wiring_warnings(cls: type[StepMachine]) -> list[str]:
         if step.compensation is not None and "undone" not in seen:
             warnings.append(
                 f"step {step.name!r} has a compensation but no on_reply(..., kind='undone') "
-                "handler: every undo waits for its timeout and ends COMPENSATION_FAILED"
+                "handler: every undo waits for its timeouts and is escalated to a person"
             )
     return warnings

@@ -24,11 +24,15 @@ _S = MachineState
 def orchestration_spec(cls: type[OrchestratedSaga]) -> MachineSpec:
     """Describe the machine ``cls``'s orchestration actually uses."""
     o = cls.orchestration
-    used = {_S.NEW, _S.COMPENSATING, _S.COMPLETED, _S.FAILED, _S.COMPENSATION_FAILED}
+    used = {_S.NEW, _S.COMPENSATING, _S.COMPLETED, _S.FAILED}
     if any(not s.waits_for_person for s in o.steps):
         used.add(_S.RUNNING)
     escalating = [s.name for s in o.steps if s.on_exhausted == "escalate"]
-    if o.has_waiting or escalating:
+    # Compensation runs last step first; an undo out of retries waits on a person (WAITING).
+    undoing = [s for s in reversed(o.steps) if s.compensation is not None]
+    if undoing:
+        used.add(_S.COMPENSATED)
+    if o.has_waiting or escalating or undoing:
         used.add(_S.WAITING)
     if o.sla is not None:
         used.add(_S.TIMED_OUT)
@@ -39,7 +43,7 @@ def orchestration_spec(cls: type[OrchestratedSaga]) -> MachineSpec:
         _S.WAITING: frozenset({STEP_TIMER, *saga_timer}),
         _S.COMPENSATING: frozenset({STEP_TIMER}),
     }
-    ending = {_S.COMPLETED, _S.FAILED, _S.COMPENSATION_FAILED}
+    ending = {_S.COMPLETED, _S.COMPENSATED, _S.FAILED}
     if o.on_saga_timeout == "escalate":
         ending.add(_S.TIMED_OUT)
 
@@ -50,9 +54,19 @@ def orchestration_spec(cls: type[OrchestratedSaga]) -> MachineSpec:
     notes = {
         _S.RUNNING: listing("steps", [s.name for s in o.steps if not s.waits_for_person]),
         _S.WAITING: "; ".join(
-            part for part in (listing("waits for", waits), listing("escalates", escalating)) if part
+            part
+            for part in (
+                listing("waits for", waits),
+                listing("escalates", escalating),
+                listing("undo escalates", [s.name for s in undoing]),
+            )
+            if part
         ),
-        _S.COMPENSATING: listing("undo", [s.name for s in o.steps if s.compensation]),
+        _S.COMPENSATING: (
+            "undo " + ", then ".join(s.name for s in undoing) + " (last step first)"
+            if undoing
+            else ""
+        ),
     }
     return MachineSpec(
         name=_saga_name(cls),
@@ -70,9 +84,12 @@ def orchestration_spec(cls: type[OrchestratedSaga]) -> MachineSpec:
                     tuple(s.state_name for s in o.steps if s.waits_for_person)
                     + tuple(
                         f"{s.state_name}_ESCALATED" for s in o.steps if s.on_exhausted == "escalate"
-                    ),
+                    )
+                    + tuple(f"{s.state_name}_UNDO_ESCALATED" for s in undoing),
                 ),
+                (_S.COMPENSATING, tuple(f"{s.state_name}_UNDO" for s in undoing)),
             )
             if names and state in used
         },
+        ordered=frozenset({_S.COMPENSATING}),
     )

@@ -34,13 +34,19 @@ class MachineState(StrEnum):
     WAITING = "WAITING"
     COMPENSATING = "COMPENSATING"
     COMPLETED = "COMPLETED"
+    COMPENSATED = "COMPENSATED"
     FAILED = "FAILED"
     COMPENSATION_FAILED = "COMPENSATION_FAILED"
     TIMED_OUT = "TIMED_OUT"
 
 
 TERMINAL_STATES = frozenset(
-    {MachineState.COMPLETED, MachineState.FAILED, MachineState.COMPENSATION_FAILED}
+    {
+        MachineState.COMPLETED,
+        MachineState.COMPENSATED,
+        MachineState.FAILED,
+        MachineState.COMPENSATION_FAILED,
+    }
 )
 """States nothing leaves. TIMED_OUT is not among them: a policy usually moves on from it."""
 
@@ -132,7 +138,10 @@ ORCHESTRATED_TRANSITIONS = Transitions.of(
         _S.NEW: {_S.RUNNING, _S.WAITING, _S.FAILED},
         _S.RUNNING: {_S.WAITING, _S.COMPENSATING, _S.COMPLETED, _S.FAILED, _S.TIMED_OUT},
         _S.WAITING: {_S.RUNNING, _S.COMPENSATING, _S.COMPLETED, _S.FAILED, _S.TIMED_OUT},
-        _S.COMPENSATING: {_S.FAILED, _S.COMPENSATION_FAILED},
+        # COMPENSATED once every undo ran; FAILED when compensation found nothing to undo (only
+        # steps in doubt that never landed); WAITING on a person when an undo ran out of retries.
+        # COMPENSATION_FAILED is not among them: the orchestrator always asks a person.
+        _S.COMPENSATING: {_S.COMPENSATED, _S.FAILED, _S.WAITING},
         _S.TIMED_OUT: {_S.COMPENSATING, _S.FAILED},
     }
 )

@@ -123,6 +123,8 @@ class StepMachine(MachineSaga):
             outcome = SagaOutcome.TIMED_OUT
         elif state == _S.COMPLETED:
             outcome = SagaOutcome.COMPLETED
+        elif state == _S.COMPENSATED:
+            outcome = SagaOutcome.COMPENSATED
         else:
             outcome = SagaOutcome.FAILED
         io.lifecycle.end(outcome)
@@ -230,7 +232,8 @@ class StepMachine(MachineSaga):
         p.in_doubt = [n for n in p.in_doubt if n != step.name]
         p.late = [*p.late, f"{step.name}:undo"]
         p.completed = [*p.completed, step.name]
-        if p.undo_queue and self.machine_state == _S.COMPENSATING:
+        if p.undo_queue:
+            # Compensating, or waiting on a person about the undo at the head of the queue.
             p.undo_queue = [p.undo_queue[0], step.name, *p.undo_queue[1:]]
         else:
             p.undo_queue = [step.name]
@@ -257,16 +260,22 @@ class StepMachine(MachineSaga):
         if p.undo_queue:
             self._send_undo(self.orchestration.step(p.undo_queue[0]), 1, io)
         elif p.in_doubt:
+            p.state = None
             steps = [self.orchestration.step(n) for n in p.in_doubt]
             window = max(self._late_window(s) for s in steps)
             timer = StepTimer(step=steps[0].name, phase="undo", purpose="late", attempt=0)
             io.deadlines.schedule(STEP_TIMER, at=io.now + window, payload=timer)
         else:
-            self.transition_to(_S.FAILED, io.now, "compensation finished")
+            # COMPENSATED once an undo ran; FAILED when the only steps left were in doubt and
+            # none of them turned out to have landed (nothing was undone).
+            p.state = None
+            target = _S.COMPENSATED if p.undone else _S.FAILED
+            self.transition_to(target, io.now, "compensation finished")
             self._end(io)
 
     def _send_undo(self, step: Step, attempt: int, io: HandlerIo) -> None:
         assert step.compensation is not None
+        self.progress.state = f"{step.state_name}_UNDO"
         self.progress.attempt = attempt
         due = io.now + (step.undo_timeout or step.timeout)
         io.commands.send(self._command(step.compensation, attempt, io), deadline=due)
@@ -282,10 +291,117 @@ class StepMachine(MachineSaga):
             timer = StepTimer(step=step.name, phase="undo", purpose="retry", attempt=p.attempt)
             io.deadlines.schedule(STEP_TIMER, at=at, payload=timer)
             return
-        p.reason = why
-        self.transition_to(_S.COMPENSATION_FAILED, io.now, why)
+        self._escalate_undo(step, io, why)
+
+    # -- an undo a person decides ------------------------------------------------------------
+
+    def _compensating(self) -> bool:
+        """Whether compensation runs (not paused on a person)."""
+        return self.machine_state == _S.COMPENSATING and self.progress.undo_escalated is None
+
+    def _moving_forward(self) -> bool:
+        """Whether forward steps run or wait (what the saga deadline and a cancel stop)."""
+        return (
+            self.machine_state in (_S.RUNNING, _S.WAITING) and self.progress.undo_escalated is None
+        )
+
+    def _escalate_undo(self, step: Step, io: HandlerIo, why: str) -> None:
+        """Hand a failed undo to a person: WAITING, compensation paused, a reminder armed.
+
+        The undo stays at the head of the queue; ``saga resolve ... retry`` sends it again and
+        ``skip`` takes it as done by hand (see :meth:`_resolve_undo`).
+        """
+        p = self.progress
+        p.undo_escalated = step.name
+        p.undo_failure = why
+        p.state = f"{step.state_name}_UNDO_ESCALATED"
+        self.transition_to(_S.WAITING, io.now, f"undo of {step.name} escalated: {why}")
         self._escalate(io, "compensation-failed", step, why)
-        self._end(io)
+        self._arm_undo_reminder(step, io)
+
+    def _arm_undo_reminder(self, step: Step, io: HandlerIo) -> None:
+        timer = StepTimer(
+            step=step.name, phase="undo", purpose="escalated", attempt=self.progress.attempt
+        )
+        io.deadlines.schedule(STEP_TIMER, at=io.now + step.escalation_timeout, payload=timer)
+
+    def _undo_timer(self, timer: StepTimer, io: HandlerIo) -> None:
+        """The undo's reply timeout, retry backoff or (while a person decides) reminder."""
+        p = self.progress
+        step = self.orchestration.step(timer.step)
+        if p.undo_queue[:1] != [timer.step] or timer.attempt != p.attempt:
+            return
+        if p.undo_escalated is not None:
+            if timer.purpose == "escalated" and p.undo_escalated == step.name:
+                self._escalate(io, "still-waiting", step, p.undo_failure or "")
+                self._arm_undo_reminder(step, io)
+        elif timer.purpose == "retry":
+            self._send_undo(step, p.attempt + 1, io)
+        elif timer.purpose == "timeout":
+            self._retry_undo(step, io, f"undo of {step.name} timed out")
+
+    def _undone(self, name: str, io: HandlerIo) -> None:
+        """A participant says the undo of step ``name`` is done."""
+        p = self.progress
+        if p.undo_queue[:1] != [name]:
+            return
+        if p.undo_escalated == name:
+            # The undo landed after all while a person was asked about it: nothing to decide.
+            p.late = [*p.late, f"{name}:undone-while-escalated"]
+            self._resume_compensation(io, f"undo of {name} reported done")
+        elif not self._compensating():
+            return
+        io.deadlines.cancel(STEP_TIMER)
+        p.undo_queue = p.undo_queue[1:]
+        p.undone = [*p.undone, name]
+        self._next_undo(io)
+
+    def _undo_failed(self, name: str, io: HandlerIo, reason: str | None) -> None:
+        """A participant says the undo of step ``name`` failed."""
+        p = self.progress
+        if p.undo_queue[:1] != [name]:
+            return
+        if p.undo_escalated == name:
+            p.late = [*p.late, f"{name}:undo-failed-while-escalated"]
+        elif self._compensating():
+            self._retry_undo(self.orchestration.step(name), io, f"undo of {name} failed: {reason}")
+
+    def _resume_compensation(self, io: HandlerIo, why: str) -> None:
+        p = self.progress
+        p.undo_escalated = None
+        p.undo_failure = None
+        p.state = None
+        self.transition_to(_S.COMPENSATING, io.now, why)
+
+    def _undo_refusal(self, decision: str) -> str | None:
+        """Why ``decision`` cannot apply to the escalated undo, or None when it can."""
+        if decision == "compensate":
+            return (
+                f"the saga is already compensating: the undo of step {self.progress.undo_escalated}"
+                " waits on a person; decide retry (send the undo again) or skip (it was undone "
+                "by hand, compensation goes on)"
+            )
+        return None
+
+    def _resolve_undo(self, decision: str, io: HandlerIo, said: str) -> None:
+        """A person's decision about the escalated undo: ``retry`` or ``skip``.
+
+        ``retry`` sends the undo again with a fresh ``undo_retry`` schedule; ``skip`` takes it
+        as done by hand (``progress.undone_by_hand``) and goes on with the earlier steps' undos.
+        """
+        p = self.progress
+        name = p.undo_escalated
+        assert name is not None
+        step = self.orchestration.step(name)
+        io.deadlines.cancel(STEP_TIMER)
+        self._resume_compensation(io, f"undo of {name}: {said}")
+        if decision == "retry":
+            self._send_undo(step, 1, io)
+            return
+        p.undo_queue = p.undo_queue[1:]
+        p.undone = [*p.undone, name]
+        p.undone_by_hand = [*p.undone_by_hand, name]
+        self._next_undo(io)
 
     def _escalate(self, io: HandlerIo, reason: str, step: Step | None, detail: str) -> None:
         escalation = Escalation(

@@ -11,12 +11,14 @@ import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Generic, Literal, Protocol, cast
 
 from pydantic import BaseModel, ConfigDict
+from typing_extensions import TypeVar
 
-from processor._choices import choice_problem
+from processor._choices import choice_problem, did_you_mean
 from processor.errors import SagaDefinitionError
+from processor.machine._declared import UNDO_FIELDS, Replies, SettingKeys
 from processor.machine.retry import NO_RETRY, RetryPolicy
 from processor.messages import Message
 
@@ -49,13 +51,34 @@ class Attempt:
     remaining: timedelta | None
 
 
-CommandFactory = Callable[[Any], Message] | Callable[[Any, Attempt], Message]
+S = TypeVar("S", default=Any)
+"""The saga class a step's builders receive: ``Orchestration["TripSaga"](...)`` types them."""
+_S_contra = TypeVar("_S_contra", contravariant=True, default=Any)
+
+
+class AttemptFactory(Protocol[_S_contra]):
+    """A command builder that also takes the :class:`Attempt`: ``factory(saga, attempt)``."""
+
+    def __call__(self, saga: _S_contra, attempt: Attempt, /) -> Message:
+        """Build the command."""
+        ...
+
+
+# One plain callable in the union, so mypy types a lambda builder's parameter from it (it
+# infers nothing from a union of two callables); the attempt-taking form is a protocol, which
+# a function matches. A lambda taking the attempt is not inferred: write it as a function.
+CommandFactory = Callable[[S], Message] | AttemptFactory[S]
 """``factory(saga)`` or ``factory(saga, attempt)``: builds a step's command from the state."""
 
 
-@functools.cache
-def takes_attempt(factory: Callable[..., Any]) -> bool:
+def takes_attempt(factory: CommandFactory[Any]) -> bool:
     """Whether ``factory`` accepts a second positional argument (the :class:`Attempt`)."""
+    # A function is hashable; mypy does not know a callback protocol's instances are.
+    return _takes_attempt(cast("Callable[..., Any]", factory))
+
+
+@functools.cache
+def _takes_attempt(factory: Callable[..., Any]) -> bool:
     try:
         params = list(inspect.signature(factory).parameters.values())
     except (TypeError, ValueError):
@@ -83,8 +106,11 @@ DEFAULT_UNDO_RETRY = RetryPolicy(
 
 
 @dataclass(frozen=True)
-class Step:
+class Step(Generic[S]):
     """One forward step of an orchestrated saga.
+
+    Generic in the saga class its builders receive (``Step[TripSaga]``, usually inferred from
+    ``Orchestration["TripSaga"](...)``), so mypy checks what a builder reads from the saga.
 
     Attributes:
         name: Unique within the saga; names the step in replies, timers and history.
@@ -120,6 +146,10 @@ class Step:
             ``"AWAITING_FRAUD_REVIEW"``), drawn by ``diagram`` inside the canonical RUNNING or
             WAITING state and kept in ``progress.state``; defaults to the step's name in
             capitals.
+        replies: The reply classes that move the step, by what they mean
+            (``Replies(succeeded=HotelReserved, rejected=HotelUnavailable,
+            undone=HotelCancelled)``); the saga class generates their handlers. Replies can
+            also be declared with ``on_reply`` in the class body, but each class only once.
 
     Raises:
         SagaDefinitionError: A field's value is invalid (an unknown policy, a duration that is
@@ -127,8 +157,8 @@ class Step:
     """
 
     name: str
-    action: CommandFactory
-    compensation: CommandFactory | None = None
+    action: CommandFactory[S]
+    compensation: CommandFactory[S] | None = None
     timeout: timedelta = timedelta(seconds=30)
     retry: RetryPolicy = NO_RETRY
     idempotent: bool = False
@@ -143,6 +173,7 @@ class Step:
     escalation_timeout: timedelta = timedelta(days=1)
     breaker_wait: timedelta = timedelta(seconds=30)
     state: str | None = None
+    replies: Replies = field(default_factory=Replies)
 
     def __post_init__(self) -> None:
         # Each field on its own, so a typo fails at this ``Step(...)`` line; how the fields
@@ -181,6 +212,15 @@ class Step:
         for what, value in (("min_budget", self.min_budget), ("late_window", self.late_window)):
             if not isinstance(value, timedelta):
                 problems.append(f"{what} must be a timedelta, not {value!r}")
+        if not isinstance(self.replies, Replies):
+            problems.append(f"replies must be Replies(succeeded=..., ...), not {self.replies!r}")
+        elif self.compensation is None:
+            problems.extend(
+                f"replies: {kind}={cls.__name__} reports an undo, but the step declares no "
+                "compensation"
+                for cls, _, kind in self.replies.declared()
+                if kind in UNDO_FIELDS
+            )
         if problems:
             raise SagaDefinitionError(problems, subject=f"step {self.name!r}")
 
@@ -214,7 +254,7 @@ class Escalation(BaseModel):
     detail: str
 
 
-EscalationFactory = Callable[[Any, Escalation], Message]
+EscalationFactory = Callable[[S, Escalation], Message]
 
 
 class StepTimer(BaseModel):
@@ -238,8 +278,12 @@ class StepTimer(BaseModel):
 
 
 @dataclass(frozen=True)
-class Orchestration:
+class Orchestration(Generic[S]):
     """The ordered steps of a saga and its saga-wide policies.
+
+    Generic in the saga class, so that ``Orchestration["TripSaga"](steps=(Step("flight",
+    action=lambda t: ReserveFlight(trip_id=t.trip.trip_id)), ...))`` has mypy check what each
+    builder reads; ``Orchestration(...)`` alone leaves the builders untyped.
 
     Attributes:
         steps: Forward steps in order.
@@ -248,13 +292,21 @@ class Orchestration:
             to a person and stop, or fail (stop without undoing anything).
         escalation: Builds the command sent to a person (compensation failed, an approval timed
             out, or the saga timed out under the escalate policy).
+        start: The event that starts the saga. The saga class then generates its start
+            handler: it keeps the event on the state (in the field typed with its class, and in
+            the fields named like the event's) and calls ``begin``. None when the saga writes
+            its own start handler.
+        settings: The settings the generated start handler reads the saga deadline, step
+            timeouts, retry policies and late windows from (see :class:`SettingKeys`).
     """
 
-    steps: Sequence[Step]
-    escalation: EscalationFactory
+    steps: Sequence[Step[S]]
+    escalation: EscalationFactory[S]
     sla: timedelta | None = None
     on_saga_timeout: SagaTimeoutPolicy = "compensate"
-    _by_name: dict[str, Step] = field(init=False, repr=False, compare=False)
+    start: type[Message] | None = None
+    settings: SettingKeys = field(default_factory=SettingKeys)
+    _by_name: dict[str, Step[S]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         strays = [f"{s!r} is not a Step" for s in self.steps if not isinstance(s, Step)]
@@ -269,7 +321,7 @@ class Orchestration:
             problems.append(f"step names must be unique; repeated: {dupes}")
         states = [s.state_name for s in self.steps]
         canonical = {"NEW", "RUNNING", "WAITING", "COMPENSATING", "COMPLETED", "FAILED"}
-        canonical |= {"COMPENSATION_FAILED", "TIMED_OUT"}
+        canonical |= {"COMPENSATED", "COMPENSATION_FAILED", "TIMED_OUT"}
         clashes = sorted({n for n in states if states.count(n) > 1 or n in canonical})
         if clashes:
             problems.append(
@@ -300,9 +352,50 @@ class Orchestration:
             problems.append(f"sla must be a timedelta or None, not {self.sla!r}")
         elif self.sla is not None and self.sla <= timedelta(0):
             problems.append("sla must be positive")
+        problems.extend(self._declaration_problems())
         if problems:
             raise SagaDefinitionError(problems, subject="orchestration")
         object.__setattr__(self, "_by_name", {s.name: s for s in self.steps})
+
+    def _declaration_problems(self) -> list[str]:
+        """A reply class moves one step one way; settings name declared steps."""
+        problems = []
+        start = self.start
+        if start is not None and not (isinstance(start, type) and issubclass(start, Message)):
+            problems.append(f"start={start!r} must be the start event's class")
+            start = None
+        where: dict[type[Message], str] = {} if start is None else {start: "start="}
+        for s in self.steps:
+            for cls, _, kind in s.replies.declared() if isinstance(s.replies, Replies) else ():
+                here = f"Step({s.name!r}, replies=Replies({kind}=...))"
+                if cls in where:
+                    problems.append(
+                        f"{cls.__name__} is declared twice, by {where[cls]} and by {here}; "
+                        "a message moves one step one way, so keep one"
+                    )
+                where.setdefault(cls, here)
+        if not isinstance(self.settings, SettingKeys):
+            return [*problems, f"settings must be SettingKeys(...), not {self.settings!r}"]
+        if self.settings != SettingKeys() and start is None:
+            problems.append(
+                "settings= are read by the generated start handler: declare start=EventClass, "
+                "or read them in your own start handler and pass them to begin()"
+            )
+        if self.settings.sla is not None and self.sla is None:
+            problems.append("settings: sla= is read from a setting, so declare a default sla=")
+        steps = {s.name: s for s in self.steps}
+        for what, name, _ in self.settings.by_step():
+            if name not in steps:
+                problems.append(
+                    f"settings: {what} for step {name!r}, which the orchestration does not "
+                    f"declare{did_you_mean(name, steps)}"
+                )
+            elif what == "retries" and not steps[name].idempotent:
+                problems.append(
+                    f"settings: retries for step {name!r}, which is not idempotent; mark it "
+                    "idempotent=True or read no retry policy for it"
+                )
+        return problems
 
     def step(self, name: str) -> Step:
         """Return the step called ``name``."""

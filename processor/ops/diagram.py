@@ -13,7 +13,7 @@ from typing import Any
 from processor.application import SagaApp, import_target
 from processor.definition import definition_of
 from processor.errors import SagaDefinitionError, SagaError
-from processor.machine import MachineSaga, MachineSpec
+from processor.machine import MachineSaga, MachineSpec, MachineState
 
 __all__ = ["load_spec", "svg"]
 
@@ -66,12 +66,18 @@ def _saga_type(cls: type[Any]) -> str:
         return cls.__name__
 
 
-def svg(spec: MachineSpec, current: str | None = None) -> str:
+def svg(spec: MachineSpec, current: str | None = None, substate: str | None = None) -> str:
     """The machine as an SVG drawing, ``current`` highlighted (for the web console).
 
     States are laid out in columns by their distance from the initial state, so the drawing
     reads left to right the way a saga runs; each state is a ``<g class="state">`` with a
     ``data-state`` attribute, and the current one has the class ``current`` as well.
+
+    Below them, one lane per state that has the saga's own states inside it (its steps), each
+    a ``<g class="substate">`` with ``data-substate`` and ``data-in`` (the canonical state), in
+    the spec's order; ``substate`` (the saga's ``progress.state``) is highlighted when it is
+    inside ``current``. The lanes of ordered states (an orchestrated saga's COMPENSATING) are
+    chained with arrows in the order they run: the undos, last step first.
     """
     states = spec.transitions.states
     depth = {spec.transitions.initial: 0}
@@ -94,6 +100,17 @@ def svg(spec: MachineSpec, current: str | None = None) -> str:
             pos[name] = (20 + col * (w + gap_x), 20 + row * (h + gap_y))
     width = 40 + len(columns) * (w + gap_x)
     height = 40 + max(len(n) for n in columns.values()) * (h + gap_y)
+    lanes = [
+        (str(s), spec.substates[s], s in spec.ordered)
+        for s in _ordered(spec.substates)
+        if spec.substates[s] and s in states
+    ]
+    sub_w, sub_h, sub_gap, label_w = 190, 28, 30, 140
+    lanes_top = height
+    if lanes:
+        longest = max(len(inner) for _, inner, _ in lanes)
+        width = max(width, 20 + label_w + longest * (sub_w + sub_gap) + 20)
+        height += len(lanes) * (sub_h + 22) + 10
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="machine" width="100%" '
         f'style="max-width: {width}px" viewBox="0 0 {width} {height}" role="img" '
@@ -129,5 +146,35 @@ def svg(spec: MachineSpec, current: str | None = None) -> str:
             f'font-family="sans-serif" font-size="13" fill="{color}"{weight}>'
             f"{escape(name)}</text></g>"
         )
+    for lane, (state, inner, ordered) in enumerate(lanes):
+        y = lanes_top + lane * (sub_h + 22)
+        out.append(
+            f'<text x="20" y="{y + sub_h // 2 + 4}" font-family="sans-serif" font-size="12" '
+            f'fill="#556">{escape(state)}{" (in order)" if ordered else ""}</text>'
+        )
+        for i, name in enumerate(inner):
+            x = 20 + label_w + i * (sub_w + sub_gap)
+            if ordered and i:
+                out.append(
+                    f'<line x1="{x - sub_gap}" y1="{y + sub_h // 2}" x2="{x}" '
+                    f'y2="{y + sub_h // 2}" stroke="#99a" stroke-width="1.5" '
+                    'marker-end="url(#arrow)"/>'
+                )
+            here = name == substate and state == current
+            fill, stroke = ("#ffd54f", "#e65100") if here else ("#f6f6fb", "#889")
+            out.append(
+                f'<g class="substate{" current-substate" if here else ""}" '
+                f'data-substate="{escape(name)}" data-in="{escape(state)}">'
+                f'<rect x="{x}" y="{y}" width="{sub_w}" height="{sub_h}" rx="6" fill="{fill}" '
+                f'stroke="{stroke}" stroke-width="{2 if here else 1}"/>'
+                f'<text x="{x + sub_w // 2}" y="{y + sub_h // 2 + 4}" text-anchor="middle" '
+                f'font-family="sans-serif" font-size="11" fill="#223">{escape(name)}</text></g>'
+            )
     out.append("</svg>")
     return "\n".join(out)
+
+
+def _ordered(states: Any) -> list[Any]:
+    """``states`` in the order the machine's states are declared (NEW, RUNNING, ...)."""
+    rank = {s: i for i, s in enumerate(MachineState)}
+    return sorted(states, key=lambda s: rank.get(s, len(rank)))

@@ -1,7 +1,10 @@
 """Operator view of state machine sagas: how many sit in each state, and for how long.
 
 Age in a state is the signal: a RUNNING count whose oldest age keeps growing means step timers
-are not firing; any TIMED_OUT or COMPENSATION_FAILED row is work for a person.
+are not firing; any TIMED_OUT or COMPENSATION_FAILED row is work for a person. Ended sagas count
+under their outcome: COMPENSATED (undone cleanly) and FAILED (nothing undone) need nobody. An
+orchestrated saga whose undo ran out of retries is not COMPENSATION_FAILED: it stays WAITING on a
+person (``parked`` lists it with the failed undo) until ``saga resolve ... retry|skip``.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ _C = TypeVar("_C", bound=type)
 
 # Parameters the kit injects per command; anything else unknown is a registered dependency.
 _KIT_HANDLES: dict[type, str] = {Replies: "replies", Sql: "sql"}
-_SAGA_ONLY = ("commands", "deadlines", "lifecycle")
+_SAGA_ONLY = ("commands", "deadlines", "lifecycle", "handles")
 
 
 @dataclass(frozen=True)

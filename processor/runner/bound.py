@@ -87,7 +87,18 @@ class BoundSaga:
             for name, params in self._resolved.items()
         }
         self._payloads = {
-            name: tuple(p for p in params if not p.constant and p.param.kind not in _SLOTS)
+            name: tuple(
+                p
+                for p in params
+                if not p.constant and p.param.kind not in _SLOTS and p.param.kind != "handles"
+            )
+            for name, params in self._resolved.items()
+        }
+        # Parameters taking the three handles in one object (``io: HandlerIo``), built per run.
+        self._bundles = {
+            name: tuple(
+                (p.param.name, p.param.annotation) for p in params if p.param.kind == "handles"
+            )
             for name, params in self._resolved.items()
         }
         self._registry = registry
@@ -292,6 +303,8 @@ class BoundSaga:
                 kwargs[param] = values[slot]
             for p in self._payloads[name]:
                 kwargs[p.param.name] = _payload(p, deadline)
+            for param, bundle in self._bundles[name]:
+                kwargs[param] = bundle(commands, deadlines, lifecycle)
             handler.func(working, **kwargs)
             # Re-validates every field the handler may have set (see SagaState); the validator
             # itself, as model_validate() calls it with default arguments.

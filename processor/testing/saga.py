@@ -369,7 +369,9 @@ class SagaFixture:
         """An operator's ``saga resolve``: a decision for a step escalated to a person.
 
         Args:
-            decision: ``"retry"``, ``"skip"`` or ``"compensate"``.
+            decision: ``"retry"``, ``"skip"`` or ``"compensate"``; for an undo escalated after
+                its retries, ``"retry"`` (send it again) or ``"skip"`` (undone by hand; the
+                earlier undos follow), ``"compensate"`` being refused.
             reason: Why, as recorded in the history.
 
         Raises:

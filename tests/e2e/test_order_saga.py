@@ -259,7 +259,7 @@ def test_expired_capture_is_not_run_and_the_saga_compensates(order_env: OrderEnv
     [declined] = [m for m in events.records if events.headers(m).get("causation-id") == mid]
     assert EXPIRED.encode() in declined.value()
     # The saga's own timer compensated; the declared reply settles the step it was unsure of.
-    env.wait_machine(oid, "FAILED", "ended")
+    env.wait_machine(oid, "COMPENSATED", "ended")
     [(state,)] = query(env.db, env.schema, "SELECT state FROM saga_instance")
     assert state["progress"]["late"] == ["pay:rejected-resolved"]
     assert env.svc("SELECT outcome FROM inbox WHERE message_id = %s", mid) == [("expired",)]
@@ -282,17 +282,17 @@ def test_payment_timeout_compensates_and_a_late_capture_is_refunded(order_env: O
     _expect(commands, oid, flow)()
     env.wait_machine(oid, "COMPENSATING")
     env.reply(oid, StockReleased(order_id=oid))
-    # The capture landed after all: it is refunded, then the saga fails cleanly.
+    # The capture landed after all: it is refunded, then the saga ends COMPENSATED.
     env.reply(oid, PaymentCaptured(order_id=oid))
     _expect(commands, oid, [*flow, "orders.RefundPayment"])()
     env.reply(oid, PaymentRefunded(order_id=oid))
-    env.wait_machine(oid, "FAILED", "ended")
+    env.wait_machine(oid, "COMPENSATED", "ended")
     [(state,)] = query(env.db, env.schema, "SELECT state FROM saga_instance")
     assert state["progress"]["late"] == ["pay:undo"]
     assert [t["target"] for t in state["machine"]["transitions"]] == [
         "RUNNING",
         "COMPENSATING",
-        "FAILED",
+        "COMPENSATED",
     ]
 
 

@@ -1,7 +1,9 @@
 """`saga resolve`, `saga terminate` and `saga cancel` from the CLI, on real Kafka and PostgreSQL.
 
 The order saga's shipping step fails twice (its retry schedule comes from a setting) and is
-escalated to a person; `saga resolve ... skip` completes it. `saga terminate` is refused without
+escalated to a person; `saga resolve ... skip` completes it. Its refund fails past its undo
+retries and waits on a person; `saga resolve ... compensate` is refused there, and `skip` goes on
+with the stock release. `saga terminate` is refused without
 `--force` and ends an order without compensation with it; `saga cancel` of the transfer saga
 before its debit is confirmed reverses the debit. Each command waits for the processor's
 outcome and says it in its exit code.
@@ -14,6 +16,7 @@ import shlex
 import uuid
 from datetime import timedelta
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 import pytest
@@ -36,9 +39,12 @@ from sagas.transfer import TransferSaga
 from schemas.orders import (
     EscalateToPerson,
     FraudReviewApproved,
+    FraudReviewRejected,
     OrderPlaced,
     PaymentCaptured,
+    RefundFailed,
     ShipmentFailed,
+    StockReleased,
     StockReserved,
 )
 from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC, TransferRequested
@@ -160,6 +166,71 @@ def test_an_escalated_step_is_resolved_and_terminate_needs_force(
         assert o.row(other)[1] == "TERMINATED"  # type: ignore[index]
         [(state,)] = o.db("SELECT state FROM saga_instance WHERE saga_id = %s", other)
         assert state["machine"]["state"] == "RUNNING"
+    finally:
+        escalations.close()
+
+
+def test_an_escalated_undo_is_resolved_from_the_cli(
+    orders: Orders, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refund fails past its undo retries: the saga waits; `compensate` is refused, `skip`
+    (refunded by hand) goes on with the stock release, and the saga ends COMPENSATED."""
+    o, order = orders, f"o-{uuid.uuid4().hex[:8]}"
+
+    def cli(line: str) -> int:
+        return _cli(o.settings, monkeypatch, line)
+
+    def progress() -> dict[str, Any]:
+        [(state,)] = o.db("SELECT state FROM saga_instance WHERE saga_id = %s", order)
+        return dict(state["progress"])
+
+    def attempted(n: int) -> bool:
+        return int(progress()["attempt"]) >= n
+
+    escalations = Reader(kafka_bootstrap, [o.settings.topic_prefix + "escalations"])
+    try:
+        with running(o.settings):
+            o.place(order)
+            for version, reply in enumerate((StockReserved, PaymentCaptured), 2):
+                o.send(reply(order_id=order), order)
+                o.wait_version(order, version)
+            o.send(FraudReviewRejected(order_id=order, reason="stolen card"), order)
+            wait_until_state(o, order, "COMPENSATING")
+            # Five refund attempts fail; each backoff (seconds to minutes) is made due now.
+            for attempt in range(1, 6):
+                wait_until(partial(attempted, attempt), what=f"refund attempt {attempt}")
+                version = o.row(order)[2]  # type: ignore[index]
+                o.send(RefundFailed(order_id=order, reason="provider down"), order)
+                o.wait_version(order, version + 1)  # the failure applied: a backoff is armed
+                if attempt < 5:
+                    retry = f"deadlines fire-now {SAGA_TYPE} {order} machine.step --reason now"
+                    assert cli(retry) == 0
+            wait_until_state(o, order, "WAITING")
+            assert progress()["undo_escalated"] == "pay"
+            [(waiting,)] = o.db("SELECT parked_reason FROM saga_instance WHERE saga_id = %s", order)
+            assert "undo of pay failed: provider down" in waiting
+            refused = f"saga resolve {SAGA_TYPE} {order} compensate --reason 'undo it'"
+            assert cli(refused) == 1
+            assert cli(f"saga resolve {SAGA_TYPE} {order} skip --reason 'refunded by hand'") == 0
+            wait_until_state(o, order, "COMPENSATING")
+            o.send(StockReleased(order_id=order), order)
+            o.wait_status(order, "ended")
+        assert o.row(order)[:2] == ("ended", "COMPENSATED")  # type: ignore[index]
+        [(state,)] = o.db("SELECT state FROM saga_instance WHERE saga_id = %s", order)
+        assert state["progress"]["undone"] == ["pay", "reserve"]
+        assert state["progress"]["undone_by_hand"] == ["pay"]
+        trail = o.db(
+            "SELECT outcome, detail FROM saga_history "
+            "WHERE saga_id = %s AND message_type = 'operator:resolve' ORDER BY id",
+            order,
+        )
+        assert [t for t, _ in trail] == ["operator-refused", "applied"]
+        assert "already compensating" in trail[0][1]
+        escalations.wait_for(lambda rs: len(rs) >= 1, what="the escalation")
+        told = [EscalateToPerson.model_validate_json(e.value() or b"") for e in escalations.records]
+        assert [(t.reason, t.step, t.machine_state) for t in told] == [
+            ("compensation-failed", "pay", "WAITING")
+        ]
     finally:
         escalations.close()
 

@@ -67,7 +67,7 @@ def test_show_json_lists_a_timed_out_and_compensated_order_step_by_step(
         o.wait_status(order, "ended")
     shown = _show(o, order, capsys, monkeypatch)
     assert shown["saga"]["status"] == "ended"
-    assert shown["saga"]["machine_state"] == "FAILED"
+    assert shown["saga"]["machine_state"] == "COMPENSATED"
     steps = [(t["message_type"], t["outcome"], t["version"]) for t in shown["timeline"]]
     assert steps[0] == ("orders.OrderPlaced", "applied", 1)
     assert steps[1] == ("orders.StockReserved", "applied", 2)

@@ -20,7 +20,7 @@ from processor.asyncapi import asyncapi_document, render
 from processor.cli import main as cli_main
 from processor.definition import definition_of
 from processor.messages import registry
-from sagas import ALL_SAGAS
+from sagas import ALL_SAGAS, TRIP_SAGAS
 from schemas.transfers import DebitAccount
 
 SPEC = Path(__file__).resolve().parents[1] / "data" / "asyncapi" / "3.0.0.json.gz"
@@ -39,7 +39,8 @@ HEADERS = (
 
 
 def _document() -> dict[str, Any]:
-    return asyncapi_document(registry, [definition_of(s) for s in ALL_SAGAS])
+    # Every saga the `sagas` package exposes, as `saga-processor schemas schemas sagas` finds.
+    return asyncapi_document(registry, [definition_of(s) for s in (*ALL_SAGAS, *TRIP_SAGAS)])
 
 
 def _spec_validator() -> jsonschema.Draft7Validator:
@@ -73,6 +74,8 @@ def test_document_names_every_topic_header_and_key_rule() -> None:
         assert message["bindings"]["kafka"]["key"]["description"].startswith("Record key")
     placed = document["components"]["messages"]["orders.OrderPlaced.v1"]
     assert placed["x-key"] == "order_id"
+    # Handlers a saga generates (the trip's declared replies) key their events the same way.
+    assert document["components"]["messages"]["trips.HotelReserved.v1"]["x-key"] == "trip_id"
     assert document["operations"]["receive-order-events"]["action"] == "receive"
     assert document["operations"]["send-order-commands"]["action"] == "send"
 

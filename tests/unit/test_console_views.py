@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime, timedelta
 
 from processor.ops.diagram import svg
@@ -17,6 +18,23 @@ def test_the_drawing_highlights_only_the_current_state() -> None:
     for state in ("NEW", "RUNNING", "COMPENSATING", "COMPLETED", "FAILED", "TIMED_OUT"):
         assert f'data-state="{state}"' in drawing
     assert "current" not in svg(OrderSaga.machine_spec(), None).replace("currentColor", "")
+
+
+def test_the_drawing_chains_the_undos_last_step_first_and_highlights_the_one_running() -> None:
+    drawing = svg(OrderSaga.machine_spec(), "COMPENSATING", "RESERVING_UNDO")
+    undos = re.findall(r'data-substate="([A-Z_]+)" data-in="COMPENSATING"', drawing)
+    assert undos == ["CHARGING_UNDO", "RESERVING_UNDO"]
+    # Drawn left to right in that order, an arrow between them.
+    xs = [int(x) for x in re.findall(r'data-in="COMPENSATING"><rect x="(\d+)"', drawing)]
+    assert len(xs) == 2
+    assert xs == sorted(xs)
+    assert drawing.count('class="substate current-substate"') == 1
+    assert 'current-substate" data-substate="RESERVING_UNDO"' in drawing
+    # The canonical states are unchanged: one current, the substates are not among them.
+    assert drawing.count('class="state current') == 1
+    assert 'data-state="COMPENSATED"' in drawing
+    # A substate of another state than the current one is not highlighted.
+    assert "current-substate" not in svg(OrderSaga.machine_spec(), "WAITING", "RESERVING_UNDO")
 
 
 def test_views_turn_into_plain_json() -> None:

@@ -91,7 +91,7 @@ def test_debit_failure_ends_with_nothing_to_undo() -> None:
 def test_credit_failure_reverses_the_debit() -> None:
     fixture = SagaFixture(TransferSaga).given(REQUESTED, DEBIT_OK)
     result = fixture.when(CreditFailed(transfer_id="t-1", account_id="dst", reason="closed"))
-    result.expect_commands(REVERSE).expect_ended("FAILED")
+    result.expect_commands(REVERSE).expect_ended("COMPENSATED")
 
 
 def test_timeout_is_configurable() -> None:

@@ -30,7 +30,7 @@ def test_happy_path_initiates_then_completes() -> None:
     assert first.command_intents[0].topic == "wallet-commands"
     fixture.when(TransferInitiated(**FACTS)).expect_commands(CompleteTransfer(**FACTS))
     done = fixture.when(TransferCompleted(**FACTS))
-    done.expect_no_commands().expect_ended().expect_no_deadlines()
+    done.expect_no_commands().expect_ended("COMPLETED").expect_no_deadlines()
     done.expect_state(history=["requested", "initiated", "completed"], failure_reason=None)
 
 
@@ -40,9 +40,17 @@ def test_failed_credit_is_refunded_as_a_new_step() -> None:
     )
     failed = fixture.when(TransferFailed(**FACTS, reason="wallet closed"))
     failed.expect_commands(RefundTransfer(**FACTS)).expect_active()
-    fixture.when(TransferRefunded(**FACTS)).expect_ended().expect_state(
+    fixture.when(TransferRefunded(**FACTS)).expect_ended("COMPENSATED").expect_state(
         history=["requested", "initiated", "failed", "refunded"], failure_reason="wallet closed"
     )
+
+
+def test_a_refused_debit_has_nothing_to_refund_and_ends_failed() -> None:
+    fixture = SagaFixture(WalletTransferSaga).given(WalletTransferRequested(**FACTS))
+    fixture.when(TransferFailed(**FACTS, reason="insufficient funds")).expect_commands(
+        RefundTransfer(**FACTS)
+    )
+    fixture.when(TransferRefunded(**FACTS)).expect_ended("FAILED")
 
 
 def test_each_command_names_its_step_for_idempotency_keys() -> None:

@@ -18,6 +18,7 @@ from processor.machine import (
     mermaid,
 )
 from processor.messages import Message
+from processor.runner import state_to_json
 from processor.testing import SagaFixture
 from sagas.order import OrderSaga
 from schemas.orders import (
@@ -160,8 +161,8 @@ def test_an_operator_decides_to_compensate_an_escalated_step() -> None:
     f.when_resolved("compensate", "carrier gone for good").expect_commands(_cmd(RefundPayment))
     assert _state(f).machine_state == S.COMPENSATING
     f.when(PaymentRefunded(order_id=OID)).expect_commands(_cmd(ReleaseStock))
-    f.when(StockReleased(order_id=OID)).expect_ended("FAILED").expect_no_deadlines()
-    assert _state(f).machine_state == S.FAILED
+    f.when(StockReleased(order_id=OID)).expect_ended("COMPENSATED").expect_no_deadlines()
+    assert _state(f).machine_state == S.COMPENSATED
     assert _state(f).progress.undone == ["pay", "reserve"]
     assert _state(f).progress.reason == "step ship: compensate decided: carrier gone for good"
 
@@ -222,8 +223,8 @@ def test_business_refusal_is_not_retried() -> None:
     assert _trail(f) == [("NEW", "RUNNING"), ("RUNNING", "FAILED")]
 
 
-def test_compensation_retries_exhausted_escalate_with_compensation_failed() -> None:
-    f = SagaFixture(OrderSaga)
+def _refund_escalated(f: SagaFixture) -> None:
+    """The refund fails past its undo retries: a person is asked, the saga WAITING."""
     _paid(f)
     f.when(FraudReviewRejected(order_id=OID, reason="stolen card")).expect_commands(
         _cmd(RefundPayment)
@@ -240,14 +241,94 @@ def test_compensation_retries_exhausted_escalate_with_compensation_failed() -> N
             order_id=OID,
             reason="compensation-failed",
             step="pay",
-            machine_state="COMPENSATION_FAILED",
+            machine_state="WAITING",
             detail="undo of pay failed: provider down",
         )
     ]
-    r.expect_ended("COMPENSATION_FAILED").expect_no_deadlines()
-    assert _state(f).machine_state == S.COMPENSATION_FAILED
-    # The stock release never ran: the person takes over from the failed refund.
+    # Not ended: the saga waits on the person, who may act on it with `saga resolve`.
+    r.expect_active()
+    assert r.waiting == "undo of pay failed: provider down"
+    assert _state(f).machine_state == S.WAITING
+    assert _state(f).progress.state == "CHARGING_UNDO_ESCALATED"
+    assert _state(f).progress.undo_escalated == "pay"
+    # The stock release has not run: compensation is paused on the failed refund.
     assert _state(f).progress.undo_queue == ["pay", "reserve"]
+    assert _trail(f)[-2:] == [("WAITING", "COMPENSATING"), ("COMPENSATING", "WAITING")]
+
+
+def test_an_undo_out_of_retries_waits_on_a_person_and_is_reminded() -> None:
+    f = SagaFixture(OrderSaga)
+    _refund_escalated(f)
+    # Nobody decides for a day: reminded; the saga deadline (two days) passing changes nothing.
+    r = f.when_time_elapses(timedelta(days=3))
+    assert [c.reason for c in r.commands if isinstance(c, EscalateToPerson)] == [
+        "still-waiting"
+    ] * 3
+    assert r.fired.count(SAGA_DEADLINE) == 1
+    r.expect_active()
+    assert r.waiting == "undo of pay failed: provider down"
+    assert _state(f).machine_state == S.WAITING
+    # Neither a cancel nor a straggling failure of the refund moves it.
+    f.when_cancelled("customer asks").expect_no_commands().expect_active()
+    f.when(RefundFailed(order_id=OID, reason="late")).expect_no_commands()
+    assert _state(f).progress.late == ["pay:undo-failed-while-escalated"]
+    assert _state(f).progress.timed_out is False
+    assert _state(f).progress.cancelled is False
+
+
+def test_a_person_retries_an_escalated_undo() -> None:
+    f = SagaFixture(OrderSaga)
+    _refund_escalated(f)
+    r = f.when_resolved("retry", "provider is back")
+    r.expect_commands(_cmd(RefundPayment)).expect_active()
+    assert r.waiting is None
+    assert _state(f).machine_state == S.COMPENSATING
+    assert _state(f).progress.undo_escalated is None
+    assert _state(f).progress.state == "CHARGING_UNDO"
+    # A fresh undo schedule: one failure is retried again rather than escalated at once.
+    f.when(RefundFailed(order_id=OID, reason="blip")).expect_no_commands()
+    assert f.when_time_elapses(timedelta(seconds=5)).commands == [_cmd(RefundPayment)]
+    f.when(PaymentRefunded(order_id=OID)).expect_commands(_cmd(ReleaseStock))
+    f.when(StockReleased(order_id=OID)).expect_ended("COMPENSATED").expect_no_deadlines()
+    assert _state(f).machine_state == S.COMPENSATED
+    assert _state(f).progress.undone == ["pay", "reserve"]
+    assert _state(f).progress.undone_by_hand == []
+
+
+def test_a_person_skips_an_escalated_undo_and_compensation_goes_on() -> None:
+    f = SagaFixture(OrderSaga)
+    _refund_escalated(f)
+    # Refunded by hand: the earlier step's undo (the stock release) runs next.
+    f.when_resolved("skip", "refunded by bank transfer").expect_commands(_cmd(ReleaseStock))
+    assert _state(f).machine_state == S.COMPENSATING
+    assert _state(f).progress.undo_queue == ["reserve"]
+    f.when(StockReleased(order_id=OID)).expect_ended("COMPENSATED").expect_no_deadlines()
+    assert _state(f).progress.undone == ["pay", "reserve"]
+    assert _state(f).progress.undone_by_hand == ["pay"]
+    assert _trail(f)[-3:] == [
+        ("COMPENSATING", "WAITING"),
+        ("WAITING", "COMPENSATING"),
+        ("COMPENSATING", "COMPENSATED"),
+    ]
+
+
+def test_compensate_is_refused_for_an_escalated_undo() -> None:
+    f = SagaFixture(OrderSaga)
+    _refund_escalated(f)
+    with pytest.raises(AssertionError, match=r"already compensating.*retry.*skip"):
+        f.when_resolved("compensate")
+    assert _state(f).machine_state == S.WAITING
+
+
+def test_an_escalated_undo_reported_done_after_all_resumes_compensation() -> None:
+    f = SagaFixture(OrderSaga)
+    _refund_escalated(f)
+    r = f.when(PaymentRefunded(order_id=OID)).expect_commands(_cmd(ReleaseStock))
+    assert r.waiting is None
+    assert _state(f).progress.late == ["pay:undone-while-escalated"]
+    f.when(StockReleased(order_id=OID)).expect_ended("COMPENSATED")
+    with pytest.raises(AssertionError, match="ignored-ended"):
+        f.when_resolved("skip")
 
 
 def test_whole_saga_deadline_records_timed_out_then_compensates() -> None:
@@ -259,7 +340,7 @@ def test_whole_saga_deadline_records_timed_out_then_compensates() -> None:
     assert _trail(f)[-2:] == [("WAITING", "TIMED_OUT"), ("TIMED_OUT", "COMPENSATING")]
     f.when(PaymentRefunded(order_id=OID))
     f.when(StockReleased(order_id=OID)).expect_ended("TIMED_OUT")
-    assert _state(f).machine_state == S.FAILED
+    assert _state(f).machine_state == S.COMPENSATED
 
 
 def test_budget_too_small_step_is_not_started_and_saga_compensates() -> None:
@@ -270,8 +351,8 @@ def test_budget_too_small_step_is_not_started_and_saga_compensates() -> None:
     f.when(StockReserved(order_id=OID)).expect_commands(_cmd(ReleaseStock))
     assert _state(f).machine_state == S.COMPENSATING
     assert "pay not started" in (_state(f).progress.reason or "")
-    f.when(StockReleased(order_id=OID)).expect_ended("FAILED")
-    assert _state(f).machine_state == S.FAILED
+    f.when(StockReleased(order_id=OID)).expect_ended("COMPENSATED")
+    assert _state(f).machine_state == S.COMPENSATED
 
 
 def test_first_step_without_budget_fails_without_compensation() -> None:
@@ -293,8 +374,8 @@ def test_late_payment_capture_during_compensation_is_refunded() -> None:
     # The capture landed after all while the stock release is in flight: refund it next.
     f.when(PaymentCaptured(order_id=OID)).expect_no_commands()
     f.when(StockReleased(order_id=OID)).expect_commands(_cmd(RefundPayment))
-    f.when(PaymentRefunded(order_id=OID)).expect_ended()
-    assert _state(f).machine_state == S.FAILED
+    f.when(PaymentRefunded(order_id=OID)).expect_ended("COMPENSATED")
+    assert _state(f).machine_state == S.COMPENSATED
     assert _state(f).progress.late == ["pay:undo"]
     assert _state(f).progress.undone == ["reserve", "pay"]
 
@@ -306,8 +387,8 @@ def test_late_capture_after_other_undos_waits_in_compensating_then_refunds() -> 
     assert _state(f).machine_state == S.COMPENSATING
     f.when_time_elapses(timedelta(minutes=30))
     f.when(PaymentCaptured(order_id=OID)).expect_commands(_cmd(RefundPayment))
-    f.when(PaymentRefunded(order_id=OID)).expect_ended()
-    assert _state(f).machine_state == S.FAILED
+    f.when(PaymentRefunded(order_id=OID)).expect_ended("COMPENSATED")
+    assert _state(f).machine_state == S.COMPENSATED
 
 
 def test_late_refusal_of_a_timed_out_step_settles_it_without_waiting() -> None:
@@ -315,8 +396,8 @@ def test_late_refusal_of_a_timed_out_step_settles_it_without_waiting() -> None:
     _timed_out_payment(f)
     f.when(StockReleased(order_id=OID)).expect_active()
     # The payment service answers the capture it never ran (it came past its budget).
-    f.when(PaymentDeclined(order_id=OID, reason="deadline passed")).expect_ended()
-    assert _state(f).machine_state == S.FAILED
+    f.when(PaymentDeclined(order_id=OID, reason="deadline passed")).expect_ended("COMPENSATED")
+    assert _state(f).machine_state == S.COMPENSATED
     assert _state(f).progress.in_doubt == []
     assert _state(f).progress.late == ["pay:rejected-resolved"]
 
@@ -326,16 +407,16 @@ def test_late_refusal_during_other_undos_settles_the_step_once_they_finish() -> 
     _timed_out_payment(f)
     f.when(PaymentDeclined(order_id=OID, reason="expired")).expect_no_commands().expect_active()
     assert _state(f).progress.in_doubt == []
-    f.when(StockReleased(order_id=OID)).expect_ended()
-    assert _state(f).machine_state == S.FAILED
+    f.when(StockReleased(order_id=OID)).expect_ended("COMPENSATED")
+    assert _state(f).machine_state == S.COMPENSATED
 
 
-def test_no_late_capture_within_the_window_fails_cleanly() -> None:
+def test_no_late_capture_within_the_window_ends_compensated() -> None:
     f = SagaFixture(OrderSaga)
     _timed_out_payment(f)
     f.when(StockReleased(order_id=OID))
-    f.when_time_elapses(timedelta(hours=1)).expect_no_commands().expect_ended()
-    assert _state(f).machine_state == S.FAILED
+    f.when_time_elapses(timedelta(hours=1)).expect_no_commands().expect_ended("COMPENSATED")
+    assert _state(f).machine_state == S.COMPENSATED
     # Afterwards a capture is ignored by the engine: the saga has ended.
     assert f.when(PaymentCaptured(order_id=OID)).ignored
 
@@ -420,6 +501,44 @@ def test_the_saga_names_where_it_is_inside_the_canonical_states() -> None:
     assert (
         "    state WAITING {\n        AWAITING_FRAUD_REVIEW\n        SHIPPING_ESCALATED\n" in text
     )
+
+
+def test_undo_escalation_fields_are_stored_only_once_used() -> None:
+    # Replicas on the code before them (Progress forbids unknown fields) keep reading the rest.
+    f = SagaFixture(OrderSaga)
+    _paid(f)
+    f.when(FraudReviewRejected(order_id=OID, reason="stolen card"))
+    stored = state_to_json(_state(f))["progress"]
+    assert not {"undone_by_hand", "undo_escalated", "undo_failure"} & set(stored)
+    f = SagaFixture(OrderSaga)
+    _refund_escalated(f)
+    stored = state_to_json(_state(f))["progress"]
+    assert (stored["undo_escalated"], stored["undo_failure"]) == (
+        "pay",
+        "undo of pay failed: provider down",
+    )
+    assert OrderSaga.model_validate(state_to_json(_state(f))).progress.undo_escalated == "pay"
+
+
+def test_the_diagram_draws_compensation_in_the_order_it_runs() -> None:
+    text = mermaid(OrderSaga.machine_spec())
+    # Undos run last step first: the refund, then the stock release, chained in that order.
+    assert (
+        "    state COMPENSATING {\n"
+        "        [*] --> CHARGING_UNDO\n"
+        "        CHARGING_UNDO --> RESERVING_UNDO\n"
+        "        RESERVING_UNDO --> [*]\n"
+        "    }\n"
+    ) in text
+    assert "note right of COMPENSATING: undo pay, then reserve (last step first)" in text
+    assert "        CHARGING_UNDO_ESCALATED\n        RESERVING_UNDO_ESCALATED\n" in text
+    # The saga names the undo in flight the same way while it compensates.
+    f = SagaFixture(OrderSaga)
+    _paid(f)
+    f.when(FraudReviewRejected(order_id=OID, reason="stolen card"))
+    assert _state(f).progress.state == "CHARGING_UNDO"
+    f.when(PaymentRefunded(order_id=OID))
+    assert _state(f).progress.state == "RESERVING_UNDO"
 
 
 def test_step_states_must_not_clash() -> None:

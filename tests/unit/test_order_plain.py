@@ -28,6 +28,7 @@ from schemas.orders import (
     ShipOrder,
     StockReleased,
     StockReserved,
+    StockUnavailable,
 )
 
 OID = "o-1"
@@ -61,6 +62,14 @@ def test_happy_path_completes() -> None:
     f.when(OrderShipped(order_id=OID)).expect_ended("COMPLETED").expect_no_deadlines()
 
 
+def test_sold_out_ends_failed_with_nothing_to_undo() -> None:
+    f = SagaFixture(PlainOrderSaga)
+    f.when(OrderPlaced(**FACTS, amount=AMOUNT))
+    f.when(StockUnavailable(order_id=OID, reason="sold out")).expect_no_commands().expect_ended(
+        "FAILED"
+    )
+
+
 def test_payment_timeout_releases_and_a_late_capture_is_refunded_never_resumed() -> None:
     f = SagaFixture(PlainOrderSaga)
     f.when(OrderPlaced(**FACTS, amount=AMOUNT))
@@ -69,7 +78,7 @@ def test_payment_timeout_releases_and_a_late_capture_is_refunded_never_resumed()
     f.when(StockReleased(order_id=OID)).expect_active()  # still listening for a late capture
     f.when(PaymentCaptured(order_id=OID)).expect_commands(_cmd(RefundPayment))
     assert _label(f) == "COMPENSATING"
-    f.when(PaymentRefunded(order_id=OID)).expect_ended("FAILED").expect_no_deadlines()
+    f.when(PaymentRefunded(order_id=OID)).expect_ended("COMPENSATED").expect_no_deadlines()
 
 
 def test_payment_timeout_without_a_late_capture_ends_when_the_window_closes() -> None:
@@ -78,7 +87,7 @@ def test_payment_timeout_without_a_late_capture_ends_when_the_window_closes() ->
     f.when(StockReserved(order_id=OID))
     f.when_time_elapses(timedelta(minutes=15)).expect_commands(_cmd(ReleaseStock))
     f.when(StockReleased(order_id=OID)).expect_active()
-    f.when_time_elapses(timedelta(hours=1)).expect_no_commands().expect_ended("FAILED")
+    f.when_time_elapses(timedelta(hours=1)).expect_no_commands().expect_ended("COMPENSATED")
 
 
 def test_review_timeout_escalates_to_a_person_whose_rejection_undoes_the_order() -> None:
@@ -97,7 +106,7 @@ def test_review_timeout_escalates_to_a_person_whose_rejection_undoes_the_order()
     r = f.when(FraudReviewRejected(order_id=OID, reason="a person said no"))
     r.expect_commands(_cmd(RefundPayment), _cmd(ReleaseStock))
     f.when(PaymentRefunded(order_id=OID)).expect_active()
-    f.when(StockReleased(order_id=OID)).expect_ended("FAILED")
+    f.when(StockReleased(order_id=OID)).expect_ended("COMPENSATED")
 
 
 def test_shipping_retries_then_a_person_decides_to_compensate() -> None:
@@ -112,7 +121,7 @@ def test_shipping_retries_then_a_person_decides_to_compensate() -> None:
         _cmd(RefundPayment), _cmd(ReleaseStock)
     )
     f.when(PaymentRefunded(order_id=OID))
-    f.when(StockReleased(order_id=OID)).expect_ended("FAILED")
+    f.when(StockReleased(order_id=OID)).expect_ended("COMPENSATED")
 
 
 def test_a_person_may_retry_shipping() -> None:
