@@ -164,6 +164,9 @@ class Handlers:
         w.version += 1
         w.dirty = True
         w.status = ENDED if outcome.ended else ACTIVE
+        if outcome.escalated is not None and w.waiting is None:
+            # A new wait on a person (a reminder of one already waiting is not counted).
+            ws.escalations[(w.bound.saga_type, outcome.escalation or "handler")] += 1
         w.waiting = outcome.escalated
         if outcome.ended:
             w.outcome = outcome.outcome or SagaOutcome.COMPLETED

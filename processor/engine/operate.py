@@ -254,6 +254,7 @@ class OperatorSteps:
                 getattr(ws, f.name).extend(value)
         ws.counts.update(trial.counts)
         ws.outcomes.update(trial.outcomes)
+        ws.escalations.update(trial.escalations)
         ws.parked = [p for p in ws.parked if not any(p is q for q in in_batch)]
         ws.held_releases.extend(h.parked_id for h in stored)
         # The poller skipped this saga's deadlines while it was parked: the ones that came due

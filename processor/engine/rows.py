@@ -279,6 +279,8 @@ class WriteSet:
     counts: Counter[str] = field(default_factory=Counter)
     # Sagas this batch ended, by (saga type, outcome): the saga_ended_total metric.
     outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # Sagas this batch handed to a person, by (saga type, kind): saga_escalations_total.
+    escalations: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     def wakes_poller(self, soon: datetime | None = None) -> bool:
         """Whether the deadline poller should look now rather than at its next planned time.

@@ -316,6 +316,13 @@ class OrchestratedSaga(StepMachine):
         # The reason names the step already ("step ship timed out").
         return p.reason or f"step {p.escalated} escalated"
 
+    def waiting_kind(self) -> str | None:
+        """``"undo"`` while a failed undo waits on a person, ``"step"`` while a step does."""
+        p = self.progress
+        if p.undo_escalated is not None:
+            return "undo"
+        return "step" if p.escalated is not None else None
+
     def resolution_refusal(self, decision: str) -> str | None:
         """Why ``decision`` cannot apply now, or None when it can."""
         wrong = choice_problem("decision", decision, Decision)

@@ -206,6 +206,13 @@ class _Collector(Collector):
             dict(stats.outcomes) if stats is not None else {},
         )
         yield _counter(
+            "saga_escalations",
+            "Sagas this replica handed to a person, by kind: handler (a plain handler's "
+            "escalate), step (an orchestrated step) or undo (a failed undo).",
+            ["saga_type", "kind"],
+            dict(stats.escalations) if stats is not None else {},
+        )
+        yield _counter(
             "saga_records_for_other_sagas",
             "Replies whose saga-type header names a saga type this processor does not run.",
             ["topic", "saga_type"],

@@ -42,7 +42,7 @@ from processor.runner.operator import (
     state_method,
     terminated,
 )
-from processor.runner.state import state_to_json, waiting_on, working_copy
+from processor.runner.state import state_to_json, waiting_kind, waiting_on, working_copy
 from processor.upcasting import StateUpcasters, state_upcasters
 
 __all__ = ["BoundSaga"]
@@ -323,6 +323,7 @@ class BoundSaga:
             handler_name=handler.name,
             outcome=lifecycle.outcome if ended else None,
             escalated=None if ended else waiting_on(working, lifecycle),
+            escalation=None if ended else waiting_kind(working, lifecycle),
         )
 
     def _check_deadline_names(self, ops: list[DeadlineOp]) -> None:

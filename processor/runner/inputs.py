@@ -58,6 +58,9 @@ class Outcome:
         ended: Whether the saga ended; the store then cancels all its deadlines.
         handler_name: Name of the handler that ran.
         escalated: Why the saga now waits on a person (``SagaLifecycle.escalate``), if it does.
+        escalation: What kind of wait that is, a short fixed word for the metrics: ``"handler"``
+            (a plain handler's ``escalate``), or the saga's own ``waiting_kind()`` (an
+            orchestrated saga's ``"step"`` or ``"undo"``).
         outcome: How it ended, when ``ended`` and the saga said so
             (:class:`~processor.handles.SagaOutcome`); the engine counts an end without one
             as ``COMPLETED``.
@@ -70,3 +73,4 @@ class Outcome:
     handler_name: str
     outcome: str | None = None
     escalated: str | None = None
+    escalation: str | None = None

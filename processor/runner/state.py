@@ -35,6 +35,22 @@ def waiting_on(state: SagaState, lifecycle: SagaLifecycle) -> str | None:
 
 _UNKNOWN: Any = object()
 _WAITING_ON: dict[type, Any] = {}
+_WAITING_KIND: dict[type, Any] = {}
+
+
+def waiting_kind(state: SagaState, lifecycle: SagaLifecycle) -> str | None:
+    """What kind of wait on a person the saga is in, as a fixed word (a metric's label).
+
+    ``"handler"`` for a handler's ``escalate`` call; otherwise the state's ``waiting_kind()``
+    (an orchestrated saga: ``"step"`` or ``"undo"``); None when it does not wait.
+    """
+    if lifecycle.escalated is not None:
+        return "handler"
+    cls = type(state)
+    ask = _WAITING_KIND.get(cls, _UNKNOWN)
+    if ask is _UNKNOWN:
+        ask = _WAITING_KIND[cls] = getattr(cls, "waiting_kind", None)
+    return ask(state) if callable(ask) else None
 
 
 def state_to_json(state: SagaState) -> dict[str, Any]:

@@ -15,6 +15,8 @@ class WorkerStats:
     counts: Counter[str] = field(default_factory=Counter)
     # Sagas ended, by (saga type, outcome).
     outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # Sagas handed to a person, by (saga type, kind: handler, step or undo).
+    escalations: Counter[tuple[str, str]] = field(default_factory=Counter)
     # Replies addressed to saga types this processor does not run, by (topic, saga type).
     foreign: Counter[tuple[str, str]] = field(default_factory=Counter)
     # Times the positions were read back from the store (fenced, failed or in-doubt commit).

@@ -378,6 +378,8 @@ class Worker:
         if planned.ws.outcomes:
             # A new Counter, not an update in place: the metrics thread reads it meanwhile.
             self.stats.outcomes = self.stats.outcomes + planned.ws.outcomes
+        if planned.ws.escalations:
+            self.stats.escalations = self.stats.escalations + planned.ws.escalations
         if planned.batch.foreign:
             self.stats.foreign = self.stats.foreign + planned.batch.foreign
         if self._on_batch is not None:

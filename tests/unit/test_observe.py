@@ -147,7 +147,13 @@ def test_metrics_follow_batches_samples_and_sweeps() -> None:
     stats = type(
         "S",
         (),
-        {"batches": 3, "resyncs": 1, "outcomes": {(SAGA, "COMPENSATION_FAILED"): 2}, "foreign": {}},
+        {
+            "batches": 3,
+            "resyncs": 1,
+            "outcomes": {(SAGA, "COMPENSATION_FAILED"): 2},
+            "escalations": {(SAGA, "undo"): 1},
+            "foreign": {},
+        },
     )()
     m.sources.worker_stats = stats
     m.sources.rebalances = {"assigned": 2}
@@ -185,6 +191,7 @@ def test_metrics_follow_batches_samples_and_sweeps() -> None:
     assert got[("saga_resyncs_total", ())] == 1
     ended = (("outcome", "COMPENSATION_FAILED"), ("saga_type", SAGA))
     assert got[("saga_ended_total", ended)] == 2
+    assert got[("saga_escalations_total", (("kind", "undo"), ("saga_type", SAGA)))] == 1
     assert got[("saga_rebalances_total", (("kind", "assigned"),))] == 2
     assert got[("saga_batch_size_records_sum", ())] == 4
     assert got[("saga_dead_letters_total", (("reason", "undecodable"),))] == 1
@@ -266,6 +273,7 @@ def test_every_metric_of_the_contract_is_exported() -> None:
             "batches": 1,
             "resyncs": 0,
             "outcomes": {("t", "COMPLETED"): 1},
+            "escalations": {("t", "step"): 1},
             "foreign": {("in", "other-saga"): 1},
         },
     )()

@@ -127,3 +127,32 @@ def test_the_ten_minute_deadline_times_the_trip_out_and_undoes_a_late_flight() -
     # Its confirmation lands late: the seat is held after all, so it is cancelled.
     f.when(FlightReserved(trip_id=TID)).expect_commands(CANCEL_FLIGHT)
     f.when(FlightCancelled(trip_id=TID)).expect_ended("TIMED_OUT")
+
+
+def test_a_new_wait_on_a_person_is_counted_once_by_kind_for_the_metrics() -> None:
+    """saga_escalations_total{kind="undo"} pages (SagaCompensationFailed); reminders of the same
+    wait are not counted again."""
+    from collections import Counter
+    from typing import Any
+
+    f = SagaFixture(TripSaga)
+    counted: Counter[tuple[str, str]] = Counter()
+    run = f._engine.run
+
+    def counting(*args: Any) -> Any:
+        batch = run(*args)
+        counted.update(batch.ws.escalations)
+        return batch
+
+    f._engine.run = counting  # type: ignore[method-assign,assignment]
+    f.when(BOOKING)
+    f.when(FlightReserved(trip_id=TID))
+    f.when(HotelUnavailable(trip_id=TID, reason="full"))
+    for _ in range(4):
+        f.when(FlightCancelFailed(trip_id=TID, reason="non-refundable"))
+        f.when_time_elapses(timedelta(minutes=5))
+    assert counted == Counter()
+    f.when(FlightCancelFailed(trip_id=TID, reason="non-refundable")).expect_active()
+    assert counted == Counter({("trip-saga", "undo"): 1})
+    f.when_time_elapses(timedelta(days=3))  # reminders every escalation_timeout
+    assert counted == Counter({("trip-saga", "undo"): 1})
