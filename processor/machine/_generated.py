@@ -17,7 +17,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Annotated, Any
 
 from processor._marks import spelling
-from processor.definition import definition_of, handled_event
+from processor._saga_model import handled_event
+from processor.definition import definition_of
 from processor.handles import Setting
 from processor.machine.progress import HandlerIo, ReplyHandler
 from processor.machine.replies import build_handler, on_reply

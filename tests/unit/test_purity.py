@@ -57,6 +57,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "params.py",
             "_choices.py",
             "_marks.py",
+            "_saga_model.py",
             "definition.py",
             "upcasting.py",
             "binding.py",
