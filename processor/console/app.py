@@ -33,13 +33,11 @@ from processor.console.actions import Guard, action_routes
 from processor.console.auth import COOKIE, Authenticator, Identity
 from processor.console.backend import Backend
 from processor.console.protect import FormTokens, Keys, Shield, Throttle, row_id
+from processor.console.query import OUTCOMES, REFRESH_CHOICES, duration, list_filters
 from processor.errors import SagaError
-from processor.handles import SagaOutcome
 from processor.ops.diagram import svg
-from processor.ops.filters import state_documents
 from processor.ops.inspect import NoSuchSaga, show_saga
 from processor.ports.views import jsonable, step_state
-from processor.settings import parse_duration
 from processor.wire import HEADER_OPERATOR_AUTH
 
 __all__ = ["create_app"]
@@ -186,7 +184,7 @@ def create_app(
             return render(request, "sagas.html", status, params=p, **page)
 
         try:
-            filters = _list_filters(p)
+            filters = list_filters(p)
         except SagaError as e:
             return refuse(400, str(e))
         # Matching on the state shows what it holds: only to those who may read it.
@@ -205,7 +203,7 @@ def create_app(
     def stuck(request: Request) -> Response:
         p = request.query_params
         try:
-            older = _duration("older_than", p.get("older_than") or "1h")
+            older = duration("older_than", p.get("older_than") or "1h")
         except SagaError as e:
             return bad(request, str(e))
         with backend.inspect() as q:
@@ -372,73 +370,13 @@ def _unsigned(view: Any) -> Any:
     return dataclasses.replace(view, timeline=timeline)
 
 
-def _duration(name: str, value: str) -> timedelta:
-    """The duration ``value`` of the parameter ``name``.
-
-    Raises:
-        SagaError: It is no duration the console can subtract from now.
-    """
-    try:
-        parsed = parse_duration(value)
-        if isinstance(parsed, str):  # ISO 8601: pydantic's to read
-            from pydantic import TypeAdapter
-
-            parsed = TypeAdapter(timedelta).validate_python(parsed)
-        # Past about 2,000 years a moment before now is no datetime.
-        if not isinstance(parsed, timedelta) or not timedelta(0) <= parsed < timedelta(
-            days=730_000
-        ):
-            raise ValueError(f"not a duration from 0 to 2,000 years: {value[:40]!r}")
-        return parsed
-    except (ValueError, OverflowError) as e:
-        raise SagaError(f"bad parameter {name}: {str(e)[:200]}") from e
-
-
 def _redacted(view: Any) -> Any:
     """A saga view without its state, payloads, headers and held or failed values."""
     timeline = [dataclasses.replace(t, payload=None, headers=None) for t in view.timeline]
     return dataclasses.replace(view, state=None, timeline=timeline)
 
 
-# -- the sagas list's filters, the cluster page and the probes ---------------------------------
-
-OUTCOMES = tuple(o.value for o in SagaOutcome)
-_STATUSES = ("active", "parked", "ended")
-# Seconds between reloads the auto-refresh offers; anything else in `?refresh=` is ignored.
-REFRESH_CHOICES = ("5", "10", "30", "60")
-
-
-def _list_filters(params: Mapping[str, str]) -> dict[str, Any]:
-    """The sagas list's filters from its query string, as `InspectQueries.list_sagas` takes them.
-
-    Raises:
-        SagaError: A filter is malformed (a state search, an outcome, a duration or a cursor).
-    """
-    after = None
-    try:
-        if params.get("after"):
-            at, saga_type, saga_id = params["after"].split("|", 2)
-            after = (datetime.fromisoformat(at), saga_type, saga_id)
-    except ValueError as e:
-        raise SagaError(f"bad parameter after: {str(e)[:200]}") from e
-    older = _duration("older_than", params["older_than"]) if params.get("older_than") else None
-    status = params.get("status") or None
-    if status is not None and status not in _STATUSES:
-        raise SagaError(f"bad parameter status: one of {', '.join(_STATUSES)}")
-    outcome = params.get("outcome") or None
-    if outcome is not None and outcome not in OUTCOMES:
-        raise SagaError(f"bad parameter outcome: one of {', '.join(OUTCOMES)}")
-    search = (params.get("attr") or "").strip()
-    return {
-        "saga_type": params.get("type") or None,
-        "status": status,
-        "machine_state": params.get("state") or None,
-        "older_than": older,
-        "after": after,
-        "outcome": outcome,
-        "correlation_id": (params.get("correlation") or "").strip() or None,
-        "state_contains": state_documents(search) if search else [],
-    }
+# -- the cluster page and the probes ---------------------------------------------------------
 
 
 def _cluster_routes(backend: Backend, render: Callable[..., Response]) -> list[Route]:

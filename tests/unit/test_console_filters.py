@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from processor.console.app import _list_filters
+from processor.console.query import list_filters as _list_filters
 from processor.errors import SagaError
 from processor.ops.filters import StateSearchError, state_documents
 from processor.ports.cluster import (
