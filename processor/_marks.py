@@ -10,13 +10,22 @@ write it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from processor.errors import SagaDefinitionError
 
-__all__ = ["PARTICIPANT", "SAGA", "Family", "foreign_handlers", "spelling", "tag", "used_bare"]
+__all__ = [
+    "PARTICIPANT",
+    "SAGA",
+    "Family",
+    "class_attributes",
+    "foreign_handlers",
+    "spelling",
+    "tag",
+    "used_bare",
+]
 
 _FAMILY = "__handler_family__"
 
@@ -69,24 +78,32 @@ def foreign_handlers(cls: type, family: Family) -> list[str]:
         not @saga"``.
     """
     problems = []
+    for name, attr in class_attributes(cls):
+        found = getattr(attr, _FAMILY, None) if callable(attr) else None
+        if found is None:
+            continue
+        other, decorator = found
+        if other != family:
+            problems.append(
+                f"handler {cls.__qualname__}.{name} is a {other.kind} ({decorator}), and "
+                f"{other.kind}s run only in {other.runner}: decorate the class with "
+                f"{other.decorator}, not {family.short}"
+            )
+    return problems
+
+
+def class_attributes(cls: type) -> Iterator[tuple[str, Any]]:
+    """Each attribute name of ``cls`` or its bases once, with the value the class sees.
+
+    The most derived definition of a name is the one the class has, so a base's handler that a
+    subclass overrides is not listed.
+    """
     seen: set[str] = set()
     for klass in cls.__mro__:
         for name, attr in vars(klass).items():
-            # The most derived definition of a name is the one the class has.
-            if name in seen:
-                continue
-            seen.add(name)
-            found = getattr(attr, _FAMILY, None) if callable(attr) else None
-            if found is None:
-                continue
-            other, decorator = found
-            if other != family:
-                problems.append(
-                    f"handler {cls.__qualname__}.{name} is a {other.kind} ({decorator}), and "
-                    f"{other.kind}s run only in {other.runner}: decorate the class with "
-                    f"{other.decorator}, not {family.short}"
-                )
-    return problems
+            if name not in seen:
+                seen.add(name)
+                yield name, attr
 
 
 def used_bare(decorator: str, target: object, spelling: str) -> SagaDefinitionError:

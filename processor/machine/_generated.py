@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Annotated, Any
 
-from processor._marks import spelling
+from processor._marks import class_attributes, spelling
 from processor._saga_model import handled_event
 from processor.definition import definition_of
 from processor.handles import Setting
@@ -47,18 +47,12 @@ def _declarations(o: Orchestration) -> Iterator[tuple[type[Message], str | None,
 def _by_hand(cls: type) -> dict[type[Message], str]:
     """The event handlers the class (or a base) declares itself, by event class."""
     found: dict[type[Message], str] = {}
-    seen: set[str] = set()
-    for klass in cls.__mro__:
-        for name, attr in vars(klass).items():
-            # The most derived definition of a name is the one the class has.
-            if name in seen:
-                continue
-            seen.add(name)
-            if not callable(attr) or getattr(attr, _DECLARED_BY, None) is not None:
-                continue
-            event = handled_event(attr)
-            if event is not None:
-                found.setdefault(event, f"{name} = {spelling(attr) or 'a handler'}")
+    for name, attr in class_attributes(cls):
+        if not callable(attr) or getattr(attr, _DECLARED_BY, None) is not None:
+            continue
+        event = handled_event(attr)
+        if event is not None:
+            found.setdefault(event, f"{name} = {spelling(attr) or 'a handler'}")
     return found
 
 

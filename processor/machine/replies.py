@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from processor._choices import choice_problem, did_you_mean
-from processor._marks import SAGA, tag
+from processor._marks import SAGA, class_attributes, tag
 from processor.definition import saga_event_handler
 from processor.errors import SagaDefinitionError
 from processor.handles import SagaCommands, SagaDeadlines, SagaLifecycle
@@ -208,16 +208,10 @@ def build_handler(
 
 def reply_handlers(cls: type) -> Iterator[tuple[str, str, ReplyKind]]:
     """``(handler name, step, kind)`` of every :func:`on_reply` handler of the class."""
-    seen: set[str] = set()
-    for klass in cls.__mro__:
-        for name, attr in vars(klass).items():
-            # The most derived definition of a name is the one the class has.
-            if name in seen:
-                continue
-            seen.add(name)
-            found = getattr(attr, _REPLY_OF, None)
-            if found is not None:
-                yield name, found[0], found[1]
+    for name, attr in class_attributes(cls):
+        found = getattr(attr, _REPLY_OF, None)
+        if found is not None:
+            yield name, found[0], found[1]
 
 
 def reply_problems(cls: type[StepMachine]) -> list[str]:
