@@ -32,6 +32,7 @@ __all__ = [
     "SagaDefinitionError",
     "SagaError",
     "SagaNotStarted",
+    "SchemaNotMigrated",
     "SendFailure",
     "UnknownMessageType",
     "classify",
@@ -140,6 +141,15 @@ class Refused(SagaError):
     No such saga or dead letter, a saga that is not parked, no row matching the selection. The
     command line exits 1 on it, 2 on every other ``SagaError`` (a usage or configuration
     mistake).
+    """
+
+
+class SchemaNotMigrated(Refused):
+    """The database schema lacks the processor's tables (never migrated, or by an older release).
+
+    Raised where a command finds that before it reads them (`check`); the command line reads a
+    missing table, column or schema that the database reported the same way, and names the fix:
+    `saga-processor migrate`.
     """
 
 

@@ -38,6 +38,13 @@ Offline = Callable[[argparse.Namespace], int]
 """Runs a subcommand that needs no configuration (no database, no broker)."""
 
 
+class Unavailable(SagaError):
+    """A service did not answer in time, or no processor applied a request within `--wait`.
+
+    `cli.main` reports it like an unreachable database or broker: exit code 3.
+    """
+
+
 # -- shared pieces -----------------------------------------------------------------------------
 
 

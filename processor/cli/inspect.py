@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from processor.cli.commands import adapters, emit, json_flag, operator_name, text_table
+from processor.errors import SagaError
 from processor.ops.inspect import (
+    NoSuchSaga,
     purge_dead_letters,
     replay_dead_letter,
     show_saga,
@@ -274,8 +275,7 @@ def dead_letters(args: argparse.Namespace, settings: ProcessorSettings) -> int:
             try:
                 row, _, _ = queries.dead_letter(args.id)
             except LookupError as e:
-                print(f"saga-processor: {e}", file=sys.stderr)
-                return EXIT_PROBLEM
+                raise NoSuchSaga(str(e)) from None
             emit(args, row, json.dumps(jsonable(row), indent=2, sort_keys=True))
         elif args.action == "replay":
             with producer(settings) as out:
@@ -285,8 +285,7 @@ def dead_letters(args: argparse.Namespace, settings: ProcessorSettings) -> int:
             emit(args, row, f"dead letter {row.id} sent back to {row.topic}[{row.partition}]")
         else:
             if not args.ids and args.older_than is None:
-                print("saga-processor: name --id or --older-than", file=sys.stderr)
-                return EXIT_USAGE
+                raise SagaError("name --id or --older-than")
             n = purge_dead_letters(
                 queries,
                 actor=operator_name(settings),

@@ -5,14 +5,16 @@ settings. Every command that needs configuration takes it as `--app MODULE:ATTR`
 `SAGA_APP`; `SAGA_*` variables override the app's settings.
 
 Every command but `run`, `console` and `participant run` (which serve until stopped: their log
-is their output) takes `--json` and then prints one JSON document on stdout. Exit codes: 0 done;
-1 found what was asked about, or refused; 2 a usage or configuration mistake; 3 the database or
-the broker did not answer (or no processor applied a request within `--wait`).
+is their output) takes `--json` and then prints one JSON document on stdout (on an error too:
+`{"ok": false, "error": ..., "exit_code": N}`). Exit codes: 0 done; 1 found what was asked
+about, or refused (a schema not migrated too); 2 a usage or configuration mistake; 3 the
+database or the broker did not answer (or no processor applied a request within `--wait`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -30,7 +32,7 @@ from processor.errors import Refused, SagaError
 from processor.observe.logs import configure_logging
 from processor.observe.metrics import package_version
 from processor.ops import contract
-from processor.settings import load_settings
+from processor.settings import ProcessorSettings, load_settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,9 +231,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     The operator commands' exit codes: 0 done; 1 found what was asked about, or refused (a
     `processor.errors.Refused`: no such saga, not parked, nothing matched); 2 a usage or
     configuration mistake (any other `SagaError`, as argparse's own usage errors); 3 a database
-    or broker out of reach (`EXIT_UNAVAILABLE`). Each error is one line on stderr, without a
-    traceback. `run` exits with 70 when a loop of the processor died (see
-    `processor.cli.commands.EXIT_LOOP_DIED`).
+    or broker out of reach (`EXIT_UNAVAILABLE`). A schema that lacks a table, column or itself
+    (never migrated, or older than this release) is refused: exit 1, naming `saga-processor
+    migrate`. Each error is one line on stderr, without a traceback, and with `--json` one JSON
+    document on stdout as well (see :func:`failed`). `run` exits with 70 when a loop of the
+    processor died (see `processor.cli.commands.EXIT_LOOP_DIED`).
     """
     commands = {command.name: command for command in COMMANDS}
     args = build_parser().parse_args(argv)
@@ -239,12 +243,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # settings check the value again (a typo there is refused like any other).
     log_format = os.environ.get("SAGA_LOG_FORMAT", "text").strip().lower()
     if log_format not in ("text", "json"):
-        print("saga-processor: SAGA_LOG_FORMAT: use text or json", file=sys.stderr)
-        return 2
+        return failed(args, "SAGA_LOG_FORMAT: use text or json", EXIT_USAGE)
     level = args.log_level or (
         "INFO" if (args.command or DEFAULT_COMMAND) in LONG_RUNNING else "WARNING"
     )
     configure_logging(level, "json" if log_format == "json" else "text")
+    settings: ProcessorSettings | None = None
     try:
         command = commands[args.command or DEFAULT_COMMAND]
         if command.offline:
@@ -266,12 +270,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:
         why = _unavailable(e)
         if why is not None:
-            print(f"saga-processor: {why}", file=sys.stderr)
-            return EXIT_UNAVAILABLE
+            return failed(args, why, EXIT_UNAVAILABLE)
+        missing = _not_migrated(e, settings)
+        if missing is not None:
+            return failed(args, missing, EXIT_REFUSED)
         if not isinstance(e, SagaError):
             raise
-        print(f"saga-processor: {e}", file=sys.stderr)
-        return EXIT_REFUSED if isinstance(e, Refused) else EXIT_USAGE
+        return failed(args, str(e), EXIT_REFUSED if isinstance(e, Refused) else EXIT_USAGE)
+
+
+def failed(args: argparse.Namespace, message: str, code: int) -> int:
+    """Reports a command's error and returns ``code``.
+
+    One line on stderr and, with `--json`, one JSON document on stdout:
+    ``{"ok": false, "error": MESSAGE, "exit_code": CODE}``.
+    """
+    print(f"saga-processor: {message}", file=sys.stderr)
+    if getattr(args, "json", False):
+        json.dump({"ok": False, "error": message, "exit_code": code}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    return code
 
 
 DATABASE_URL = "SAGA_DATABASE__URL"
@@ -280,7 +298,8 @@ UNUSED_DATABASE = "postgresql://unused.invalid/unused"
 nothing, RFC 2606)."""
 
 EXIT_REFUSED = 1
-"""The command ran and the answer is no (as `cli.inspect.EXIT_PROBLEM`): nothing changed."""
+"""The command ran and the answer is no (as `cli.inspect.EXIT_PROBLEM`): nothing changed. A
+schema that is not migrated is one (as `check` reports a schema behind this code)."""
 EXIT_USAGE = 2
 """Bad arguments or configuration (argparse's own usage errors exit 2 as well)."""
 EXIT_UNAVAILABLE = 3
@@ -292,6 +311,13 @@ def _unavailable(e: BaseException) -> str | None:
     from processor.bootstrap.errors import unreachable
     from processor.ops.inspect import NotSent
 
-    if isinstance(e, NotSent):
+    if isinstance(e, NotSent | c.Unavailable):
         return str(e)
     return unreachable(e)
+
+
+def _not_migrated(e: BaseException, settings: ProcessorSettings | None) -> str | None:
+    """One line naming `saga-processor migrate`, when ``e`` means the schema is not migrated."""
+    from processor.bootstrap.errors import not_migrated
+
+    return not_migrated(e, settings)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from types import FrameType
 
 from processor.cli.commands import (
+    Unavailable,
     adapters,
     app_of,
     emit,
@@ -30,6 +31,7 @@ from processor.cli.inspect import (
     inspect_queries,
     producer,
 )
+from processor.errors import SagaError
 from processor.ops.inspect import NotSent, OperatorRefused, send_operator_request, wait_for_outcome
 from processor.settings import ProcessorSettings
 from processor.wire import OperatorAction, OperatorRecord
@@ -97,12 +99,11 @@ def request(
 
     Exit code 0 once applied (with `--no-wait`: once the broker has it); 1 when refused (a
     decision nothing waits for, no such saga, an ended saga, a replay that failed again) or
-    when the saga's own code failed on it (the saga is parked); 3 when not sent, or not applied
-    within `--wait` seconds.
+    when the saga's own code failed on it (the saga is parked), or when the processor
+    dead-lettered it (a signature it did not accept: `RequestDeadLettered`); 3 when not sent, or
+    not applied within `--wait` seconds.
     """
     sent = send(args, settings, action, name)
-    if isinstance(sent, int):
-        return sent
     if args.no_wait:
         emit(
             args,
@@ -114,12 +115,10 @@ def request(
     with inspect_queries(settings) as queries:
         entry = wait_for_outcome(queries, args.saga_type, args.saga_id, sent.message_id, args.wait)
     if entry is None:
-        print(
-            f"saga-processor: {sent.message_id} sent; no processor applied it within "
-            f"{args.wait:g} s (`show` lists it once applied)",
-            file=sys.stderr,
+        raise Unavailable(
+            f"{sent.message_id} sent; no processor applied it within {args.wait:g} s (`show` "
+            "lists it once applied)"
         )
-        return EXIT_NOT_SENT
     emit(args, entry, f"{entry.outcome}: {entry.detail or ''}")
     if entry.outcome in ("applied", "duplicate"):
         return EXIT_OK
@@ -131,28 +130,27 @@ def send(
     settings: ProcessorSettings,
     action: OperatorAction,
     name: str | None = None,
-) -> OperatorRecord | int:
-    """Sends one operator request; the request once the broker has it, else exit code 3."""
+) -> OperatorRecord:
+    """Sends one operator request; the request once the broker has it.
+
+    Raises:
+        NotSent: The broker did not take it (`cli.main` exits 3).
+    """
     from processor.runtime.assembly import operator_key
 
     with inspect_queries(settings) as queries, producer(settings) as out:
-        try:
-            sent = send_operator_request(
-                queries,
-                out,
-                operator_key(settings),
-                action=action,
-                saga_type=args.saga_type,
-                saga_id=args.saga_id,
-                by=operator_name(settings),
-                reason=args.reason,
-                name=name,
-                route=operator_route(settings),
-            )
-        except NotSent as e:
-            print(f"saga-processor: {e}", file=sys.stderr)
-            return EXIT_NOT_SENT
-    return sent
+        return send_operator_request(
+            queries,
+            out,
+            operator_key(settings),
+            action=action,
+            saga_type=args.saga_type,
+            saga_id=args.saga_id,
+            by=operator_name(settings),
+            reason=args.reason,
+            name=name,
+            route=operator_route(settings),
+        )
 
 
 def saga(args: argparse.Namespace, settings: ProcessorSettings) -> int:
@@ -164,12 +162,10 @@ def saga(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     seconds.
     """
     if args.action == "terminate" and not args.force:
-        print(
-            "saga-processor: terminate ends the saga without compensation: whatever it did "
-            "stays done. Use `saga cancel` to undo it, or pass --force to terminate anyway",
-            file=sys.stderr,
+        raise SagaError(
+            "terminate ends the saga without compensation: whatever it did stays done. Use "
+            "`saga cancel` to undo it, or pass --force to terminate anyway"
         )
-        return EXIT_USAGE
     action = {
         "cancel": OperatorAction.CANCEL,
         "terminate": OperatorAction.TERMINATE,
@@ -193,11 +189,7 @@ def deadlines(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     words = list(args.words)
     if words[0] in ("fire-now", "cancel"):
         if len(words) != 4 or not args.reason:
-            print(
-                "saga-processor: deadlines fire-now|cancel SAGA_TYPE SAGA_ID NAME --reason WHY",
-                file=sys.stderr,
-            )
-            return EXIT_USAGE
+            raise SagaError("deadlines fire-now|cancel SAGA_TYPE SAGA_ID NAME --reason WHY")
         args.saga_type, args.saga_id, name = words[1:]
         action = (
             OperatorAction.DEADLINE_FIRE_NOW
@@ -206,8 +198,7 @@ def deadlines(args: argparse.Namespace, settings: ProcessorSettings) -> int:
         )
         return request(args, settings, action, name)
     if len(words) != 2:
-        print("saga-processor: deadlines SAGA_TYPE SAGA_ID", file=sys.stderr)
-        return EXIT_USAGE
+        raise SagaError("deadlines SAGA_TYPE SAGA_ID")
     args.saga_type, args.saga_id = words
     if args.json:
         with inspect_queries(settings) as queries:
@@ -266,8 +257,7 @@ def parked(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     if words == ["retry"] and args.all:
         return retry_all(args, settings)
     if words[0] not in ("retry", "skip") or len(words) != 3 or not args.reason:
-        print("saga-processor: parked retry|skip SAGA_TYPE SAGA_ID --reason WHY", file=sys.stderr)
-        return EXIT_USAGE
+        raise SagaError("parked retry|skip SAGA_TYPE SAGA_ID --reason WHY")
     action = OperatorAction.PARKED_SKIP if words[0] == "skip" else OperatorAction.PARKED_RETRY
     args.saga_type, args.saga_id = words[1], words[2]
     return request(args, settings, action)
@@ -290,15 +280,11 @@ def retry_all(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     from processor.settings import Duration
 
     if not args.reason:
-        print("saga-processor: parked retry --all needs --reason WHY", file=sys.stderr)
-        return EXIT_USAGE
+        raise SagaError("parked retry --all needs --reason WHY")
     try:
         since = TypeAdapter(Duration).validate_python(args.since) if args.since else None
     except ValidationError:
-        print(
-            f"saga-processor: --since {args.since!r} is not a duration (e.g. 2h)", file=sys.stderr
-        )
-        return EXIT_USAGE
+        raise SagaError(f"--since {args.since!r} is not a duration (e.g. 2h)") from None
     with operator_queries(settings) as queries:
         found = queries.parked_sagas(1_000_000)
     now = datetime.now(UTC)

@@ -5,8 +5,11 @@ and every query is served by an index, so pages stay fast on a database of a mil
 Actions exist only when the app is created with ``actions=True`` and someone can sign in (a
 proxy, operator keys or the shared token: see :mod:`processor.console.auth`); each one is a form
 POST with a reason and the page's form token, from the console's own origin, by an identity
-whose role allows it, and records that identity as "by". :mod:`processor.console.protect` holds
-the defences every request passes (security headers, origin and parameter checks, throttling).
+whose role allows it, and records that identity as "by". A page shows an action's form only to
+an identity whose role allows it (someone not signed in gets a link to sign in); a script may
+still send a key with the POST. :mod:`processor.console.protect` holds the defences every
+request passes (security headers, origin and parameter checks, throttling);
+:mod:`processor.console.outage` answers 503 while the database is out of reach.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from starlette.templating import Jinja2Templates
 from processor.console.actions import Guard, action_routes
 from processor.console.auth import COOKIE, Authenticator, Identity
 from processor.console.backend import Backend
+from processor.console.outage import Unreachable
 from processor.console.protect import FormTokens, Keys, Shield, Throttle, row_id
 from processor.console.query import OUTCOMES, REFRESH_CHOICES, duration, list_filters
 from processor.errors import SagaError
@@ -123,11 +127,15 @@ def create_app(
         context.setdefault("notice", request.query_params.get("notice"))
         identity = context.setdefault("identity", who(request))
         signed_in = identity.name is not None
-        # Someone not signed in sees the forms and proves themselves with a key per action.
-        context["actions"] = enabled and (identity.may("operator") or not signed_in)
-        context["admin"] = enabled and (identity.may("admin") or not signed_in)
+        # Forms only for the roles that may use them; someone not signed in who could sign in
+        # with a key is pointed there instead (no page asks for a key with an action).
+        context["actions"] = enabled and identity.may("operator")
+        context["admin"] = enabled and identity.may("admin")
         context["signed_in"] = signed_in
         context["can_sign_in"] = auth.authenticates
+        context["sign_in_to_act"] = (
+            enabled and not signed_in and not context["actions"] and auth.takes_keys
+        )
         context["csp_nonce"] = request.state.csp_nonce
         context["form_token"] = form_token(request)
         return templates.TemplateResponse(request, name, context, status_code=status)
@@ -348,6 +356,7 @@ def create_app(
     middleware = [Middleware(Shield, secure=tls, host=own_host)]
     if not auth.open_to_anyone:
         middleware.append(Middleware(SignedInOnly))
+    middleware.append(Middleware(Unreachable))
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
 
 

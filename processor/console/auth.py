@@ -180,6 +180,11 @@ class Authenticator:
         return bool(self._keys or self._proxies)
 
     @property
+    def takes_keys(self) -> bool:
+        """Whether someone can sign in at ``/login`` with a key (per-operator or shared)."""
+        return bool(self._keys)
+
+    @property
     def open_to_anyone(self) -> bool:
         """Whether a request nobody signed may read."""
         return self._anonymous is not None

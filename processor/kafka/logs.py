@@ -48,12 +48,16 @@ class _Expected(logging.Filter):
             return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
         for needle, why in EXPECTED.items():
             if needle in text:
-                if needle not in self._explained:
-                    self._explained.add(needle)
-                    record.levelno, record.levelname = logging.INFO, "INFO"
-                    record.msg, record.args = "expected client notice: %s", (why,)
-                    return True
-                return False
+                # Lowered to INFO, it shows only where INFO does: a command at its default
+                # WARNING prints its answer alone.
+                if needle in self._explained or not logging.getLogger(record.name).isEnabledFor(
+                    logging.INFO
+                ):
+                    return False
+                self._explained.add(needle)
+                record.levelno, record.levelname = logging.INFO, "INFO"
+                record.msg, record.args = "expected client notice: %s", (why,)
+                return True
         return True
 
 

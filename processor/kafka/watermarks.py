@@ -6,6 +6,8 @@ from collections.abc import Iterable, Mapping
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from processor.kafka.logs import logged
+
 __all__ = ["watermarks"]
 
 
@@ -20,8 +22,9 @@ def watermarks(
         timeout: Seconds to wait for each partition's answer.
     """
     # A group id of its own that never joins or commits: librdkafka requires one for a consumer.
+    # Its own log lines go through the processor's logging, at its levels (not to stderr).
     consumer = Consumer(
-        {**config, "group.id": "saga-console-watermarks", "enable.auto.commit": False}
+        logged({**config, "group.id": "saga-console-watermarks", "enable.auto.commit": False})
     )
     try:
         # Asked even when there is no partition to look up: an unreachable broker is "unknown",

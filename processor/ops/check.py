@@ -10,7 +10,8 @@ Run with the new code before it processes anything (a CI/CD step or a Kubernetes
 - a parked (held) message that the code cannot decode or no handler of its saga takes;
 - a topic the sagas read or write that does not exist, or whose partition count differs from
   the partitions the consumer group stored offsets for (keys would hash elsewhere);
-- a schema that is not at the migration this code expects.
+- a schema that is not at the migration this code expects (one that was never migrated stops
+  the check: :class:`processor.errors.SchemaNotMigrated`, before any other table is read).
 
 On a Citus cluster it notes where the schema's tables are (which worker, or still on the
 coordinator).
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 
 from processor.engine.partitioner import Partitioner, fits, matching
 from processor.engine.plan import describe_error
+from processor.errors import SchemaNotMigrated
 from processor.messages import MessageRegistry
 from processor.ports.operator import CheckSource, StoredSaga
 from processor.runner import BoundSaga
@@ -130,9 +132,16 @@ def run_check(
         registry: The new code's message types.
         expected_schema: The migration number this code expects.
         topology: Topics to compare with the cluster; None skips the topic checks.
+
+    Raises:
+        SchemaNotMigrated: The schema holds none of the processor's tables (no migration ran):
+            nothing else is read.
     """
     report = CheckReport()
-    _schema(report, source.schema_version(), expected_schema)
+    found = source.schema_version()
+    if found == 0:
+        raise SchemaNotMigrated(f"no migration ran, this code expects {expected_schema}")
+    _schema(report, found, expected_schema)
     where = source.distribution()
     if where is not None:
         report.notes.append(where)

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
+from processor.engine.decode import Reason
 from processor.engine.records import OutboxRow
 from processor.engine.rows import AuditEntry
 from processor.errors import Refused, SagaError
@@ -32,6 +33,7 @@ __all__ = [
     "NoSuchSaga",
     "NotSent",
     "OperatorRefused",
+    "RequestDeadLettered",
     "purge_dead_letters",
     "replay_dead_letter",
     "send_operator_request",
@@ -60,6 +62,15 @@ class OperatorRefused(SagaError):
 
 class NotSent(OperatorRefused):
     """The broker did not acknowledge the record in time: nothing was done."""
+
+
+class RequestDeadLettered(Refused):
+    """A processor set an operator request aside as a dead letter instead of deciding it."""
+
+
+# How long before the wait began a request's dead letter is looked for: it was sent just before
+# (within the send's timeout). It bounds the read of the dead letters by their age index.
+_DEAD_LETTER_LOOKBACK = timedelta(minutes=5)
 
 
 # A saga's operator actions `show` lists, at most.
@@ -169,8 +180,13 @@ def wait_for_outcome(
 
     Returns:
         The entry (``applied``, ``operator-refused``, ``duplicate``, ...), or None on timeout.
+
+    Raises:
+        RequestDeadLettered: A processor dead-lettered the request rather than decide it: its
+            signature was not accepted (``unauthenticated``), or it was not where its saga's
+            records are (``misplaced``). No history row will come.
     """
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
     after = 0
     while True:
         for entry in store.timeline(saga_type, saga_id, after=after):
@@ -178,9 +194,25 @@ def wait_for_outcome(
             # A request held behind a parked saga is applied later, by a retry's replay.
             if entry.message_id == message_id and entry.outcome != "parked-behind":
                 return entry
-        if time.monotonic() >= deadline:
+        waited = time.monotonic() - started
+        letter = store.dead_letter_of(message_id, _DEAD_LETTER_LOOKBACK + timedelta(seconds=waited))
+        if letter is not None:
+            raise RequestDeadLettered(dead_lettered(message_id, letter))
+        if waited >= timeout:
             return None
         time.sleep(poll)
+
+
+def dead_lettered(message_id: str, letter: DeadLetterRow) -> str:
+    """Why an operator request was refused, from the dead letter a processor made of it."""
+    where = f"dead-lettered as {letter.reason}, dead letter {letter.id}"
+    if letter.reason == Reason.UNAUTHENTICATED:
+        return (
+            f"{message_id} refused: the processor did not accept its signature ({where}): sign "
+            "with the processor's key, SAGA_OPERATOR__KEY, or your own from its "
+            "SAGA_OPERATOR__KEYS"
+        )
+    return f"{message_id} refused: {where}: {letter.detail or 'no detail'}"
 
 
 def replay_dead_letter(

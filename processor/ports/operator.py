@@ -150,6 +150,10 @@ class InspectStore(Protocol):
 
     def dead_letter(self, row_id: int) -> tuple[DeadLetterRow, bytes | None, bytes | None]: ...
 
+    def dead_letter_of(self, message_id: str, within: timedelta) -> DeadLetterRow | None:
+        """The dead letter of the record with this message id, written ``within`` ago at most."""
+        ...
+
     def purge_dead_letters(
         self,
         ids: Sequence[int] | None = None,

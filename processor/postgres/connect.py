@@ -101,6 +101,15 @@ def connect(
     return conn
 
 
+def database_name(url: str) -> str:
+    """The database a URL names (libpq's default, the user's name, when it names none)."""
+    try:
+        given = conninfo_to_dict(url)
+    except psycopg.Error:
+        return "?"
+    return str(given.get("dbname") or given.get("user") or "?")
+
+
 def ensure_schema(url: str, tables: Tables, distributed: Distributed = "auto") -> int:
     """Creates or upgrades the schema (on Citus, distributed: see `migrate`); its version."""
     with connect(url, application_name="saga-processor-migrate") as conn:

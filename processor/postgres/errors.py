@@ -122,6 +122,27 @@ def unreachable(e: BaseException) -> str | None:
     return None
 
 
+# Undefined table (42P01), column (42703), schema (3F000): a statement names what the schema
+# does not hold, because it was never migrated or is at an older migration than this code's.
+NOT_MIGRATED = frozenset({"42P01", "42703", "3F000"})
+
+
+def not_migrated(e: BaseException) -> str | None:
+    """The server's message when ``e`` is a missing table, column or schema; else None.
+
+    That is a SQLSTATE of :data:`NOT_MIGRATED`, on ``e`` or an error it was raised from: the
+    adapters raise ``translate(e) from e``, so the causes are followed as well.
+    """
+    seen: set[int] = set()
+    cause: BaseException | None = e
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, psycopg.Error) and cause.sqlstate in NOT_MIGRATED:
+            return cause.diag.message_primary or type(cause).__name__
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def translate(e: psycopg.Error) -> RuntimeFailure:
     """The runtime failure that a psycopg error means for the loop that met it.
 

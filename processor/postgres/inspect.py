@@ -27,6 +27,7 @@ from processor.ports.views import (
 )
 from processor.postgres.audit import AuditSql, encode_entries
 from processor.postgres.connect import connect
+from processor.postgres.dead_letter_sql import DEAD_LETTER, DEAD_LETTER_OF, DEAD_LETTERS, PURGE
 from processor.postgres.held import Conn, OwnedConnection
 from processor.postgres.schema import Tables
 from processor.wire import HEADER_CORRELATION_ID, HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE
@@ -180,37 +181,6 @@ _COUNTS = """
            (SELECT count(*) FROM (SELECT 1 FROM {instance}
              WHERE status = 'parked' LIMIT %(cap)s) AS x)
 """
-_DL_COLUMNS = f"""
-    id, topic, partition, "offset", reason, detail, headers->>'{HEADER_MESSAGE_ID}',
-    headers->>'{HEADER_MESSAGE_TYPE}', created_at
-"""
-_DEAD_LETTERS = f"""
-    SELECT {_DL_COLUMNS} FROM {{dead_letter}}
-     WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
-       AND (%(reason)s::text IS NULL OR reason = %(reason)s::text)
-     ORDER BY id DESC LIMIT %(limit)s
-"""
-_DEAD_LETTER = f"SELECT {_DL_COLUMNS}, key, value, headers FROM {{dead_letter}} WHERE id = %s"
-# One statement, so the rows go and their audit entry is written together: the entry (when
-# one is given and any row went) carries the count and the first ids, as
-# `AuditEntry.touching` makes them.
-_PURGE = """
-    WITH gone AS (
-        DELETE FROM {dead_letter}
-         WHERE (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
-           AND (%(older)s::interval IS NULL OR created_at <= now() - %(older)s::interval)
-        RETURNING id
-    ), counted AS (
-        SELECT count(*) AS n, (array_agg(id ORDER BY id))[1:%(cap)s] AS ids FROM gone
-    ), audited AS (
-        INSERT INTO {audit} (actor, action, reason, saga_type, saga_id, target, outcome)
-        SELECT e->>0, e->>1, e->>2, e->>3, e->>4,
-               (e->5) || jsonb_build_object('count', c.n, 'ids', to_jsonb(c.ids)), e->>6
-          FROM counted AS c, jsonb_array_elements(%(audit)s::jsonb) AS e
-         WHERE c.n > 0
-    )
-    SELECT n FROM counted
-"""
 _OFFSETS = """
     SELECT topic, partition, next_offset FROM {offsets} WHERE group_id = %s
 """
@@ -245,9 +215,10 @@ class InspectQueries(OwnedConnection):
                 ("stuck", _STUCK),
                 ("overview", _OVERVIEW),
                 ("counts", _COUNTS),
-                ("dead_letters", _DEAD_LETTERS),
-                ("dead_letter", _DEAD_LETTER),
-                ("purge", _PURGE),
+                ("dead_letters", DEAD_LETTERS),
+                ("dead_letter", DEAD_LETTER),
+                ("dead_letter_of", DEAD_LETTER_OF),
+                ("purge", PURGE),
                 ("input", _INPUT),
                 ("offsets", _OFFSETS),
             )
@@ -378,6 +349,12 @@ class InspectQueries(OwnedConnection):
             row, key=payload_text(key), value=payload_text(value), headers=found[11]
         )
         return full, key, value
+
+    def dead_letter_of(self, message_id: str, within: timedelta) -> DeadLetterRow | None:
+        """The dead letter of the record with this message id, written ``within`` ago at most."""
+        params = {"message_id": message_id, "within": within}
+        found = self.conn.execute(self._sql["dead_letter_of"], params).fetchone()
+        return DeadLetterRow(*found) if found is not None else None
 
     def purge_dead_letters(
         self,

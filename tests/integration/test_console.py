@@ -9,6 +9,7 @@ operator record) and sees it finish. Each page is saved under `.local/console/`.
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import uuid
@@ -19,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from pydantic import SecretStr
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -191,9 +193,19 @@ def test_an_operator_finds_a_saga_and_retries_a_parked_one_in_the_browser(
             assert b.find_element(By.ID, "status").text == "parked"
             assert "warehouse cannot take glass" in b.find_element(By.ID, "parked-reason").text
             screenshot(b, "parked-saga")
+            # Nobody signed in sees no form, only where to sign in: with the shared token, as
+            # the operator name it stands for.
+            assert not b.find_elements(By.ID, "form-retry")
+            b.find_element(By.ID, "sign-in-to-act").click()
+            login = b.find_element(By.ID, "login")
+            login.find_element(By.NAME, "name").send_keys("browser")
+            login.find_element(By.NAME, "key").send_keys(TOKEN)
+            login.find_element(By.TAG_NAME, "button").click()
+            wait.until(lambda d: d.find_elements(By.ID, "identity"))
+            b.get(f"{console}/saga/{PACKING}/{packing}")
             form = b.find_element(By.ID, "form-retry")
+            assert not form.find_elements(By.NAME, "token")
             form.find_element(By.NAME, "reason").send_keys("warehouse fixed")
-            form.find_element(By.NAME, "token").send_keys(TOKEN)
             form.find_element(By.TAG_NAME, "button").click()
             wait.until(lambda d: d.find_elements(By.ID, "notice"))
             assert "retry applied, now ended" in b.find_element(By.ID, "notice").text
@@ -209,7 +221,6 @@ def test_an_operator_finds_a_saga_and_retries_a_parked_one_in_the_browser(
             form = b.find_element(By.ID, "form-terminate")
             form.find_element(By.NAME, "force").click()
             form.find_element(By.NAME, "reason").send_keys("test order")
-            form.find_element(By.NAME, "token").send_keys(TOKEN)
             form.find_element(By.TAG_NAME, "button").click()
             wait.until(lambda d: d.find_elements(By.ID, "notice"))
             assert "terminate applied, now ended" in b.find_element(By.ID, "notice").text
@@ -256,6 +267,42 @@ def test_consumer_lag_is_unknown_when_the_broker_is_unreachable(world: Orders) -
         page = httpx.get(base + "/", timeout=30)
     assert page.status_code == 200
     assert '<b id="consumer-lag">unknown</b>' in page.text
+
+
+def test_pages_answer_503_in_one_line_while_the_database_is_away(
+    world: Orders, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Nothing listens on port 1: every connection to the database is refused.
+    url = SecretStr("postgresql://saga:saga@127.0.0.1:1/saga")
+    database = world.settings.database.model_copy(update={"url": url})
+    away = world.settings.model_copy(update={"database": database})
+    caplog.set_level(logging.WARNING)
+    # uvicorn's own log does not reach the root logger: catch its tracebacks too.
+    server_log = logging.getLogger("uvicorn")
+    server_log.addHandler(caplog.handler)
+    try:
+        with _serve(create_app(Backend(away, by="browser"))) as base:
+            answers = {
+                path: httpx.get(base + path, timeout=30)
+                for path in ("/", "/sagas", "/saga/x/y", "/api/saga/x/y", "/dead-letters")
+            }
+            alive = httpx.get(base + "/healthz", timeout=30)
+            ready = httpx.get(base + "/readyz", timeout=30)
+    finally:
+        server_log.removeHandler(caplog.handler)
+    for path, answer in answers.items():
+        assert answer.status_code == 503, (path, answer.text[:300])
+        if path.startswith("/api/"):
+            assert answer.json() == {"error": "the database is unreachable"}
+        else:
+            assert answer.text == "the database is unreachable", path
+    assert (alive.status_code, alive.text) == (200, "ok")
+    assert ready.status_code == 503
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    warned = [r.getMessage() for r in caplog.records if r.name == "processor.console.outage"]
+    assert len(warned) == len(answers)
+    assert all("answered 503: the database is unreachable: " in w for w in warned), warned
+    assert all("\n" not in w for w in warned)
 
 
 def test_the_cluster_page_and_the_saga_filters_in_the_browser(world: Orders) -> None:

@@ -6,6 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+import pytest
+
+from processor.errors import SchemaNotMigrated
 from processor.messages import registry
 from processor.ops.check import Topology, run_check
 from processor.ports.operator import StoredSaga
@@ -207,3 +210,12 @@ def test_a_schema_newer_than_the_code_is_a_warning_so_a_rollback_passes() -> Non
     )
     assert not older.ok
     assert not older.schema_newer
+
+
+def test_a_schema_never_migrated_stops_the_check_before_any_table_is_read() -> None:
+    class Unmigrated(FakeSource):
+        def unended_sagas(self) -> Iterable[StoredSaga]:
+            raise AssertionError("the check read a table of a schema it found not migrated")
+
+    with pytest.raises(SchemaNotMigrated, match=f"this code expects {len(MIGRATIONS)}"):
+        run_check(Unmigrated(schema=0), SAGAS, registry, expected_schema=len(MIGRATIONS))

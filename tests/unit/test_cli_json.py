@@ -96,3 +96,25 @@ def test_topics_plan_needs_no_database(
     # A command that connects still asks for it, naming the variable.
     assert main(["sagas", "list"]) == 2
     assert "SAGA_DATABASE__URL" in capsys.readouterr().err
+
+
+def test_an_error_with_json_is_one_document_on_stdout_and_one_line_on_stderr(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("SAGA_APP", raising=False)
+    # A usage mistake (no saga named): exit 2.
+    assert main(["diagram", "--json"]) == 2
+    out, err = capsys.readouterr()
+    said = json.loads(out)
+    assert said == {"ok": False, "error": said["error"], "exit_code": 2}
+    assert err.strip().splitlines() == [f"saga-processor: {said['error']}"]
+    # A database out of reach: exit 3.
+    monkeypatch.setenv("SAGA_SAGAS", '["sagas"]')
+    monkeypatch.setenv("SAGA_DATABASE__URL", "postgresql://saga@127.0.0.1:1/saga")
+    assert main(["sagas", "list", "--json"]) == 3
+    out, err = capsys.readouterr()
+    assert json.loads(out)["exit_code"] == 3
+    assert "the database is unreachable" in json.loads(out)["error"]
+    # Without --json, stdout stays empty.
+    assert main(["sagas", "list"]) == 3
+    assert capsys.readouterr().out == ""
