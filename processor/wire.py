@@ -245,6 +245,9 @@ class OperatorAction(StrEnum):
     # keeps failing, then replay the rest).
     PARKED_RETRY = "parked-retry"
     PARKED_SKIP = "parked-skip"
+    # Delivers an event to the saga as if it had arrived; ``name`` holds its wire name and
+    # ``message`` its JSON value.
+    INJECT = "inject"
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +266,9 @@ class OperatorRecord:
         command_id: Unique per request; a resend of the same request is a duplicate.
         by: Who asked.
         reason: Why; recorded in the saga's history.
-        name: The deadline's name, for deadline actions.
+        name: The deadline's name, for deadline actions; the decision, for resolve; the
+            injected message's wire name, for inject.
+        message: The injected message's value as JSON text, for inject (signed with the rest).
         issued_at: When it was signed, in Unix milliseconds. It is part of the signed value, so
             a copy of the record cannot be made younger: the processor refuses one older than
             its expiry (``SAGA_OPERATOR__EXPIRY``). None only in a record an older release
@@ -278,6 +283,7 @@ class OperatorRecord:
     reason: str
     name: str | None = None
     issued_at: int | None = None
+    message: str | None = None
 
     @property
     def message_id(self) -> str:
@@ -296,6 +302,9 @@ class OperatorRecord:
         # Left out rather than null when absent: the value an older release signed.
         if self.issued_at is not None:
             body["issued_at"] = self.issued_at
+        if self.message is not None:
+            # As text: the operator's own JSON, never re-encoded (no float rounds on the way).
+            body["message"] = self.message
         return json.dumps(body, sort_keys=True).encode()
 
     def headers(self, key: bytes) -> dict[str, str]:
@@ -316,6 +325,7 @@ class OperatorRecord:
             body = json.loads(value or b"")
             name = body.get("name")
             issued_at = body.get("issued_at")
+            message = body.get("message")
             return cls(
                 action=OperatorAction(body["action"]),
                 saga_type=str(body["saga_type"]),
@@ -325,6 +335,7 @@ class OperatorRecord:
                 reason=str(body["reason"]),
                 name=str(name) if name is not None else None,
                 issued_at=_unix_ms(issued_at) if issued_at is not None else None,
+                message=str(message) if message is not None else None,
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError("malformed operator record") from e

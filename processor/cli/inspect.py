@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from processor.cli.commands import adapters, emit, json_flag, operator_name, text_table
+from processor.cli.follow import follow, follow_arguments, format_entry, format_step
 from processor.errors import SagaError
+from processor.ops.filters import cursor, list_filters
 from processor.ops.inspect import (
     NoSuchSaga,
     purge_dead_letters,
@@ -76,6 +80,7 @@ def show_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("saga_id", metavar="SAGA_ID")
     parser.add_argument("--limit", type=int, default=1000, help="at most this many timeline rows")
     json_flag(parser)
+    follow_arguments(parser)
 
 
 def format_view(view: SagaView) -> str:
@@ -91,6 +96,7 @@ def format_view(view: SagaView) -> str:
             + (f" ({own})" if (own := step_state(view.state)) else "")
             + f" since {s.since.isoformat()}"
         ),
+        *format_step(view.step),
         f"version   {s.version}",
         f"started   {s.created_at.isoformat()}   changed {s.updated_at.isoformat()}",
         "",
@@ -117,19 +123,7 @@ def format_view(view: SagaView) -> str:
         "timeline:",
     ]
     for t in view.timeline:
-        where = f"{t.topic}[{t.partition}]@{t.offset}" if t.topic else "-"
-        version = f" v{t.version}" if t.version is not None else ""
-        lines.append(
-            f"  {t.at.isoformat()}  {t.outcome:<15} {t.message_type} {t.message_id} {where}"
-            f"{version}" + (f"  -- {t.detail}" if t.detail else "")
-        )
-        for c in (t.effects or {}).get("commands", []):
-            lines.append(f"      sent {c['type']} {c['message_id']} -> {c['topic']}")
-        for d in (t.effects or {}).get("deadlines", []):
-            due = f" due {d['due_at']}" if d.get("due_at") else ""
-            lines.append(f"      deadline {d['op']} {d['name']}{due}")
-        if (t.effects or {}).get("ended"):
-            lines.append("      saga ended")
+        lines.extend(format_entry(t))
     return "\n".join(lines)
 
 
@@ -140,10 +134,17 @@ def format_audit_entry(a: AuditRow) -> str:
 
 
 def show(args: argparse.Namespace, settings: ProcessorSettings) -> int:
-    """Prints one saga in full; exit code 0, 1 when there is no such saga."""
+    """Prints one saga in full; exit code 0, 1 when there is no such saga.
+
+    With `--follow`, then each history row as it is committed, until the saga ends (see
+    :mod:`processor.cli.follow`).
+    """
     with inspect_queries(settings) as queries:
         view = show_saga(queries, args.saga_type, args.saga_id, limit=args.limit)
     emit(args, view, format_view(view))
+    if args.follow:
+        sys.stdout.flush()
+        return follow(args, settings, view)
     return EXIT_OK
 
 
@@ -154,14 +155,25 @@ def sagas_arguments(parser: argparse.ArgumentParser) -> None:
     """`list` with filters, `stuck` with a dwell threshold."""
     what = parser.add_subparsers(dest="action", required=True)
     listing = what.add_parser("list", help="sagas, least recently changed first")
-    listing.add_argument("--saga-type", default=None)
-    listing.add_argument("--status", choices=("active", "parked", "ended"), default=None)
+    # The console's filters, read and refused by the same code (`processor.ops.filters`).
+    listing.add_argument("--type", "--saga-type", dest="saga_type", default=None)
+    listing.add_argument("--status", default=None, help="active, parked or ended")
     listing.add_argument(
         "--machine-state",
         default=None,
         help="a machine state, or how ended sagas ended (CANCELLED)",
     )
-    listing.add_argument("--older-than", type=duration_arg, default=None, help="e.g. 30m, 2h, 1d")
+    listing.add_argument("--older-than", default=None, help="unchanged this long: 30m, 2h, 1d")
+    listing.add_argument("--outcome", default=None, help="ended sagas that ended so (COMPLETED)")
+    listing.add_argument("--correlation-id", default=None, help="started by this correlation-id")
+    listing.add_argument(
+        "--state-contains",
+        "--attr",
+        dest="state_contains",
+        default=None,
+        help="a state search, path=value (customer_id=c-7, address.country=DE)",
+    )
+    listing.add_argument("--after", default=None, help="the cursor a previous page printed")
     listing.add_argument("--limit", type=int, default=100)
     json_flag(listing)
     stuck = what.add_parser("stuck", help="unfinished sagas longest in their state first")
@@ -192,23 +204,49 @@ def format_summaries(rows: Sequence[SagaSummary]) -> str:
     )
 
 
+_LIST_OPTIONS = {
+    "type": "saga_type",
+    "status": "status",
+    "state": "machine_state",
+    "older_than": "older_than",
+    "outcome": "outcome",
+    "correlation": "correlation_id",
+    "attr": "state_contains",
+    "after": "after",
+}
+"""The console's query parameters and the `sagas list` options (their `dest`) they are."""
+
+
+def list_sagas(args: argparse.Namespace, settings: ProcessorSettings) -> int:
+    """One page of sagas, filtered as the console filters them, then the next page's cursor.
+
+    A malformed filter is refused in one line naming its option (exit code 2). The cursor is
+    printed when the page is full (`--after CURSOR` reads the next); `--json` prints
+    ``{"sagas": [...], "next": CURSOR or null}``.
+    """
+    params = {name: getattr(args, dest) or "" for name, dest in _LIST_OPTIONS.items()}
+    names = {name: "--" + dest.replace("_", "-") for name, dest in _LIST_OPTIONS.items()}
+    filters = list_filters(params, names)
+    if args.limit < 1:
+        raise SagaError("bad --limit: at least 1")
+    with inspect_queries(settings) as queries:
+        rows = queries.list_sagas(**filters, limit=args.limit)
+    following = cursor(rows[-1]) if len(rows) == args.limit else None
+    text = format_summaries(rows)
+    if following is not None:
+        text += f"\nnext page: --after {shlex.quote(following)}"
+    emit(args, {"sagas": rows, "next": following}, text)
+    return EXIT_OK
+
+
 def sagas(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     """Lists sagas or stuck sagas; exit code 0 (1 with `--fail-if-any` and stuck sagas)."""
+    if args.action == "list":
+        return list_sagas(args, settings)
     with inspect_queries(settings) as queries:
-        if args.action == "list":
-            rows = queries.list_sagas(
-                saga_type=args.saga_type,
-                status=args.status,
-                machine_state=args.machine_state,
-                older_than=args.older_than,
-                limit=args.limit,
-            )
-        else:
-            rows = queries.stuck(
-                older_than=args.older_than, saga_type=args.saga_type, limit=args.limit
-            )
+        rows = queries.stuck(older_than=args.older_than, saga_type=args.saga_type, limit=args.limit)
     emit(args, rows, format_summaries(rows))
-    if args.action == "stuck" and args.fail_if_any and rows:
+    if args.fail_if_any and rows:
         return EXIT_PROBLEM
     return EXIT_OK
 

@@ -72,6 +72,9 @@ def saga_arguments(parser: argparse.ArgumentParser) -> None:
         sub.add_argument("--reason", required=True)
         wait_arguments(sub)
         json_flag(sub)
+    from processor.cli.inject import inject_arguments
+
+    inject_arguments(what.add_parser("inject", help="deliver an event to the saga by hand"))
 
 
 def wait_arguments(parser: argparse.ArgumentParser, seconds: float = 30.0) -> None:
@@ -94,6 +97,7 @@ def request(
     settings: ProcessorSettings,
     action: OperatorAction,
     name: str | None = None,
+    message: str | None = None,
 ) -> int:
     """Sends one operator request and, unless `--no-wait`, waits for the processor's outcome.
 
@@ -103,7 +107,7 @@ def request(
     dead-lettered it (a signature it did not accept: `RequestDeadLettered`); 3 when not sent, or
     not applied within `--wait` seconds.
     """
-    sent = send(args, settings, action, name)
+    sent = send(args, settings, action, name, message)
     if args.no_wait:
         emit(
             args,
@@ -130,6 +134,7 @@ def send(
     settings: ProcessorSettings,
     action: OperatorAction,
     name: str | None = None,
+    message: str | None = None,
 ) -> OperatorRecord:
     """Sends one operator request; the request once the broker has it.
 
@@ -150,6 +155,7 @@ def send(
             reason=args.reason,
             name=name,
             route=operator_route(settings),
+            message=message,
         )
 
 
@@ -161,6 +167,10 @@ def saga(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     without ``--force`` (nothing is sent); 3 when not sent, or not applied within ``--wait``
     seconds.
     """
+    if args.action == "inject":
+        from processor.cli.inject import inject
+
+        return inject(args, settings)
     if args.action == "terminate" and not args.force:
         raise SagaError(
             "terminate ends the saga without compensation: whatever it did stays done. Use "

@@ -40,6 +40,7 @@ from processor.console.protect import FormTokens, Keys, Shield, Throttle, row_id
 from processor.console.query import OUTCOMES, REFRESH_CHOICES, duration, list_filters
 from processor.errors import SagaError
 from processor.ops.diagram import svg
+from processor.ops.filters import cursor
 from processor.ops.inspect import NoSuchSaga, show_saga
 from processor.ports.views import jsonable, step_state
 from processor.wire import HEADER_OPERATOR_AUTH
@@ -204,7 +205,7 @@ def create_app(
         if len(rows) == PAGE:
             last = rows[-1]
             query = {k: v for k, v in p.items() if k != "after"}
-            query["after"] = f"{last.updated_at.isoformat()}|{last.saga_type}|{last.saga_id}"
+            query["after"] = cursor(last)
             more = "/sagas?" + urlencode(query)
         return render(request, "sagas.html", rows=rows, more=more, title="Sagas", params=p)
 
@@ -382,7 +383,10 @@ def _unsigned(view: Any) -> Any:
 def _redacted(view: Any) -> Any:
     """A saga view without its state, payloads, headers and held or failed values."""
     timeline = [dataclasses.replace(t, payload=None, headers=None) for t in view.timeline]
-    return dataclasses.replace(view, state=None, timeline=timeline)
+    # A deadline's payload and a participant's failure reason are the saga's data too.
+    deadlines = [dataclasses.replace(d, payload=None) for d in view.deadlines]
+    step = dataclasses.replace(view.step, last_failure=None) if view.step else None
+    return dataclasses.replace(view, state=None, timeline=timeline, deadlines=deadlines, step=step)
 
 
 # -- the cluster page and the probes ---------------------------------------------------------

@@ -53,6 +53,7 @@ __all__ = [
     "TooNew",
     "decode",
     "id_problem",
+    "injected",
 ]
 
 
@@ -255,12 +256,40 @@ _new = object.__new__
 
 
 def _invalid(record: Record, error: ValidationError) -> Rejected:
+    text = _problems(error)
+    if text is None:
+        return Rejected(record, Reason.UNPARSEABLE, "the value is not valid JSON")
+    return Rejected(record, Reason.SCHEMA_VIOLATION, text)
+
+
+def _problems(error: ValidationError) -> str | None:
+    """The fields at fault and what is wrong with them, in one line; None for invalid JSON."""
     # Locations and messages only: pydantic's input echo may carry personal data or secrets.
     details = error.errors(include_input=False, include_url=False, include_context=False)
     if any(d["type"] == "json_invalid" for d in details):
-        return Rejected(record, Reason.UNPARSEABLE, "the value is not valid JSON")
+        return None
     text = "; ".join(f"{'.'.join(map(str, d['loc'])) or '<root>'}: {d['msg']}" for d in details)
-    return Rejected(record, Reason.SCHEMA_VIOLATION, text[:2000])
+    return text[:2000]
+
+
+def injected(registry: MessageRegistry, name: str, value: str | bytes) -> Message | str:
+    """The message an operator injects (``name``'s newest version), or why it is refused.
+
+    Validated as a consumed record's value is; the reason names the fields at fault and never
+    echoes a value.
+    """
+    try:
+        cls = registry.by_name(name).cls
+    except UnknownMessageType:
+        return f"no message type {name!r} is registered"
+    try:
+        message: Message = cls.__pydantic_validator__.validate_json(value)
+    except ValidationError as e:
+        problems = _problems(e)
+        if problems is None:
+            return "the value is not valid JSON"
+        return " ".join(f"{name}: {problems}".split())
+    return message
 
 
 _Own = TypeVar("_Own", FiredRecord, OperatorRecord)

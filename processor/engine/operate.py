@@ -21,8 +21,9 @@ import sys
 from datetime import datetime, timedelta
 from typing import Any
 
-from processor.engine.decode import FiredDeadline, Operator, Rejected, TooNew, decode
+from processor.engine.decode import Event, FiredDeadline, Operator, Rejected, TooNew, decode
 from processor.engine.handlers import Handlers
+from processor.engine.inject import as_event, name_operator
 from processor.engine.output import RowWriter
 from processor.engine.records import Record
 from processor.engine.route import REPLAYS, Router
@@ -125,6 +126,19 @@ class OperatorSteps:
                 self._history(ws, w, item, Outcome.OPERATOR_REFUSED, detail=detail)
                 return
             self._replay_held(p, w, item, label)
+            return
+        if req.action == OperatorAction.INJECT:
+            label = f"operator inject {req.name} by {req.by}: {req.reason}"[:1000]
+            event = as_event(self._registry, w, item, op)
+            if isinstance(event, str):
+                detail = f"{label} ({event})"[:1000]
+                self._history(ws, w, item, Outcome.OPERATOR_REFUSED, detail=detail)
+                return
+            # Exactly the event's step; its history row names the operator (see `as_event`).
+            written = len(ws.history)
+            assert isinstance(event.decoded, Event)
+            self._event(p, w, event, event.decoded, mkey)
+            name_operator(ws.history[written:], item, label)
             return
         if w.status == PARKED:
             # Held in order with the rest; a retry of the saga replays it.

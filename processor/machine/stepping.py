@@ -158,6 +158,7 @@ class StepMachine(MachineSaga):
                 min_budget=step.min_budget,
             )
         if at is not None:
+            p.reason = why  # the last failure, for `show` and the console
             timer = StepTimer(step=step.name, phase="forward", purpose="retry", attempt=p.attempt)
             io.deadlines.schedule(STEP_TIMER, at=at, payload=timer)
             return

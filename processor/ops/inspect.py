@@ -17,6 +17,7 @@ from processor.engine.decode import Reason
 from processor.engine.records import OutboxRow
 from processor.engine.rows import AuditEntry
 from processor.errors import Refused, SagaError
+from processor.ops.progress import step_progress
 from processor.ports import InspectStore, RecordProducer
 from processor.ports.views import DeadLetterRow, SagaView, TimelineEntry
 from processor.wire import (
@@ -90,14 +91,16 @@ def show_saga(store: InspectStore, saga_type: str, saga_id: str, limit: int = 10
         summary, state = store.saga(saga_type, saga_id)
     except LookupError as e:
         raise NoSuchSaga(str(e)) from e
+    deadlines = store.deadlines(saga_type, saga_id)
     return SagaView(
         saga=summary,
         state=state,
-        deadlines=store.deadlines(saga_type, saga_id),
+        deadlines=deadlines,
         parked_messages=store.held(saga_type, saga_id),
         failed_outbox=store.failed(saga_type, saga_id),
         timeline=store.timeline(saga_type, saga_id, limit=limit),
         audit=store.audit(saga_type=saga_type, saga_id=saga_id, limit=SHOWN_AUDIT)[::-1],
+        step=step_progress(state, deadlines),
     )
 
 
@@ -115,6 +118,7 @@ def send_operator_request(
     timeout: float = 30.0,
     route: Callable[[str, bytes, int], int] | None = None,
     clock: Callable[[], float] = time.time,
+    message: str | None = None,
 ) -> OperatorRecord:
     """Signs the request and sends it into the saga's input partition; returns it once acked.
 
@@ -124,6 +128,7 @@ def send_operator_request(
     :func:`processor.engine.growth.route`). The signed value carries when it was issued
     (``clock``, seconds since the epoch): the processor refuses it once older than
     ``SAGA_OPERATOR__EXPIRY``, so a copy taken off the topic cannot be sent again later.
+    ``message`` is an injected event's JSON value (``OperatorAction.INJECT``; ``name`` its type).
 
     Raises:
         OperatorRefused: No operator key is configured, no reason was given, the saga has no
@@ -143,7 +148,15 @@ def send_operator_request(
         raise OperatorRefused(f"saga {saga_type} {saga_id} has no event on record to follow")
     issued_at = int(clock() * 1000)
     request = OperatorRecord(
-        action, saga_type, saga_id, uuid.uuid4().hex, by, reason, name, issued_at=issued_at
+        action,
+        saga_type,
+        saga_id,
+        uuid.uuid4().hex,
+        by,
+        reason,
+        name,
+        issued_at=issued_at,
+        message=message,
     )
     row = OutboxRow(
         saga_type=saga_type,

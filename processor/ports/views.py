@@ -130,6 +130,8 @@ class PendingDeadline:
     name: str
     due_at: datetime
     dispatched_at: datetime | None
+    # The deadline's payload (the orchestrator's step timer says its step and attempt).
+    payload: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -171,6 +173,33 @@ class SagaView:
     timeline: list[TimelineEntry]
     # The operator actions recorded for the saga, oldest first.
     audit: list[AuditRow] = dataclasses.field(default_factory=list)
+    # An orchestrated saga's step in flight: its attempt, what is due next, its last failure.
+    step: StepProgress | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepProgress:
+    """Where an orchestrated saga's step stands, from its progress and its step timer.
+
+    Attributes:
+        step: The step in flight (or whose undo is), None when none is but a failure is kept.
+        phase: ``forward``, or ``undo`` while its compensation runs.
+        attempt: The attempt made last (1-based; 0 when none was).
+        waiting: What the step timer waits for: ``timeout`` (a reply to that attempt),
+            ``retry`` (backing off before the next attempt), ``resume`` (an open breaker),
+            ``late`` (a late success) or ``escalated`` (a person); None without a timer.
+        due_at: When that timer fires: the next attempt, or the attempt's timeout.
+        next_attempt: The attempt the timer's firing sends, if it sends one.
+        last_failure: The last failure the saga's progress keeps, if any.
+    """
+
+    step: str | None
+    phase: str
+    attempt: int
+    waiting: str | None
+    due_at: datetime | None
+    next_attempt: int | None
+    last_failure: str | None
 
 
 def step_state(state: dict[str, Any] | None) -> str | None:

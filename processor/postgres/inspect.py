@@ -63,7 +63,7 @@ _TIMELINE = """
       FROM {history} WHERE saga_type = %s AND saga_id = %s AND id > %s ORDER BY id LIMIT %s
 """
 _DEADLINES = """
-    SELECT id::text, name, due_at, dispatched_at FROM {deadline}
+    SELECT id::text, name, due_at, dispatched_at, payload FROM {deadline}
      WHERE saga_type = %s AND saga_id = %s ORDER BY due_at, name
 """
 _HELD = f"""

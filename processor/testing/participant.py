@@ -18,7 +18,8 @@ from processor.participant.kit import CommandKit
 from processor.ports.participant import Sql
 from processor.runner import command_message_id
 from processor.settings import ConsumerSettings
-from processor.testing.saga import DEFAULT_START_TIME, _diff
+from processor.testing.result import diff as _diff
+from processor.testing.saga import DEFAULT_START_TIME
 from processor.wire import (
     HEADER_DEAD_LETTER_DETAIL,
     HEADER_DEAD_LETTER_REASON,
