@@ -119,6 +119,8 @@ def test_accounts_service_survives_postgres_and_kafka_restarts(
     assert service.total() == before
     if replaced := replaced_clients(service.service):
         notice(request, f"the accounts service's consumer client was replaced {replaced} time(s)")
+    if reader.replaced:
+        notice(request, f"the test's reader client was replaced {reader.replaced} time(s)")
     service.close()
 
 

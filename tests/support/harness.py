@@ -198,21 +198,34 @@ class Reader:
 
     REFRESH = 1.0
     """Seconds between reads of the topics' metadata."""
+    STALL = 10.0
+    """Seconds without a record, while a log it reads has records past its position, after
+    which the client is taken as wedged and replaced. After a broker restart librdkafka can
+    keep a partition without a leader for good (librdkafka #5430): it holds the partition and
+    fetches nothing, and a test would wait on it in vain."""
 
     def __init__(self, kafka: str, topics: Sequence[str]) -> None:
-        self.consumer = Consumer(
+        self._kafka = kafka
+        self.consumer = self._client()
+        self.records: list[Any] = []
+        self.replaced = 0
+        self._topics = list(topics)
+        self._assigned: set[tuple[str, int]] = set()
+        # The next offset to read of each partition a record came from.
+        self._next: dict[tuple[str, int], int] = {}
+        self._progress = time.monotonic()
+        self._refreshed: float | None = None
+        self._take_new_partitions()
+
+    def _client(self) -> Consumer:
+        return Consumer(
             {
-                "bootstrap.servers": kafka,
+                "bootstrap.servers": self._kafka,
                 "group.id": f"reader-{uuid.uuid4().hex}",  # never joined: no positions stored
                 "auto.offset.reset": "earliest",
                 "enable.auto.commit": False,
             }
         )
-        self.records: list[Any] = []
-        self._topics = list(topics)
-        self._assigned: set[tuple[str, int]] = set()
-        self._refreshed: float | None = None
-        self._take_new_partitions()
 
     def follow(self, topics: Sequence[str]) -> None:
         """Reads ``topics`` from now on (those already read go on where they are)."""
@@ -244,6 +257,39 @@ class Reader:
         for msg in self.consumer.consume(num_messages=1000, timeout=timeout):
             if msg.error() is None:
                 self.records.append(msg)
+                key = (cast(str, msg.topic()), cast(int, msg.partition()))
+                self._next[key] = cast(int, msg.offset()) + 1
+                self._progress = time.monotonic()
+        if time.monotonic() - self._progress > self.STALL:
+            self._progress = time.monotonic()
+            if self._behind():
+                self._replace()
+
+    def _behind(self) -> bool:
+        """Whether a log this reader reads has records past where it stands."""
+        for topic, partition in self._assigned:
+            try:
+                low, high = self.consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=2, cached=False
+                )
+            except KafkaException:
+                return False  # the broker is away: nothing to judge by
+            if high > max(low, self._next.get((topic, partition), 0)):
+                return True
+        return False
+
+    def _replace(self) -> None:
+        """A new client at the same positions; the old one is closed aside (its close can hang
+        on the connection that wedged it)."""
+        old, self.consumer = self.consumer, self._client()
+        self.consumer.assign(
+            [
+                TopicPartition(t, p, self._next.get((t, p), OFFSET_BEGINNING))
+                for t, p in sorted(self._assigned)
+            ]
+        )
+        self.replaced += 1
+        threading.Thread(target=old.close, name="reader-close", daemon=True).start()
 
     def headers(self, msg: Any) -> dict[str, str]:
         return {k: v.decode() for k, v in (msg.headers() or [])}
