@@ -248,6 +248,9 @@ class OperatorAction(StrEnum):
     # Delivers an event to the saga as if it had arrived; ``name`` holds its wire name and
     # ``message`` its JSON value.
     INJECT = "inject"
+    # Rebuilds the saga before the input whose message id ``name`` holds and replays from it
+    # (``saga reset``); ``message`` holds its options as JSON (``{"resend": true}``).
+    RESET = "reset"
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +276,8 @@ class OperatorRecord:
             a copy of the record cannot be made younger: the processor refuses one older than
             its expiry (``SAGA_OPERATOR__EXPIRY``). None only in a record an older release
             sent, which the processor refuses as expired.
+        batch: The batch the request is one of (``saga cancel --where ...``), recorded with its
+            audit entry; None for a request on its own.
     """
 
     action: OperatorAction
@@ -284,6 +289,7 @@ class OperatorRecord:
     name: str | None = None
     issued_at: int | None = None
     message: str | None = None
+    batch: str | None = None
 
     @property
     def message_id(self) -> str:
@@ -305,6 +311,8 @@ class OperatorRecord:
         if self.message is not None:
             # As text: the operator's own JSON, never re-encoded (no float rounds on the way).
             body["message"] = self.message
+        if self.batch is not None:
+            body["batch"] = self.batch
         return json.dumps(body, sort_keys=True).encode()
 
     def headers(self, key: bytes) -> dict[str, str]:
@@ -326,6 +334,7 @@ class OperatorRecord:
             name = body.get("name")
             issued_at = body.get("issued_at")
             message = body.get("message")
+            batch = body.get("batch")
             return cls(
                 action=OperatorAction(body["action"]),
                 saga_type=str(body["saga_type"]),
@@ -336,6 +345,7 @@ class OperatorRecord:
                 name=str(name) if name is not None else None,
                 issued_at=_unix_ms(issued_at) if issued_at is not None else None,
                 message=str(message) if message is not None else None,
+                batch=str(batch) if batch is not None else None,
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError("malformed operator record") from e

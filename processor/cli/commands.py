@@ -13,7 +13,8 @@ import getpass
 import json
 import logging
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from processor.errors import SagaDefinitionError, SagaError
@@ -24,7 +25,8 @@ from processor.settings import ProcessorSettings
 
 if TYPE_CHECKING:
     from processor.application import SagaApp
-    from processor.bootstrap.adapters import Adapters, OperatorQueries
+    from processor.bootstrap.adapters import Adapters, InspectQueries, OperatorQueries
+    from processor.ports import RecordProducer
     from processor.runtime.hooks import Hooks
     from processor.runtime.processor import Processor
 
@@ -154,6 +156,23 @@ def adapters(settings: ProcessorSettings) -> Adapters:
 def operator_queries(settings: ProcessorSettings) -> OperatorQueries:
     """Operator queries on an autocommit connection of their own, over the processor's tables."""
     return adapters(settings).operator_queries()
+
+
+@contextmanager
+def inspect_queries(settings: ProcessorSettings) -> Iterator[InspectQueries]:
+    """Inspect queries on an autocommit connection of their own, closed on leaving."""
+    with adapters(settings).inspect_queries() as queries:
+        yield queries
+
+
+@contextmanager
+def producer(settings: ProcessorSettings) -> Iterator[RecordProducer]:
+    """A producer for operator records and dead-letter replays, closed on leaving."""
+    made = adapters(settings).record_producer()
+    try:
+        yield made
+    finally:
+        made.close(10.0)
 
 
 # -- the processor -----------------------------------------------------------------------------

@@ -84,7 +84,7 @@ def follow(
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """Prints the saga's history rows committed after ``view``'s, until it ends; exit code 0."""
-    from processor.cli.inspect import inspect_queries
+    from processor.cli.commands import inspect_queries
 
     if view.saga.status == "ended":
         return 0

@@ -21,7 +21,7 @@ __all__ = ["inject", "inject_arguments", "injected_value"]
 
 def inject_arguments(parser: argparse.ArgumentParser) -> None:
     """`SAGA_TYPE SAGA_ID MESSAGE_TYPE --json-value JSON --reason WHY [--wait S] [--json]`."""
-    from processor.cli.operate import wait_arguments
+    from processor.cli.requests import wait_arguments
 
     parser.add_argument("saga_type", metavar="SAGA_TYPE")
     parser.add_argument("saga_id", metavar="SAGA_ID")
@@ -58,7 +58,7 @@ def inject(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     another saga) or the saga's code failed on it; 2 for an unknown type or an invalid value
     (nothing is sent); 3 when not sent, or not applied within ``--wait`` seconds.
     """
-    from processor.cli.operate import request
+    from processor.cli.requests import request
     from processor.runtime.assembly import load_saga_classes
 
     if app_of(args) is None and settings.sagas:

@@ -14,12 +14,18 @@ import argparse
 import json
 import shlex
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from processor.cli.commands import adapters, emit, json_flag, operator_name, text_table
+from processor.cli.commands import (
+    emit,
+    inspect_queries,
+    json_flag,
+    operator_name,
+    producer,
+    text_table,
+)
 from processor.cli.follow import follow, follow_arguments, format_entry, format_step
 from processor.errors import SagaError
 from processor.ops.filters import cursor, list_filters
@@ -33,8 +39,7 @@ from processor.ports.views import AuditRow, SagaSummary, SagaView, jsonable, ste
 from processor.settings import ProcessorSettings, parse_duration
 
 if TYPE_CHECKING:
-    from processor.bootstrap.adapters import InspectQueries
-    from processor.ports import RecordProducer
+    pass
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -54,24 +59,7 @@ def duration_arg(text: str) -> timedelta:
     return value
 
 
-@contextmanager
-def inspect_queries(settings: ProcessorSettings) -> Iterator[InspectQueries]:
-    """Inspect queries on an autocommit connection of their own, closed on leaving."""
-    with adapters(settings).inspect_queries() as queries:
-        yield queries
-
-
 # -- show ----------------------------------------------------------------------------------------
-
-
-@contextmanager
-def producer(settings: ProcessorSettings) -> Iterator[RecordProducer]:
-    """A producer for operator records and dead-letter replays, closed on leaving."""
-    made = adapters(settings).record_producer()
-    try:
-        yield made
-    finally:
-        made.close(10.0)
 
 
 def show_arguments(parser: argparse.ArgumentParser) -> None:
@@ -356,6 +344,9 @@ def audit_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="only this action: terminate, parked-skip, dead-letter-purge, outbox-discard, ...",
     )
+    listing.add_argument(
+        "--batch", default=None, help="only this batch's entries (`saga ... --where` prints its id)"
+    )
     listing.add_argument("--limit", type=int, default=100, help="at most this many entries")
     json_flag(listing)
 
@@ -369,6 +360,7 @@ def audit(args: argparse.Namespace, settings: ProcessorSettings) -> int:
             saga_id=args.saga_id,
             action=args.only_action,
             limit=args.limit,
+            batch=args.batch,
         )
     text = (
         text_table(

@@ -110,7 +110,8 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "saga",
-        "`saga cancel|terminate|resolve SAGA_TYPE SAGA_ID ... --reason WHY`, in log order",
+        "`saga cancel|terminate|retry|resolve SAGA_TYPE SAGA_ID ... --reason WHY` (or "
+        "`--where KEY=VALUE` for every matching saga), in log order",
         o.saga_arguments,
         o.saga,
     ),

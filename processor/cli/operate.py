@@ -11,174 +11,71 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable
 from types import FrameType
 
 from processor.cli.commands import (
-    Unavailable,
-    adapters,
     app_of,
     emit,
+    inspect_queries,
     json_flag,
     operator_name,
     operator_queries,
-)
-from processor.cli.inspect import (
-    EXIT_NOT_SENT,
-    EXIT_OK,
-    EXIT_PROBLEM,
-    EXIT_USAGE,
-    inspect_queries,
     producer,
 )
+from processor.cli.inspect import EXIT_NOT_SENT, EXIT_OK, EXIT_USAGE
+from processor.cli.requests import operator_route, request, wait_arguments
 from processor.errors import SagaError
-from processor.ops.inspect import NotSent, OperatorRefused, send_operator_request, wait_for_outcome
+from processor.ops.inspect import NotSent, OperatorRefused, send_operator_request
 from processor.settings import ProcessorSettings
-from processor.wire import OperatorAction, OperatorRecord
+from processor.wire import OperatorAction
 
 log = logging.getLogger(__name__)
 
 
-def operator_route(settings: ProcessorSettings) -> Callable[[str, bytes, int], int]:
-    """Routes operator records to where the saga's events go now (input topics may grow)."""
-    return adapters(settings).router()
-
-
 def saga_arguments(parser: argparse.ArgumentParser) -> None:
-    """`cancel|terminate|resolve SAGA_TYPE SAGA_ID ... --reason`."""
+    """`cancel|terminate|retry|resolve SAGA_TYPE SAGA_ID ... --reason` (or `--where ...`)."""
     what = parser.add_subparsers(dest="action", required=True)
-    cancel = what.add_parser("cancel", help="run the saga's cancel (compensation) path")
-    terminate = what.add_parser(
-        "terminate", help="end the saga without compensation (needs --force)"
-    )
-    terminate.add_argument(
-        "--force",
-        action="store_true",
-        help="confirm: nothing done so far is undone; the history says so",
-    )
-    resolve = what.add_parser(
-        "resolve", help="a person's decision for a saga waiting on one (retry, skip, compensate)"
-    )
-    for sub in (cancel, terminate, resolve):
-        sub.add_argument("saga_type", metavar="SAGA_TYPE")
-        sub.add_argument("saga_id", metavar="SAGA_ID")
-    resolve.add_argument(
-        "decision",
-        help="retry, skip or compensate for an orchestrated saga's escalated step (retry or skip "
-        "for an escalated undo: skip means it was undone by hand); what a plain saga's "
-        "@saga_decision_handler understands otherwise",
-    )
-    for sub in (cancel, terminate, resolve):
-        sub.add_argument("--reason", required=True)
-        wait_arguments(sub)
-        json_flag(sub)
+    from processor.cli.batch import saga_action_parsers
+
+    saga_action_parsers(what)
     from processor.cli.inject import inject_arguments
 
     inject_arguments(what.add_parser("inject", help="deliver an event to the saga by hand"))
+    from processor.cli.reset import reset_arguments
 
-
-def wait_arguments(parser: argparse.ArgumentParser, seconds: float = 30.0) -> None:
-    """`--wait SECONDS` for the processor's outcome, or `--no-wait`."""
-    parser.add_argument(
-        "--wait",
-        type=float,
-        default=seconds,
-        help=f"seconds to wait for a processor to apply the request (default {seconds:g})",
-    )
-    parser.add_argument(
-        "--no-wait",
-        action="store_true",
-        help="return once the broker has the request; `show` lists its outcome later",
-    )
-
-
-def request(
-    args: argparse.Namespace,
-    settings: ProcessorSettings,
-    action: OperatorAction,
-    name: str | None = None,
-    message: str | None = None,
-) -> int:
-    """Sends one operator request and, unless `--no-wait`, waits for the processor's outcome.
-
-    Exit code 0 once applied (with `--no-wait`: once the broker has it); 1 when refused (a
-    decision nothing waits for, no such saga, an ended saga, a replay that failed again) or
-    when the saga's own code failed on it (the saga is parked), or when the processor
-    dead-lettered it (a signature it did not accept: `RequestDeadLettered`); 3 when not sent, or
-    not applied within `--wait` seconds.
-    """
-    sent = send(args, settings, action, name, message)
-    if args.no_wait:
-        emit(
-            args,
-            sent,
-            f"{action} of {args.saga_type} {args.saga_id} sent as {sent.message_id}; "
-            "`show` lists it once applied",
-        )
-        return EXIT_OK
-    with inspect_queries(settings) as queries:
-        entry = wait_for_outcome(queries, args.saga_type, args.saga_id, sent.message_id, args.wait)
-    if entry is None:
-        raise Unavailable(
-            f"{sent.message_id} sent; no processor applied it within {args.wait:g} s (`show` "
-            "lists it once applied)"
-        )
-    emit(args, entry, f"{entry.outcome}: {entry.detail or ''}")
-    if entry.outcome in ("applied", "duplicate"):
-        return EXIT_OK
-    return EXIT_PROBLEM
-
-
-def send(
-    args: argparse.Namespace,
-    settings: ProcessorSettings,
-    action: OperatorAction,
-    name: str | None = None,
-    message: str | None = None,
-) -> OperatorRecord:
-    """Sends one operator request; the request once the broker has it.
-
-    Raises:
-        NotSent: The broker did not take it (`cli.main` exits 3).
-    """
-    from processor.runtime.assembly import operator_key
-
-    with inspect_queries(settings) as queries, producer(settings) as out:
-        return send_operator_request(
-            queries,
-            out,
-            operator_key(settings),
-            action=action,
-            saga_type=args.saga_type,
-            saga_id=args.saga_id,
-            by=operator_name(settings),
-            reason=args.reason,
-            name=name,
-            route=operator_route(settings),
-            message=message,
-        )
+    reset_arguments(what.add_parser("reset", help="go back before one input and replay from there"))
 
 
 def saga(args: argparse.Namespace, settings: ProcessorSettings) -> int:
-    """`saga cancel|terminate|resolve`: sends the request and waits for its outcome.
+    """`saga cancel|terminate|retry|resolve`: sends the request and waits for its outcome.
 
-    Exit code 0 once applied; 1 when refused (a decision nothing waits for, no such saga, an
-    ended saga) or the saga's own code failed on it (the saga is parked); 2 for ``terminate``
-    without ``--force`` (nothing is sent); 3 when not sent, or not applied within ``--wait``
-    seconds.
+    With `--where`, the action on every matching saga (`processor.cli.batch`). Exit code 0 once
+    applied; 1 when refused (a decision nothing waits for, no such saga, an ended saga) or the
+    saga's own code failed on it (the saga is parked); 2 for ``terminate`` without ``--force``
+    (nothing is sent); 3 when not sent, or not applied within ``--wait`` seconds.
     """
     if args.action == "inject":
         from processor.cli.inject import inject
 
         return inject(args, settings)
-    if args.action == "terminate" and not args.force:
+    if args.action == "reset":
+        from processor.cli.reset import reset
+
+        return reset(args, settings)
+    if args.action == "terminate" and not args.force and not args.dry_run:
         raise SagaError(
             "terminate ends the saga without compensation: whatever it did stays done. Use "
             "`saga cancel` to undo it, or pass --force to terminate anyway"
         )
+    from processor.cli.batch import batch, check_single
+
+    if args.where:
+        return batch(args, settings)
+    check_single(args)
     action = {
         "cancel": OperatorAction.CANCEL,
         "terminate": OperatorAction.TERMINATE,
+        "retry": OperatorAction.PARKED_RETRY,
         "resolve": OperatorAction.RESOLVE,
     }[args.action]
     return request(args, settings, action, getattr(args, "decision", None))

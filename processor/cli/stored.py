@@ -178,7 +178,7 @@ def retry_from_settings(
 
 def parked(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     """Prints parked sagas, longest parked first, then sagas waiting on a person; exit code 0."""
-    from processor.cli.inspect import inspect_queries
+    from processor.cli.commands import inspect_queries
     from processor.engine.output import WAITING_ON_A_PERSON
 
     with operator_queries(settings) as queries:

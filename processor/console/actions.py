@@ -23,7 +23,7 @@ from processor.console.protect import Keys, row_id
 from processor.errors import SagaError
 from processor.wire import OperatorAction
 
-__all__ = ["Guard", "action_routes"]
+__all__ = ["Guard", "action_routes", "checked_form"]
 
 # Actions that destroy what cannot be had back: their forms ask for a confirmation (terminate asks
 # its own, naming what it leaves undone).
@@ -40,37 +40,47 @@ class Guard:
     token_name: str
 
 
+async def checked_form(
+    guard: Guard, request: Request, action: str
+) -> tuple[dict[str, str], Identity, Response | None]:
+    """The posted form of ``action`` and who acts, or the response that refuses it.
+
+    Refused: actions off, no form token of this page, a wrong key sent with it, a role that does
+    not allow the action (403), no reason (400), or no confirmation of what cannot be undone.
+    """
+    identity = guard.who(request)
+    if not guard.enabled:
+        return {}, identity, Response("actions are disabled", 403)
+    form, refused = await guard.keys.form(request)
+    if refused is not None:
+        return form, identity, refused
+    if form.get("token"):
+        # A key sent with the action: the shared token, or an operator's own with its name.
+        name = form.get("operator") or guard.token_name
+        signed, refused = guard.keys.sign_in(request, name, form["token"])
+        if refused is not None:
+            return form, identity, refused
+        if signed is None:
+            return form, identity, Response("wrong token", 403)
+        identity = signed
+    needed = allowed(identity, action)
+    if needed is not None:
+        who_text = identity.name or "nobody signed in"
+        return form, identity, Response(f"{action} needs the {needed} role ({who_text})", 403)
+    if not form.get("reason", "").strip():
+        return form, identity, Response("a reason is required", 400)
+    if action in _FOR_GOOD and form.get("confirm") != "yes":
+        return form, identity, Response(f"{action} cannot be undone: confirm it", 400)
+    return form, identity, None
+
+
 def action_routes(backend: Backend, guard: Guard) -> list[Route]:
     """The POST routes of the actions over ``backend``, each checked by ``guard``."""
-    keys, who, enabled, token_name = guard.keys, guard.who, guard.enabled, guard.token_name
 
     async def _form(
         request: Request, action: str
     ) -> tuple[dict[str, str], Identity, Response | None]:
-        identity = who(request)
-        if not enabled:
-            return {}, identity, Response("actions are disabled", 403)
-        form, refused = await keys.form(request)
-        if refused is not None:
-            return form, identity, refused
-        if form.get("token"):
-            # A key sent with the action: the shared token, or an operator's own with its name.
-            name = form.get("operator") or token_name
-            signed, refused = keys.sign_in(request, name, form["token"])
-            if refused is not None:
-                return form, identity, refused
-            if signed is None:
-                return form, identity, Response("wrong token", 403)
-            identity = signed
-        needed = allowed(identity, action)
-        if needed is not None:
-            who_text = identity.name or "nobody signed in"
-            return form, identity, Response(f"{action} needs the {needed} role ({who_text})", 403)
-        if not form.get("reason", "").strip():
-            return form, identity, Response("a reason is required", 400)
-        if action in _FOR_GOOD and form.get("confirm") != "yes":
-            return form, identity, Response(f"{action} cannot be undone: confirm it", 400)
-        return form, identity, None
+        return await checked_form(guard, request, action)
 
     async def saga_action(request: Request) -> Response:
         action = request.path_params["action"]

@@ -35,6 +35,7 @@ from starlette.templating import Jinja2Templates
 from processor.console.actions import Guard, action_routes
 from processor.console.auth import COOKIE, Authenticator, Identity
 from processor.console.backend import Backend
+from processor.console.batch import batch_routes
 from processor.console.outage import Unreachable
 from processor.console.protect import FormTokens, Keys, Shield, Throttle, row_id
 from processor.console.query import OUTCOMES, REFRESH_CHOICES, duration, list_filters
@@ -207,7 +208,8 @@ def create_app(
             query = {k: v for k, v in p.items() if k != "after"}
             query["after"] = cursor(last)
             more = "/sagas?" + urlencode(query)
-        return render(request, "sagas.html", rows=rows, more=more, title="Sagas", params=p)
+        page: dict[str, Any] = {"rows": rows, "more": more, "title": "Sagas", "params": p}
+        return render(request, "sagas.html", listing=True, **page)
 
     def stuck(request: Request) -> Response:
         p = request.query_params
@@ -301,8 +303,9 @@ def create_app(
         )
 
     def audit(request: Request) -> Response:
-        rows = backend.audit(limit=200)
-        return render(request, "audit.html", rows=rows, title="Operator actions")
+        batch = request.query_params.get("batch") or None
+        rows = backend.audit(limit=1000 if batch else 200, batch=batch)
+        return render(request, "audit.html", rows=rows, batch=batch, title="Operator actions")
 
     def failed_outbox(request: Request) -> Response:
         rows = backend.failed_outbox(limit=200)
@@ -323,7 +326,8 @@ def create_app(
         Route("/failed-outbox", failed_outbox),
         Route("/audit", audit),
         *_cluster_routes(backend, render),
-        *action_routes(backend, Guard(checks, who, enabled, token_name)),
+        *action_routes(backend, guard := Guard(checks, who, enabled, token_name)),
+        *batch_routes(backend, guard, render),
     ]
 
     @contextlib.asynccontextmanager

@@ -16,7 +16,8 @@ An identity comes from one of three places, first match wins:
 
 Roles nest: a ``viewer`` reads (payloads only when ``SAGA_CONSOLE__SHOW_PAYLOADS`` allows), an
 ``operator`` also retries, skips, fires deadlines, cancels, resolves and replays, an ``admin``
-also terminates, purges and discards. Pure: the app hands in headers, the peer and the cookie.
+also terminates, purges, discards and acts on every saga a filter matches (a batch). Pure:
+the app hands in headers, the peer and the cookie.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ ACTION_ROLES: dict[str, Role] = {
     "terminate": "admin",
     "purge": "admin",
     "discard": "admin",
+    # One action on every saga a filter matches (the sagas list's batch form).
+    "batch": "admin",
 }
 
 COOKIE = "saga_console"

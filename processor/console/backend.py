@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import getpass
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import cached_property
 from typing import Any
@@ -19,6 +19,7 @@ from processor.bootstrap.adapters import Adapters, InspectQueries
 from processor.definition import definition_of
 from processor.errors import SagaDefinitionError, SagaError
 from processor.machine import MachineSaga, MachineSpec
+from processor.ops.batch import BatchSent, Selection, select, send_batch
 from processor.ops.inspect import (
     purge_dead_letters,
     replay_dead_letter,
@@ -240,8 +241,34 @@ class Backend:
             return discard_failed_rows(store, reason=reason, row_id=row_id, actor=who)
 
     def audit(
-        self, limit: int, saga_type: str | None = None, saga_id: str | None = None
+        self,
+        limit: int,
+        saga_type: str | None = None,
+        saga_id: str | None = None,
+        batch: str | None = None,
     ) -> list[AuditRow]:
-        """Recorded operator actions, newest first; of one saga (type, or type and id) if given."""
+        """Recorded operator actions, newest first; of one saga (type, or type and id), or batch."""
         with self.inspect() as queries:
-            return queries.audit(saga_type=saga_type, saga_id=saga_id, limit=limit)
+            return queries.audit(saga_type=saga_type, saga_id=saga_id, limit=limit, batch=batch)
+
+    # -- batches -------------------------------------------------------------------------------
+
+    def batch_select(self, action: str, where: Mapping[str, str], limit: int) -> Selection:
+        """The sagas a batch of ``action`` would touch (see :func:`processor.ops.batch.select`)."""
+        with self.inspect() as queries:
+            return select(queries, action, where, limit)
+
+    def batch_send(
+        self, selection: Selection, reason: str, *, actor: str | None = None
+    ) -> BatchSent:
+        """Records the batch and sends its requests; does not wait for their outcomes."""
+        with self.inspect() as queries:
+            return send_batch(
+                queries,
+                self.producer(),
+                operator_key(self.settings),
+                selection,
+                by=actor or self.by,
+                reason=reason,
+                route=self.route(),
+            )

@@ -26,6 +26,7 @@ from processor.engine.handlers import Handlers
 from processor.engine.inject import as_event, name_operator
 from processor.engine.output import RowWriter
 from processor.engine.records import Record
+from processor.engine.reset import Resets
 from processor.engine.route import REPLAYS, Router
 from processor.engine.rows import (
     ACTIVE,
@@ -83,6 +84,7 @@ class OperatorSteps:
         self._route = router.route
         self._registry = registry
         self._expiry = expiry
+        self._reset = Resets(writer, router, registry, deadlines).reset
 
     def step(self, p: Pass, w: Working, item: Item) -> None:
         """Plans one routed item against its saga (the consumer's batch and a retry's replay)."""
@@ -139,6 +141,10 @@ class OperatorSteps:
             assert isinstance(event.decoded, Event)
             self._event(p, w, event, event.decoded, mkey)
             name_operator(ws.history[written:], item, label)
+            return
+        if req.action == OperatorAction.RESET:
+            label = f"operator reset before {req.name} by {req.by}: {req.reason}"[:1000]
+            self._reset(p, w, item, label, self.step)
             return
         if w.status == PARKED:
             # Held in order with the rest; a retry of the saga replays it.
@@ -361,6 +367,9 @@ def _audit(
     key = (w.bound.saga_type, w.saga_id)
     rows = [h for h in ws.history[history:] if (h.saga_type, h.saga_id) == key]
     target: dict[str, Any] = {"request": item.message_id}
+    # `audit list --batch` and the batch's own wait find its requests by this key.
+    if req.batch is not None:
+        target["batch"] = req.batch
     if req.name is not None:
         target["name"] = req.name
     if decided.version is not None:

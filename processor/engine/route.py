@@ -206,6 +206,8 @@ class Router:
         wants.operator_keys.add(mkey)
         if req.action in REPLAYS:
             wants.held_keys.add(key)
+        elif req.action == OperatorAction.RESET:
+            wants.history_keys.add(key)
         return Item(d, bound, req.saga_id)
 
 

@@ -46,6 +46,9 @@ class Outcome(StrEnum):
     OPERATOR_REFUSED = "operator-refused"
     # A held message an operator dropped instead of replaying (`parked skip`).
     SKIPPED = "skipped"
+    # An applied input an operator's reset ran again (`saga reset`); the input's first row
+    # stays `applied`, the duplicate detector.
+    REPLAYED = "replayed"
 
 
 DECIDED = frozenset(
@@ -113,6 +116,26 @@ class Loaded:
     # Of ``Wants.operator_keys``: the operator records already decided (an outcome in
     # ``DECIDED``, not only applied); a copy of one is a duplicate.
     decided: AbstractSet[tuple[str, str, str]] = frozenset()
+    # For the sagas in ``Wants.history_keys``: their applied and replayed inputs, oldest first.
+    # Their deadline rows are in ``deadlines`` too.
+    history: Mapping[SagaKey, Sequence[PastInput]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PastInput:
+    """One input a saga applied, as its history row keeps it, for an operator's reset."""
+
+    message_id: str
+    message_type: str
+    kind: str
+    outcome: str
+    version: int | None
+    topic: str | None
+    partition: int | None
+    offset: int | None
+    headers: Mapping[str, str] | None
+    payload: bytes | None
+    effects: Mapping[str, Any] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +156,8 @@ class Wants:
     # The batch's operator records (saga type, saga id, message id): load those decided
     # whatever their outcome. A statement of its own, run only for a batch that holds one.
     operator_keys: set[tuple[str, str, str]] = field(default_factory=set)
+    # Sagas an operator's reset in this batch rebuilds: load their history and deadlines.
+    history_keys: set[SagaKey] = field(default_factory=set)
 
 
 @dataclass(slots=True)

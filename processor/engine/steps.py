@@ -14,7 +14,7 @@ from processor.engine.working import Item, MessageKey, Pass, Working
 from processor.runner import DeadlineInput, EventInput
 
 # In the parked reason of a saga held by an event newer than the code; a processor that starts
-# with newer code retries those sagas (processor.ops.parked.resume_too_new).
+# with newer code retries those sagas (processor.runtime.resume.resume_too_new).
 TOO_NEW = "is newer than this code knows"
 
 
@@ -135,3 +135,23 @@ class DeadlineSteps:
             # Consumed by its own handler's transaction, unless the handler set it anew. A
             # handler that failed keeps it, so the parked saga's retry runs it once fixed.
             w.deadline_ops.setdefault(fired.name, None)
+
+    def refire(self, p: Pass, w: Working, item: Item, fired: FiredDeadline) -> None:
+        """A fired deadline an operator's reset replays (``processor.engine.reset``).
+
+        The saga being rebuilt keeps its deadlines in ``w.deadline_ops``, none stored: the
+        deadline runs again if the rebuilt saga scheduled one of that name and still waits for
+        it, with what it scheduled; else it is stale, as a fire after a cancel would have been.
+        """
+        ws, now = p.ws, p.now
+        pending = w.deadline_ops.get(fired.name)
+        if pending is None or w.status != ACTIVE or w.cleared:
+            self._history(ws, w, item, Outcome.DEADLINE_STALE)
+            return
+        if fired.name not in w.bound.definition.deadline_handlers:
+            self._fail(ws, w, item, f"no deadline handler for {fired.name!r}")
+            return
+        inp = DeadlineInput(fired.name, pending.id, pending.payload, pending.due_at)
+        call = lambda: w.bound.handle_deadline(w.state, w.saga_id, inp, now)  # noqa: E731
+        if self._run(ws, w, item, call, now) and w.deadline_ops.get(fired.name) is pending:
+            w.deadline_ops[fired.name] = None

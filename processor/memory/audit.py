@@ -51,6 +51,7 @@ class MemoryAuditLog:
         saga_id: str | None = None,
         action: str | None = None,
         limit: int = 100,
+        batch: str | None = None,
     ) -> list[AuditRow]:
         """Entries newest first, narrowed by the filters given."""
         oldest = self.clock() - since if since is not None else None
@@ -62,5 +63,6 @@ class MemoryAuditLog:
                 and (saga_id is None or r.saga_id == saga_id)
                 and (action is None or r.action == action)
                 and (oldest is None or r.at >= oldest)
+                and (batch is None or r.target.get("batch") == batch)
             ]
         return sorted(picked, key=lambda r: (r.at, r.id), reverse=True)[:limit]

@@ -18,6 +18,7 @@ from processor.engine.rows import (
     Loaded,
     Outcome,
     ParkedMessage,
+    PastInput,
     SagaKey,
     SagaRow,
     SagaStatus,
@@ -105,13 +106,13 @@ class MemoryBatchStore:
             if key in wants.held_keys:
                 held.setdefault(key, []).append(HeldMessage(pid, p.record))
         if wants.held_keys:
-            # The held fired deadlines of a replayed saga look up their rows.
-            deadlines.update(
-                (i, d.ref)
-                for i, d in t.deadlines.items()
-                if (d.saga_type, d.saga_id) in wants.held_keys
-            )
             lease = t.lease_token
+        # The held fired deadlines of a replayed saga look up their rows; a reset replaces them.
+        rebuilt = wants.held_keys | wants.history_keys
+        if rebuilt:
+            deadlines.update(
+                (i, d.ref) for i, d in t.deadlines.items() if (d.saga_type, d.saga_id) in rebuilt
+            )
         return Loaded(
             sagas,
             applied,
@@ -121,6 +122,7 @@ class MemoryBatchStore:
             tombstones=tombstones,
             held=held,
             decided=self._decided(wants),
+            history=self._history(wants.history_keys),
         )
 
     def _decided(self, wants: Wants) -> set[tuple[str, str, str]]:
@@ -137,6 +139,19 @@ class MemoryBatchStore:
             if h.outcome in DECIDED
             and (key := (h.saga_type, h.saga_id, h.message_id)) in wants.operator_keys
         }
+
+    def _history(self, keys: set[SagaKey]) -> dict[SagaKey, list[PastInput]]:
+        """The applied and replayed inputs of the sagas a reset rebuilds, oldest first."""
+        found: dict[SagaKey, list[PastInput]] = {}
+        for h in self.tables.history if keys else ():
+            key = (h.saga_type, h.saga_id)
+            if key in keys and h.outcome in (Outcome.APPLIED, Outcome.REPLAYED):
+                headers = dict(h.headers) if h.headers is not None else None
+                where = (h.topic, h.partition, h.offset)
+                row = (h.message_id, h.message_type, h.kind, str(h.outcome), h.version)
+                past = PastInput(*row, *where, headers, h.payload, h.effects)
+                found.setdefault(key, []).append(past)
+        return found
 
     def purge_ended(self) -> int:
         """Purges every ended saga as retention would: its row and history go, a tombstone stays.

@@ -35,6 +35,7 @@ __all__ = [
     "NotSent",
     "OperatorRefused",
     "RequestDeadLettered",
+    "operator_request",
     "purge_dead_letters",
     "replay_dead_letter",
     "send_operator_request",
@@ -135,6 +136,50 @@ def send_operator_request(
             event on record, or the broker did not acknowledge the record.
         NoSuchSaga: There is no such saga instance.
     """
+    request, row = operator_request(
+        store,
+        key,
+        action=action,
+        saga_type=saga_type,
+        saga_id=saga_id,
+        by=by,
+        reason=reason,
+        name=name,
+        route=route,
+        clock=clock,
+        message=message,
+    )
+    failures = producer.send([row], timeout)
+    if failures:
+        raise NotSent(f"the broker did not take the request: {failures[0]}")
+    return request
+
+
+def operator_request(
+    store: InspectStore,
+    key: bytes | None,
+    *,
+    action: OperatorAction,
+    saga_type: str,
+    saga_id: str,
+    by: str,
+    reason: str,
+    name: str | None = None,
+    route: Callable[[str, bytes, int], int] | None = None,
+    clock: Callable[[], float] = time.time,
+    message: str | None = None,
+    batch: str | None = None,
+) -> tuple[OperatorRecord, OutboxRow]:
+    """The signed request and the row that carries it to the saga's input partition, unsent.
+
+    What :func:`send_operator_request` sends; a batch (:mod:`processor.ops.batch`) sends many
+    such rows at once, each carrying ``batch``.
+
+    Raises:
+        OperatorRefused: No operator key is configured, no reason was given, or the saga has
+            no event on record.
+        NoSuchSaga: There is no such saga instance.
+    """
     if key is None:
         raise OperatorRefused("no operator key: set SAGA_OPERATOR__KEY to the processor's key")
     if not reason.strip():
@@ -157,6 +202,7 @@ def send_operator_request(
         name,
         issued_at=issued_at,
         message=message,
+        batch=batch,
     )
     row = OutboxRow(
         saga_type=saga_type,
@@ -167,10 +213,7 @@ def send_operator_request(
         value=request.value(),
         partition=where[1] if route is None else route(where[0], saga_id.encode(), where[1]),
     )
-    failures = producer.send([row], timeout)
-    if failures:
-        raise NotSent(f"the broker did not take the request: {failures[0]}")
-    return request
+    return request, row
 
 
 def wait_for_outcome(

@@ -6,7 +6,7 @@ models they return live in :mod:`processor.ports.views` and :mod:`processor.port
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -175,8 +175,29 @@ class InspectStore(Protocol):
         saga_id: str | None = None,
         action: str | None = None,
         limit: int = 100,
+        batch: str | None = None,
     ) -> list[AuditRow]:
         """Operator actions newest first, narrowed by the filters given."""
+        ...
+
+    def batch_audit(self, batch: str, sagas: Sequence[tuple[str, str]]) -> list[AuditRow]:
+        """The entries of an operator batch recorded for any of ``sagas`` (type, id) so far."""
+        ...
+
+    def list_sagas(
+        self,
+        *,
+        saga_type: str | None = None,
+        status: str | None = None,
+        machine_state: str | None = None,
+        older_than: timedelta | None = None,
+        after: tuple[datetime, str, str] | None = None,
+        limit: int = 50,
+        outcome: str | None = None,
+        correlation_id: str | None = None,
+        state_contains: Sequence[Mapping[str, Any]] = (),
+    ) -> list[SagaSummary]:
+        """Sagas least recently changed first, filtered as `processor.ops.filters` reads them."""
         ...
 
 

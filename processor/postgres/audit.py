@@ -8,7 +8,7 @@ changes (`processor.postgres.inspect`, `processor.postgres.failed_outbox`).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -32,7 +32,17 @@ _FILTERS = {
     "saga_id": "saga_id = %(saga_id)s",
     "action": "action = %(action)s",
     "since": "at >= now() - %(since)s::interval",
+    # No index: a batch's entries are found by their sagas (`batch_entries`); a listing by
+    # batch alone reads the trail, which holds one row per action.
+    "batch": "target->>'batch' = %(batch)s",
 }
+# A batch's entries among its sagas: one probe of the (saga_type, saga_id, at) index per saga.
+_BATCH = f"""
+    SELECT {_COLUMNS} FROM {{audit}} AS a
+      JOIN unnest(%(types)s::text[], %(ids)s::text[]) AS k(saga_type, saga_id)
+     USING (saga_type, saga_id)
+     WHERE a.target->>'batch' = %(batch)s
+"""
 
 
 class AuditSql:
@@ -57,16 +67,28 @@ class AuditSql:
         saga_id: str | None = None,
         action: str | None = None,
         limit: int = 100,
+        batch: str | None = None,
     ) -> list[AuditRow]:
-        """Entries newest first, narrowed by the filters given."""
+        """Entries newest first, narrowed by the filters given (``batch``: its target's)."""
         params: dict[str, Any] = {
             "saga_type": saga_type,
             "saga_id": saga_id,
             "action": action,
             "since": since,
+            "batch": batch,
             "limit": limit,
         }
         rows = self.conn.execute(self.statement(params), params).fetchall()
+        return [AuditRow(*row) for row in rows]
+
+    def batch_entries(self, batch: str, sagas: Sequence[tuple[str, str]]) -> list[AuditRow]:
+        """The entries of ``batch`` recorded for any of ``sagas`` (type, id), in no order."""
+        params = {
+            "batch": batch,
+            "types": [t for t, _ in sagas],
+            "ids": [i for _, i in sagas],
+        }
+        rows = self.conn.execute(self._render(_BATCH), params).fetchall()
         return [AuditRow(*row) for row in rows]
 
     def statement(self, params: dict[str, Any]) -> str:

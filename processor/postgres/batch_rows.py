@@ -18,7 +18,7 @@ from pydantic import TypeAdapter
 from pydantic_core import to_json
 
 from processor.engine.records import Record
-from processor.engine.rows import HeldMessage
+from processor.engine.rows import HeldMessage, PastInput, SagaKey
 
 # Rows as the JSON arrays the inserts and updates read (`x->>0`, ...): the fields in that
 # order, JSON values (a saga's state, headers, effects) nested as they are. One pydantic-core call
@@ -96,6 +96,19 @@ def _plain_mapping(value: Any) -> Any:
     if isinstance(value, Mapping):
         return dict(value)
     raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+
+
+def past_inputs(rows: Sequence[Sequence[Any]]) -> dict[SagaKey, list[PastInput]]:
+    """``LOAD_HISTORY`` rows by saga, oldest first."""
+    found: dict[SagaKey, list[PastInput]] = {}
+    for t, i, mid, mtype, kind, outcome, version, topic, part, offset, h, p, e in rows:
+        headers = h if isinstance(h, Mapping) or h is None else json.loads(h)
+        past = PastInput(
+            mid, mtype, kind, outcome, version, topic, part, offset, headers,
+            bytes(p) if p is not None else None, e,
+        )  # fmt: skip
+        found.setdefault((t, i), []).append(past)
+    return found
 
 
 def held_message(row: Sequence[Any]) -> HeldMessage:

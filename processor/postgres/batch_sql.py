@@ -176,6 +176,17 @@ SELECT saga_type, saga_id, id, topic, partition, "offset", key, value, headers
  ORDER BY id
 """
 
+# An operator's reset rebuilds the saga from its applied inputs, through the (saga_type,
+# saga_id, id) index; replayed rows are those of an earlier reset.
+LOAD_HISTORY = """
+SELECT saga_type, saga_id, message_id, message_type, kind, outcome, version, topic,
+       partition, "offset", headers, payload, effects
+  FROM {history}
+ WHERE (saga_type, saga_id) IN (SELECT * FROM unnest(%b::text[], %b::text[]))
+   AND outcome IN ('applied', 'replayed')
+ ORDER BY saga_type, saga_id, id
+"""
+
 LOAD_SAGA_DEADLINES = """
 SELECT id::text, saga_type, saga_id, name, due_at, payload, dispatch_token
   FROM {deadline}

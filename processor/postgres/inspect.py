@@ -390,11 +390,21 @@ class InspectQueries(OwnedConnection):
         saga_id: str | None = None,
         action: str | None = None,
         limit: int = 100,
+        batch: str | None = None,
     ) -> list[AuditRow]:
         """Operator actions newest first, narrowed by the filters given."""
         return self._audit.entries(
-            since=since, saga_type=saga_type, saga_id=saga_id, action=action, limit=limit
+            since=since,
+            saga_type=saga_type,
+            saga_id=saga_id,
+            action=action,
+            limit=limit,
+            batch=batch,
         )
+
+    def batch_audit(self, batch: str, sagas: Sequence[tuple[str, str]]) -> list[AuditRow]:
+        """The entries of ``batch`` recorded for any of ``sagas`` (type, id) so far."""
+        return self._audit.batch_entries(batch, sagas)
 
 
 def _timeline_entry(row: tuple[Any, ...]) -> TimelineEntry:

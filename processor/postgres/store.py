@@ -22,9 +22,7 @@ from typing import Any
 from processor.engine.records import OffsetCommit
 from processor.engine.rows import (
     DeadlineRef,
-    HeldMessage,
     Loaded,
-    SagaKey,
     SagaRow,
     SagaStatus,
     Wants,
@@ -37,6 +35,7 @@ from processor.postgres.audit import encode_entries
 from processor.postgres.citus import distributed
 from processor.postgres.deadlines import LEASE_NAME
 from processor.postgres.held import Conn
+from processor.postgres.operator_reads import OperatorReads
 from processor.postgres.schema import Tables
 from processor.wire import deadline_channel, outbox_channel
 
@@ -82,7 +81,6 @@ class BatchStore:
         self._load_sagas = r(sql.LOAD_SAGAS)
         self._load_tombstones = r(sql.LOAD_TOMBSTONES)
         self._load_applied = r(sql.LOAD_APPLIED)
-        self._load_decided = r(sql.LOAD_DECIDED)
         self._load_deadlines = r(sql.LOAD_DEADLINES)
         self._load_lease = r(sql.LOAD_LEASE)
         self._insert_sagas = r(sql.INSERT_SAGAS)
@@ -94,9 +92,8 @@ class BatchStore:
         self._insert_deadlines = r(sql.INSERT_DEADLINES)
         self._insert_dead_letters = r(sql.INSERT_DEAD_LETTERS)
         self._reset_deadlines = r(sql.RESET_DEADLINES)
-        self._load_held = r(sql.LOAD_HELD)
-        self._load_saga_deadlines = r(sql.LOAD_SAGA_DEADLINES)
         self._release_held = r(sql.RELEASE_HELD)
+        self._operator = OperatorReads(tables)
         self._fire_now = r(sql.FIRE_NOW)
         self._insert_parked = r(sql.INSERT_PARKED)
         self._commit_offsets = r(sql.COMMIT_OFFSETS)
@@ -175,20 +172,10 @@ class BatchStore:
                 else None
             )
             c3 = self.conn.execute(self._load_deadlines, (ids,)) if ids else None
-            hk = sorted(wants.held_keys)
-            hargs = ([k[0] for k in hk], [k[1] for k in hk])
+            hk = wants.held_keys
             c4 = self.conn.execute(self._load_lease, (LEASE_NAME,)) if ids or hk else None
-            c6 = self.conn.execute(self._load_held, hargs) if hk else None
-            c7 = self.conn.execute(self._load_saga_deadlines, hargs) if hk else None
-            # Only a batch with operator records asks: events never pay for it.
-            okeys = wants.operator_keys
-            c8 = (
-                self.conn.execute(
-                    self._load_decided, (batch_rows.encode_message_keys(sorted(okeys)),)
-                )
-                if okeys
-                else None
-            )
+            # Rows only operator records need: none for a batch of events.
+            operator = self._operator.send(self.conn, wants)
         sagas = {
             (t, i): SagaRow(t, i, state, SagaStatus(status), version, reason, sv)
             for t, i, state, status, version, reason, sv in c1.fetchall()
@@ -206,15 +193,8 @@ class BatchStore:
         now_row = c0.fetchone()
         assert now_row is not None
         tombstones = {(t, i) for t, i in c5.fetchall()}
-        held: dict[SagaKey, list[HeldMessage]] = {}
-        if c6 is not None and c7 is not None:
-            for t, i, *rest in c6.fetchall():
-                held.setdefault((t, i), []).append(batch_rows.held_message(rest))
-            deadlines.update(
-                (did, DeadlineRef(t, i, n, due, payload, token))
-                for did, t, i, n, due, payload, token in c7.fetchall()
-            )
-        decided = {(t, i, m) for t, i, m in c8.fetchall()} if c8 else frozenset()
+        extra = self._operator.receive(operator)
+        deadlines.update(extra.deadlines)
         return Loaded(
             sagas,
             applied,
@@ -222,8 +202,9 @@ class BatchStore:
             int(lease[0]) if lease else None,
             now_row[0],
             tombstones=tombstones,
-            held=held,
-            decided=decided,
+            held=extra.held,
+            decided=extra.decided,
+            history=extra.history,
         )
 
     def write(self, ws: WriteSet, offsets: Sequence[OffsetCommit]) -> None:

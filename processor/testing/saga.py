@@ -24,7 +24,7 @@ from typing import Any, Self
 
 from processor.definition import SagaState, definition_of
 from processor.engine.decode import Event, FiredDeadline, Operator, TooNew
-from processor.engine.rows import ACTIVE, ENDED, Outcome, SagaRow
+from processor.engine.rows import ACTIVE, ENDED, HistoryRow, Outcome, SagaRow
 from processor.messages import Message, MessageMetadata, registry
 from processor.runner import bind
 from processor.testing.engine import (
@@ -49,6 +49,17 @@ DEFAULT_START_TIME = datetime(2026, 1, 1, tzinfo=UTC)
 # What the planner records for an input it does not run a handler for.
 _IGNORED = frozenset({Outcome.IGNORED_ENDED, Outcome.NO_SAGA, Outcome.DUPLICATE})
 _REFUSED = frozenset({Outcome.IGNORED_ENDED, Outcome.NO_SAGA, Outcome.OPERATOR_REFUSED})
+
+
+def _replayed_runs(history: list[HistoryRow]) -> int:
+    """How many handler runs a reset's replay made: one per replayed row that ran a handler."""
+    ran = ("event", "deadline")
+    asked = (f"operator:{OperatorAction.CANCEL}", f"operator:{OperatorAction.RESOLVE}")
+    return sum(
+        1
+        for h in history
+        if h.outcome is Outcome.REPLAYED and (h.kind in ran or h.message_type in asked)
+    )
 
 
 class SagaFixture:
@@ -240,6 +251,40 @@ class SagaFixture:
         name = registry.of(type(event)).name
         return self._operator(OperatorAction.INJECT, reason, name, event.model_dump_json())
 
+    def when_reset(
+        self, before: Message | str, *, resend: bool = False, reason: str = "reset in a test"
+    ) -> Result:
+        """An operator's ``saga reset``: the saga rebuilt before ``before``, the rest replayed.
+
+        Run it after changing a handler (a fixed bug): the inputs before ``before`` rebuild the
+        state quietly, and it and the later ones replay with the code as it is now.
+
+        Args:
+            before: The input to go back before: an event delivered earlier (the latest one
+                equal to it), or its message id.
+            resend: Let the replay send again commands of kinds those inputs already sent.
+            reason: Why, as recorded in the history.
+
+        Raises:
+            AssertionError: The processor would refuse it (the replay would send a command again
+                without ``resend``, a replayed input fails, no such input).
+        """
+        if isinstance(before, str):
+            message_id = before
+        else:
+            value = before.model_dump_json().encode()
+            key = (self.bound.saga_type, self.saga_id)
+            found = [
+                h.message_id
+                for h in self._engine.store.tables.history
+                if (h.saga_type, h.saga_id) == key and h.kind == "event" and h.payload == value
+            ]
+            if not found:
+                raise AssertionError(f"the saga applied no {type(before).__name__} like that")
+            message_id = found[-1]
+        options = '{"resend": true}' if resend else '{"resend": false}'
+        return self._operator(OperatorAction.RESET, reason, message_id, options)
+
     def _operator(
         self, action: OperatorAction, reason: str, name: str | None, message: str | None = None
     ) -> Result:
@@ -266,7 +311,13 @@ class SagaFixture:
                 f"the processor would refuse the {action}: {refused[0].outcome} "
                 f"({refused[0].detail})"
             )
-        return self._result(self.saga_id, batch.runs)
+        runs = batch.runs
+        if action == OperatorAction.RESET:
+            # The rebuild's handler runs come first and sent nothing: the result is the replay's.
+            runs = runs[len(runs) - _replayed_runs(batch.ws.history) :]
+            if self._row(self.saga_id) is not None and not self._result(self.saga_id, []).ended:
+                self._engine.outcomes.pop((self.bound.saga_type, self.saga_id), None)
+        return self._result(self.saga_id, runs)
 
     def when_time_elapses(self, delta: timedelta) -> Result:
         """Advance the virtual clock by ``delta``, firing every deadline that comes due.

@@ -637,6 +637,49 @@ def test_held_records_load_in_arrival_order_with_the_sagas_deadlines_and_release
     assert again.held[(SAGA, "s1")][0].parked_id == held[1].parked_id
 
 
+def test_a_resets_history_loads_applied_and_replayed_inputs_in_order_with_the_deadlines(
+    backing: Backing,
+) -> None:
+    store = backing.store()
+
+    def row(mid: str, outcome: Outcome, sid: str = "s1", **kw: Any) -> HistoryRow:
+        headers = {"message-id": mid, "message-type": "Ev"}
+        return HistoryRow(
+            SAGA, sid, mid, "Ev", "event", outcome, 1, A[0], A[1], 3, None, headers, **kw
+        )
+
+    start = row("m1", Outcome.APPLIED, payload=b'{"n": 1}', effects={"commands": [{"type": "C"}]})
+    dup = row("m1", Outcome.DUPLICATE, payload=b'{"n": 1}')
+    hashed = row("m2", Outcome.APPLIED, payload_sha256=b"\x01" * 32)
+    again = row("m2", Outcome.REPLAYED, payload=b'{"n": 2}')
+    other = row("m9", Outcome.APPLIED, sid="s2", payload=b"{}")
+    timeout = deadline("s1", "timeout")
+    store.write(
+        WriteSet(history=[start, dup, hashed, again, other], deadline_inserts=[timeout]), []
+    )
+    # Without reset keys no history is loaded: a batch of events pays nothing for it.
+    assert store.load(Wants({(SAGA, "s1")}, set(), set())).history == {}
+
+    loaded = store.load(Wants({(SAGA, "s1")}, set(), set(), history_keys={(SAGA, "s1")}))
+
+    inputs = loaded.history[(SAGA, "s1")]
+    assert set(loaded.history) == {(SAGA, "s1")}
+    assert [(p.message_id, p.outcome, p.payload) for p in inputs] == [
+        ("m1", "applied", b'{"n": 1}'),
+        ("m2", "applied", None),
+        ("m2", "replayed", b'{"n": 2}'),
+    ]
+    assert inputs[0].headers == {"message-id": "m1", "message-type": "Ev"}
+    assert inputs[0].effects == {"commands": [{"type": "C"}]}
+    assert (inputs[0].topic, inputs[0].partition, inputs[0].offset, inputs[0].version) == (
+        A[0],
+        A[1],
+        3,
+        1,
+    )
+    assert loaded.deadlines[timeout.id] == DeadlineRef(SAGA, "s1", "timeout", DUE, None, None)
+
+
 # -- the operators' audit trail ------------------------------------------------------------------
 
 

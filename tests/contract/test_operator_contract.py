@@ -8,9 +8,9 @@ whose ``record`` takes a list). ``OperatorStore``, ``ParkedStore`` and the rest 
 ``test_outbox_contract``.
 
 Both must agree: an operator's audit entries read back newest first, narrowed by type, id,
-action, age and limit; failed rows list in id order with their value cut to the preview and its
-whole size; a retry by a row id takes the row's whole saga back under its ids, keeping its source
-partition, while a discard by a row id takes that row alone.
+action, age, batch and limit; failed rows list in id order with their value cut to the preview
+and its whole size; a retry by a row id takes the row's whole saga back under its ids, keeping
+its source partition, while a discard by a row id takes that row alone.
 """
 
 from __future__ import annotations
@@ -224,6 +224,20 @@ def test_audit_entries_read_back_newest_first_narrowed_by_the_filters(
     assert actors(since=timedelta(hours=3)) == ["cy", "ana", "bo", "ana"]
     assert actors(limit=2) == ["cy", "ana"]
     assert actors(action="none") == []
+
+
+def test_audit_entries_of_a_batch_are_read_back_by_its_id(operator: Operator) -> None:
+    own = {"batch": "b1", "where": {"type": "transfer"}, "matched": 2}
+    operator.record_audit(AuditEntry("ana", "batch-cancel", "r", target=own, outcome="sent"))
+    for n, batch in ((1, "b1"), (2, "b2"), (3, None)):
+        target = {"request": f"operator:{n}", **({"batch": batch} if batch else {})}
+        operator.record_audit(AuditEntry("ana", "cancel", "r", "transfer", f"s-{n}", target))
+    assert [(a.action, a.saga_id) for a in operator.audit(batch="b1")] == [
+        ("cancel", "s-1"),
+        ("batch-cancel", None),
+    ]
+    assert [a.saga_id for a in operator.audit(batch="b2", action="cancel")] == ["s-2"]
+    assert operator.audit(batch="b3") == []
 
 
 # -- the failed outbox -------------------------------------------------------------------------

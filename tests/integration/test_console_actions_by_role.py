@@ -2,7 +2,8 @@
 
 With per-operator keys: someone not signed in sees no form (and no field for a key) but a link
 to sign in, a viewer sees none, an operator exactly the operator actions, an admin all of them,
-on a parked saga, an active one with a pending deadline, the dead letters and the failed outbox.
+on a parked saga, an active one with a pending deadline, the dead letters, the failed outbox and
+the sagas list (its batch form is an admin's).
 A script still sends a key with an action's POST.
 """
 
@@ -77,7 +78,7 @@ def test_each_role_sees_only_the_actions_it_may_take(
     )
     [(dead,)] = _db(o, "SELECT min(id) FROM dead_letter")
     pages = [f"/saga/{PACKING}/{packing}", f"/saga/order-saga/{order}"]
-    pages += ["/dead-letters", "/failed-outbox"]
+    pages += ["/dead-letters", "/failed-outbox", "/sagas?type=order-saga"]
 
     with chromium() as b:
         # Nobody signed in: no form, a link to sign in on each page that has something to act on.
@@ -106,11 +107,12 @@ def test_each_role_sees_only_the_actions_it_may_take(
         ("/dead-letters", "purge"),
         ("/failed-outbox", "outbox-retry"),
         ("/failed-outbox", "discard"),
+        ("/sagas?type=order-saga", "batch"),
     }
     assert expected <= everything
     assert seen["vera"] == set()
     assert seen["olga"] == {f for f in everything if ACTION_ROLES[f[1]] == "operator"}
-    assert {a for _, a in everything - seen["olga"]} == {"terminate", "purge", "discard"}
+    assert {a for _, a in everything - seen["olga"]} == {"terminate", "purge", "discard", "batch"}
 
     # A script still sends an operator's own key with the POST: it acts as that operator.
     with FormClient(console) as script:

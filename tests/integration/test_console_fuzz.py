@@ -64,7 +64,7 @@ GETS: dict[str, list[str]] = {
     "/dead-letters": ["before"],
     "/dead-letters/{row_id:int}": [],
     "/failed-outbox": [],
-    "/audit": [],
+    "/audit": ["batch"],
     "/cluster": [],
     "/healthz": [],
     "/readyz": [],
@@ -82,9 +82,25 @@ POSTS: dict[str, list[str]] = {
     ],
     "/dead-letters/{row_id:int}/{action}": ["reason", "token", "confirm"],
     "/failed-outbox/{row_id:int}/{action}": ["reason", "token", "confirm"],
+    "/sagas/batch": [
+        "action",
+        "reason",
+        "token",
+        "operator",
+        "confirm",
+        "force",
+        "type",
+        "status",
+        "state",
+        "older_than",
+        "outcome",
+        "correlation",
+        "attr",
+    ],
 }
 BENIGN = {"saga_type": "order-saga", "saga_id": "o-1", "row_id": "1", "action": "cancel"}
-FORM = {"reason": "fuzz", "force": "yes", "confirm": "yes"}
+# The batch form's action and a filter, so that a hostile value in another field reaches it.
+FORM = {"reason": "fuzz", "force": "yes", "confirm": "yes", "action": "cancel", "type": "t"}
 
 
 @pytest.fixture

@@ -153,13 +153,13 @@ def _follow(
 ) -> int:
     from contextlib import contextmanager
 
-    from processor.cli import inspect
+    from processor.cli import commands
 
     @contextmanager
     def fake(_settings: object) -> Any:
         yield queries
 
-    monkeypatch.setattr(inspect, "inspect_queries", fake)
+    monkeypatch.setattr(commands, "inspect_queries", fake)
     args = argparse.Namespace(json=False, follow_seconds=seconds)
     clock = iter(float(i) for i in range(1000))
     return follow(args, None, _view(), clock=lambda: next(clock), sleep=sleep)  # type: ignore[arg-type]
