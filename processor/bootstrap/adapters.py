@@ -17,28 +17,24 @@ from contextlib import contextmanager
 from datetime import timedelta
 
 from processor.bootstrap.clients import record_producer, relay_producer, saga_consumer
-from processor.engine.plan import Planner
 from processor.kafka import admin
 from processor.kafka.client import SagaConsumer
 from processor.kafka.metadata import KafkaTopicMetadata
 from processor.kafka.producer import KafkaRecordProducer
 from processor.kafka.watermarks import watermarks
-from processor.messages import MessageRegistry
-from processor.ops.parked import resume_too_new
 from processor.ports.cluster import ClusterView, TopicFound, TopicPlan
 from processor.ports.engine import TP
 from processor.postgres import cluster
 from processor.postgres.batch import PostgresBatchStore
 from processor.postgres.check import PostgresCheckSource
 from processor.postgres.citus import (
-    NodeMove,
     PinnedNode,
     local_node,
-    move_pin,
     pinned_node,
     use_citus,
     will_distribute,
 )
+from processor.postgres.citus_move import NodeMove, move_pin
 from processor.postgres.connect import connect
 from processor.postgres.connect import ensure_schema as migrate_to_latest
 from processor.postgres.deadlines import PostgresDeadlineStore
@@ -208,15 +204,9 @@ class Adapters:
             self.connect, self.tables, self.settings.consumer.group_id, self._instance_id
         )
 
-    def resume_parked(
-        self, planner: Planner, registry: MessageRegistry, state_versions: Mapping[str, int]
-    ) -> tuple[int, int]:
-        """Resumes the sagas parked on a version newer than earlier code knew; (went on, tried)."""
-        with self.operator_queries() as queries:
-            results = resume_too_new(
-                queries, planner, registry=registry, state_versions=state_versions
-            )
-        return sum(1 for r in results if r.ok), len(results)
+    def resume_store(self) -> OperatorQueries:
+        """The parked sagas' store on an autocommit connection of its own (a context manager)."""
+        return self.operator_queries()
 
     # -- operator tools --------------------------------------------------------------------
 

@@ -73,7 +73,7 @@ def citus_node(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     """Shows or moves the Citus node the schema's processes connect through; exit code 0.
 
     `move` is refused (exit code 2) where it would break the order of the schema's rows; see
-    :func:`processor.postgres.citus.move_pin`.
+    :func:`processor.postgres.citus_move.move_pin`.
     """
     made = adapters(settings)
     schema = made.tables.schema

@@ -1,8 +1,10 @@
 """Plans one batch: runs handlers in log order over loaded saga rows and collects every write.
 
-Pure: the caller loads what `route()` names, calls `plan()`, and writes the returned `WriteSet`
-in one transaction. Handlers only record intents, so a batch that fails to commit is simply
-planned again from freshly loaded rows.
+Pure. Every batch is made by one recipe: `prepare()` routes decoded records and names the rows to
+load, the caller loads them, `apply()` plans the batch over them, and the caller writes the
+returned `WriteSet` in one transaction. The consumer worker, its recovery, a parked saga's replay
+and the saga fixture all call these two; only the options differ. Handlers only record intents,
+so a batch that fails to commit is simply planned again from freshly loaded rows.
 
 Nothing that goes wrong for one saga escapes `plan()`: stored state that no longer loads, a handler
 that keeps failing, a command that cannot be encoded, a deadline without a handler or a new state
@@ -10,6 +12,7 @@ that cannot be stored as JSON parks that saga (its later records wait behind it)
 names the error's type and where it happened, never payload values.
 
 `Planner` composes the pieces, one module each: `route` (the sagas each record goes to),
+`prepare` (a batch routed, with its counts),
 `output` (the rows a batch writes), `handlers` (handler runs and parking), `steps` (events, fired
 deadlines, records newer than the code) and `operate` (operator records, and the step that
 dispatches each item).
@@ -26,6 +29,8 @@ from processor.engine.decode import Decoded, Event, Rejected
 from processor.engine.handlers import Handlers, HandlerSpan, load
 from processor.engine.operate import OperatorSteps
 from processor.engine.output import HistoryPayload, RowWriter
+from processor.engine.overlay import overlay
+from processor.engine.prepare import Prepared, prepare
 from processor.engine.route import Router
 from processor.engine.rows import Loaded, SagaKey, Wants, WriteSet
 from processor.engine.steps import TOO_NEW, DeadlineSteps, EventSteps
@@ -35,7 +40,15 @@ from processor.messages import Message, MessageRegistry
 from processor.runner import BoundSaga
 from processor.wire import OPERATOR_EXPIRY, Topics
 
-__all__ = ["TOO_NEW", "HistoryPayload", "Item", "Planner", "describe_error", "storable"]
+__all__ = [
+    "TOO_NEW",
+    "HistoryPayload",
+    "Item",
+    "Planner",
+    "Prepared",
+    "describe_error",
+    "storable",
+]
 
 # Seeded from the OS once per process, so replicas never share a sequence.
 _random_bits = random.Random().getrandbits
@@ -70,6 +83,8 @@ class Planner:
         operator_keys: Each operator's own key, by name.
         operator_expiry: How long after its issued-at an operator record is still applied
             (``SAGA_OPERATOR__EXPIRY``).
+        handler_span: Wraps each handler call (an OpenTelemetry span, see
+            processor/observe/tracing.py); None: no span.
     """
 
     def __init__(
@@ -85,6 +100,7 @@ class Planner:
         operator_key: bytes | None = None,
         operator_keys: Mapping[str, bytes] | None = None,
         operator_expiry: timedelta = OPERATOR_EXPIRY,
+        handler_span: HandlerSpan | None = None,
     ) -> None:
         # Without a key no operator record is accepted: they are dead-lettered, unauthenticated.
         self._router = Router(
@@ -101,6 +117,7 @@ class Planner:
         self._handlers = Handlers(
             writer, attempts=handler_attempts, deadline_ids=deadline_ids or _random_id
         )
+        self._handlers.span = handler_span
         steps = OperatorSteps(
             writer,
             self._handlers,
@@ -114,15 +131,6 @@ class Planner:
         self._fail = self._handlers.fail
         self._dead_letter = writer.dead_letter
         self._flush = writer.flush
-
-    @property
-    def handler_span(self) -> HandlerSpan | None:
-        """Wraps each handler call (an OpenTelemetry span, see processor/observe/tracing.py)."""
-        return self._handlers.span
-
-    @handler_span.setter
-    def handler_span(self, span: HandlerSpan | None) -> None:
-        self._handlers.span = span
 
     @property
     def event_types(self) -> set[type[Message]]:
@@ -140,6 +148,48 @@ class Planner:
     def route(self, decoded: Iterable[Decoded]) -> tuple[list[Item | Rejected], Wants]:
         """Expands each record into per-saga items, in order, and names the rows to load."""
         return self._router.route(decoded)
+
+    def prepare(self, decoded: Sequence[Decoded], *, only: SagaKey | None = None) -> Prepared:
+        """The batch of ``decoded`` routed: its items, the rows to load, and its counts.
+
+        Args:
+            decoded: The batch's records, decoded (``processor.engine.decode.decode``), in log
+                order.
+            only: Prepare only this saga's share (a parked saga's replay): the records that
+                route to it, and the rejected ones; the rows only it reads.
+        """
+        return prepare(self._router, decoded, only)
+
+    def apply(
+        self,
+        prepared: Prepared,
+        loaded: Loaded,
+        *,
+        now: datetime | None = None,
+        replay: bool = False,
+        park: Mapping[SagaKey, str] | None = None,
+        prior: WriteSet | None = None,
+    ) -> WriteSet:
+        """Plans a prepared batch over the rows its ``wants`` named (see :meth:`plan`).
+
+        Args:
+            prepared: What :meth:`prepare` returned.
+            loaded: The rows ``prepared.wants`` named, as stored.
+            now: The clock reading handlers see; None: the database's, ``loaded.now``.
+            replay: The records were held behind a parked saga (see :meth:`plan`).
+            park: Sagas to park at their first item instead of running them (see :meth:`plan`).
+            prior: The batch still committing before this one: planned as if it had committed.
+        """
+        if prior is not None:
+            loaded = overlay(loaded, prior)
+        return self.plan(
+            prepared.items,
+            loaded,
+            loaded.now if now is None else now,
+            unrouted=prepared.unrouted,
+            replay=replay,
+            park=park,
+        )
 
     def plan(
         self,

@@ -145,8 +145,16 @@ class SagaConsumer:
         self._next_check = 0.0
         # Times the broker was asked whether the group goes on without this member.
         self.membership_checks = 0
-        self._consumer = Consumer(conf)
-        self.rejoin()
+        # Made, and subscribed, by the first consume(): a processor is built whole before it
+        # starts, and joins the group only once it polls (a member that joins and does not
+        # poll holds a rebalance up).
+        self._made: Consumer | None = None
+
+    @property
+    def _consumer(self) -> Consumer:
+        if self._made is None:
+            self._made = Consumer(self._conf)
+        return self._made
 
     # Cooperative rebalancing hands over only the changed partitions; these callbacks must use
     # the incremental calls, or partitions are left unconsumed.
@@ -203,6 +211,8 @@ class SagaConsumer:
         return frozenset(self._assigned_tps)
 
     def consume(self, max_records: int, timeout: float) -> list[Record]:
+        if self._made is None:
+            self.rejoin()
         out: list[Record] = []
         if self._assigned_tps:
             self._idle_since = self._absent_since = None
@@ -336,7 +346,7 @@ class SagaConsumer:
             settled,
         )
         self.rebalances["replaced"] += 1
-        old, self._consumer = self._consumer, Consumer(self._conf)
+        old, self._made = self._consumer, Consumer(self._conf)
         self.rejoin()
         threading.Thread(
             target=_close_quietly, args=(old,), name="consumer-close", daemon=True
@@ -387,7 +397,8 @@ class SagaConsumer:
             marks_client, self._marks_client = self._marks_client, None
         if marks_client is not None:
             marks_client.close()
-        self._consumer.close()
+        if self._made is not None:
+            self._made.close()
 
 
 def _close_quietly(consumer: Consumer) -> None:

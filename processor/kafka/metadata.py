@@ -38,7 +38,15 @@ class KafkaTopicMetadata:
             "logger": client_logger(),
         }
         self._timeout = timeout
-        self._consumer = Consumer(conf)
+        self._conf = conf
+        # Made on first use: a processor is built whole before it starts, and connects then.
+        self._made: Consumer | None = None
+
+    @property
+    def _consumer(self) -> Consumer:
+        if self._made is None:
+            self._made = Consumer(self._conf)
+        return self._made
 
     def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -65,4 +73,5 @@ class KafkaTopicMetadata:
         return out
 
     def close(self) -> None:
-        self._consumer.close()
+        if self._made is not None:
+            self._made.close()

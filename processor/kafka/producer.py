@@ -112,12 +112,15 @@ class KafkaRecordProducer:
 
     def __init__(self, factory: Callable[[], Producer]) -> None:
         self._factory = factory
-        self._producer = factory()
+        # Made on first send: a processor is built whole before it starts, and connects then.
+        self._producer: Producer | None = None
 
     def send(self, records: Sequence[OutboxRow], timeout: float) -> list[SendFailure]:
         failures: list[SendFailure] = []
         missing: list[int] = []
         producer = self._producer
+        if producer is None:
+            producer = self._producer = self._factory()
 
         try:
             for index, row in enumerate(records):
@@ -197,4 +200,5 @@ class KafkaRecordProducer:
         self._producer = self._factory()
 
     def close(self, timeout: float) -> None:
-        self._producer.flush(timeout)
+        if self._producer is not None:
+            self._producer.flush(timeout)

@@ -28,7 +28,7 @@ from processor.machine.steps import Orchestration
 from processor.messages import Message
 
 if TYPE_CHECKING:
-    from processor.machine.orchestrator import OrchestratedSaga
+    from processor.machine.driven import Driven
 
 __all__ = ["declaration_problems", "install", "keep_start"]
 
@@ -127,7 +127,7 @@ def _start_handler(o: Orchestration) -> ReplyHandler:
         settings[f"{what}_{i}"] = Annotated[value_type, Setting(key, default=default)]
         targets[f"{what}_{i}"] = (what, name)
 
-    def apply(saga: OrchestratedSaga, event: Message, io: HandlerIo, **configured: Any) -> None:
+    def apply(saga: Driven, event: Message, io: HandlerIo, **configured: Any) -> None:
         chosen: dict[str, dict[str, Any]] = {"timeouts": {}, "retries": {}, "late_windows": {}}
         sla = None
         for parameter, value in configured.items():

@@ -21,7 +21,7 @@ from processor.machine.steps import Orchestration
 from processor.messages import Message
 
 if TYPE_CHECKING:
-    from processor.machine.orchestrator import OrchestratedSaga
+    from processor.machine.driven import Driven
     from processor.machine.stepping import StepMachine
 
 __all__ = [
@@ -80,7 +80,7 @@ def on_reply(
     if problems:
         raise SagaDefinitionError(problems, subject=where)
 
-    def apply(saga: OrchestratedSaga, event: Any, io: HandlerIo) -> None:
+    def apply(saga: Driven, event: Any, io: HandlerIo) -> None:
         reason = getattr(event, reason_field, None) if reason_field else None
         saga.reply(step, kind, io.commands, io.deadlines, io.lifecycle, reason=reason)
 
@@ -117,7 +117,7 @@ def on_decision(
         name = getattr(event_type, "__name__", event_type)
         raise SagaDefinitionError(problems, subject=f"on_decision({name})")
 
-    def apply(saga: OrchestratedSaga, event: Any, io: HandlerIo) -> None:
+    def apply(saga: Driven, event: Any, io: HandlerIo) -> None:
         decision = str(getattr(event, decision_field))
         reason = getattr(event, reason_field, None) if reason_field else None
         saga.resolve(decision, io.commands, io.deadlines, io.lifecycle, reason=reason)  # type: ignore[arg-type]
@@ -168,7 +168,7 @@ def build_handler(
     extra = dict(settings or {})
 
     def handler(
-        self: OrchestratedSaga,
+        self: Driven,
         event: Any,
         commands: SagaCommands,
         deadlines: SagaDeadlines,

@@ -10,18 +10,19 @@ from typing import TYPE_CHECKING
 
 from processor.machine.analysis import MachineSpec
 from processor.machine.progress import SAGA_DEADLINE, STEP_TIMER
+from processor.machine.replies import wiring_warnings
 from processor.machine.saga import _saga_name
 from processor.machine.states import MachineState, Transitions
 
 if TYPE_CHECKING:
-    from processor.machine.orchestrator import OrchestratedSaga
+    from processor.machine.stepping import StepMachine
 
 __all__ = ["orchestration_spec"]
 
 _S = MachineState
 
 
-def orchestration_spec(cls: type[OrchestratedSaga]) -> MachineSpec:
+def orchestration_spec(cls: type[StepMachine]) -> MachineSpec:
     """Describe the machine ``cls``'s orchestration actually uses."""
     o = cls.orchestration
     used = {_S.NEW, _S.COMPENSATING, _S.COMPLETED, _S.FAILED}
@@ -74,7 +75,7 @@ def orchestration_spec(cls: type[OrchestratedSaga]) -> MachineSpec:
         timers={s: t for s, t in timers.items() if s in used},
         ending=frozenset(ending),
         notes={s: n for s, n in notes.items() if s in used and n},
-        wiring=tuple(cls.wiring_warnings()),
+        wiring=tuple(wiring_warnings(cls)),
         substates={
             state: names
             for state, names in (

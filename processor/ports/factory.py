@@ -3,16 +3,18 @@
 :class:`processor.runtime.processor.Processor` builds its loops from an :class:`AdapterFactory`
 and names no adapter; ``processor.bootstrap`` implements it over PostgreSQL and Kafka from the
 processor's settings. Each method returns a new object, configured (connection options,
-producer settings, channels) as that loop needs it, so the runtime never chooses them.
+producer settings, channels) as that loop needs it, so the runtime never chooses them. Adapters
+only: what the runtime does with them is the runtime's (a method that handed back a function of
+a higher layer would let the runtime run it past the layer test, which
+``tests/unit/test_purity.py`` checks).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Protocol
 
-from processor.engine.plan import Planner
-from processor.messages import MessageRegistry
 from processor.ports.cluster import DatabaseSample
 from processor.ports.deadlines import DeadlineStore
 from processor.ports.engine import (
@@ -25,6 +27,7 @@ from processor.ports.engine import (
     TopicMetadata,
     WakeSource,
 )
+from processor.ports.operator import ResumeStore
 from processor.ports.outbox import OutboxStore
 
 __all__ = ["AdapterFactory", "DatabaseGauges"]
@@ -112,12 +115,9 @@ class AdapterFactory(Protocol):
         """A reader of the processor's tables for the metrics sampler."""
         ...
 
-    def resume_parked(
-        self, planner: Planner, registry: MessageRegistry, state_versions: Mapping[str, int]
-    ) -> tuple[int, int]:
-        """Resumes the sagas parked on a version newer than the code that parked them knew.
+    def resume_store(self) -> AbstractContextManager[ResumeStore]:
+        """The parked sagas and their held records, on a connection of its own (closed on leaving).
 
-        Returns:
-            How many went on, and how many were tried.
+        The runtime resumes those parked on a version newer than their code knew over it.
         """
         ...

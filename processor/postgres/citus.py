@@ -30,8 +30,6 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg import sql
-from psycopg.types.json import Jsonb
 
 from processor.errors import ConfigurationError
 from processor.settings.database import Distributed
@@ -44,15 +42,14 @@ __all__ = [
     "CitusUnavailable",
     "Distributed",
     "MigrationsOffCoordinator",
-    "MoveRefused",
-    "NodeMove",
     "distribute_schema",
     "distributed",
     "local_node",
-    "move_pin",
     "pin_node",
+    "pin_table",
     "pinned_node",
     "placement",
+    "read_pin",
     "refuse_migrations_off_coordinator",
     "use_citus",
     "will_distribute",
@@ -154,7 +151,7 @@ def pin_node(conn: psycopg.Connection[Any], schema: str, who: str) -> PinnedNode
     here = local_node(conn)
     if here is None:
         return None
-    table = _pin_table(schema)
+    table = pin_table(schema)
     with conn.transaction():
         exists = conn.execute(
             "SELECT to_regclass(%s) IS NOT NULL, has_table_privilege(to_regclass(%s), 'INSERT')",
@@ -162,7 +159,7 @@ def pin_node(conn: psycopg.Connection[Any], schema: str, who: str) -> PinnedNode
         ).fetchone()
         if not exists or not exists[0]:
             return None
-        pinned = _read_pin(conn, table)
+        pinned = read_pin(conn, table)
         if pinned is None:
             if not exists[1]:
                 # A role that only reads (the console's) records nothing: reads do not depend
@@ -173,7 +170,7 @@ def pin_node(conn: psycopg.Connection[Any], schema: str, who: str) -> PinnedNode
                 " ON CONFLICT DO NOTHING",
                 (here[0], here[1], who),
             )
-            pinned = _read_pin(conn, table)
+            pinned = read_pin(conn, table)
     if pinned is None:  # the row was removed between the two statements: record again
         return pin_node(conn, schema, who)
     if pinned.group_id != here[0]:
@@ -183,18 +180,18 @@ def pin_node(conn: psycopg.Connection[Any], schema: str, who: str) -> PinnedNode
 
 def pinned_node(conn: psycopg.Connection[Any], schema: str) -> PinnedNode | None:
     """The node recorded for ``schema`` by :func:`pin_node`; None if none is (or no table)."""
-    table = _pin_table(schema)
+    table = pin_table(schema)
     exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
     if not exists or not exists[0]:
         return None
-    return _read_pin(conn, table)
+    return read_pin(conn, table)
 
 
-def _pin_table(schema: str) -> str:
+def pin_table(schema: str) -> str:
     return '"' + schema.replace('"', '""') + '".citus_node'
 
 
-def _read_pin(conn: psycopg.Connection[Any], table: str) -> PinnedNode | None:
+def read_pin(conn: psycopg.Connection[Any], table: str) -> PinnedNode | None:
     row = conn.execute(f"SELECT group_id, node, pinned_by, pinned_at FROM {table}").fetchone()
     if row is None:
         return None
@@ -315,149 +312,3 @@ def placement(conn: psycopg.Connection[Any], schema: str) -> tuple[str, int] | N
         (schema,),
     ).fetchone()
     return (str(row[0]), int(row[1])) if row else None
-
-
-@dataclass(frozen=True)
-class NodeMove:
-    """What :func:`move_pin` did: the node before and after, and each sequence it raised."""
-
-    before: PinnedNode | None
-    after: PinnedNode
-    raised: dict[str, int]
-
-
-class MoveRefused(ConfigurationError):
-    """The schema's processes cannot move to the connected node (the reason says why)."""
-
-    def __init__(self, problem: str) -> None:
-        super().__init__([problem])
-
-
-def move_pin(
-    conn: psycopg.Connection[Any],
-    schema: str,
-    actor: str,
-    reason: str | None = None,
-    *,
-    lease_table: str | None = None,
-) -> NodeMove:
-    """Makes the connected node the one ``schema``'s processes use, in one transaction.
-
-    The move is an operator's action: it enters the operators' trail (``operator_audit``) in
-    the same transaction, under ``actor`` and ``reason``.
-
-    Run with every process of the schema stopped: a process still connected through the old
-    node would write beside the new ones. A replica still connected to any node of the cluster
-    is found by its connections' name (``saga:`` and an instance id that owns a partition in
-    the schema's positions or held the deadline lease in ``lease_table``), and the move is
-    refused. Each identity sequence of the schema's tables is raised on this node above the
-    largest id its table holds, so that rows written through this node sort after every older
-    row, as the relay and the held records' replays need.
-
-    Raises:
-        MoveRefused: Not on Citus, the schema is not distributed (plain tables are on the
-            coordinator alone), a replica of the schema is still connected, or a table holds
-            ids above this node's range (a worker numbers from its group id times 2^48 up to
-            the next group's start: a move to a worker of a lower group than the ids come from
-            would reuse or reorder ids).
-    """
-    here = local_node(conn)
-    if here is None:
-        raise MoveRefused("the database is not a Citus node: there is no node to move to")
-    with conn.transaction():
-        if not distributed(conn, schema):
-            raise MoveRefused(
-                f"schema {schema} is not a Citus distributed schema: its tables are on the "
-                "coordinator alone, where its processes connect"
-            )
-        running = _running(conn, schema, lease_table)
-        if running:
-            raise MoveRefused(
-                f"processes of schema {schema} are still connected ("
-                + ", ".join(f"{name} on {node}" for name, node in running)
-                + "): stop every process of the schema, then move"
-            )
-        table = _pin_table(schema)
-        conn.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
-        before = _read_pin(conn, table)
-        raised: dict[str, int] = {}
-        for name, sequence, last, limit in conn.execute(_IDENTITIES, (schema,)).fetchall():
-            top = conn.execute(
-                sql.SQL("SELECT max(id) FROM {}.{}").format(
-                    sql.Identifier(schema), sql.Identifier(name)
-                )
-            ).fetchone()
-            highest = int(top[0]) if top and top[0] is not None else 0
-            if highest >= int(limit):
-                raise MoveRefused(
-                    f"{schema}.{name} holds ids up to {highest}, above what {here[1]} (group "
-                    f"{here[0]}) numbers ({limit} at most): move to a node of a higher group, "
-                    "or to the coordinator"
-                )
-            if highest and (last is None or int(last) < highest):
-                conn.execute("SELECT setval(%s, %s)", (sequence, highest))
-                raised[name] = highest
-        conn.execute(f"DELETE FROM {table}")
-        conn.execute(
-            f"INSERT INTO {table} (group_id, node, pinned_by) VALUES (%s, %s, %s)",
-            (here[0], here[1], f"saga-processor citus-node move ({actor})"),
-        )
-        after = _read_pin(conn, table)
-        assert after is not None
-        target = {
-            "from": before.node if before else None,
-            "to": after.node,
-            "group": after.group_id,
-            "raised": raised,
-        }
-        conn.execute(
-            sql.SQL(
-                "INSERT INTO {}.operator_audit (actor, action, reason, target, outcome)"
-                " VALUES (%s, 'citus-node-move', %s, %s, 'done')"
-            ).format(sql.Identifier(schema)),
-            (actor, reason, Jsonb(target)),
-        )
-    return NodeMove(before, after, raised)
-
-
-def _running(
-    conn: psycopg.Connection[Any], schema: str, lease_table: str | None
-) -> list[tuple[str, str]]:
-    """The sessions of the schema's replicas anywhere in the cluster, as (name, node).
-
-    A replica is known by the instance ids that own the schema's partitions or held its deadline
-    lease; its loops' connections are named ``saga:`` and its id.
-    """
-    offsets = '"' + schema.replace('"', '""') + '".consumer_offset'
-    names: list[str] = []
-    for table, column in ((offsets, "owner"), (lease_table, "holder")):
-        if table is None:
-            continue
-        found = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
-        if found and found[0]:
-            names.append(f"SELECT 'saga:' || {column} FROM {table} WHERE {column} IS NOT NULL")
-    if not names:
-        return []
-    rows = conn.execute(
-        "SELECT DISTINCT a.application_name, coalesce(n.nodename || ':' || n.nodeport,"
-        " 'node ' || a.nodeid) FROM citus_stat_activity AS a"
-        " LEFT JOIN pg_dist_node AS n ON n.nodeid = a.nodeid"
-        f" WHERE a.application_name IN ({' UNION '.join(names)}) ORDER BY 1, 2"
-    ).fetchall()
-    return [(str(name), str(node)) for name, node in rows]
-
-
-# The schema's tables with an identity column, with its sequence as this node numbers it (a
-# worker's copy of a distributed table's sequence has its own range).
-_IDENTITIES = """
-SELECT c.relname, quote_ident(s.schemaname) || '.' || quote_ident(s.sequencename),
-       s.last_value, s.max_value
-  FROM pg_class AS c
-  JOIN pg_attribute AS a ON a.attrelid = c.oid AND a.attidentity <> '' AND a.attname = 'id'
-  JOIN pg_depend AS d ON d.refobjid = c.oid AND d.refobjsubid = a.attnum AND d.deptype = 'i'
-  JOIN pg_class AS q ON q.oid = d.objid AND q.relkind = 'S'
-  JOIN pg_sequences AS s ON s.schemaname = %s AND s.sequencename = q.relname
- WHERE c.relnamespace = to_regnamespace(s.schemaname) AND c.relkind IN ('r', 'p')
-   AND c.oid IN (SELECT logicalrelid FROM pg_dist_partition)
- ORDER BY c.relname
-"""

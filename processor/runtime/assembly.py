@@ -7,6 +7,7 @@ application object (`MODULE:ATTR`) that every command taking a target loads.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,10 +17,12 @@ from typing import Any
 # are offered here too, next to the other assembly steps every command calls.
 from processor.application import APP_VARIABLE, SagaApp, app_target, import_module, load_app
 from processor.definition import definition_of
+from processor.engine.handlers import HandlerSpan
 from processor.engine.plan import Planner
 from processor.errors import ConfigurationError
 from processor.messages import MessageRegistry
 from processor.messages import registry as default_registry
+from processor.observe.tracing import Tracing
 from processor.ports.engine import TP, RecordProducer
 from processor.ports.outbox import OutboxStore
 from processor.runner import BoundSaga, bind_all
@@ -33,6 +36,7 @@ __all__ = [
     "BoundSagas",
     "app_target",
     "bind_sagas",
+    "input_topics",
     "load_app",
     "load_saga_classes",
     "open_sagas",
@@ -89,6 +93,8 @@ def relay_for(
     *,
     hooks: Hooks | None = None,
     owned: Callable[[], Mapping[TP, int]] | None = None,
+    drain_on_stop: threading.Event | None = None,
+    tracing: Tracing | None = None,
 ) -> Relay:
     """The outbox relay over ``outbox``, its batches, waits and attempts as ``settings`` say.
 
@@ -106,6 +112,8 @@ def relay_for(
         max_record_bytes=settings.max_record_bytes,
         hooks=hooks,
         owned=owned,
+        drain_on_stop=drain_on_stop,
+        tracing=tracing,
     )
 
 
@@ -130,6 +138,7 @@ def bind_sagas(
     *,
     dependencies: Mapping[type, object] | None = None,
     registry: MessageRegistry = default_registry,
+    handler_span: HandlerSpan | None = None,
 ) -> BoundSagas:
     """Binds the saga classes to the settings and builds the planner a processor runs.
 
@@ -138,6 +147,7 @@ def bind_sagas(
         saga_classes: Saga classes; None loads `settings.sagas`.
         dependencies: Objects the sagas' handlers ask for.
         registry: Message types.
+        handler_span: Wraps each handler call (a span); None: none.
 
     Raises:
         ConfigurationError: `saga_classes` is None and `settings.sagas` names no saga.
@@ -173,8 +183,26 @@ def bind_sagas(
         operator_key=operator_key(settings),
         operator_keys={n: k.get_secret_value().encode() for n, k in settings.operator.keys.items()},
         operator_expiry=settings.operator.expiry,
+        handler_span=handler_span,
     )
     return BoundSagas(sagas, registry, planner)
+
+
+def input_topics(settings: ProcessorSettings, bound: BoundSagas) -> list[str]:
+    """The topics a processor consumes, with the topic prefix applied.
+
+    Raises:
+        ValueError: ``SAGA_CONSUMER__TOPICS`` is unset and a handled event type names no topic.
+    """
+    topics = Topics(settings.topic_prefix)
+    if settings.consumer.topics:
+        return [topics.name(t) for t in settings.consumer.topics]
+    types = bound.planner.event_types
+    missing = [cls.__name__ for cls in types if bound.registry.of(cls).topic is None]
+    if missing:
+        raise ValueError(f"no input topic known for {missing}: set SAGA_CONSUMER__TOPICS")
+    found = {bound.registry.of(cls).topic for cls in types}
+    return sorted(topics.name(t) for t in found if t)
 
 
 @contextmanager

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
-from processor.engine.decode import Decoded, Event, Rejected
-from processor.engine.plan import Item, Planner
+from processor.engine.decode import Decoded
+from processor.engine.plan import Prepared
 from processor.engine.records import OffsetCommit
 from processor.engine.rows import Wants, WriteSet
 from processor.ports import TP
-from processor.wire import HEADER_SAGA_TYPE
 
 
 @dataclass
@@ -24,57 +23,60 @@ class Owned:
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """Decoded records of owned partitions, routed, with the offsets they will commit."""
+    """Records of owned partitions as the planner prepared them, with the offsets they commit.
 
-    decoded: list[Decoded]
-    items: list[Item | Rejected]
-    wants: Wants
-    unrouted: int
+    Attributes:
+        prepared: The records routed (``Planner.prepare``).
+        offsets: Each partition's offset compare-and-set.
+        last: Per partition, the position the batch leaves it at.
+    """
+
+    prepared: Prepared
     offsets: list[OffsetCommit]
     last: dict[TP, int]
-    size: int
-    # Replies addressed to saga types this processor does not run, by (topic, saga type).
-    foreign: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     @classmethod
     def of(
         cls,
-        decoded: list[Decoded],
-        planner: Planner,
+        prepared: Prepared,
         owned: Mapping[TP, Owned],
         ends: Mapping[TP, int] | None = None,
     ) -> Batch:
-        """Routes ``decoded`` and computes each partition's offset compare-and-set.
+        """``prepared``, committing each partition's offset from its ``owned`` position.
 
         ``ends`` are positions to store for partitions with no record in the batch (past
         transaction markers at their end).
         """
-        items, wants = planner.route(decoded)
-        routed = planner.event_types  # a fresh set per access: taken once per batch
-        addressed_elsewhere = planner.addressed_elsewhere
-        unrouted = 0
-        foreign: Counter[tuple[str, str]] = Counter()
-        last: dict[TP, int] = {}
-        # One pass over the records, not three: this runs for every record of every batch.
-        for d in decoded:
-            record = d.record
-            last[(record.topic, record.partition)] = record.offset + 1
-            if isinstance(d, Event):
-                if type(d.message) not in routed:
-                    unrouted += 1
-                # Only a record with a saga-type header can be addressed elsewhere.
-                if (
-                    HEADER_SAGA_TYPE in d.metadata.headers
-                    and (elsewhere := addressed_elsewhere(d)) is not None
-                ):
-                    foreign[(record.topic, elsewhere)] += 1
-        for tp, end in (ends or {}).items():
-            last.setdefault(tp, end)
+        last = prepared.last
+        if ends:
+            last = dict(last)
+            for tp, end in ends.items():
+                last.setdefault(tp, end)
         offsets = [
             OffsetCommit(t, p, nxt, owned[(t, p)].next_offset, owned[(t, p)].epoch)
             for (t, p), nxt in last.items()
         ]
-        return cls(decoded, items, wants, unrouted, offsets, last, len(decoded), foreign)
+        return cls(prepared, offsets, last)
+
+    @property
+    def decoded(self) -> Sequence[Decoded]:
+        """The records, in log order."""
+        return self.prepared.decoded
+
+    @property
+    def wants(self) -> Wants:
+        """The rows planning the batch reads."""
+        return self.prepared.wants
+
+    @property
+    def size(self) -> int:
+        """Records in the batch."""
+        return self.prepared.size
+
+    @property
+    def foreign(self) -> Counter[tuple[str, str]]:
+        """Replies addressed to saga types this processor does not run, by (topic, saga type)."""
+        return self.prepared.foreign
 
     def advancing(self, ends: Mapping[TP, int], owned: Mapping[TP, Owned]) -> Batch:
         """This batch, also storing ``ends`` for partitions it has no record of."""

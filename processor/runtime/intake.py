@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from processor.engine.plan import Planner
+from processor.engine.plan import Prepared
 from processor.engine.records import Record
 from processor.ports import TP, RecordConsumer
 from processor.runtime.batch import Batch, Limits
@@ -46,8 +46,6 @@ class Intake:
         consumer: Where records are read.
         ownership: The owned partitions (records of others are not held) and how many wait
             unclaimed on a topic's growth.
-        planner: Routes the batch of no records that only stores positions (see
-            :meth:`advance_ends`).
         limits: Shared batch bounds.
         stats: Where each :meth:`take` notes how many partitions wait on a topic's growth.
         follow: Holds a grown topic's new partitions' records until what late producers sent
@@ -62,7 +60,6 @@ class Intake:
         self,
         consumer: RecordConsumer,
         ownership: Ownership,
-        planner: Planner,
         limits: Limits,
         stats: WorkerStats,
         *,
@@ -71,7 +68,6 @@ class Intake:
     ) -> None:
         self._consumer = consumer
         self._ownership = ownership
-        self._planner = planner
         self._limits = limits
         self._stats = stats
         self.follow = follow
@@ -228,5 +224,5 @@ class Intake:
         if not advances:
             return batch
         if batch is None:
-            return Batch.of([], self._planner, owned, advances)
+            return Batch.of(Prepared.empty(), owned, advances)
         return batch.advancing(advances, owned)

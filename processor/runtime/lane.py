@@ -36,7 +36,9 @@ class Lane:
         )
         # Daemon: an abandoned lane stuck on a dead socket must not keep the process alive.
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        # Started by the first call: a processor is built whole before it starts, and a lane
+        # of one that never starts holds no thread.
+        self._start = threading.Lock()
 
     def _run(self) -> None:
         while (job := self._calls.get()) is not None:
@@ -52,6 +54,10 @@ class Lane:
         """Queues ``fn``; the returned future holds its result or exception."""
         future: Future[_T] = Future()
         self._calls.put((fn, future))  # type: ignore[arg-type]
+        if not self._thread.is_alive() and self._thread.ident is None:
+            with self._start:
+                if self._thread.ident is None:
+                    self._thread.start()
         return future
 
     def call(self, fn: Callable[[], _T], timeout: float) -> _T:

@@ -1,100 +1,119 @@
-"""Wires the metrics, the sampler, the probes and the spans into a running processor.
+"""The metrics, the sampler, the probes and the spans of a running processor.
 
-Kept apart from :mod:`processor.runtime.processor` so that the processor says only where it
-calls in (start, each committed batch, shutdown), and this module what happens there.
+Built by the composition root (:mod:`processor.bootstrap.processor`) from the parts it watches,
+the loops being made first: the processor only starts and closes it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from processor.engine.rows import WriteSet
 from processor.observe.health import Probe, liveness, readiness
 from processor.observe.metrics import Metrics
 from processor.observe.sampler import Sampler
 from processor.observe.server import ObserveServer
-from processor.observe.tracing import tracing
 from processor.ports.cluster import DatabaseSample
 from processor.ports.factory import DatabaseGauges
 from processor.runtime.lane import Lane, Stuck
-from processor.runtime.worker import BatchDone, BatchObservers
+from processor.runtime.relay import Relay
+from processor.runtime.supervisor import Supervisor
+from processor.runtime.worker import BatchDone, Worker
+from processor.settings import MetricsSettings
 
-if TYPE_CHECKING:
-    from processor.runtime.processor import Processor
-
-__all__ = ["Observability"]
+__all__ = ["Observability", "Watched", "batch_metrics"]
 
 log = logging.getLogger(__name__)
 
 
-class Observability:
-    """The metrics registry, database sampler, HTTP endpoint and spans of one processor.
+def batch_metrics(metrics: Metrics) -> Callable[[BatchDone, WriteSet], None]:
+    """What the worker reports each committed batch to: the batch's and its writes' metrics."""
 
-    Args:
-        processor: The processor to watch; its relay and poller already exist, its worker is
-            made after this (with :attr:`batches`) and before :meth:`start`.
+    def on_batch(done: BatchDone, ws: WriteSet) -> None:
+        metrics.batch(done.records, done.topics, done.plan_seconds, done.commit_seconds)
+        metrics.committed(ws)
+
+    return on_batch
+
+
+@dataclass(frozen=True)
+class Watched:
+    """The parts of a processor the metrics and probes read.
 
     Attributes:
-        metrics: The registry and its feeds.
-        sampler: The database sampler; None when the endpoint is disabled.
-        server: The HTTP endpoint; None when disabled (``metrics.port`` 0).
-        batches: The metrics and spans of each batch, for the worker.
+        worker: The consumer loop (its stats, consumer, placement check and health).
+        relay: The outbox relay; None when relaying is disabled.
+        loops: Which loops are alive, by name (``Processor.health``).
+        supervisor: Runs the sampler as a supervised loop.
+        gauges: Opens the database sampler's connection.
+        schema_version: The schema version this code expects (``/readyz``).
     """
 
-    def __init__(self, processor: Processor) -> None:
-        self._p = processor
-        ms = processor.settings.metrics
-        self.metrics = Metrics(replica=processor.instance_id)
+    worker: Worker
+    relay: Relay | None
+    loops: Callable[[], dict[str, bool]]
+    supervisor: Supervisor
+    gauges: Callable[[], DatabaseGauges]
+    schema_version: int
+
+
+class Observability:
+    """The metrics registry, database sampler and HTTP endpoint of one processor.
+
+    Args:
+        metrics: The registry, made first: the loops feed it (the poller's fire lags, the
+            worker's batches).
+        watched: What the feeds and probes read.
+        settings: The endpoint's host, port and sampling.
+
+    Attributes:
+        sampler: The database sampler; None when the endpoint is disabled.
+        server: The HTTP endpoint; None when disabled (``metrics.port`` 0).
+    """
+
+    def __init__(self, metrics: Metrics, watched: Watched, settings: MetricsSettings) -> None:
+        self.metrics = metrics
+        self._w = watched
         self.sampler: Sampler | None = None
         self.server: ObserveServer | None = None
-        self._stale_after = ms.stale_after.total_seconds()
-        src = self.metrics.sources
-        src.relay = processor.relay
+        self._stale_after = settings.stale_after.total_seconds()
+        src = metrics.sources
+        src.relay = watched.relay
         src.up = lambda: self.healthz().ok
-        if processor.poller is not None:
-            processor.poller.on_fired = self.metrics.fired
-        spans = tracing()
-        # Given to the worker, which is made after this (it reports each batch here).
-        self.batches = BatchObservers(on_batch=self._batch, tracing=spans)
-        if spans is not None:
-            processor.planner.handler_span = lambda t, i, r: spans.handler(t, i, r.headers_text())
-            if processor.relay is not None:
-                processor.relay.tracing = spans
-        if ms.port == 0 and not ms.bind_any:
+        src.worker_stats = watched.worker.stats
+        placement = watched.worker.placement
+        if placement is not None:
+            src.off_partition = placement.off_partition
+            src.stale_producers = placement.stale
+        if settings.port == 0 and not settings.bind_any:
             return
         self._gauges = _BoundedGauges(
-            processor.adapters.gauges,
+            watched.gauges,
             # A sample that takes longer than an interval (the database black-holed) fails, so
             # /readyz says so within about one interval; never less than 10 s, which a healthy
             # database under load may need, nor more than a sample stays good.
-            bound=min(self._stale_after, max(ms.sample_interval.total_seconds(), 10.0)),
+            bound=min(self._stale_after, max(settings.sample_interval.total_seconds(), 10.0)),
         )
         self.sampler = Sampler(
-            self._gauges.sample, self.metrics, ms.sample_interval.total_seconds()
+            self._gauges.sample, metrics, settings.sample_interval.total_seconds()
         )
         self.server = ObserveServer(
-            self.metrics.registry,
+            metrics.registry,
             self.healthz,
             self.readyz,
-            host=ms.host,
-            port=0 if ms.bind_any else ms.port,
+            host=settings.host,
+            port=0 if settings.bind_any else settings.port,
         )
 
     def start(self) -> None:
         """Starts the sampler (a supervised loop) and the HTTP endpoint."""
-        if self._p.worker is not None:
-            self.metrics.sources.worker_stats = self._p.worker.stats
-        consumer = self._p.worker.consumer if self._p.worker is not None else None
+        consumer = self._w.worker.consumer
         self.metrics.sources.rebalances = getattr(consumer, "rebalances", None)
-        placement = self._p.worker.placement if self._p.worker is not None else None
-        if placement is not None:
-            self.metrics.sources.off_partition = placement.off_partition
-            self.metrics.sources.stale_producers = placement.stale
         if self.sampler is not None:
             self.sampler.high_watermarks = getattr(consumer, "high_watermarks", None)
-            self._p.supervisor.spawn("metrics-sampler", self.sampler.run)
+            self._w.supervisor.spawn("metrics-sampler", self.sampler.run)
         if self.server is not None:
             self.server.start()
             log.info("metrics, /healthz and /readyz on port %d", self.server.port)
@@ -110,28 +129,19 @@ class Observability:
         if self.sampler is not None:
             self._gauges.close()
 
-    # -- feeds -----------------------------------------------------------------------------------
-
-    def _batch(self, done: BatchDone, ws: WriteSet) -> None:
-        self.metrics.batch(done.records, done.topics, done.plan_seconds, done.commit_seconds)
-        self.metrics.committed(ws)
-
     # -- probes ----------------------------------------------------------------------------------
 
     def healthz(self) -> Probe:
-        worker = self._p.worker
-        last = worker.stats.last_step if worker is not None else None
-        return liveness(self._p.health(), last, self._stale_after)
+        return liveness(self._w.loops(), self._w.worker.stats.last_step, self._stale_after)
 
     def readyz(self) -> Probe:
         s = self.sampler
-        worker = self._p.worker
         return readiness(
             sample_age=s.age() if s is not None else None,
             sample_error=s.last_error if s is not None else None,
             schema_version=s.latest.schema_version if s is not None and s.latest else None,
-            expected_version=self._p.adapters.schema_version,
-            worker=worker.health() if worker is not None else None,
+            expected_version=self._w.schema_version,
+            worker=self._w.worker.health(),
             stale_after=self._stale_after,
         )
 

@@ -57,6 +57,11 @@ class DeadlinePoller:
         hooks: Fault points; ``poller-step`` fires at the start of each step.
         monotonic: Local elapsed-time clock, for what the poller remembers between steps
             (when the next row is due); tests pass a fake one.
+        route: (topic, key, stored partition) -> the partition the saga's input goes to now:
+            after a topic grew, a moved saga's deadline fires where its events arrive
+            (runtime/growth.py). None: the stored partition.
+        on_fired: Called with the fire lag (seconds from due to acknowledged) of each sweep's
+            records (the metrics).
 
     Attributes:
         wake: Set it to end the current sleep (a batch in this process committed deadlines).
@@ -73,6 +78,8 @@ class DeadlinePoller:
         settings: DeadlineSettings,
         hooks: Hooks | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        route: Callable[[str, bytes, int], int] | None = None,
+        on_fired: Callable[[list[float]], None] | None = None,
     ) -> None:
         self.store = store
         self.producer = producer
@@ -82,12 +89,9 @@ class DeadlinePoller:
         self._monotonic = monotonic
         self.token: int | None = None
         self.fired = 0
-        # Called with the fire lag (seconds from due to acknowledged) of each sweep's records.
-        self.on_fired: Callable[[list[float]], None] | None = None
+        self.on_fired = on_fired
         self.wake = threading.Event()
-        # (topic, key, stored partition) -> the partition the saga's input goes to now: after a
-        # topic grew, a moved saga's deadline fires where its events arrive (runtime/growth.py).
-        self.route: Callable[[str, bytes, int], int] | None = None
+        self.route = route
         self._ttl = settings.lease_ttl.total_seconds()
         # Each sweep claims `polling.batch-size` rows; while sweeps come back full (a burst came
         # due) the limit doubles, up to BURST_LIMIT, so a backlog costs few round trips and

@@ -1,9 +1,9 @@
-"""One replica: the consumer loop and the background loops, built from an adapter factory.
+"""One replica: starts, supervises and stops the loops the composition root built.
 
-The background loops are the growth watch, the outbox relay, its notify listener, the deadline
-poller, retention and the resumption of sagas parked on something too new. Every store, client
-and source comes from the :class:`processor.ports.AdapterFactory` given (``processor.bootstrap``
-builds one from settings: :func:`processor.bootstrap.build_processor`).
+The loops (the consumer, the growth watch, the outbox relay and its notify listener, the
+deadline poller, retention, the metrics sampler) come whole in :class:`Loops`, from
+:func:`processor.bootstrap.build_processor`; this module decides only when each runs and how a
+stop unwinds them. The resumption of sagas parked on something too new runs here too.
 """
 
 from __future__ import annotations
@@ -12,34 +12,20 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from datetime import UTC, datetime
-from typing import Any
+from collections.abc import Callable
 
-from processor.engine.rows import WriteSet
 from processor.errors import LoopDied, Retryable
-from processor.messages import MessageRegistry
-from processor.messages import registry as default_registry
 from processor.observe.logs import set_replica
 from processor.observe.server import check_port_free
 from processor.ports.factory import AdapterFactory
-from processor.runner import BoundSaga
-from processor.runtime.assembly import bind_sagas, relay_for
-from processor.runtime.growth import GrowthWatch
+from processor.runtime.assembly import BoundSagas
 from processor.runtime.heartbeat import beat
 from processor.runtime.hooks import HookPoint, Hooks
-from processor.runtime.observe import Observability
-from processor.runtime.ownership import Ownership
-from processor.runtime.placement import PlacementCheck
-from processor.runtime.poller import DeadlinePoller
-from processor.runtime.relay import Relay
-from processor.runtime.report import report_committed
-from processor.runtime.retention import Retention
+from processor.runtime.loops import Loops
+from processor.runtime.resume import resume_too_new
 from processor.runtime.stopping import CONSUMER_CLOSE, close_within
 from processor.runtime.supervisor import LoopFailure, Supervisor
-from processor.runtime.worker import Worker
 from processor.settings import ProcessorSettings
-from processor.wire import Topics
 
 log = logging.getLogger(__name__)
 
@@ -48,154 +34,86 @@ HANG_GRACE = 60.0
 
 
 class Processor:
-    """One replica: run it in as many processes as you like; they share the consumer group."""
+    """One replica: run it in as many processes as you like; they share the consumer group.
+
+    Args:
+        settings: The processor's settings.
+        loops: Its loops, built whole.
+        bound: The sagas it runs, their message types and the planner.
+        adapters: Where its stores and clients come from (schema, resumption).
+        supervisor: Runs the background loops; a loop that dies sets its stop event.
+        hooks: Fault points for tests and benchmarks; nothing is registered in production.
+    """
 
     def __init__(
         self,
         settings: ProcessorSettings,
-        saga_classes: Iterable[type[Any]] | None = None,
+        loops: Loops,
         *,
+        bound: BoundSagas,
         adapters: AdapterFactory,
-        dependencies: Mapping[type, object] | None = None,
-        registry: MessageRegistry = default_registry,
-        hooks: Hooks | None = None,
+        supervisor: Supervisor,
+        hooks: Hooks,
     ) -> None:
         self.settings = settings
         self.adapters = adapters
-        # Fault points for tests and benchmarks; nothing is registered in production.
-        self.hooks = hooks if hooks is not None else Hooks()
-        bound = bind_sagas(settings, saga_classes, dependencies=dependencies, registry=registry)
-        self.sagas: dict[str, BoundSaga] = bound.sagas
+        self.hooks = hooks
+        self.sagas = bound.sagas
         self.registry = bound.registry
         self.planner = bound.planner
         self.instance_id = adapters.instance_id
-        self.stop_event = threading.Event()
-        # A loop that dies sets stop_event through the supervisor: the process then ends
+        # A loop that dies sets the stop event through the supervisor: the process then ends
         # non-zero instead of looking alive with a dead relay or poller.
-        self.supervisor = Supervisor(self.stop_event)
-        self._consuming = False
-        self.worker: Worker | None = None
-        self.relay: Relay | None = None
-        # Set once the last batch is committed at a stop: the relay's cue for its last rounds.
-        self._last_commit: threading.Event | None = None
-        self.poller: DeadlinePoller | None = None
-        # Metrics, probes and spans (processor/runtime/observe.py), made in start().
-        self.observe: Observability | None = None
-        self.retention: Retention | None = None
-        self.growth: GrowthWatch | None = None
+        self.supervisor = supervisor
+        self.stop_event = supervisor.stop_event
+        self.loops = loops
+        self.worker = loops.worker
+        self.relay = loops.relay
+        self.poller = loops.poller
+        self.retention = loops.retention
+        self.growth = loops.growth
+        self.observe = loops.observe
+        self._started = False
         # What the last stop left running past its budget (a consumer close, stuck loops):
         # the process should then end without the interpreter's finalisation, which could wait
         # on them for ever (see runtime/stopping.py).
         self.left_running: list[str] = []
 
-    # -- wiring ----------------------------------------------------------------------------
-
-    def input_topics(self) -> list[str]:
-        """The topics this replica consumes, with the topic prefix applied."""
-        topics = Topics(self.settings.topic_prefix)
-        if self.settings.consumer.topics:
-            return [topics.name(t) for t in self.settings.consumer.topics]
-        missing = [
-            cls.__name__ for cls in self.planner.event_types if self.registry.of(cls).topic is None
-        ]
-        if missing:
-            raise ValueError(f"no input topic known for {missing}: set SAGA_CONSUMER__TOPICS")
-        found = {self.registry.of(cls).topic for cls in self.planner.event_types}
-        return sorted(topics.name(t) for t in found if t)
-
     def start(self) -> None:
-        """Migrates (when enabled), then starts the background threads and the consumer."""
+        """Migrates (when enabled), then starts the background loops and the endpoint."""
         ms = self.settings.metrics
         if ms.port and not ms.bind_any:
             # Before anything runs: a second replica on this host must fail at once, clearly.
             check_port_free(ms.host, ms.port)
         _tune_gc()
         set_replica(self.instance_id)
-        adapters = self.adapters
-        adapters.check_transport()
+        self._started = True
+        self.adapters.check_transport()
         if self.settings.deadline.schema_.auto:
-            adapters.ensure_schema()
+            self.adapters.ensure_schema()
         self._resume_too_new()
-        cs = self.settings.consumer
-        part = cs.partitioner
-
-        # Made first: the relay reads the owned partitions' epochs, the worker changes them.
-        ownership = Ownership()
-        topics = self.input_topics()
-        growth = self.growth = GrowthWatch(
-            adapters.growth_store(),
-            adapters.topic_metadata(),
-            group_id=cs.group_id,
-            topics=topics,
-            partitioner=cs.partitioner,
-            interval=cs.growth_check_interval.total_seconds(),
-        )
+        loops = self.loops
         # Each loop that beats gets a bound on the gap between two beats: its longest legitimate
         # wait plus a minute. Past it the loop is hung and /healthz fails (Supervisor.alive).
-        self._spawn("growth-watch", growth.run, hang_after=HANG_GRACE)
-        if self.settings.relay.enabled:
-            rs = self.settings.relay
-            relay = self.relay = relay_for(
-                adapters.outbox_store(),
-                adapters.relay_producer(),
-                rs,
-                hooks=self.hooks,
-                # Each replica publishes the rows of the partitions it owns (fenced by epoch); a
-                # saga's row waits for its older rows of other partitions (see the outbox store).
-                owned=ownership.current,
-            )
-            # On a graceful stop the relay publishes the last batch's rows while this replica
-            # still owns their partitions (see stop: the consumer leaves after it).
-            relay.drain_on_stop = self._last_commit = threading.Event()
-            listener = adapters.wake_source()
-            self._spawn(
-                "relay", relay.run, hang_after=2 * rs.flush_timeout.total_seconds() + HANG_GRACE
-            )
-            self._spawn("relay-listener", lambda stop: listener.run(stop, relay.wake.set))
-        if self.settings.deadline.enabled:
-            self.poller = DeadlinePoller(
-                adapters.deadline_store(),
-                adapters.record_producer(),
-                holder=self.instance_id,
-                settings=self.settings.deadline,
-                hooks=self.hooks,
-            )
-            self.poller.route = growth.route
+        self.supervisor.spawn("growth-watch", loops.growth.run, hang_after=HANG_GRACE)
+        relay = loops.relay
+        if relay is not None:
+            flush = self.settings.relay.flush_timeout.total_seconds()
+            self.supervisor.spawn("relay", relay.run, hang_after=2 * flush + HANG_GRACE)
+        listener = loops.listener
+        if listener is not None and relay is not None:
+            wake = relay.wake.set
+            self.supervisor.spawn("relay-listener", lambda stop: listener.run(stop, wake))
+        if loops.poller is not None:
             polling = self.settings.deadline.polling.interval.total_seconds()
-            self._spawn("deadline-poller", self.poller.run, hang_after=polling + HANG_GRACE)
-        if self.settings.retention.enabled:
-            self.retention = Retention(
-                adapters.retention_store(),
-                self.settings.retention,
-                hooks=self.hooks,
+            self.supervisor.spawn(
+                "deadline-poller", loops.poller.run, hang_after=polling + HANG_GRACE
             )
-            self._spawn("retention", self.retention.run, hang_after=HANG_GRACE)
-        resume = cs.resume_interval.total_seconds()
-        self._spawn("parked-resume", self._resume_loop, hang_after=resume + 2 * HANG_GRACE)
-        # Before the worker: the worker reports each batch to it.
-        self.observe = Observability(self)
-        self.worker = Worker(
-            store=adapters.batch_store(),
-            control=adapters.batch_store(),
-            store_factory=adapters.batch_store,
-            planner=self.planner,
-            registry=self.registry,
-            owner=self.instance_id,
-            consumer=lambda on_assign, on_revoke: adapters.consumer(topics, on_assign, on_revoke),
-            max_record_bytes=cs.max_record_bytes,
-            batch_size=cs.batch_size,
-            batch_timeout=cs.batch_timeout.total_seconds(),
-            max_batch_bytes=cs.max_batch_bytes,
-            unavailable_timeout=cs.unavailable_timeout.total_seconds(),
-            ownership=ownership,
-            on_commit=self._committed,
-            # Relaying moves with the partitions: a gain wakes the relay.
-            on_owned=self.relay.wake.set if self.relay is not None else _nothing,
-            gate=growth.held,
-            follow=growth,
-            placement=PlacementCheck(part, growth.counts),
-            observers=self.observe.batches,
-            hooks=self.hooks,
+        if loops.retention is not None:
+            self.supervisor.spawn("retention", loops.retention.run, hang_after=HANG_GRACE)
+        resume = self.settings.consumer.resume_interval.total_seconds()
+        self.supervisor.spawn(
+            "parked-resume", self._resume_loop, hang_after=resume + 2 * HANG_GRACE
         )
         self.observe.start()
         log.info("processor %s started: sagas %s", self.instance_id, sorted(self.sagas))
@@ -203,12 +121,16 @@ class Processor:
     def _resume_too_new(self) -> None:
         """Sagas parked on something newer than older code knew go on if this code knows it."""
         versions = {t: b.state_version for t, b in self.sagas.items()}
-        resumed, tried = self.adapters.resume_parked(self.planner, self.registry, versions)
+        with self.adapters.resume_store() as store:
+            results = resume_too_new(
+                store, self.planner, registry=self.registry, state_versions=versions
+            )
+        resumed = sum(1 for r in results if r.ok)
         if resumed:
             log.info(
                 "%d of %d sagas parked on a version newer than earlier code knew went on",
                 resumed,
-                tried,
+                len(results),
             )
 
     def _resume_loop(self, stop: threading.Event) -> None:
@@ -234,16 +156,6 @@ class Processor:
                     e,
                 )
 
-    def _committed(self, ws: WriteSet) -> None:
-        report_committed(ws)
-        # In-process wake-ups right after a commit; other replicas hear NOTIFY.
-        if ws.outbox and self.relay is not None:
-            self.relay.wake.set()
-        if self.poller is not None and ws.wakes_poller(
-            datetime.now(UTC) + self.settings.deadline.polling.interval
-        ):
-            self.poller.wake.set()
-
     def _spawn(
         self,
         name: str,
@@ -264,10 +176,10 @@ class Processor:
                 ended on an error; the others were shut down first. The process should exit
                 non-zero so that the platform restarts it.
         """
-        if self.worker is None:
+        if not self._started:
             self.start()
-        assert self.worker is not None
-        self._consuming = True
+        health = self.loops.health
+        health.consuming = True
         try:
             # A background loop's death sets stop_event, so it is noticed after the poll in hand
             # (at most one batch timeout, or one batch).
@@ -276,7 +188,7 @@ class Processor:
         except Exception as e:
             self.supervisor.record("consumer", e)
         finally:
-            self._consuming = False
+            health.consuming = False
             self._shutdown()
         failure = self.supervisor.failure
         if failure is not None:
@@ -291,14 +203,12 @@ class Processor:
         The process is healthy only when every value is True; a dead loop also ends the process,
         so a False is seen only while it shuts down.
         """
-        alive = {"consumer": self._consuming and not self.supervisor.failed.is_set()}
-        alive.update(self.supervisor.alive())
-        return alive
+        return self.loops.health()
 
     @property
     def metrics_port(self) -> int | None:
         """The port of /metrics, /healthz and /readyz once started; None when disabled."""
-        return None if self.observe is None else self.observe.port
+        return self.observe.port
 
     @property
     def failure(self) -> LoopFailure | None:
@@ -309,9 +219,9 @@ class Processor:
         self.stop_event.set()
         # Loops that sleep on their own wake-up event (between relay rounds, between growth
         # checks) see the stop now rather than at the end of their sleep.
-        for loop in (self.growth, self.relay):
-            if loop is not None:
-                loop.wake.set()
+        self.growth.wake.set()
+        if self.relay is not None:
+            self.relay.wake.set()
         # One budget for the whole shutdown, so that a platform's grace period is respected
         # however many pieces hang. A tenth of it (2 s at most) is kept for the closes after
         # the waits, so that a stop whose relay and consumer both wait on a broker that is gone
@@ -324,15 +234,14 @@ class Processor:
             return max(0.0, ends - time.monotonic())
 
         worker = self.worker
-        if worker is not None:
-            # The batch in flight commits or rolls back before the consumer leaves the group.
-            _attempt("worker close", worker.close)
-        if self._last_commit is not None:
+        # The batch in flight commits or rolls back before the consumer leaves the group.
+        _attempt("worker close", worker.close)
+        if self.loops.drained is not None:
             # The relay publishes what is committed, then ends; the partitions are left after
             # that, so its claims still hold their epochs.
-            self._last_commit.set()
+            self.loops.drained.set()
             self.supervisor.join_one("relay", lambda: min(left(), budget / 2))
-        if worker is not None and worker.consumer is not None:
+        if worker.consumer is not None:
             # Leaving the group needs the broker: without it the close may never end.
             wait = min(left(), budget / 2)
             if not close_within(CONSUMER_CLOSE, worker.consumer.close, wait):
@@ -342,21 +251,15 @@ class Processor:
         if stuck:
             log.warning("loops still running at the end of the shutdown budget: %s", stuck)
             self.left_running.extend(stuck)
-        if worker is not None:
-            _attempt("batch store close", worker.store.close)
-            _attempt("control store close", worker.control.close)
+        _attempt("batch store close", worker.store.close)
+        _attempt("control store close", worker.control.close)
         if self.relay is not None:
             _attempt("relay close", self.relay.close)
         # Last: the probes answer (unhealthy) for as long as the rest shuts down.
         hooks = self.hooks
         _attempt("shutdown hook", lambda: hooks.fire(HookPoint.BEFORE_ENDPOINT_CLOSE))
-        if self.observe is not None:
-            _attempt("metrics endpoint close", self.observe.close)
+        _attempt("metrics endpoint close", self.observe.close)
         log.info("processor %s stopped", self.instance_id)
-
-
-def _nothing() -> None:
-    pass
 
 
 def _attempt(what: str, action: Callable[[], None]) -> None:

@@ -13,8 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
-from processor.engine.decode import Decoded, Operator, Rejected
-from processor.engine.plan import Planner
+from processor.engine.decode import Decoded, Operator
 from processor.engine.rows import SagaKey, WriteSet
 from processor.errors import Failure, RuntimeFailure
 from processor.ports import RecordConsumer
@@ -24,6 +23,7 @@ from processor.runtime.intake import Intake
 from processor.runtime.isolate import isolate_refused
 from processor.runtime.ownership import Ownership
 from processor.runtime.stats import WorkerStats
+from processor.runtime.steps import BatchSteps
 
 # The worker's log lines keep the one logger name operators filter on, whichever of its
 # modules writes them.
@@ -38,7 +38,8 @@ class Recovery:
         ownership: The owned partitions; fenced ones are dropped from it.
         intake: What was read ahead; dropped on every resync.
         consumer: Seeked back to the stored positions; left and rejoined around an outage.
-        planner: Plans the parts of a batch while refused records are searched for.
+        steps: Prepares, plans and writes the parts of a batch while refused records are
+            searched for, as every batch is.
         limits: Shared bounds (the outage bound among them).
         stats: Counts resyncs and rejected batches.
         on_committed: Called with a batch found committed after all (a commit in doubt that
@@ -58,7 +59,7 @@ class Recovery:
         intake: Intake,
         consumer: RecordConsumer,
         *,
-        planner: Planner,
+        steps: BatchSteps,
         limits: Limits,
         stats: WorkerStats,
         on_committed: Callable[[Planned], None],
@@ -68,7 +69,7 @@ class Recovery:
         self._ownership = ownership
         self._intake = intake
         self._consumer = consumer
-        self._planner = planner
+        self._steps = steps
         self._limits = limits
         self._stats = stats
         self._on_committed = on_committed
@@ -118,16 +119,15 @@ class Recovery:
     def isolate(self, batch: Batch) -> bool:
         """Dead-letters the records the database refuses, commits the rest of the batch."""
         lanes = self._lanes
-        planner = self._planner
+        steps = self._steps
         # Offsets expect what the failed batch expected (nothing of it was committed), under
         # the epochs it had: not this replica's ownership now, which a revocation since may
         # have changed (the epoch check then refuses the write, as for any stale batch).
         positions = {(e.topic, e.partition): Owned(e.epoch, e.expected) for e in batch.offsets}
 
         def attempt(decoded: list[Decoded], dry_run: bool, park: Mapping[SagaKey, str]) -> WriteSet:
-            part = Batch.of(decoded, planner, positions)
-            loaded = lanes.on_control(lambda: lanes.control.load(part.wants), "load")
-            ws = planner.plan(part.items, loaded, loaded.now, unrouted=part.unrouted, park=park)
+            part = steps.batch(decoded, positions)
+            ws = steps.apply(part, park=park)
             lanes.on_write(
                 lambda: lanes.store.write(ws, part.offsets, dry_run=dry_run), "batch write"
             )
@@ -135,7 +135,7 @@ class Recovery:
 
         try:
             ws = isolate_refused(
-                batch.decoded, attempt, between=self._keep_polling, sagas_of=self._sagas_of
+                list(batch.decoded), attempt, between=self._keep_polling, sagas_of=self._sagas_of
             )
         except RuntimeFailure as e:
             if e.kind is Failure.FATAL:
@@ -152,8 +152,7 @@ class Recovery:
     def _sagas_of(self, decoded: list[Decoded]) -> set[SagaKey]:
         # An operator's request is not parked behind its saga: a replay the database refuses
         # leaves the saga parked as it was, and the request is dead-lettered with the reason.
-        items, _ = self._planner.route(d for d in decoded if not isinstance(d, Operator))
-        return {(i.bound.saga_type, i.saga_id) for i in items if not isinstance(i, Rejected)}
+        return self._steps.sagas_of([d for d in decoded if not isinstance(d, Operator)])
 
     def _keep_polling(self) -> None:
         # A search through many refused records takes many trial writes: the consumer polls

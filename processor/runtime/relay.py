@@ -112,13 +112,14 @@ class Relay:
             every record of a round was sent but before its rows are settled.
         owned: The input partitions this replica owns, with their owner epochs, read at the
             start of each round (from any thread); None relays only rows of no partition.
-
-    Attributes:
-        wake: Set it to start the next round at once (a commit wrote outbox rows).
-        drain_on_stop: When set to an event, a stopped relay waits for it (the last batch is
+        drain_on_stop: When given, a stopped relay waits for it to be set (the last batch is
             committed; at most ``flush_timeout``), then publishes what is committed before it
             ends: rows a replica committed just before a graceful stop go out now rather than
             when a replica next starts. None: it ends at once.
+        tracing: A span per round when OpenTelemetry is configured (observe/tracing.py).
+
+    Attributes:
+        wake: Set it to start the next round at once (a commit wrote outbox rows).
         published: Rows published and removed since start.
         set_aside: Rows moved to the failed outbox since start.
         last_failures: The transient failures of the last round (empty when it went through).
@@ -137,6 +138,8 @@ class Relay:
         max_record_bytes: int = 1_000_000,
         hooks: Hooks | None = None,
         owned: Callable[[], Mapping[TP, int]] | None = None,
+        drain_on_stop: threading.Event | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._outbox = outbox
         self._owned = owned
@@ -155,10 +158,9 @@ class Relay:
         self.set_aside = 0
         # Rounds that left rows in the outbox, by reason (for the metrics endpoint).
         self.failed_rounds: Counter[str] = Counter()
-        # A span per round when OpenTelemetry is configured (observe/tracing.py).
-        self.tracing: Tracing | None = None
+        self.tracing = tracing
         self.last_failures: list[SendFailure] = []
-        self.drain_on_stop: threading.Event | None = None
+        self.drain_on_stop = drain_on_stop
 
     def run_once(self) -> int:
         """Publishes up to batch-size rows; sets aside the ones that cannot be published.

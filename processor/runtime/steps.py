@@ -1,25 +1,27 @@
 """How one batch is made: records decoded, rows loaded and planned, writes committed.
 
 The worker (runtime/worker.py) decides when each step runs and on which thread; these are the
-steps themselves.
+steps themselves. The making of a batch is the planner's one recipe (``Planner.prepare`` and
+``Planner.apply``); what is added here is the runtime's: the owned partitions and their
+offsets, the store lanes, the hooks, the spans.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from processor.engine.decode import Decoded, decode
-from processor.engine.overlay import overlay
 from processor.engine.plan import Planner
 from processor.engine.records import Record
-from processor.engine.rows import WriteSet
+from processor.engine.rows import SagaKey, WriteSet
 from processor.messages import MessageRegistry
 from processor.observe.tracing import MAX_LINKS, Tracing, trace_headers
+from processor.ports import TP
 from processor.runtime.access import StoreLanes
-from processor.runtime.batch import Batch, Limits, Planned
+from processor.runtime.batch import Batch, Limits, Owned, Planned
 from processor.runtime.hooks import HookPoint, Hooks
 from processor.runtime.ownership import Ownership
 from processor.runtime.placement import PlacementCheck
@@ -109,10 +111,33 @@ class BatchSteps:
         if self._placement is not None:
             # Operator records off their saga's partition come back rejected.
             mine = self._placement.check(mine)
-        return self._batch(mine)
+        return self.batch(mine, self._ownership.owned)
 
-    def _batch(self, decoded: list[Decoded]) -> Batch:
-        return Batch.of(decoded, self._planner, self._ownership.owned)
+    def batch(self, decoded: Sequence[Decoded], owned: Mapping[TP, Owned]) -> Batch:
+        """``decoded`` prepared by the planner, its offsets expected at the ``owned`` positions."""
+        return Batch.of(self._planner.prepare(decoded), owned)
+
+    def sagas_of(self, decoded: Sequence[Decoded]) -> set[SagaKey]:
+        """The sagas ``decoded`` goes to."""
+        return self._planner.prepare(decoded).sagas()
+
+    def apply(
+        self,
+        batch: Batch,
+        *,
+        prior: WriteSet | None = None,
+        park: Mapping[SagaKey, str] | None = None,
+    ) -> WriteSet:
+        """Loads the batch's rows (a short read on the control lane) and plans it over them.
+
+        Args:
+            batch: The batch.
+            prior: The batch still committing: this one is planned as if it had committed.
+            park: Sagas to park at their first record instead of running them.
+        """
+        lanes = self._lanes
+        loaded = lanes.on_control(lambda: lanes.control.load(batch.wants), "load")
+        return self._planner.apply(batch.prepared, loaded, prior=prior, park=park)
 
     def plan(self, batch: Batch, prior: WriteSet | None) -> Planned:
         """Loads the batch's rows (a short read on the control lane) and plans it."""
@@ -124,11 +149,7 @@ class BatchSteps:
 
     def _plan_now(self, batch: Batch, prior: WriteSet | None) -> Planned:
         started = time.perf_counter()
-        lanes = self._lanes
-        loaded = lanes.on_control(lambda: lanes.control.load(batch.wants), "load")
-        if prior is not None:
-            loaded = overlay(loaded, prior)
-        ws = self._planner.plan(batch.items, loaded, loaded.now, unrouted=batch.unrouted)
+        ws = self.apply(batch, prior=prior)
         self._hooks.fire(HookPoint.BEFORE_WRITE)
         return Planned(batch, ws, time.perf_counter() - started)
 

@@ -55,6 +55,7 @@ class Supervisor:
 
     def __init__(self, stop: threading.Event, clock: Callable[[], float] = time.monotonic) -> None:
         self._stop = stop
+        self.stop_event = stop
         self._clock = clock
         self.failed = threading.Event()
         self._failures: list[LoopFailure] = []

@@ -161,7 +161,6 @@ class Worker:
         self._intake = Intake(
             self.consumer,
             self._ownership,
-            planner,
             self.limits,
             self.stats,
             follow=follow,
@@ -172,7 +171,7 @@ class Worker:
             self._ownership,
             self._intake,
             self.consumer,
-            planner=planner,
+            steps=self._steps,
             limits=self.limits,
             stats=self.stats,
             on_committed=self._committed,
@@ -299,8 +298,9 @@ class Worker:
             # An operator's replay needs the records held behind its saga as stored, with
             # their row ids (to release them), those the batch in flight holds included: planned
             # on top of that batch, it would find none of them and unpark the saga without
-            # replaying what was held. Such a batch waits for the one in flight.
-            replay = batch is not None and bool(batch.wants.held_keys)
+            # replaying what was held. A reset reads the saga's history as stored, likewise.
+            # Such a batch waits for the one in flight.
+            replay = batch is not None and bool(batch.wants.held_keys or batch.wants.history_keys)
             if replay and self._pending is not None and not self.settle():
                 recovery.give_back_if_unavailable()
                 return len(records)

@@ -2,10 +2,10 @@
 
 :class:`processor.testing.SagaFixture` owns no saga rules of its own. It turns each event into the
 record a producer would send, and each due deadline into the fired record the poller would send,
-then plans and writes them exactly as the consumer does (:class:`~processor.engine.plan.Planner`
-over :class:`~processor.memory.store.MemoryBatchStore`). What the store cannot tell, the handler
-runs themselves (commands with their headers, deadline operations in call order), is observed
-on the way through the planner.
+then prepares, plans and writes them by the consumer's own recipe (``Planner.prepare``, the
+store's load, ``Planner.apply``, over :class:`~processor.memory.store.MemoryBatchStore`). What
+the store cannot tell, the handler runs themselves (commands with their headers, deadline
+operations in call order), is observed on the way through the planner.
 """
 
 from __future__ import annotations
@@ -246,8 +246,8 @@ class Engine:
         """
         runs_before = len(self.saga.runs)
         self.saga.failure = None
-        items, wants = self._planner.route(inputs)
-        ws = self._planner.plan(items, self.store.load(wants), now)
+        prepared = self._planner.prepare(inputs)
+        ws = self._planner.apply(prepared, self.store.load(prepared.wants), now=now)
         if self.saga.failure is not None:
             failure, self.saga.failure = self.saga.failure, None
             del self.saga.runs[runs_before:]

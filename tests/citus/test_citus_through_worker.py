@@ -30,11 +30,10 @@ from processor.cli import main
 from processor.postgres.citus import (
     CitusNodeMismatch,
     MigrationsOffCoordinator,
-    MoveRefused,
-    move_pin,
     pinned_node,
     placement,
 )
+from processor.postgres.citus_move import MoveRefused, move_pin
 from processor.postgres.cluster import cluster_view
 from processor.postgres.connect import connect, ensure_schema
 from processor.postgres.operator import open_operator_queries

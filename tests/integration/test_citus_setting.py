@@ -10,7 +10,8 @@ import psycopg
 import pytest
 
 from processor.postgres.check import PostgresCheckSource
-from processor.postgres.citus import CitusUnavailable, MoveRefused, local_node, move_pin, pin_node
+from processor.postgres.citus import CitusUnavailable, local_node, pin_node
+from processor.postgres.citus_move import MoveRefused, move_pin
 from processor.postgres.connect import connect
 from processor.postgres.schema import MIGRATIONS, Tables, migrate
 

@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 
 from processor.definition import SagaState
 from processor.engine.decode import decode
-from processor.engine.overlay import overlay
 from processor.engine.plan import Planner
 from processor.engine.records import Record
 from processor.engine.rows import ENDED, PARKED, WriteSet
@@ -196,15 +195,12 @@ class EnginePath:
             return
         records, self.queue = self.queue, []
         decoded = [decode(r, registry, 1 << 20) for r in records]
-        items, wants = self.planner.route(decoded)
+        prepared = self.planner.prepare(decoded)
         prior = self.in_flight
         if committed:
             # The prior batch committed before this one was loaded; the overlay must still hold.
             self.settle()
-        loaded = self.store.load(wants)
-        if prior is not None:
-            loaded = overlay(loaded, prior)
-        ws = self.planner.plan(items, loaded, loaded.now)
+        ws = self.planner.apply(prepared, self.store.load(prepared.wants), prior=prior)
         self.settle()
         self.in_flight = ws
 

@@ -79,9 +79,10 @@ def test_a_reply_to_a_saga_type_run_elsewhere_is_counted_not_recorded() -> None:
     planner = Planner(bind_all([BillingSaga], registry=REG), registry=REG, dead_letter_topic="dl")
     log = Log()
     decoded = [_reply(log, OTHER), _reply(log, OTHER), _reply(log, MINE)]
-    batch = Batch.of(decoded, planner, {("in", 0): Owned(1, 1)})  # type: ignore[arg-type]
+    prepared = planner.prepare(decoded)  # type: ignore[arg-type]
+    batch = Batch.of(prepared, {("in", 0): Owned(1, 1)})
     assert batch.foreign == {("in", OTHER): 2}
-    ws = planner.plan(batch.items, _loaded(_row(MINE)), _loaded().now)
+    ws = planner.apply(prepared, _loaded(_row(MINE)))
     # No `no-saga` rows for the other deployment's replies; the offsets still move past them.
     assert [h.outcome for h in ws.history] == [Outcome.APPLIED]
     assert [o.next_offset for o in batch.offsets] == [4]

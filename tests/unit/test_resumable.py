@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from processor.ops.parked import resumable
+from processor.runtime.resume import resumable
 from processor.upcasting import MissingUpcaster
 
 

@@ -99,6 +99,8 @@ def _processor(worker: _FakeWorker) -> Processor:
     )
     proc = build_processor(settings, list(EXAMPLE_SAGAS))
     proc.worker = worker  # type: ignore[assignment]
+    # No database here: the fake worker is the whole of what runs, so nothing is started.
+    proc._started = True
     return proc
 
 

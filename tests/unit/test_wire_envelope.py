@@ -231,7 +231,7 @@ _ANY_NAME = "|".join(map(re.escape, sorted(HEADER_NAMES)))
 _SQL_PATH = re.compile(rf"->>?\s*'({_ANY_NAME})'")
 # A migration is history: it must create what it created when written, whatever the constants
 # say later.
-MIGRATIONS = "postgres/schema.py"
+MIGRATIONS = "postgres/ddl.py"
 
 
 def _attribute_names(tree: ast.AST) -> set[int]:
