@@ -70,7 +70,8 @@ class Observability:
 
     Attributes:
         sampler: The database sampler; None when the endpoint is disabled.
-        server: The HTTP endpoint; None when disabled (``metrics.port`` 0).
+        server: The HTTP endpoint once started; None before, or when disabled
+            (``metrics.port`` 0).
     """
 
     def __init__(self, metrics: Metrics, watched: Watched, settings: MetricsSettings) -> None:
@@ -99,13 +100,7 @@ class Observability:
         self.sampler = Sampler(
             self._gauges.sample, metrics, settings.sample_interval.total_seconds()
         )
-        self.server = ObserveServer(
-            metrics.registry,
-            self.healthz,
-            self.readyz,
-            host=settings.host,
-            port=0 if settings.bind_any else settings.port,
-        )
+        self._listen = (settings.host, 0 if settings.bind_any else settings.port)
 
     def start(self) -> None:
         """Starts the sampler (a supervised loop) and the HTTP endpoint."""
@@ -114,7 +109,11 @@ class Observability:
         if self.sampler is not None:
             self.sampler.high_watermarks = getattr(consumer, "high_watermarks", None)
             self._w.supervisor.spawn("metrics-sampler", self.sampler.run)
-        if self.server is not None:
+            # Bound here, not when built: the processor checks first that the port is free.
+            host, port = self._listen
+            self.server = ObserveServer(
+                self.metrics.registry, self.healthz, self.readyz, host=host, port=port
+            )
             self.server.start()
             log.info("metrics, /healthz and /readyz on port %d", self.server.port)
 

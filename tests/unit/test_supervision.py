@@ -166,3 +166,26 @@ def test_run_after_stop_raises_nothing() -> None:
     threading.Timer(0.1, proc.stop).start()
     proc.run()
     assert proc.failure is None
+
+
+def test_building_a_processor_binds_no_port_and_connects_nothing() -> None:
+    # The loops are built whole before start(): a socket bound then would make start()'s check
+    # that the metrics port is free fail on the processor's own endpoint.
+    import socket
+
+    from processor.observe.server import check_port_free
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = ProcessorSettings(
+        database={"url": "postgresql://saga@127.0.0.1:1/saga"},
+        kafka={"bootstrap_servers": "127.0.0.1:1"},
+        metrics={"port": port},
+        sagas=["sagas.transfer:TransferSaga"],
+    )
+    proc = build_processor(settings, list(EXAMPLE_SAGAS))
+    check_port_free("127.0.0.1", port)
+    threads = {t.name for t in threading.enumerate()}
+    assert not any(n.startswith(("lane", "batch", "control", "metrics")) for n in threads), threads
+    assert proc.observe.server is None
