@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from processor.errors import SagaDefinitionError
 
@@ -20,14 +20,27 @@ __all__ = [
     "PARTICIPANT",
     "SAGA",
     "Family",
+    "attached",
     "class_attributes",
     "foreign_handlers",
+    "keep_one",
     "spelling",
     "tag",
     "used_bare",
 ]
 
 _FAMILY = "__handler_family__"
+
+_D = TypeVar("_D")
+_K = TypeVar("_K")
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+_H = TypeVar("_H", bound=_Named)
 
 
 @dataclass(frozen=True)
@@ -116,3 +129,39 @@ def used_bare(decorator: str, target: object, spelling: str) -> SagaDefinitionEr
     """
     name = getattr(target, "__qualname__", repr(target))
     return SagaDefinitionError([f"@{decorator} on {name} needs arguments; write {spelling}"])
+
+
+def attached(cls: object, attribute: str, kind: type[_D], refusal: str) -> _D:
+    """The definition a class decorator attached to ``cls`` as ``attribute``.
+
+    Read from the class's own namespace: a subclass of a saga or a participant is not itself
+    one.
+
+    Args:
+        cls: The class asked about.
+        attribute: Where its class decorator keeps the definition.
+        kind: The definition's type.
+        refusal: What is wrong when there is none, after the class (``"is not a saga; ..."``).
+
+    Raises:
+        SagaDefinitionError: ``cls`` is not a class its decorator defined.
+    """
+    definition = vars(cls).get(attribute) if isinstance(cls, type) else None
+    if not isinstance(definition, kind):
+        raise SagaDefinitionError([f"{cls!r} {refusal}"])
+    return definition
+
+
+def keep_one(handlers: dict[_K, _H], key: _K, handler: _H, what: str, problems: list[str]) -> None:
+    """Keeps ``handler`` as the one for ``key``, or adds the problem of a second one.
+
+    Args:
+        handlers: The handlers found so far, by what they handle.
+        key: What ``handler`` handles.
+        handler: The handler found.
+        what: ``key`` as a problem names it (``"event OrderPlaced"``, ``"deadline 'expiry'"``).
+        problems: Where the problem goes.
+    """
+    kept = handlers.setdefault(key, handler)
+    if kept is not handler:
+        problems.append(f"{what} has two handlers ({kept.name}, {handler.name}); keep exactly one")

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from processor._marks import SAGA, foreign_handlers
+from processor._marks import SAGA, attached, foreign_handlers, keep_one
 from processor.errors import SagaDefinitionError
 from processor.messages import Message
 from processor.params import Param, classify_params
@@ -145,11 +145,8 @@ def definition_of(cls: type[SagaState]) -> SagaDefinition:
     Raises:
         SagaDefinitionError: ``cls`` is not decorated with ``@saga``.
     """
-    # Read the class's own namespace: a subclass of a saga is not itself a saga.
-    definition = vars(cls).get(DEFINITION) if isinstance(cls, type) else None
-    if not isinstance(definition, SagaDefinition):
-        raise SagaDefinitionError([f"{cls!r} is not a saga; decorate it with @saga(type=...)"])
-    return definition
+    refusal = "is not a saga; decorate it with @saga(type=...)"
+    return attached(cls, DEFINITION, SagaDefinition, refusal)
 
 
 def build(
@@ -213,21 +210,11 @@ def build(
         if handler is None:
             continue
         if isinstance(handler.key, str):
-            other = deadline_handlers.get(handler.key)
-            if other is not None:
-                problems.append(
-                    f"deadline {handler.key!r} has two handlers ({other.name}, {handler.name}); "
-                    "keep exactly one"
-                )
-            deadline_handlers.setdefault(handler.key, handler)
+            what = f"deadline {handler.key!r}"
+            keep_one(deadline_handlers, handler.key, handler, what, problems)
         else:
-            prev = event_handlers.get(handler.key)
-            if prev is not None:
-                problems.append(
-                    f"event {handler.key.__qualname__} has two handlers ({prev.name}, "
-                    f"{handler.name}); keep exactly one"
-                )
-            event_handlers.setdefault(handler.key, handler)
+            what = f"event {handler.key.__qualname__}"
+            keep_one(event_handlers, handler.key, handler, what, problems)
 
     # A class of command handlers only is a participant under the wrong decorator: saying it
     # lacks a start handler too would point the author the wrong way.

@@ -54,6 +54,7 @@ __all__ = [
     "envelope",
     "outbox_channel",
     "parse_traceparent",
+    "present",
 ]
 
 # -- headers of events and commands ---------------------------------------------------------
@@ -305,14 +306,9 @@ class OperatorRecord:
             "reason": self.reason,
             "name": self.name,
         }
-        # Left out rather than null when absent: the value an older release signed.
-        if self.issued_at is not None:
-            body["issued_at"] = self.issued_at
-        if self.message is not None:
-            # As text: the operator's own JSON, never re-encoded (no float rounds on the way).
-            body["message"] = self.message
-        if self.batch is not None:
-            body["batch"] = self.batch
+        # Left out rather than null when absent: the value an older release signed. A message
+        # is the operator's own JSON text, never re-encoded (no float rounds on the way).
+        body.update(present(issued_at=self.issued_at, message=self.message, batch=self.batch))
         return json.dumps(body, sort_keys=True).encode()
 
     def headers(self, key: bytes) -> dict[str, str]:
@@ -349,6 +345,11 @@ class OperatorRecord:
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError("malformed operator record") from e
+
+
+def present(**values: object) -> dict[str, object]:
+    """The values given that are not None: a key left out rather than null where one is absent."""
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def _unix_ms(value: object) -> int:

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 from processor.bootstrap.service import ServiceAdapters
 from processor.errors import LoopDied
 from processor.messages import MessageRegistry, registry
-from processor.ports.engine import TP, RecordConsumer
 from processor.postgres.citus import Distributed
 from processor.postgres.participant import PostgresParticipantStore
 from processor.postgres.schema import Tables
@@ -114,20 +113,12 @@ class ParticipantService(ParticipantRuntime):
         adapters.migrate()
         self.tables: Tables = adapters.tables
 
-        def make_consumer(
-            group: str,
-            names: Sequence[str],
-            on_assign: Callable[[list[TP]], Mapping[TP, int | None]],
-            on_revoke: Callable[[list[TP]], None],
-        ) -> RecordConsumer:
-            return adapters.consumer(cs, group, names, on_assign, on_revoke)
-
         super().__init__(
             participants,
             store=adapters.participant_store(),
             relay=adapters.relay(relay or RelaySettings()),
             wake_source=adapters.wake_source(),
-            consumer=make_consumer,
+            consumer=adapters.consumers(cs),
             schema=schema,
             group_id=group_id,
             topics=topics,

@@ -7,13 +7,13 @@ it needs, configured as those services have always been.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from functools import partial
 
 from processor.bootstrap.clients import relay_producer, saga_consumer
 from processor.engine.partitioner import Partitioner
 from processor.kafka.client import SagaConsumer
 from processor.kafka.producer import KafkaRecordProducer
-from processor.ports.engine import TP
 from processor.postgres.citus import Distributed
 from processor.postgres.connect import connect
 from processor.postgres.held import Conn
@@ -106,13 +106,10 @@ class ServiceAdapters:
         """Notifications of the outbox's commits (the service's own included)."""
         return PostgresWakeSource(self.connect, outbox_channel(self.tables.schema))
 
-    def consumer(
-        self,
-        settings: ConsumerSettings,
-        group_id: str,
-        topics: Sequence[str],
-        on_assign: Callable[[list[TP]], Mapping[TP, int | None]],
-        on_revoke: Callable[[list[TP]], None],
-    ) -> SagaConsumer:
-        """The group member consuming ``topics``; its positions come from ``on_assign``."""
-        return saga_consumer(self.kafka_config, settings, group_id, topics, on_assign, on_revoke)
+    def consumers(self, settings: ConsumerSettings) -> partial[SagaConsumer]:
+        """Makes the service's group members, given the group, topics and callbacks.
+
+        :func:`~processor.bootstrap.clients.saga_consumer` over this Kafka config and
+        ``settings``.
+        """
+        return partial(saga_consumer, self.kafka_config, settings)

@@ -39,6 +39,7 @@ from processor.ops.batch import (
     tally,
     wait_for_batch,
 )
+from processor.ops.filters import age_text
 from processor.settings import ProcessorSettings
 
 __all__ = ["batch", "batch_arguments", "check_single", "saga_action_parsers"]
@@ -303,7 +304,13 @@ def _dry_run(args: argparse.Namespace, chosen: Selection) -> int:
     table = text_table(
         ("SAGA TYPE", "SAGA ID", "STATUS", "STATE", "AGE"),
         (
-            (r["saga_type"], r["saga_id"], r["status"], r["state"] or "-", _age(r["age_seconds"]))
+            (
+                r["saga_type"],
+                r["saga_id"],
+                r["status"],
+                r["state"] or "-",
+                age_text(r["age_seconds"]),
+            )
             for r in rows
         ),
     )
@@ -345,15 +352,3 @@ def _applied(outcomes: Mapping[tuple[str, str], str], total: int) -> None:
     others = len(outcomes) - applied
     refused = f" ({others} not applied)" if others else ""
     print(f"applied {applied} of {total}{refused}", flush=True)
-
-
-def _age(seconds: float) -> str:
-    """Seconds as `3d 4h`, `2h 5m`, `7m 3s` or `12s` (as the console shows ages)."""
-    s = max(int(seconds), 0)
-    if s >= 86400:
-        return f"{s // 86400}d {s % 86400 // 3600}h"
-    if s >= 3600:
-        return f"{s // 3600}h {s % 3600 // 60}m"
-    if s >= 60:
-        return f"{s // 60}m {s % 60}s"
-    return f"{s}s"

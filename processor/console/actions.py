@@ -104,10 +104,10 @@ def action_routes(backend: Backend, guard: Guard) -> list[Route]:
                     "terminate": OperatorAction.TERMINATE,
                     "resolve": OperatorAction.RESOLVE,
                 }[action]
-                decision = form.get("decision") if action == "resolve" else None
-                entry, status = await run_in_threadpool(
-                    partial(backend.act, actor=by), op, saga_type, saga_id, reason, decision or None
-                )
+                decision = (form.get("decision") if action == "resolve" else None) or None
+                send = partial(backend.request, actor=by)
+                mid = await run_in_threadpool(send, op, saga_type, saga_id, reason, decision)
+                entry, status = await run_in_threadpool(backend.outcome, saga_type, saga_id, mid)
                 notice = (
                     f"{action} sent; no processor applied it yet (see the timeline)"
                     if entry is None

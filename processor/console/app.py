@@ -41,7 +41,7 @@ from processor.console.protect import FormTokens, Keys, Shield, Throttle, row_id
 from processor.console.query import OUTCOMES, REFRESH_CHOICES, duration, list_filters
 from processor.errors import SagaError
 from processor.ops.diagram import svg
-from processor.ops.filters import cursor
+from processor.ops.filters import age_text, cursor
 from processor.ops.inspect import NoSuchSaga, show_saga
 from processor.ports.views import jsonable, step_state
 from processor.wire import HEADER_OPERATOR_AUTH
@@ -62,14 +62,7 @@ def _age(value: timedelta | datetime | None) -> str:
         return "-"
     if isinstance(value, datetime):
         value = datetime.now(value.tzinfo) - value
-    s = max(int(value.total_seconds()), 0)
-    if s >= 86400:
-        return f"{s // 86400}d {s % 86400 // 3600}h"
-    if s >= 3600:
-        return f"{s // 3600}h {s % 3600 // 60}m"
-    if s >= 60:
-        return f"{s // 60}m {s % 60}s"
-    return f"{s}s"
+    return age_text(value.total_seconds())
 
 
 def create_app(

@@ -174,26 +174,18 @@ class Backend:
             saga's status afterwards.
         """
         action = OperatorAction.PARKED_SKIP if skip else OperatorAction.PARKED_RETRY
-        return self.act(action, saga_type, saga_id, reason, timeout=timeout, actor=actor)
+        message_id = self.request(action, saga_type, saga_id, reason, actor=actor)
+        return self.outcome(saga_type, saga_id, message_id, timeout)
 
-    def act(
-        self,
-        action: OperatorAction,
-        saga_type: str,
-        saga_id: str,
-        reason: str,
-        name: str | None = None,
-        timeout: float = 30.0,
-        *,
-        actor: str | None = None,
+    def outcome(
+        self, saga_type: str, saga_id: str, message_id: str, timeout: float = 30.0
     ) -> tuple[TimelineEntry | None, str | None]:
-        """Sends an operator request and waits up to ``timeout`` seconds for its outcome.
+        """Waits up to ``timeout`` seconds for the outcome of the request sent as ``message_id``.
 
         Returns:
             The request's timeline entry (None if no processor applied it in time) and the
             saga's status afterwards.
         """
-        message_id = self.request(action, saga_type, saga_id, reason, name, actor=actor)
         with self.inspect() as queries:
             entry = wait_for_outcome(queries, saga_type, saga_id, message_id, timeout)
             summary, _ = queries.saga(saga_type, saga_id)

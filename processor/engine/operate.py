@@ -42,7 +42,7 @@ from processor.engine.rows import (
 from processor.engine.steps import DeadlineSteps, EventSteps
 from processor.engine.working import Item, MessageKey, Pass, Working
 from processor.messages import HEADER_MESSAGE_ID, MessageRegistry
-from processor.wire import OPERATOR_CLOCK_SKEW, OperatorAction, OperatorRecord
+from processor.wire import OPERATOR_CLOCK_SKEW, OperatorAction, OperatorRecord, present
 
 
 class OperatorSteps:
@@ -268,13 +268,7 @@ class OperatorSteps:
             # state would make later events look like they belong to a started saga.
             self._refuse(ws, w, item, label, None, "nothing left would start the saga")
             return
-        for f in dataclasses.fields(WriteSet):
-            value = getattr(trial, f.name)
-            if isinstance(value, list):
-                getattr(ws, f.name).extend(value)
-        ws.counts.update(trial.counts)
-        ws.outcomes.update(trial.outcomes)
-        ws.escalations.update(trial.escalations)
+        ws.extend(trial)
         ws.parked = [p for p in ws.parked if not any(p is q for q in in_batch)]
         ws.held_releases.extend(h.parked_id for h in stored)
         # The poller skipped this saga's deadlines while it was parked: the ones that came due
@@ -366,14 +360,11 @@ def _audit(
     req = op.request
     key = (w.bound.saga_type, w.saga_id)
     rows = [h for h in ws.history[history:] if (h.saga_type, h.saga_id) == key]
-    target: dict[str, Any] = {"request": item.message_id}
-    # `audit list --batch` and the batch's own wait find its requests by this key.
-    if req.batch is not None:
-        target["batch"] = req.batch
-    if req.name is not None:
-        target["name"] = req.name
-    if decided.version is not None:
-        target["version"] = decided.version
+    # `audit list --batch` and the batch's own wait find its requests by their batch.
+    target: dict[str, Any] = {
+        "request": item.message_id,
+        **present(batch=req.batch, name=req.name, version=decided.version),
+    }
     skipped = [h.message_id for h in rows if h.outcome is Outcome.SKIPPED]
     if skipped:
         target["skipped"] = skipped

@@ -179,7 +179,7 @@ class Resets:
         # Operator inputs replayed were audited when they first applied; the reset is, by its
         # caller.
         live.audit.clear()
-        _merge(p.ws, live)
+        p.ws.extend(live)
         p.ws.wake_deadlines = True
         for f in dataclasses.fields(Working):
             setattr(w, f.name, getattr(fresh, f.name))
@@ -263,14 +263,3 @@ def _resend(req: OperatorRecord) -> bool:
     except ValueError:
         return False
     return isinstance(options, dict) and options.get("resend") is True
-
-
-def _merge(ws: WriteSet, trial: WriteSet) -> None:
-    """Adds a trial's writes to the batch's."""
-    for f in dataclasses.fields(WriteSet):
-        value = getattr(trial, f.name)
-        if isinstance(value, list):
-            getattr(ws, f.name).extend(value)
-    ws.counts.update(trial.counts)
-    ws.outcomes.update(trial.outcomes)
-    ws.escalations.update(trial.escalations)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -203,6 +203,23 @@ class HistoryRow:
 # field), and one is built per event; nothing changes it once built.
 @dataclass(slots=True)
 class DeadlineInsert:
+    """One deadline a batch schedules: the deadline table's row, before any poller claimed it.
+
+    :class:`processor.ports.DeadlineRow` is the stored row: these fields and its dispatch.
+
+    Attributes:
+        id: The deadline's id; a fired record names it.
+        saga_type: Type of the saga that scheduled it.
+        saga_id: Id of that saga instance.
+        name: Deadline name, unique per saga instance.
+        due_at: When it becomes due (database clock).
+        payload: JSON form of the payload given at scheduling, or None.
+        topic: Input topic its fired record is produced to.
+        partition: Partition of that topic (the saga's own).
+        traceparent: The W3C trace context of the input that set it, for its fired record.
+        tracestate: The W3C trace state sent with it.
+    """
+
     id: str
     saga_type: str
     saga_id: str
@@ -211,7 +228,6 @@ class DeadlineInsert:
     payload: Any
     topic: str
     partition: int
-    # The W3C trace context of the input that set it, for its fired record.
     traceparent: str | None = None
     tracestate: str | None = None
 
@@ -306,6 +322,16 @@ class WriteSet:
     outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
     # Sagas this batch handed to a person, by (saga type, kind): saga_escalations_total.
     escalations: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+    def extend(self, other: WriteSet) -> None:
+        """Adds the rows and counts of ``other`` (a trial planned on its own) to these."""
+        for f in fields(WriteSet):
+            value = getattr(other, f.name)
+            if isinstance(value, list):
+                getattr(self, f.name).extend(value)
+        self.counts.update(other.counts)
+        self.outcomes.update(other.outcomes)
+        self.escalations.update(other.escalations)
 
     def wakes_poller(self, soon: datetime | None = None) -> bool:
         """Whether the deadline poller should look now rather than at its next planned time.

@@ -21,6 +21,7 @@ from confluent_kafka import (
 from processor.engine.records import UNREADABLE_HEADERS, Record
 from processor.errors import RuntimeFailure
 from processor.kafka.group_view import describe_group
+from processor.kafka.lazy import LazyConsumer
 from processor.kafka.logs import client_logger
 
 log = logging.getLogger(__name__)
@@ -135,7 +136,6 @@ class SagaConsumer:
         self._refusals: dict[TP, int] = {}
         # The membership watch (see _watch_membership): it makes a client of its own, asks
         # the broker about the group from a process of its own, and needs the session's length.
-        self._conf = conf
         self._config = config
         self._group_id = group_id
         self._session = session_timeout_ms / 1000
@@ -148,13 +148,11 @@ class SagaConsumer:
         # Made, and subscribed, by the first consume(): a processor is built whole before it
         # starts, and joins the group only once it polls (a member that joins and does not
         # poll holds a rebalance up).
-        self._made: Consumer | None = None
+        self._client = LazyConsumer(conf)
 
     @property
     def _consumer(self) -> Consumer:
-        if self._made is None:
-            self._made = Consumer(self._conf)
-        return self._made
+        return self._client.get()
 
     # Cooperative rebalancing hands over only the changed partitions; these callbacks must use
     # the incremental calls, or partitions are left unconsumed.
@@ -211,7 +209,7 @@ class SagaConsumer:
         return frozenset(self._assigned_tps)
 
     def consume(self, max_records: int, timeout: float) -> list[Record]:
-        if self._made is None:
+        if self._client.made is None:
             self.rejoin()
         out: list[Record] = []
         if self._assigned_tps:
@@ -346,7 +344,7 @@ class SagaConsumer:
             settled,
         )
         self.rebalances["replaced"] += 1
-        old, self._made = self._consumer, Consumer(self._conf)
+        old = self._client.replace()
         self.rejoin()
         threading.Thread(
             target=_close_quietly, args=(old,), name="consumer-close", daemon=True
@@ -397,8 +395,7 @@ class SagaConsumer:
             marks_client, self._marks_client = self._marks_client, None
         if marks_client is not None:
             marks_client.close()
-        if self._made is not None:
-            self._made.close()
+        self._client.close()
 
 
 def _close_quietly(consumer: Consumer) -> None:

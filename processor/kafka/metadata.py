@@ -13,6 +13,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from processor.errors import Retryable
+from processor.kafka.lazy import LazyConsumer
 from processor.kafka.logs import client_logger
 
 __all__ = ["KafkaTopicMetadata"]
@@ -38,15 +39,11 @@ class KafkaTopicMetadata:
             "logger": client_logger(),
         }
         self._timeout = timeout
-        self._conf = conf
-        # Made on first use: a processor is built whole before it starts, and connects then.
-        self._made: Consumer | None = None
+        self._client = LazyConsumer(conf)
 
     @property
     def _consumer(self) -> Consumer:
-        if self._made is None:
-            self._made = Consumer(self._conf)
-        return self._made
+        return self._client.get()
 
     def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -73,5 +70,4 @@ class KafkaTopicMetadata:
         return out
 
     def close(self) -> None:
-        if self._made is not None:
-            self._made.close()
+        self._client.close()

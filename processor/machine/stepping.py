@@ -9,7 +9,7 @@ the same path.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -32,6 +32,9 @@ from processor.messages import Message
 __all__ = ["StepMachine"]
 
 _S = MachineState
+
+# Which way a step runs: its action, or its undo (see ``StepTimer.phase``).
+Phase = Literal["forward", "undo"]
 
 
 class StepMachine(MachineSaga):
@@ -179,18 +182,26 @@ class StepMachine(MachineSaga):
         p.escalated = step.name
         p.escalated_in_doubt = in_doubt
         p.reason = why
-        p.state = f"{step.state_name}_ESCALATED"
-        self.transition_to(_S.WAITING, io.now, f"step {step.name} escalated: {why}")
-        self._escalate(io, "retries-exhausted", step, why)
-        self._arm_reminder(step, io)
+        self._wait_on_person(step, io, why, "forward")
+
+    def _wait_on_person(self, step: Step, io: HandlerIo, why: str, phase: Phase) -> None:
+        """WAITING on a person about ``step`` or its undo: an escalation sent, a reminder armed."""
+        if phase == "undo":
+            what, suffix, reason = f"undo of {step.name}", "_UNDO_ESCALATED", "compensation-failed"
+        else:
+            what, suffix, reason = f"step {step.name}", "_ESCALATED", "retries-exhausted"
+        self.progress.state = f"{step.state_name}{suffix}"
+        self.transition_to(_S.WAITING, io.now, f"{what} escalated: {why}")
+        self._escalate(io, reason, step, why)
+        self._arm_reminder(step, io, phase)
 
     def _remind(self, step: Step, io: HandlerIo) -> None:
         self._escalate(io, "still-waiting", step, self.progress.reason or "")
-        self._arm_reminder(step, io)
+        self._arm_reminder(step, io, "forward")
 
-    def _arm_reminder(self, step: Step, io: HandlerIo) -> None:
+    def _arm_reminder(self, step: Step, io: HandlerIo, phase: Phase) -> None:
         timer = StepTimer(
-            step=step.name, phase="forward", purpose="escalated", attempt=self.progress.attempt
+            step=step.name, phase=phase, purpose="escalated", attempt=self.progress.attempt
         )
         io.deadlines.schedule(STEP_TIMER, at=io.now + step.escalation_timeout, payload=timer)
 
@@ -315,16 +326,7 @@ class StepMachine(MachineSaga):
         p = self.progress
         p.undo_escalated = step.name
         p.undo_failure = why
-        p.state = f"{step.state_name}_UNDO_ESCALATED"
-        self.transition_to(_S.WAITING, io.now, f"undo of {step.name} escalated: {why}")
-        self._escalate(io, "compensation-failed", step, why)
-        self._arm_undo_reminder(step, io)
-
-    def _arm_undo_reminder(self, step: Step, io: HandlerIo) -> None:
-        timer = StepTimer(
-            step=step.name, phase="undo", purpose="escalated", attempt=self.progress.attempt
-        )
-        io.deadlines.schedule(STEP_TIMER, at=io.now + step.escalation_timeout, payload=timer)
+        self._wait_on_person(step, io, why, "undo")
 
     def _undo_timer(self, timer: StepTimer, io: HandlerIo) -> None:
         """The undo's reply timeout, retry backoff or (while a person decides) reminder."""
@@ -335,7 +337,7 @@ class StepMachine(MachineSaga):
         if p.undo_escalated is not None:
             if timer.purpose == "escalated" and p.undo_escalated == step.name:
                 self._escalate(io, "still-waiting", step, p.undo_failure or "")
-                self._arm_undo_reminder(step, io)
+                self._arm_reminder(step, io, "undo")
         elif timer.purpose == "retry":
             self._send_undo(step, p.attempt + 1, io)
         elif timer.purpose == "timeout":

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
+from typing import Unpack
 
+from processor._choices import known_keywords
 from processor.engine.rows import AuditEntry
-from processor.ports.views import AuditRow
+from processor.ports.views import AUDIT_LIMIT, AuditFilters, AuditRow
 
 __all__ = ["MemoryAuditLog"]
 
@@ -43,18 +45,13 @@ class MemoryAuditLog:
                     )
                 )
 
-    def audit(
-        self,
-        *,
-        since: timedelta | None = None,
-        saga_type: str | None = None,
-        saga_id: str | None = None,
-        action: str | None = None,
-        limit: int = 100,
-        batch: str | None = None,
-    ) -> list[AuditRow]:
+    def audit(self, **filters: Unpack[AuditFilters]) -> list[AuditRow]:
         """Entries newest first, narrowed by the filters given."""
+        known_keywords(filters, AuditFilters)
+        since = filters.get("since")
         oldest = self.clock() - since if since is not None else None
+        saga_type, saga_id = filters.get("saga_type"), filters.get("saga_id")
+        action, batch = filters.get("action"), filters.get("batch")
         with self._lock:
             picked = [
                 r
@@ -65,4 +62,5 @@ class MemoryAuditLog:
                 and (oldest is None or r.at >= oldest)
                 and (batch is None or r.target.get("batch") == batch)
             ]
-        return sorted(picked, key=lambda r: (r.at, r.id), reverse=True)[:limit]
+        newest = sorted(picked, key=lambda r: (r.at, r.id), reverse=True)
+        return newest[: filters.get("limit", AUDIT_LIMIT)]

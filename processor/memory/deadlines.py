@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from processor.errors import Retryable
-from processor.ports import DeadlineRow, Due
+from processor.ports import DeadlineRow
 
 __all__ = ["DeadlineRow", "DeadlineTable", "Lease", "MemoryDeadlineStore"]
 
@@ -178,7 +178,7 @@ class MemoryDeadlineStore:
 
     def claim_due(
         self, holder: str, token: int, limit: int, *, full: bool
-    ) -> tuple[list[Due], float | None]:
+    ) -> tuple[list[DeadlineRow], float | None]:
         """Claims due deadlines under ``token``; see :class:`processor.ports.DeadlineStore`."""
         with self._lock:
             self._check()
@@ -202,10 +202,12 @@ class MemoryDeadlineStore:
             taken = taken[:limit]
             if not ours:
                 taken = []
-            for r in taken:
-                self._rows[r.id] = replace(r, dispatched_at=now, dispatch_token=token)
+            # Replaced, not changed: the rows returned stay as claimed.
+            claimed = [replace(r, dispatched_at=now, dispatch_token=token) for r in taken]
+            for r in claimed:
+                self._rows[r.id] = r
             due = self._rows.next_due_in(now) if len(taken) < limit else None
-            return [r.due() for r in taken], due
+            return claimed, due
 
     def unclaim(self, ids: Sequence[str], token: int) -> None:
         """Makes rows dispatched under ``token`` due again."""

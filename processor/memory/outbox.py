@@ -9,11 +9,20 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from typing import Unpack
 
+from processor._choices import known_keywords
 from processor.engine.records import OutboxRow
 from processor.engine.rows import AuditEntry
 from processor.memory.audit import MemoryAuditLog
-from processor.ports import FAILED_VALUE_PREVIEW, TP, FailedOutboxRow, OutboxEntry, SetAside
+from processor.ports import (
+    FAILED_VALUE_PREVIEW,
+    TP,
+    FailedOutboxRow,
+    FailedSelection,
+    OutboxEntry,
+    SetAside,
+)
 
 __all__ = ["MemoryOutboxStore"]
 
@@ -259,36 +268,27 @@ class MemoryOutboxStore:
             ][:limit]
             return [_shown(f) for f in picked]
 
-    def retry_failed(
-        self,
-        *,
-        saga_type: str | None = None,
-        saga_id: str | None = None,
-        row_id: int | None = None,
-        audit: AuditEntry | None = None,
-    ) -> list[FailedOutboxRow]:
+    def retry_failed(self, **selection: Unpack[FailedSelection]) -> list[FailedOutboxRow]:
+        known_keywords(selection, FailedSelection)
+        saga_type, saga_id = selection.get("saga_type"), selection.get("saga_id")
         with self._operator():
-            chosen = self._select(saga_type, saga_id, row_id)
+            chosen = self._select(saga_type, saga_id, selection.get("row_id"))
             for f in chosen:
                 del self._failed[f.id]
                 self._rows[f.id] = OutboxEntry(f.id, f.row)
-            self._audited(chosen, audit)
+            self._audited(chosen, selection.get("audit"))
             return [_shown(f) for f in chosen]
 
-    def discard_failed(
-        self,
-        *,
-        saga_type: str | None = None,
-        saga_id: str | None = None,
-        row_id: int | None = None,
-        audit: AuditEntry | None = None,
-    ) -> list[FailedOutboxRow]:
+    def discard_failed(self, **selection: Unpack[FailedSelection]) -> list[FailedOutboxRow]:
+        known_keywords(selection, FailedSelection)
+        saga_type, saga_id = selection.get("saga_type"), selection.get("saga_id")
+        row_id = selection.get("row_id")
         with self._operator():
             chosen = [f for f in self._failed.values() if _picked(f, saga_type, saga_id, row_id)]
             for f in chosen:
                 del self._failed[f.id]
                 del self._created[f.id]
-            self._audited(chosen, audit)
+            self._audited(chosen, selection.get("audit"))
             return sorted((_shown(f) for f in chosen), key=lambda f: f.id)
 
     def _audited(self, rows: list[FailedOutboxRow], audit: AuditEntry | None) -> None:

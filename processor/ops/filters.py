@@ -27,6 +27,7 @@ __all__ = [
     "OUTCOMES",
     "STATUSES",
     "StateSearchError",
+    "age_text",
     "cursor",
     "duration",
     "list_filters",
@@ -152,6 +153,18 @@ def duration(name: str, value: str) -> timedelta:
         SagaError: It is no duration the console can subtract from now.
     """
     return _duration(f"parameter {name}", value)
+
+
+def age_text(seconds: float) -> str:
+    """Seconds as ``3d 4h``, ``2h 5m``, ``7m 3s`` or ``12s``: how the console and CLI show ages."""
+    s = max(int(seconds), 0)
+    if s >= 86400:
+        return f"{s // 86400}d {s % 86400 // 3600}h"
+    if s >= 3600:
+        return f"{s // 3600}h {s % 3600 // 60}m"
+    if s >= 60:
+        return f"{s // 60}m {s % 60}s"
+    return f"{s}s"
 
 
 def _duration(label: str, value: str) -> timedelta:

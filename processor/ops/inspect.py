@@ -12,7 +12,9 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import TypedDict, Unpack
 
+from processor._choices import known_keywords
 from processor.engine.decode import Reason
 from processor.engine.records import OutboxRow
 from processor.engine.rows import AuditEntry
@@ -33,6 +35,7 @@ from processor.wire import (
 __all__ = [
     "NoSuchSaga",
     "NotSent",
+    "OperatorAsk",
     "OperatorRefused",
     "RequestDeadLettered",
     "operator_request",
@@ -105,50 +108,59 @@ def show_saga(store: InspectStore, saga_type: str, saga_id: str, limit: int = 10
     )
 
 
+class _Asked(TypedDict):
+    # Required as a class of its own: Python reads ``Required[...]`` in no postponed annotation.
+    action: OperatorAction
+    saga_type: str
+    saga_id: str
+    by: str
+    reason: str
+
+
+class OperatorAsk(_Asked, total=False):
+    """What an operator asks of one saga; the first five are required.
+
+    Attributes:
+        action: What is asked.
+        saga_type: The saga's type.
+        saga_id: The saga's id.
+        by: Who asks.
+        reason: Why; a request without one is refused.
+        name: The deadline, decision or injected event type the action names, if it names one.
+        route: Moves the request to the partition the saga's events go to now, when its input
+            topic grew since its latest event (see :func:`processor.engine.growth.route`).
+        clock: When the request is issued, in seconds since the epoch; ``time.time`` by
+            default. The processor refuses a request older than ``SAGA_OPERATOR__EXPIRY``, so
+            a copy taken off the topic cannot be sent again later.
+        message: An injected event's JSON value (``OperatorAction.INJECT``; ``name`` its type).
+    """
+
+    name: str | None
+    route: Callable[[str, bytes, int], int] | None
+    clock: Callable[[], float]
+    message: str | None
+
+
 def send_operator_request(
     store: InspectStore,
     producer: RecordProducer,
     key: bytes | None,
     *,
-    action: OperatorAction,
-    saga_type: str,
-    saga_id: str,
-    by: str,
-    reason: str,
-    name: str | None = None,
     timeout: float = 30.0,
-    route: Callable[[str, bytes, int], int] | None = None,
-    clock: Callable[[], float] = time.time,
-    message: str | None = None,
+    **ask: Unpack[OperatorAsk],
 ) -> OperatorRecord:
     """Signs the request and sends it into the saga's input partition; returns it once acked.
 
     The partition is the one the saga's latest event came from (fired deadlines go there too),
-    so the request is ordered with whatever the saga receives next; ``route`` moves it to where
-    the saga's events go now when its input topic grew since (see
-    :func:`processor.engine.growth.route`). The signed value carries when it was issued
-    (``clock``, seconds since the epoch): the processor refuses it once older than
-    ``SAGA_OPERATOR__EXPIRY``, so a copy taken off the topic cannot be sent again later.
-    ``message`` is an injected event's JSON value (``OperatorAction.INJECT``; ``name`` its type).
+    so the request is ordered with whatever the saga receives next. ``ask`` is the request
+    (:class:`OperatorAsk`); ``timeout`` how long the broker has to acknowledge it, in seconds.
 
     Raises:
         OperatorRefused: No operator key is configured, no reason was given, the saga has no
             event on record, or the broker did not acknowledge the record.
         NoSuchSaga: There is no such saga instance.
     """
-    request, row = operator_request(
-        store,
-        key,
-        action=action,
-        saga_type=saga_type,
-        saga_id=saga_id,
-        by=by,
-        reason=reason,
-        name=name,
-        route=route,
-        clock=clock,
-        message=message,
-    )
+    request, row = operator_request(store, key, **ask)
     failures = producer.send([row], timeout)
     if failures:
         raise NotSent(f"the broker did not take the request: {failures[0]}")
@@ -156,19 +168,7 @@ def send_operator_request(
 
 
 def operator_request(
-    store: InspectStore,
-    key: bytes | None,
-    *,
-    action: OperatorAction,
-    saga_type: str,
-    saga_id: str,
-    by: str,
-    reason: str,
-    name: str | None = None,
-    route: Callable[[str, bytes, int], int] | None = None,
-    clock: Callable[[], float] = time.time,
-    message: str | None = None,
-    batch: str | None = None,
+    store: InspectStore, key: bytes | None, *, batch: str | None = None, **ask: Unpack[OperatorAsk]
 ) -> tuple[OperatorRecord, OutboxRow]:
     """The signed request and the row that carries it to the saga's input partition, unsent.
 
@@ -180,6 +180,8 @@ def operator_request(
             no event on record.
         NoSuchSaga: There is no such saga instance.
     """
+    known_keywords(ask, OperatorAsk)
+    saga_type, saga_id, reason = ask["saga_type"], ask["saga_id"], ask["reason"]
     if key is None:
         raise OperatorRefused("no operator key: set SAGA_OPERATOR__KEY to the processor's key")
     if not reason.strip():
@@ -191,19 +193,20 @@ def operator_request(
     where = store.input_partition(saga_type, saga_id)
     if where is None:
         raise OperatorRefused(f"saga {saga_type} {saga_id} has no event on record to follow")
-    issued_at = int(clock() * 1000)
+    issued_at = int(ask.get("clock", time.time)() * 1000)
     request = OperatorRecord(
-        action,
+        ask["action"],
         saga_type,
         saga_id,
         uuid.uuid4().hex,
-        by,
+        ask["by"],
         reason,
-        name,
+        ask.get("name"),
         issued_at=issued_at,
-        message=message,
+        message=ask.get("message"),
         batch=batch,
     )
+    route = ask.get("route")
     row = OutboxRow(
         saga_type=saga_type,
         saga_id=saga_id,

@@ -9,16 +9,16 @@ why in the saga's history and the audit trail.
 
 from __future__ import annotations
 
-import sys
 import uuid
 from collections.abc import Sequence
+from typing import Unpack
 
 from processor.engine.plan import Planner
 from processor.engine.rows import AuditEntry, HistoryRow, Outcome, WriteSet
-from processor.messages import MessageRegistry
 from processor.ports import HeldMessage, OperatorStore, ParkedSaga, ParkedStore
 from processor.runtime.resume import (
     NotParked,
+    ReplayOptions,
     ReplayOutcome,
     RetryFailure,
     RetryResult,
@@ -53,18 +53,15 @@ def retry_parked_saga(
     saga_type: str,
     saga_id: str,
     *,
-    registry: MessageRegistry,
-    max_record_bytes: int = sys.maxsize,
-    skip: int = 0,
     by: str | None = None,
     reason: str | None = None,
+    **options: Unpack[ReplayOptions],
 ) -> RetryResult:
-    """Replays a parked saga's held messages in arrival order, all or nothing.
+    """The operator's retry: :func:`~processor.runtime.resume.replay_parked`, recorded.
 
-    The instance is planned as active (or as not yet started, when its start handler was the
-    one that failed), so its handlers run on the held messages exactly as the consumer would
-    have run them. On success the held rows are deleted and the saga's state, history, commands
-    and deadlines are written in the same transaction; the relay is woken by the usual notify.
+    The held messages are replayed in arrival order, all or nothing, as the replay does; who
+    asked and why go into the saga's history and the audit trail in the same transaction, with
+    each message skipped (``parked skip``: the message that keeps failing) as ``skipped``.
 
     Args:
         store: The processor's database, e.g. `processor.postgres.operator.OperatorQueries`, on
@@ -73,13 +70,10 @@ def retry_parked_saga(
             `processor.runtime.assembly.bind_sagas`).
         saga_type: The parked saga's type name.
         saga_id: The parked saga's id.
-        registry: Message types, to decode the held records; the planner's own.
-        max_record_bytes: Size limit applied when decoding; held records already passed the
-            consumer's limit once, so the default does not check again.
-        skip: How many of the first held messages to drop instead of replaying (``parked
-            skip``: the message that keeps failing); each is recorded as ``skipped``.
         by: Who asked; with ``reason``, recorded in the saga's history.
         reason: Why.
+        **options: ``registry``, ``max_record_bytes``, ``skip``: see
+            :class:`~processor.runtime.resume.ReplayOptions`.
 
     Returns:
         What happened; `result.failure` names the message that failed again, if one did.
@@ -88,32 +82,35 @@ def retry_parked_saga(
         NotParked: The saga does not exist or is not parked.
         ConcurrentUpdate: The instance changed under the retry (it is safe to run it again).
     """
+    skip = options.get("skip", 0)
 
     def annotate(ws: WriteSet, held: Sequence[HeldMessage]) -> None:
-        ws.history[:0] = _operator_rows(saga_type, saga_id, held, skip, by, reason)
-        ws.audit.insert(0, _audit_entry(saga_type, saga_id, held, skip, by, reason))
+        _record_operator(ws, saga_type, saga_id, held, skip, by, reason)
 
     return replay_parked(
         store,
         planner,
         saga_type,
         saga_id,
-        registry=registry,
-        max_record_bytes=max_record_bytes,
-        skip=skip,
         annotate=annotate if by is not None or skip else None,
+        **options,
     )
 
 
-def _operator_rows(
+def _record_operator(
+    ws: WriteSet,
     saga_type: str,
     saga_id: str,
     held: Sequence[HeldMessage],
     skip: int,
     by: str | None,
     reason: str | None,
-) -> list[HistoryRow]:
-    """The timeline's record of the operator's retry (or skip), and of each skipped message."""
+) -> None:
+    """Puts the operator's retry (or skip) first in the replay's writes.
+
+    The timeline gets a row for the retry and one per skipped message, the audit trail one
+    entry naming the messages skipped.
+    """
     action = "parked-skip" if skip else "parked-retry"
     label = f"operator {action} by {by or 'unknown'}: {reason or '-'}"[:1000]
     first = held[0].record if held else None
@@ -149,22 +146,10 @@ def _operator_rows(
                 label,
             )
         )
-    return rows
-
-
-def _audit_entry(
-    saga_type: str,
-    saga_id: str,
-    held: Sequence[HeldMessage],
-    skip: int,
-    by: str | None,
-    reason: str | None,
-) -> AuditEntry:
-    """The audit trail's record of the retry (or skip), written with the replay."""
     target: dict[str, object] = {"held": len(held)}
     if skip:
         target["skipped"] = [
             h.record.header(HEADER_MESSAGE_ID) or f"parked:{h.parked_id}" for h in held[:skip]
         ]
-    action = "parked-skip" if skip else "parked-retry"
-    return AuditEntry(by or "unknown", action, reason, saga_type, saga_id, target)
+    ws.history[:0] = rows
+    ws.audit.insert(0, AuditEntry(by or "unknown", action, reason, saga_type, saga_id, target))

@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import Any, Literal, NoReturn, TypeVar, overload
 
 from processor._choices import choice_problem
-from processor._marks import PARTICIPANT, foreign_handlers, tag, used_bare
+from processor._marks import PARTICIPANT, attached, foreign_handlers, keep_one, tag, used_bare
 from processor.definition import HandlerDef
 from processor.errors import SagaDefinitionError
 from processor.messages import Message
@@ -179,10 +179,8 @@ def participant_of(cls: type) -> ParticipantDefinition:
     Raises:
         SagaDefinitionError: ``cls`` is not decorated with ``@participant``.
     """
-    definition = vars(cls).get(_DEFINITION) if isinstance(cls, type) else None
-    if not isinstance(definition, ParticipantDefinition):
-        raise SagaDefinitionError([f"{cls!r} is not a participant; decorate it with @participant"])
-    return definition
+    refusal = "is not a participant; decorate it with @participant"
+    return attached(cls, _DEFINITION, ParticipantDefinition, refusal)
 
 
 def _build(cls: type, name: str) -> ParticipantDefinition:
@@ -204,13 +202,8 @@ def _build(cls: type, name: str) -> ParticipantDefinition:
         handler = _handler(attr, marks[0], {cls.__name__: cls}, problems)
         if handler is None:
             continue
-        other = handlers.get(handler.command_type)
-        if other is not None:
-            problems.append(
-                f"command {handler.command_type.__qualname__} has two handlers ({other.name}, "
-                f"{handler.name}); keep exactly one"
-            )
-        handlers.setdefault(handler.command_type, handler)
+        what = f"command {handler.command_type.__qualname__}"
+        keep_one(handlers, handler.command_type, handler, what, problems)
     if not handlers and not problems:
         problems.append("no command handler: mark a method with @command_handler")
     if problems:

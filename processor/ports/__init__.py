@@ -14,7 +14,7 @@ nothing here imports an adapter or a client library.
 """
 
 from processor.engine.rows import HeldMessage
-from processor.ports.deadlines import DeadlineRow, DeadlineStore, Due
+from processor.ports.deadlines import DeadlineRow, DeadlineStore
 from processor.ports.engine import (
     TP,
     BatchStore,
@@ -42,6 +42,7 @@ from processor.ports.outbox import (
     FAILED_VALUE_PREVIEW,
     FailedOutboxRow,
     FailedOutboxStore,
+    FailedSelection,
     OutboxEntry,
     OutboxStore,
     SetAside,
@@ -57,9 +58,9 @@ __all__ = [
     "DatabaseGauges",
     "DeadlineRow",
     "DeadlineStore",
-    "Due",
     "FailedOutboxRow",
     "FailedOutboxStore",
+    "FailedSelection",
     "GrowthStore",
     "HeldMessage",
     "InboxEntry",

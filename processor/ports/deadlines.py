@@ -6,70 +6,30 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Protocol
 
-from processor.engine.rows import DeadlineRef
-
-
-@dataclass(frozen=True, slots=True)
-class Due:
-    """A deadline claimed for firing by the lease holder."""
-
-    id: str
-    saga_type: str
-    saga_id: str
-    name: str
-    topic: str
-    partition: int
-    due_at: datetime
-    # The trace context of the input that set the deadline, carried to its fired record.
-    traceparent: str | None = None
-    tracestate: str | None = None
+from processor.engine.rows import DeadlineInsert, DeadlineRef
+from processor.wire import FiredRecord
 
 
 @dataclass(slots=True)
-class DeadlineRow:
-    """One stored deadline, as the deadline table holds it.
+class DeadlineRow(DeadlineInsert):
+    """One stored deadline: the row a batch inserts, and how a poller last dispatched it.
 
-    The one row type of the deadline table: the operator's commands list it, and the in-memory
-    stores keep their table of it. Not frozen: the in-memory tables change a row in place, as
-    the table's UPDATE does (a claim, a dispatch, a reset).
+    The one row type of the deadline table: a claim returns it to the poller, the operator's
+    commands list it, and the in-memory stores keep their table of it. Not frozen: the
+    in-memory tables change a row in place, as the table's UPDATE does (a claim, a dispatch, a
+    reset).
 
     Attributes:
-        id: The deadline's id; a fired record names it.
-        saga_type: Type of the saga that scheduled it.
-        saga_id: Id of that saga instance.
-        name: Deadline name, unique per saga instance.
-        due_at: When it becomes due (database clock).
-        payload: JSON form of the payload given at scheduling, or None.
-        topic: Input topic its fired record is produced to.
-        partition: Partition of that topic (the saga's own).
         dispatched_at: When a poller last produced its fired record, or None.
         dispatch_token: Lease token of that poller, or None.
+
+    The other fields are :class:`processor.engine.rows.DeadlineInsert`'s.
     """
 
-    id: str
-    saga_type: str
-    saga_id: str
-    name: str
-    due_at: datetime
-    payload: Any
-    topic: str
-    partition: int
     dispatched_at: datetime | None = None
     dispatch_token: int | None = None
-
-    def due(self) -> Due:
-        """The row as the poller receives it from a claim."""
-        return Due(
-            self.id,
-            self.saga_type,
-            self.saga_id,
-            self.name,
-            self.topic,
-            self.partition,
-            self.due_at,
-        )
 
     @property
     def ref(self) -> DeadlineRef:
@@ -78,15 +38,9 @@ class DeadlineRow:
             self.saga_type, self.saga_id, self.name, self.due_at, self.payload, self.dispatch_token
         )
 
-    @ref.setter
-    def ref(self, ref: DeadlineRef) -> None:
-        # A test dispatching a row by hand records the poller's token as a claim would.
-        self.saga_type = ref.saga_type
-        self.saga_id = ref.saga_id
-        self.name = ref.name
-        self.due_at = ref.due_at
-        self.payload = ref.payload
-        self.dispatch_token = ref.dispatch_token
+    def fired(self, token: int) -> FiredRecord:
+        """The record that fires the row, dispatched under the lease ``token``."""
+        return FiredRecord(self.saga_type, self.saga_id, self.id, self.name, token, self.due_at)
 
 
 class DeadlineStore(Protocol):
@@ -104,7 +58,7 @@ class DeadlineStore(Protocol):
 
     def claim_due(
         self, holder: str, token: int, limit: int, *, full: bool
-    ) -> tuple[list[Due], float | None]:
+    ) -> tuple[list[DeadlineRow], float | None]:
         """Marks up to ``limit`` due deadlines dispatched under ``token``, while the lease is ours.
 
         The lease is checked in the same statement. Deadlines of parked sagas are never claimed

@@ -10,11 +10,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, Unpack
 
 from processor.engine.rows import AuditEntry, HeldMessage, Loaded, SagaRow, Wants, WriteSet
 from processor.ports.deadlines import DeadlineRow
 from processor.ports.views import (
+    AuditFilters,
     AuditRow,
     DeadLetterRow,
     FailedRow,
@@ -167,16 +168,7 @@ class InspectStore(Protocol):
         """Records one operator action on its own."""
         ...
 
-    def audit(
-        self,
-        *,
-        since: timedelta | None = None,
-        saga_type: str | None = None,
-        saga_id: str | None = None,
-        action: str | None = None,
-        limit: int = 100,
-        batch: str | None = None,
-    ) -> list[AuditRow]:
+    def audit(self, **filters: Unpack[AuditFilters]) -> list[AuditRow]:
         """Operator actions newest first, narrowed by the filters given."""
         ...
 

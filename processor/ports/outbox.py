@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, TypedDict, Unpack
 
 from processor.engine.records import OutboxRow
 from processor.engine.rows import AuditEntry
@@ -76,10 +76,27 @@ class FailedOutboxRow:
     failed_at: datetime
 
 
+class FailedSelection(TypedDict, total=False):
+    """Which failed outbox rows an operator's retry or discard takes: one saga, or one row.
+
+    Attributes:
+        saga_type: The saga's type (one saga: with ``saga_id``).
+        saga_id: The saga's id.
+        row_id: One row's id (instead of a saga).
+        audit: The operator's entry, recorded in the same transaction when rows moved (see
+            :meth:`AuditEntry.touching`).
+    """
+
+    saga_type: str | None
+    saga_id: str | None
+    row_id: int | None
+    audit: AuditEntry | None
+
+
 class FailedOutboxStore(Protocol):
     """The operator's side of the failed outbox. Each call is its own transaction.
 
-    A selection is either one saga (``saga_type`` and ``saga_id``) or one row (``row_id``).
+    A selection (:class:`FailedSelection`) is either one saga or one row.
     """
 
     def list_failed(
@@ -88,31 +105,16 @@ class FailedOutboxStore(Protocol):
         """Failed and held rows in id order, optionally of one saga (type, or type and id)."""
         ...
 
-    def retry_failed(
-        self,
-        *,
-        saga_type: str | None = None,
-        saga_id: str | None = None,
-        row_id: int | None = None,
-        audit: AuditEntry | None = None,
-    ) -> list[FailedOutboxRow]:
+    def retry_failed(self, **selection: Unpack[FailedSelection]) -> list[FailedOutboxRow]:
         """Moves the selected rows back into the outbox under their own ids; returns them.
 
         A row id that belongs to a saga selects every failed and held row of that saga, so
-        that its rows are published again in their original order. ``audit``, when rows
-        moved, is recorded in the same transaction (see :meth:`AuditEntry.touching`).
+        that its rows are published again in their original order.
         """
         ...
 
-    def discard_failed(
-        self,
-        *,
-        saga_type: str | None = None,
-        saga_id: str | None = None,
-        row_id: int | None = None,
-        audit: AuditEntry | None = None,
-    ) -> list[FailedOutboxRow]:
-        """Deletes the selected rows for good; returns them. ``audit`` as for a retry."""
+    def discard_failed(self, **selection: Unpack[FailedSelection]) -> list[FailedOutboxRow]:
+        """Deletes the selected rows for good; returns them."""
         ...
 
 

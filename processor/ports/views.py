@@ -11,9 +11,11 @@ import dataclasses
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from enum import Enum
-from typing import Any
+from typing import Any, TypedDict
 
 __all__ = [
+    "AUDIT_LIMIT",
+    "AuditFilters",
     "AuditRow",
     "DeadLetterRow",
     "FailedRow",
@@ -159,6 +161,30 @@ class AuditRow:
     saga_id: str | None
     target: dict[str, Any]
     outcome: str
+
+
+AUDIT_LIMIT = 100
+"""How many entries an audit listing returns when its filters give no ``limit``."""
+
+
+class AuditFilters(TypedDict, total=False):
+    """The filters of an audit listing (``InspectStore.audit``); each one given narrows it.
+
+    Attributes:
+        since: Only entries recorded at most this long ago.
+        saga_type: Only entries about sagas of this type.
+        saga_id: Only entries about sagas with this id.
+        action: Only entries of this action.
+        limit: At most this many entries, the newest; :data:`AUDIT_LIMIT` when not given.
+        batch: Only entries of this operator batch (their target's ``batch``).
+    """
+
+    since: timedelta | None
+    saga_type: str | None
+    saga_id: str | None
+    action: str | None
+    limit: int
+    batch: str | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

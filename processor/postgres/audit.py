@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from datetime import timedelta
-from typing import Any
+from typing import Any, Unpack
 
 import psycopg
 from psycopg.rows import TupleRow
 
+from processor._choices import known_keywords
 from processor.engine.rows import AuditEntry
-from processor.ports.views import AuditRow
+from processor.ports.views import AUDIT_LIMIT, AuditFilters, AuditRow
 from processor.postgres.batch_sql import INSERT_AUDIT
 from processor.postgres.schema import Tables
 
@@ -59,25 +59,11 @@ class AuditSql:
         if encoded != "[]":
             self.conn.execute(self._insert, (encoded,))
 
-    def entries(
-        self,
-        *,
-        since: timedelta | None = None,
-        saga_type: str | None = None,
-        saga_id: str | None = None,
-        action: str | None = None,
-        limit: int = 100,
-        batch: str | None = None,
-    ) -> list[AuditRow]:
+    def entries(self, **filters: Unpack[AuditFilters]) -> list[AuditRow]:
         """Entries newest first, narrowed by the filters given (``batch``: its target's)."""
-        params: dict[str, Any] = {
-            "saga_type": saga_type,
-            "saga_id": saga_id,
-            "action": action,
-            "since": since,
-            "batch": batch,
-            "limit": limit,
-        }
+        known_keywords(filters, AuditFilters)
+        params: dict[str, Any] = {key: filters.get(key) for key in _FILTERS}
+        params["limit"] = filters.get("limit", AUDIT_LIMIT)
         rows = self.conn.execute(self.statement(params), params).fetchall()
         return [AuditRow(*row) for row in rows]
 

@@ -13,12 +13,18 @@ from typing import Any
 
 from psycopg import sql
 
-from processor.ports import Due
+from processor.ports import DeadlineRow
 from processor.postgres.held import Conn, HeldConnection
 from processor.postgres.schema import Tables
 from processor.wire import deadline_channel
 
-__all__ = ["LEASE_NAME", "PostgresDeadlineStore"]
+__all__ = ["DEADLINE_COLUMNS", "LEASE_NAME", "PostgresDeadlineStore"]
+
+DEADLINE_COLUMNS = """
+    id::text, saga_type, saga_id, name, due_at, payload, topic, partition, traceparent,
+    tracestate, dispatched_at, dispatch_token
+"""
+"""The deadline table's columns in the order of :class:`processor.ports.DeadlineRow`'s fields."""
 
 LEASE_NAME = "deadline-poller"
 """The lease row's name; the consumer reads its token to tell a current fired record from a
@@ -83,9 +89,8 @@ class PostgresDeadlineStore:
                    AND EXISTS (SELECT 1 FROM {deadline_lock}
                                 WHERE name = %(name)s AND holder = %(holder)s
                                   AND token = %(token)s AND expires_at > now())
-                RETURNING d.id::text, d.saga_type, d.saga_id, d.name, d.topic, d.partition,
-                          d.due_at, d.traceparent, d.tracestate
-                """.replace("WHICH", which)
+                RETURNING COLUMNS
+                """.replace("WHICH", which).replace("COLUMNS", DEADLINE_COLUMNS)
             )
 
         # Every row this leader may fire: undispatched, or dispatched under another token (an
@@ -134,7 +139,7 @@ class PostgresDeadlineStore:
 
     def claim_due(
         self, holder: str, token: int, limit: int, *, full: bool
-    ) -> tuple[list[Due], float | None]:
+    ) -> tuple[list[DeadlineRow], float | None]:
         """Claims due deadlines under ``token``; see :class:`processor.ports.DeadlineStore`."""
         args: dict[str, Any] = {
             "name": LEASE_NAME,
@@ -145,7 +150,7 @@ class PostgresDeadlineStore:
         due: float | None = None
         with self._held.session() as conn, conn.transaction():
             claim = self._claim_full if full else self._claim_fresh
-            rows = [Due(*r) for r in conn.execute(claim, args).fetchall()]
+            rows = [DeadlineRow(*r) for r in conn.execute(claim, args).fetchall()]
             if len(rows) < limit:
                 # Same transaction, so the same now(): every row the claim left is due later.
                 # Asked a moment after, a row coming due in between would wait for a wake-up.

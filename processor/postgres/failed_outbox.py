@@ -8,11 +8,11 @@ it is older than any row still there, so its partition's owner publishes it firs
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
+from processor._choices import known_keywords
 from processor.engine.records import OutboxRow
-from processor.engine.rows import AuditEntry
-from processor.ports import FAILED_VALUE_PREVIEW, FailedOutboxRow
+from processor.ports import FAILED_VALUE_PREVIEW, FailedOutboxRow, FailedSelection
 from processor.postgres.audit import AuditSql
 from processor.postgres.held import Conn
 from processor.postgres.outbox import partition_lock_key, relay_lock_key
@@ -81,41 +81,21 @@ class PostgresFailedOutbox:
         params = {"saga_type": saga_type, "saga_id": saga_id, "limit": limit}
         return [_row(r) for r in self.conn.execute(self._list, params).fetchall()]
 
-    def retry_failed(
-        self,
-        *,
-        saga_type: str | None = None,
-        saga_id: str | None = None,
-        row_id: int | None = None,
-        audit: AuditEntry | None = None,
-    ) -> list[FailedOutboxRow]:
-        return self._take(saga_type, saga_id, row_id, retry=True, audit=audit)
+    def retry_failed(self, **selection: Unpack[FailedSelection]) -> list[FailedOutboxRow]:
+        return self._take(selection, retry=True)
 
-    def discard_failed(
-        self,
-        *,
-        saga_type: str | None = None,
-        saga_id: str | None = None,
-        row_id: int | None = None,
-        audit: AuditEntry | None = None,
-    ) -> list[FailedOutboxRow]:
-        return self._take(saga_type, saga_id, row_id, retry=False, audit=audit)
+    def discard_failed(self, **selection: Unpack[FailedSelection]) -> list[FailedOutboxRow]:
+        return self._take(selection, retry=False)
 
-    def _take(
-        self,
-        saga_type: str | None,
-        saga_id: str | None,
-        row_id: int | None,
-        *,
-        retry: bool,
-        audit: AuditEntry | None,
-    ) -> list[FailedOutboxRow]:
+    def _take(self, selection: FailedSelection, *, retry: bool) -> list[FailedOutboxRow]:
+        known_keywords(selection, FailedSelection)
         params = {
-            "saga_type": saga_type,
-            "saga_id": saga_id,
-            "row_id": row_id,
+            "saga_type": selection.get("saga_type"),
+            "saga_id": selection.get("saga_id"),
+            "row_id": selection.get("row_id"),
             "whole_saga": retry,
         }
+        audit = selection.get("audit")
         with self.conn.transaction():
             # Waits for the relay rounds in flight: the saga's rows must not move under them.
             for key in self._lock_keys:

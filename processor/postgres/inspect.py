@@ -10,10 +10,11 @@ import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Unpack
 
 from processor.engine.rows import AUDIT_IDS, AuditEntry
 from processor.ports.views import (
+    AuditFilters,
     AuditRow,
     DeadLetterRow,
     FailedRow,
@@ -382,25 +383,9 @@ class InspectQueries(OwnedConnection):
         """Records one operator action on its own."""
         self._audit.insert([entry])
 
-    def audit(
-        self,
-        *,
-        since: timedelta | None = None,
-        saga_type: str | None = None,
-        saga_id: str | None = None,
-        action: str | None = None,
-        limit: int = 100,
-        batch: str | None = None,
-    ) -> list[AuditRow]:
+    def audit(self, **filters: Unpack[AuditFilters]) -> list[AuditRow]:
         """Operator actions newest first, narrowed by the filters given."""
-        return self._audit.entries(
-            since=since,
-            saga_type=saga_type,
-            saga_id=saga_id,
-            action=action,
-            limit=limit,
-            batch=batch,
-        )
+        return self._audit.entries(**filters)
 
     def batch_audit(self, batch: str, sagas: Sequence[tuple[str, str]]) -> list[AuditRow]:
         """The entries of ``batch`` recorded for any of ``sagas`` (type, id) so far."""

@@ -16,9 +16,14 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from processor.postgres.citus import refuse_migrations_off_coordinator
+from processor.postgres.citus import (
+    Distributed,
+    distribute_schema,
+    refuse_migrations_off_coordinator,
+    use_citus,
+)
 
-__all__ = ["VERSION_COLUMNS", "apply_migrations", "split_statements"]
+__all__ = ["VERSION_COLUMNS", "apply_migrations", "migrate_schema", "split_statements"]
 
 VERSION_COLUMNS = "(version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
 """The columns of every version table."""
@@ -82,6 +87,47 @@ def apply_migrations(
                 conn.execute(statement)
             conn.execute(f"INSERT INTO {version_table} (version) VALUES (%s)", (number,))
         return current
+
+
+def migrate_schema(
+    conn: psycopg.Connection[Any],
+    steps: Sequence[str],
+    *,
+    schema: str,
+    lock: str,
+    version_table: str,
+    distributed: Distributed,
+) -> int:
+    """Creates ``schema`` and applies the pending steps in it; returns the version reached.
+
+    The processor's schema and a participant's are made the same way: on Citus the schema is
+    made a distributed schema before any step (so that their tables share one worker, see
+    :mod:`processor.postgres.citus`), and each statement of a step is sent on its own.
+
+    Args:
+        conn: The connection (not in a transaction).
+        steps: Every step ever released, rendered; step N is version N.
+        schema: The schema the steps' tables live in.
+        lock: The advisory lock's key: one runner of these steps at a time.
+        version_table: The qualified name of the table that records the versions applied.
+        distributed: Whether the schema is made a Citus distributed schema.
+
+    Raises:
+        CitusUnavailable: Citus was asked for and the database does not have it.
+    """
+    citus = use_citus(conn, distributed)
+    apply_migrations(
+        conn,
+        steps,
+        lock=lock,
+        version_table=version_table,
+        schema=schema,
+        prepare=(
+            (lambda c: distribute_schema(c, schema, move=distributed == "citus")) if citus else None
+        ),
+        split=citus,
+    )
+    return len(steps)
 
 
 def split_statements(step: str | bytes) -> list[str]:

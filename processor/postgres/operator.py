@@ -15,22 +15,19 @@ from processor.engine.rows import Loaded, SagaRow, Wants, WriteSet
 from processor.ports import DeadlineRow, HeldMessage, ParkedSaga, StateCount
 from processor.postgres.batch_rows import held_message
 from processor.postgres.connect import connect
+from processor.postgres.deadlines import DEADLINE_COLUMNS
 from processor.postgres.held import Conn, OwnedConnection
 from processor.postgres.schema import Tables
 from processor.postgres.store import BatchStore
 
 __all__ = ["OperatorQueries", "open_operator_queries"]
 
-_DEADLINE_COLUMNS = """
-    id::text, saga_type, saga_id, name, due_at, payload, topic, partition, dispatched_at,
-    dispatch_token
-"""
 _PENDING = f"""
-    SELECT {_DEADLINE_COLUMNS} FROM {{deadline}} WHERE saga_type = %s AND saga_id = %s
+    SELECT {DEADLINE_COLUMNS} FROM {{deadline}} WHERE saga_type = %s AND saga_id = %s
      ORDER BY due_at, name
 """
 _OVERDUE = f"""
-    SELECT {_DEADLINE_COLUMNS} FROM {{deadline}}
+    SELECT {DEADLINE_COLUMNS} FROM {{deadline}}
      WHERE due_at <= coalesce(%s::timestamptz, now()) ORDER BY due_at, id LIMIT %s
 """
 _STATES = """

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import psycopg
 
-from processor.postgres.citus import Distributed, distribute_schema, distributed, use_citus
-from processor.postgres.migrations import apply_migrations
+from processor.postgres.citus import Distributed, distributed
+from processor.postgres.migrations import apply_migrations, migrate_schema
 from processor.postgres.schema import (
     Tables,
     citus_node_ddl,
@@ -83,21 +83,14 @@ def migrate_participant(
         CitusUnavailable: Citus was asked for and the database does not have it.
     """
     schema_q = f'"{tables.schema}"'
-    citus = use_citus(conn, distributed)
-    apply_migrations(
+    return migrate_schema(
         conn,
         [tables.render(ddl.replace("{schema_q}", schema_q)) for ddl in PARTICIPANT_MIGRATIONS],
+        schema=tables.schema,
         lock=f"participant-migrate:{tables.schema}",
         version_table=f"{schema_q}.participant_schema_version",
-        schema=tables.schema,
-        prepare=(
-            (lambda c: distribute_schema(c, tables.schema, move=distributed == "citus"))
-            if citus
-            else None
-        ),
-        split=citus,
+        distributed=distributed,
     )
-    return len(PARTICIPANT_MIGRATIONS)
 
 
 def migrate_service(

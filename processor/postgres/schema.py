@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from processor.postgres.citus import Distributed, distribute_schema, use_citus
+from processor.postgres.citus import Distributed
 from processor.postgres.ddl import (
     MIGRATIONS,
     citus_node_ddl,
@@ -22,7 +22,7 @@ from processor.postgres.ddl import (
     outbox_ddl,
     outbox_source_ddl,
 )
-from processor.postgres.migrations import VERSION_COLUMNS, apply_migrations
+from processor.postgres.migrations import VERSION_COLUMNS, migrate_schema
 
 # The DDL lives in processor.postgres.ddl; offered here with the runner that applies it.
 __all__ = [
@@ -132,18 +132,11 @@ def migrate(
     Raises:
         CitusUnavailable: Citus was asked for and the database does not have it.
     """
-    citus = use_citus(conn, distributed)
-    apply_migrations(
+    return migrate_schema(
         conn,
         [tables.render(ddl) for ddl in MIGRATIONS],
+        schema=tables.schema,
         lock=f"saga-migrate:{tables.schema}",
         version_table=tables.q("schema_version"),
-        schema=tables.schema,
-        prepare=(
-            (lambda c: distribute_schema(c, tables.schema, move=distributed == "citus"))
-            if citus
-            else None
-        ),
-        split=citus,
+        distributed=distributed,
     )
-    return len(MIGRATIONS)

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 from processor.bootstrap.clients import FailedDelivery, tracked_producer
 from processor.definition import SagaState
@@ -19,7 +18,7 @@ from processor.engine.partitioner import Partitioner, normalise
 from processor.errors import SagaError
 from processor.messages import Message, MessageRegistry
 from processor.messages import registry as default_registry
-from processor.publish.records import EventRecordBuilder
+from processor.publish.records import EventRecordBuilder, PublishOptions
 from processor.settings import ConsumerSettings, KafkaSettings, ProcessorSettings, load_settings
 from processor.wire import HEADER_MESSAGE_ID
 
@@ -141,33 +140,13 @@ class EventPublisher:
         """The confluent-kafka producer, for records this publisher does not build."""
         return self._sender.producer
 
-    def publish(
-        self,
-        message: Message,
-        *,
-        key: str | None = None,
-        message_id: str | None = None,
-        correlation_id: str | None = None,
-        causation_id: str | None = None,
-        occurred_at: datetime | None = None,
-        headers: Mapping[str, str] | None = None,
-        topic: str | None = None,
-    ) -> str:
+    def publish(self, message: Message, **options: Unpack[PublishOptions]) -> str:
         """Queues ``message`` on its registered topic; :meth:`flush` reports how it went.
 
         Args:
             message: A registered message.
-            key: The record key; by default the association value of the sagas given that
-                handle the message's type.
-            message_id: A new UUID by default. Give a stable one to publish the same event
-                again (a retry): the processor applies one message id once.
-            correlation_id: The conversation; the message id by default.
-            causation_id: The id of the message that caused this one, if any.
-            occurred_at: When it happened (with a time zone); now by default.
-            headers: More headers; the active OpenTelemetry span's ``traceparent`` and
-                ``tracestate`` are added unless given here.
-            topic: The topic on the broker, as is (no prefix added); the message's registered
-                topic, prefixed, by default.
+            **options: ``key``, ``message_id``, ``correlation_id``, ``causation_id``,
+                ``occurred_at``, ``headers``, ``topic``: see :class:`PublishOptions`.
 
         Returns:
             The message id.
@@ -179,16 +158,7 @@ class EventPublisher:
         """
         if self._closed:
             raise RuntimeError("the event publisher is closed")
-        row = self.records.build(
-            message,
-            key=key,
-            message_id=message_id,
-            correlation_id=correlation_id,
-            causation_id=causation_id,
-            occurred_at=occurred_at,
-            headers=headers,
-            topic=topic,
-        )
+        row = self.records.build(message, **options)
         sent_id = row.headers[HEADER_MESSAGE_ID]
         self._sender.produce(row.topic, row.key, row.value, row.headers, sent_id)
         return sent_id

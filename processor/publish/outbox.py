@@ -7,14 +7,14 @@ participant kit's), so an event goes out only once the caller's transaction comm
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from datetime import datetime
+from collections.abc import Iterable
+from typing import Unpack
 
 from processor.bootstrap.outbox import AnyConnection, ServiceOutbox
 from processor.definition import SagaState
 from processor.messages import Message, MessageRegistry
 from processor.messages import registry as default_registry
-from processor.publish.records import EventRecordBuilder
+from processor.publish.records import EventRecordBuilder, PublishOptions
 from processor.wire import HEADER_MESSAGE_ID
 
 __all__ = ["OutboxEventPublisher"]
@@ -53,22 +53,12 @@ class OutboxEventPublisher:
         self._outbox.migrate(conn)
 
     def publish(
-        self,
-        conn: AnyConnection,
-        message: Message,
-        *,
-        key: str | None = None,
-        message_id: str | None = None,
-        correlation_id: str | None = None,
-        causation_id: str | None = None,
-        occurred_at: datetime | None = None,
-        headers: Mapping[str, str] | None = None,
-        topic: str | None = None,
+        self, conn: AnyConnection, message: Message, **options: Unpack[PublishOptions]
     ) -> str:
         """Inserts ``message`` into the outbox within ``conn``'s current transaction.
 
-        Arguments as :meth:`EventPublisher.publish`; the trace context is the active span's
-        when this is called.
+        Arguments as :meth:`EventPublisher.publish` (``options``: :class:`PublishOptions`); the
+        trace context is the active span's when this is called.
 
         Returns:
             The message id.
@@ -77,15 +67,6 @@ class OutboxEventPublisher:
             ValueError: As :meth:`EventPublisher.publish`, or ``conn`` is in autocommit mode
                 outside a transaction block.
         """
-        row = self.records.build(
-            message,
-            key=key,
-            message_id=message_id,
-            correlation_id=correlation_id,
-            causation_id=causation_id,
-            occurred_at=occurred_at,
-            headers=headers,
-            topic=topic,
-        )
+        row = self.records.build(message, **options)
         self._outbox.insert(conn, [row])
         return row.headers[HEADER_MESSAGE_ID]

@@ -11,7 +11,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
+from typing import TypedDict, Unpack
 
+from processor._choices import known_keywords
 from processor.definition import SagaState, definition_of
 from processor.engine.decode import id_problem
 from processor.engine.records import OutboxRow
@@ -30,7 +32,7 @@ from processor.wire import (
     envelope,
 )
 
-__all__ = ["EventRecordBuilder", "current_trace_headers"]
+__all__ = ["EventRecordBuilder", "PublishOptions", "current_trace_headers"]
 
 try:  # the optional extra
     from opentelemetry import trace as _trace
@@ -49,6 +51,35 @@ _RESERVED = {
     HEADER_CAUSATION_ID: "causation_id=",
     HEADER_OCCURRED_AT: "occurred_at=",
 }
+
+
+class PublishOptions(TypedDict, total=False):
+    """How an event is published, beyond the message itself; every key may be left out.
+
+    The keyword arguments of :meth:`EventPublisher.publish`, :meth:`OutboxEventPublisher.publish`
+    and :meth:`EventRecordBuilder.build`.
+
+    Attributes:
+        key: The record key; by default the association value of the sagas given that handle
+            the message's type.
+        message_id: A new UUID by default. Give a stable one to publish the same event again (a
+            retry): the processor applies one message id once.
+        correlation_id: The conversation; the message id by default.
+        causation_id: The id of the message that caused this one, if any.
+        occurred_at: When it happened (with a time zone); now by default.
+        headers: More headers; the active OpenTelemetry span's ``traceparent`` and
+            ``tracestate`` are added unless given here.
+        topic: The topic on the broker, as is (no prefix added); the message's registered
+            topic, prefixed, by default.
+    """
+
+    key: str | None
+    message_id: str | None
+    correlation_id: str | None
+    causation_id: str | None
+    occurred_at: datetime | None
+    headers: Mapping[str, str] | None
+    topic: str | None
 
 
 def current_trace_headers() -> dict[str, str]:
@@ -111,19 +142,8 @@ class EventRecordBuilder:
             )
         return distinct.pop()
 
-    def build(
-        self,
-        message: Message,
-        *,
-        key: str | None = None,
-        message_id: str | None = None,
-        correlation_id: str | None = None,
-        causation_id: str | None = None,
-        occurred_at: datetime | None = None,
-        headers: Mapping[str, str] | None = None,
-        topic: str | None = None,
-    ) -> OutboxRow:
-        """The record of ``message``; see :meth:`EventPublisher.publish` for the arguments.
+    def build(self, message: Message, **options: Unpack[PublishOptions]) -> OutboxRow:
+        """The record of ``message``, published as ``options`` say (:class:`PublishOptions`).
 
         The row's ``saga_type`` and ``saga_id`` (what an outbox orders rows by) are the type of
         the first saga given that handles the message (else the topic) and the key.
@@ -131,9 +151,13 @@ class EventRecordBuilder:
         Raises:
             UnknownMessageType: The message's class is not registered.
             ValueError: No topic, no key, or an id, key or header the processor would refuse.
+            TypeError: A keyword :class:`PublishOptions` does not name.
         """
+        known_keywords(options, PublishOptions)
         cls = type(message)
         mtype = self._registry.of(cls)
+        topic, key = options.get("topic"), options.get("key")
+        message_id, occurred_at = options.get("message_id"), options.get("occurred_at")
         if topic is None:
             if mtype.topic is None:
                 raise ValueError(
@@ -149,7 +173,7 @@ class EventRecordBuilder:
             problem = id_problem(text) if text else "is empty"
             if problem is not None:
                 raise ValueError(f"{mtype.name}: the {what} {problem}")
-        extra = dict(headers or {})
+        extra = dict(options.get("headers") or {})
         for name, text in extra.items():
             if name in _RESERVED:
                 raise ValueError(f"header {name!r} is set by the publisher: use {_RESERVED[name]}")
@@ -164,8 +188,8 @@ class EventRecordBuilder:
             message_type=mtype.name,
             schema_version=mtype.version,
             # An event nobody caused starts a conversation: its own id names it.
-            correlation_id=correlation_id or message_id,
-            causation_id=causation_id,
+            correlation_id=options.get("correlation_id") or message_id,
+            causation_id=options.get("causation_id"),
             occurred_at=when,
             # The caller's own trace context, if given in ``headers``, wins over the active span's.
             traceparent=trace.get(HEADER_TRACEPARENT),

@@ -96,18 +96,12 @@ class PlacementCheck:
             )
             log.warning(
                 "records on %s are not where SAGA_CONSUMER__PARTITIONER=%s puts their keys "
-                "(message_type=%s saga_id=%s message_id=%s at %s/%d@%d); %s. Deadlines and "
-                "operator records of such sagas go to another partition than their events, "
-                "and a growth cannot keep their order. Logged once per topic and pattern; "
-                "metric saga_records_off_partition",
+                "(%s); %s. Deadlines and operator records of such sagas go to another partition "
+                "than their events, and a growth cannot keep their order. Logged once per topic "
+                "and pattern; metric saga_records_off_partition",
                 r.topic,
                 self.partitioner,
-                d.metadata.message_type,
-                r.key.decode(errors="replace"),
-                d.metadata.message_id,
-                r.topic,
-                r.partition,
-                r.offset,
+                _named(d),
                 hint,
             )
         if not rejected:
@@ -130,18 +124,23 @@ class PlacementCheck:
         assert r.key is not None
         log.warning(
             "records on %s come from a producer that has not learnt of its growth to %d "
-            "partitions (message_type=%s saga_id=%s message_id=%s at %s/%d@%d; its key goes to "
-            "partition %d now). They are applied in order with what was sent to the new "
-            "partitions before them, but one sent after another producer's record of the same "
-            "saga on the new partition may be applied first: have the producer refresh its "
-            "metadata. Logged once per topic; metric saga_records_from_stale_producers",
+            "partitions (%s; its key goes to partition %d now). They are applied in order with "
+            "what was sent to the new partitions before them, but one sent after another "
+            "producer's record of the same saga on the new partition may be applied first: have "
+            "the producer refresh its metadata. Logged once per topic; metric "
+            "saga_records_from_stale_producers",
             r.topic,
             count,
-            d.metadata.message_type,
-            r.key.decode(errors="replace"),
-            d.metadata.message_id,
-            r.topic,
-            r.partition,
-            r.offset,
+            _named(d),
             partition_for(r.key, count, self.partitioner),
         )
+
+
+def _named(d: Event) -> str:
+    """The record a warning names: its type, saga id and message id, and where it is."""
+    r = d.record
+    return (
+        f"message_type={d.metadata.message_type} saga_id="
+        f"{(r.key or b'').decode(errors='replace')} message_id={d.metadata.message_id} "
+        f"at {r.topic}/{r.partition}@{r.offset}"
+    )

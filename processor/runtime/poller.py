@@ -27,11 +27,10 @@ from datetime import UTC, datetime
 from processor.engine.records import OutboxRow
 from processor.errors import Retryable
 from processor.observe.repeats import RepeatedWarning
-from processor.ports import DeadlineStore, Due, RecordProducer
+from processor.ports import DeadlineRow, DeadlineStore, RecordProducer
 from processor.runtime.heartbeat import beat
 from processor.runtime.hooks import HookPoint, Hooks
 from processor.settings import DeadlineSettings
-from processor.wire import FiredRecord
 
 __all__ = ["DeadlinePoller"]
 
@@ -220,17 +219,10 @@ class DeadlinePoller:
 
 
 def _fired(
-    due: Due, token: int, route: Callable[[str, bytes, int], int] | None = None
+    due: DeadlineRow, token: int, route: Callable[[str, bytes, int], int] | None = None
 ) -> OutboxRow:
     """The record that fires ``due``, for the saga's own input partition (where it is now)."""
-    record = FiredRecord(
-        saga_type=due.saga_type,
-        saga_id=due.saga_id,
-        deadline_id=due.id,
-        name=due.name,
-        token=token,
-        due_at=due.due_at,
-    )
+    record = due.fired(token)
     key = record.key()
     return OutboxRow(
         saga_type=due.saga_type,

@@ -18,7 +18,9 @@ import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
+from processor._choices import known_keywords
 from processor.engine.decode import FiredDeadline, Rejected, decode
 from processor.engine.plan import TOO_NEW, Planner
 from processor.engine.rows import ACTIVE, PARKED, HeldMessage, SagaRow, SagaWrite, Wants, WriteSet
@@ -29,6 +31,7 @@ from processor.wire import HEADER_MESSAGE_ID
 
 __all__ = [
     "NotParked",
+    "ReplayOptions",
     "ReplayOutcome",
     "RetryFailure",
     "RetryResult",
@@ -127,16 +130,34 @@ class _Failed(Exception):
         self.failure = failure
 
 
+class _Replaying(TypedDict):
+    # Required as a class of its own: Python reads ``Required[...]`` in no postponed annotation.
+    registry: MessageRegistry
+
+
+class ReplayOptions(_Replaying, total=False):
+    """How a parked saga's held messages are replayed; ``registry`` is required.
+
+    Attributes:
+        registry: Message types, to decode the held records; the planner's own.
+        max_record_bytes: Size limit applied when decoding; held records already passed the
+            consumer's limit once, so the default (none) does not check again.
+        skip: How many of the first held messages to drop instead of replaying (none by
+            default).
+    """
+
+    max_record_bytes: int
+    skip: int
+
+
 def replay_parked(
     store: ParkedStore,
     planner: Planner,
     saga_type: str,
     saga_id: str,
     *,
-    registry: MessageRegistry,
-    max_record_bytes: int = sys.maxsize,
-    skip: int = 0,
     annotate: Annotate | None = None,
+    **options: Unpack[ReplayOptions],
 ) -> RetryResult:
     """Replays a parked saga's held messages in arrival order, all or nothing.
 
@@ -151,11 +172,8 @@ def replay_parked(
         planner: The planner the processor runs, built from the (fixed) saga classes.
         saga_type: The parked saga's type name.
         saga_id: The parked saga's id.
-        registry: Message types, to decode the held records; the planner's own.
-        max_record_bytes: Size limit applied when decoding; held records already passed the
-            consumer's limit once, so the default does not check again.
-        skip: How many of the first held messages to drop instead of replaying.
         annotate: Adds rows to the writes, inside the transaction (the operator's record).
+        **options: ``registry``, ``max_record_bytes``, ``skip``: see :class:`ReplayOptions`.
 
     Returns:
         What happened; `result.failure` names the message that failed again, if one did.
@@ -164,6 +182,8 @@ def replay_parked(
         NotParked: The saga does not exist or is not parked.
         ConcurrentUpdate: The instance changed under the replay (it is safe to run it again).
     """
+    known_keywords(options, ReplayOptions)
+    skip = options.get("skip", 0)
     key = (saga_type, saga_id)
     held: list[HeldMessage] = []
     try:
@@ -173,7 +193,9 @@ def replay_parked(
                 status = "missing" if found is None else found.status
                 raise NotParked(f"saga {saga_type} {saga_id} is not parked ({status})")
             held = store.held_messages(saga_type, saga_id)
-            ctx = _Replay(store, planner, registry, max_record_bytes)
+            ctx = _Replay(
+                store, planner, options["registry"], options.get("max_record_bytes", sys.maxsize)
+            )
             ws = ctx.plan(dataclasses.replace(found, status=ACTIVE), held[skip:])
             ws.deadline_deletes[:0] = ctx.skipped_deadlines(key, held[:skip])
             if annotate is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 
 from processor.definition import SagaState
@@ -26,7 +26,7 @@ from processor.memory.store import MemoryBatchStore, MemoryTables
 from processor.messages import Message, MessageMetadata, MessageRegistry
 from processor.ports import DeadlineRow as StoredDeadline
 from processor.runner import BoundSaga, DeadlineInput, EventInput, OperatorRequest, Outcome
-from processor.wire import FiredRecord, OperatorRecord, envelope
+from processor.wire import OperatorRecord, envelope
 
 __all__ = [
     "FIXTURE_LEASE_TOKEN",
@@ -176,8 +176,8 @@ def operator_record(request: OperatorRecord, offset: int) -> Record:
 
 def due_deadlines(tables: MemoryTables, until: datetime) -> list[StoredDeadline]:
     """Stored deadlines due by ``until``, in due order (ties by id)."""
-    due = [d for d in tables.deadlines.values() if d.ref.due_at <= until]
-    return sorted(due, key=lambda d: (d.ref.due_at, d.id))
+    due = [d for d in tables.deadlines.values() if d.due_at <= until]
+    return sorted(due, key=lambda d: (d.due_at, d.id))
 
 
 def dispatch(tables: MemoryTables, deadline: StoredDeadline, offset: int) -> Record:
@@ -185,15 +185,8 @@ def dispatch(tables: MemoryTables, deadline: StoredDeadline, offset: int) -> Rec
     token = tables.lease_token
     if token is None:
         raise ValueError("no poller lease: set tables.lease_token first")
-    deadline.ref = replace(deadline.ref, dispatch_token=token)
-    fired = FiredRecord(
-        deadline.ref.saga_type,
-        deadline.ref.saga_id,
-        deadline.id,
-        deadline.ref.name,
-        token,
-        deadline.ref.due_at,
-    )
+    deadline.dispatch_token = token
+    fired = deadline.fired(token)
     return Record(
         topic=deadline.topic,
         partition=deadline.partition,

@@ -336,12 +336,12 @@ class SagaFixture:
         tables = self._engine.store.tables
         while due := due_deadlines(tables, target):
             deadline = due[0]
-            self.now = max(self.now, deadline.ref.due_at)
+            self.now = max(self.now, deadline.due_at)
             self._seq += 1
             record = dispatch(tables, deadline, self._seq)
             runs.extend(self._engine.run([self._engine.decode(record)], self.now).runs)
             if deadline.id in tables.deadlines:
-                raise AssertionError(f"deadline {deadline.ref.name!r} fired but was not consumed")
+                raise AssertionError(f"deadline {deadline.name!r} fired but was not consumed")
         self.now = target
         return self._result(self.saga_id, runs)
 
@@ -358,9 +358,9 @@ class SagaFixture:
 
     def _pending_of(self, saga_id: str | None) -> dict[str, datetime]:
         return {
-            d.ref.name: d.ref.due_at
+            d.name: d.due_at
             for d in self._engine.store.tables.deadlines.values()
-            if d.ref.saga_type == self.bound.saga_type and d.ref.saga_id == saga_id
+            if d.saga_type == self.bound.saga_type and d.saga_id == saga_id
         }
 
     def _result(

@@ -141,7 +141,7 @@ def test_a_refused_seek_is_tried_again_and_no_record_after_it_is_delivered_meanw
     pub.flush()
     member.consumer.pause([tp])
     client = RefusingSeeks(member.consumer._consumer, refusals)
-    member.consumer._made = client  # type: ignore[assignment]
+    member.consumer._client.made = client  # type: ignore[assignment]
     member.records.clear()
 
     member.consumer.seek(tp, 1)

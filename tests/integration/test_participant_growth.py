@@ -39,7 +39,7 @@ def test_a_participant_consumer_is_assigned_a_partition_added_to_its_topic_withi
         assigned.update(tps)
         return {}
 
-    consumer = adapters.consumer(settings, f"{topic}.group", [topic], on_assign, lambda _: None)
+    consumer = adapters.consumers(settings)(f"{topic}.group", [topic], on_assign, lambda _: None)
     try:
 
         def has(partition: int) -> bool:
