@@ -27,8 +27,8 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from psycopg import sql
 
 import devstack
-from processor.postgres.connect import ensure_schema
-from processor.postgres.schema import Tables
+from processor._postgres.connect import ensure_schema
+from processor._postgres.schema.tables import Tables
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = Path(os.environ.get("SAGA_LOCAL_DIR", REPO / ".local")) / "bench"

@@ -17,8 +17,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from benchmarks.common import RESULTS_DIR, say, scratch, services, table
-from processor.postgres.connect import connect
-from processor.postgres.inspect import InspectQueries
+from processor._postgres.connect import connect
+from processor._postgres.reads.inspect import InspectQueries
 
 GOAL_MS = 100.0
 RUNS = 20

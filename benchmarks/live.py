@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from benchmarks.common import REPO, RESULTS_DIR, kafka_config
 from benchmarks.raw_limits import produce
-from processor.messages import (
+from processor._authoring.messages import (
     HEADER_CORRELATION_ID,
     HEADER_MESSAGE_ID,
     HEADER_MESSAGE_TYPE,

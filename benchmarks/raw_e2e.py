@@ -27,7 +27,7 @@ from benchmarks.boxcpu import Meter, Usage
 from benchmarks.common import kafka_config
 from benchmarks.raw_limits import produce, raw_producer
 from benchmarks.raw_sql import Batch, Measured, RawStore
-from processor.postgres.schema import Tables
+from processor._postgres.schema.tables import Tables
 
 
 def e2e_loop(

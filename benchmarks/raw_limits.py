@@ -21,8 +21,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from benchmarks.boxcpu import Meter
 from benchmarks.common import kafka_config, say
 from benchmarks.raw_sql import Measured
-from processor.postgres.schema import Tables
-from processor.wire import DEADLINE_FIRED
+from processor._postgres.schema.tables import Tables
+from processor._wire import DEADLINE_FIRED
 
 __all__ = ["Drain", "Measured", "deadline_loop", "kafka_loop", "produce", "raw_producer"]
 

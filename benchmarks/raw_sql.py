@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 
 from benchmarks.boxcpu import Meter, Usage
-from processor.postgres.schema import Tables
+from processor._postgres.schema.tables import Tables
 
 SAGA_TYPE = "transfer-saga"
 EVENT_TYPE = "transfers.TransferRequested"

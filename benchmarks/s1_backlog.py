@@ -29,8 +29,7 @@ from benchmarks import boxcpu, peer_quix, raw_e2e, raw_limits, raw_sql
 from benchmarks.boxcpu import Meter, Usage
 from benchmarks.common import Scratch, Services, end_offsets, kafka_config, say
 from benchmarks.raw_sql import Measured
-from processor.bootstrap.processor import build_processor
-from processor.messages import (
+from processor._authoring.messages import (
     HEADER_CORRELATION_ID,
     HEADER_MESSAGE_ID,
     HEADER_MESSAGE_TYPE,
@@ -38,9 +37,10 @@ from processor.messages import (
     HEADER_SCHEMA_VERSION,
     registry,
 )
-from processor.postgres.connect import connect
-from processor.postgres.schema import Tables
-from processor.runtime.processor import Processor
+from processor._bootstrap.processor import build_processor
+from processor._postgres.connect import connect
+from processor._postgres.schema.tables import Tables
+from processor._runtime.processor import Processor
 from processor.settings import ProcessorSettings
 from sagas.transfer import TransferSaga
 from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC, TransferRequested

@@ -20,7 +20,7 @@ import psycopg
 from benchmarks import s1_backlog
 from benchmarks.common import Scratch, Services, alternating, percentile, say
 from benchmarks.live import Child, Reader, Source, child_spec, engine_replica
-from processor.postgres.schema import Tables
+from processor._postgres.schema.tables import Tables
 from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC
 
 PARTITIONS = s1_backlog.PARTITIONS

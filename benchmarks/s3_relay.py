@@ -1,7 +1,7 @@
 """S3, relay drain: how fast the engine's relay publishes a preloaded outbox, against a raw loop.
 
 N command rows wait in the outbox, spread over the input partitions that caused them. The
-engine's relay (:class:`processor.runtime.relay.Relay` over the PostgreSQL outbox store, owning
+engine's relay (:class:`processor._runtime.relay.Relay` over the PostgreSQL outbox store, owning
 every partition at its epoch, as a single replica would) drains them round after round. The raw
 limit, written here by hand with psycopg and confluent-kafka, does the least a correct relay
 must: claim a batch with ``DELETE ... RETURNING`` in id order, produce each row, flush, commit.
@@ -22,12 +22,12 @@ from confluent_kafka import KafkaException
 from benchmarks.common import Scratch, Services, end_offsets, kafka_config, say
 from benchmarks.raw_limits import produce, raw_producer
 from benchmarks.raw_sql import Measured
-from processor.kafka.producer import KafkaRecordProducer, make_producer, relay_overrides
-from processor.postgres.connect import connect
-from processor.postgres.outbox import PostgresOutboxStore
-from processor.postgres.schema import Tables
-from processor.postgres.store import BatchStore
-from processor.runtime.relay import Relay
+from processor._kafka.producer import KafkaRecordProducer, make_producer, relay_overrides
+from processor._postgres.batch.store import BatchSql
+from processor._postgres.connect import connect
+from processor._postgres.outbox import PostgresOutboxStore
+from processor._postgres.schema.tables import Tables
+from processor._runtime.relay import Relay
 
 DEFAULT_ROWS = 100_000
 QUICK_ROWS = 20_000
@@ -71,7 +71,7 @@ def preload(url: str, tables: Tables, topic: str, rows: int) -> dict[tuple[str, 
         )
         conn.execute(tables.render("VACUUM ANALYZE {outbox}"))
     with connect(url) as conn:
-        claimed = BatchStore(conn, tables, GROUP).claim(
+        claimed = BatchSql(conn, tables, GROUP).claim(
             [(SOURCE, p) for p in range(PARTITIONS)], "s3"
         )
     return {tp: epoch for tp, (epoch, _) in claimed.items()}

@@ -38,11 +38,11 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from benchmarks import raw_limits
 from benchmarks.common import Scratch, Services, end_offsets, kafka_config, percentile, say
 from benchmarks.raw_limits import Drain
-from processor.kafka.producer import KafkaRecordProducer, make_producer
-from processor.postgres.connect import connect
-from processor.postgres.deadlines import PostgresDeadlineStore
-from processor.postgres.schema import Tables
-from processor.runtime.poller import BURST_LIMIT, DeadlinePoller
+from processor._kafka.producer import KafkaRecordProducer, make_producer
+from processor._postgres.connect import connect
+from processor._postgres.deadlines import PostgresDeadlineStore
+from processor._postgres.schema.tables import Tables
+from processor._runtime.poller import BURST_LIMIT, DeadlinePoller
 from processor.settings import DeadlineSettings
 
 PARTITIONS = 6

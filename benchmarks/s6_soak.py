@@ -23,16 +23,16 @@ import psycopg
 
 from benchmarks.common import Scratch, Services, say
 from processor import Message, SagaState, message_type, saga, saga_event_handler
-from processor.engine.decode import decode
-from processor.engine.plan import Planner
-from processor.engine.records import OffsetCommit, Record
-from processor.messages import MessageRegistry
-from processor.postgres.batch import PostgresBatchStore
-from processor.postgres.connect import connect
-from processor.postgres.retention import PostgresRetentionStore
-from processor.postgres.schema import Tables
-from processor.runner import bind_all
-from processor.runtime.retention import Retention
+from processor._authoring.messages import MessageRegistry
+from processor._engine.decode import decode
+from processor._engine.plan import Planner
+from processor._engine.records import OffsetCommit, Record
+from processor._invocation import bind_all
+from processor._postgres.batch.handle import PostgresBatchStore
+from processor._postgres.connect import connect
+from processor._postgres.retention import PostgresRetentionStore
+from processor._postgres.schema.tables import Tables
+from processor._runtime.retention import Retention
 from processor.settings import RetentionSettings
 
 REG = MessageRegistry()

@@ -31,8 +31,8 @@ from benchmarks import s1_backlog
 from benchmarks.common import RESULTS_DIR, Scratch, Services, end_offsets, kafka_config, say
 from benchmarks.live import Child, settings_env
 from benchmarks.s3_relay import records
-from processor.postgres.connect import connect
-from processor.postgres.schema import Tables
+from processor._postgres.connect import connect
+from processor._postgres.schema.tables import Tables
 from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC
 
 PARTITIONS = 12
@@ -229,7 +229,7 @@ def _child(stats_path: Path, gate: Path) -> int:
 
     It says it is ready (a file beside ``stats_path``) and starts once ``gate`` exists.
     """
-    from processor.bootstrap.processor import build_processor
+    from processor._bootstrap.processor import build_processor
     from processor.settings import load_settings
     from sagas.transfer import TransferSaga
 

@@ -24,9 +24,9 @@ from benchmarks import s1_backlog
 from benchmarks.boxcpu import Meter, postmaster_pid, tree_seconds
 from benchmarks.common import Scratch, Services, say
 from devstack import provide_citus
-from processor.postgres.citus import placement
-from processor.postgres.connect import ensure_schema
-from processor.postgres.schema import Tables
+from processor._postgres.connect import ensure_schema
+from processor._postgres.schema.citus import placement
+from processor._postgres.schema.tables import Tables
 from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC
 
 DEFAULT_EVENTS = 10_000

@@ -55,7 +55,7 @@ from benchmarks.boxcpu import postmaster_pid, tree_seconds
 from benchmarks.common import Scratch, Services, say
 from benchmarks.s8_citus import nodes
 from devstack import provide_citus
-from processor.postgres.citus import placement
+from processor._postgres.schema.citus import placement
 
 LAYOUTS = (
     "schema-unnest",

@@ -31,13 +31,20 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
 
+import psycopg
+
 import schemas  # noqa: F401 - registers the example message types
 from demo.ledger import STEP_OF, Ledger
-from processor.bootstrap.participant import ParticipantService
-from processor.messages import Message, MessageRegistry, registry
-from processor.participant import Replies, SkipDelivery, Sql, command_handler, participant
-from processor.postgres.connect import connect
-from processor.postgres.participant import PostgresParticipantStore
+from processor import Message, MessageRegistry
+from processor import message_registry as registry
+from processor.participant import (
+    ParticipantService,
+    Replies,
+    SkipDelivery,
+    Sql,
+    command_handler,
+    participant,
+)
 from processor.settings import ConsumerSettings, RelaySettings
 from schemas.transfers import (
     CreditAccount,
@@ -240,14 +247,12 @@ class AccountsService:
         self._in_transaction(self.accounts.ledger.create)
 
     def _in_transaction(self, work: Callable[[Sql], T]) -> T:
-        store = PostgresParticipantStore(
-            lambda: connect(self._url, application_name=self._reads_name), self.service.tables
-        )
-        try:
-            with store.transaction() as tx:
-                return work(tx.sql)
-        finally:
-            store.close()
+        # The ledger's statements name its schema: a plain connection serves them.
+        with (
+            psycopg.connect(self._url, application_name=self._reads_name) as conn,
+            conn.transaction(),
+        ):
+            return work(conn)
 
     def open_accounts(self, balances: Mapping[str, Decimal], closed: Iterable[str] = ()) -> None:
         self._in_transaction(lambda sql: self.accounts.ledger.open_accounts(sql, balances, closed))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from processor.messages import Message, MessageRegistry
+from processor import Message, MessageRegistry
 from processor.participant import Rows, Sql
 from schemas.transfers import (
     CreditAccount,

@@ -29,8 +29,8 @@ from demo.orders import settle_late
 from demo.participants import app as participants_app
 from demo.participants import seed
 from demo.traffic import produce_event
-from processor.bootstrap.participant import migrate
-from processor.kafka.logs import logged
+from processor.participant import migrate
+from processor.publish import with_client_logging as logged
 from processor.settings import ProcessorSettings
 from schemas.orders import (
     ESCALATIONS_TOPIC,
@@ -226,11 +226,7 @@ def start_order_person(
     """
     from confluent_kafka import Consumer
 
-    from processor.kafka.producer import KafkaRecordProducer, make_producer
-    from processor.ops.inspect import send_operator_request
-    from processor.postgres.inspect import open_inspect_queries
-    from processor.postgres.schema import Tables
-    from processor.wire import OperatorAction
+    from processor.ops import Adapters, OperatorAction, send_operator_request
     from schemas.orders import EscalateToPerson
 
     stop = threading.Event()
@@ -246,13 +242,17 @@ def start_order_person(
         )
     )
     consumer.subscribe([prefix + ESCALATIONS_TOPIC])
-    producer = KafkaRecordProducer(
-        # The operator record goes to an explicit partition; the partitioner is the default.
-        lambda: make_producer({"bootstrap.servers": kafka}, partitioner="crc32")
+    adapters = Adapters(
+        ProcessorSettings(
+            kafka={"bootstrap_servers": kafka},
+            database={"url": database, "schema_name": schema},
+        )
     )
+    # The operator record goes to an explicit partition; the partitioner is the default.
+    producer = adapters.record_producer()
 
     def decide() -> None:
-        with open_inspect_queries(database, Tables(schema=schema)) as queries:
+        with adapters.inspect_queries() as queries:
             while not stop.is_set():
                 msg = consumer.poll(0.2)
                 if msg is None or msg.error() is not None:

@@ -16,10 +16,12 @@ import os
 from collections.abc import Mapping
 from decimal import Decimal
 
+import psycopg
+
 import schemas  # noqa: F401 - registers the example message types
 from demo.orders import DDL, order_participants, stock_up
-from processor.application import ParticipantApp
-from processor.participant.definition import participant_of
+from processor import ParticipantApp
+from processor.participant import participant_of
 
 __all__ = ["DEFAULTS", "SELECTION", "app", "seed"]
 
@@ -48,7 +50,7 @@ def seed(
     database_url: str, schema: str, stock: Mapping[str, int], wallets: Mapping[str, Decimal]
 ) -> None:
     """Sets stock levels and wallet balances in a service schema that was migrated."""
-    from processor.postgres.connect import connect
-
-    with connect(database_url, search_path=schema) as conn, conn.transaction():
+    # The service's handlers name their tables without the schema: so does its seed.
+    options = f"-c search_path={schema},public"
+    with psycopg.connect(database_url, options=options) as conn, conn.transaction():
         stock_up(conn, stock, wallets)

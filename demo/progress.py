@@ -22,7 +22,7 @@ from demo.traffic import (
     WALLET_SAGA,
     Request,
 )
-from processor.kafka.logs import logged
+from processor.publish import with_client_logging as logged
 
 
 @dataclass

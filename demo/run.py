@@ -46,9 +46,9 @@ from demo.order_demo import (
 )
 from demo.progress import Monitor, line, summary
 from demo.traffic import TRANSFER_SAGA, WALLET_SAGA, Scenario, publish, scenario
-from processor.kafka.logs import logged
-from processor.postgres.connect import ensure_schema
-from processor.postgres.schema import Tables
+from processor.ops import Adapters
+from processor.publish import with_client_logging as logged
+from processor.settings import ProcessorSettings
 from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC
 from schemas.wallets import WALLET_COMMANDS_TOPIC, WALLET_EVENTS_TOPIC
 
@@ -263,7 +263,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.keep_data:
             cleanup.callback(_drop_schemas, database, [schema, accounts_schema, orders_schema])
         # Migrate once up front so the display can read the tables before the replicas are up.
-        ensure_schema(database, Tables(schema=schema))
+        settings = ProcessorSettings(database={"url": database, "schema_name": schema})
+        Adapters(settings).ensure_schema()
         replicas: list[Replica] = []
         endpoints: list[str] = []
         for n in range(1, args.replicas + 1):

@@ -8,7 +8,7 @@ from decimal import Decimal
 
 from confluent_kafka import KafkaError, Producer
 
-from processor.messages import Message
+from processor import Message
 from processor.publish import EventPublisher, EventRecordBuilder, PublishFailed
 from sagas import EXAMPLE_SAGAS
 from schemas.transfers import TransferRequested

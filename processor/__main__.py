@@ -2,6 +2,6 @@
 
 import sys
 
-from processor.cli import main
+from processor._cli import main
 
 sys.exit(main())

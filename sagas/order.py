@@ -21,17 +21,17 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-from processor import saga
-from processor.machine import (
+from processor import (
     Escalation,
+    Message,
     OrchestratedSaga,
     Orchestration,
     Replies,
     RetryPolicy,
     SettingKeys,
     Step,
+    saga,
 )
-from processor.messages import Message
 from schemas.orders import (
     CapturePayment,
     EscalateToPerson,

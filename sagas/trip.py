@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from processor import saga
-from processor.machine import (
+from processor import (
     OrchestratedSaga,
     Orchestration,
     Replies,
     RetryPolicy,
     Step,
+    saga,
     start_event,
 )
 from schemas import trips

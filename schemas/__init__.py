@@ -1,6 +1,6 @@
 """Example event and command schemas.
 
-Importing this package registers every message type in ``processor.messages.registry``.
+Importing this package registers every message type in ``processor.message_registry``.
 ``python -m schemas.export`` writes their JSON Schemas for services in other languages.
 """
 

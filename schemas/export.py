@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import schemas  # noqa: F401  (imported for its side effect: registering the message types)
-from processor.messages import MessageRegistry, registry
+from processor import MessageRegistry
+from processor import message_registry as registry
 
 __all__ = ["export", "main"]
 

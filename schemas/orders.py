@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ValidationInfo
 
-from processor.messages import Message, message_type
+from processor import Message, message_type
 from schemas.transfers import Amount
 
 __all__ = [

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from pydantic import Field, GetCoreSchemaHandler, WithJsonSchema
 from pydantic_core import core_schema
 
-from processor.messages import Message, message_type
+from processor import Message, message_type
 
 __all__ = [
     "ACCOUNT_COMMANDS_TOPIC",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from processor.messages import Message, message_type
+from processor import Message, message_type
 from schemas.orders import ESCALATIONS_TOPIC
 from schemas.transfers import Amount
 

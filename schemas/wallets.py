@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from processor.messages import Message, message_type
+from processor import Message, message_type
 from schemas.transfers import Amount
 
 __all__ = [

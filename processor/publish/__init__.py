@@ -10,18 +10,17 @@ partitioned as the processor's own producers partition (``SAGA_CONSUMER__PARTITI
 - :class:`OutboxEventPublisher` writes them to the service's outbox table in the service's own
   transaction; :class:`OutboxRelay` (the processor's relay) publishes what committed.
 
-The modules: :mod:`~processor.publish.records` builds an event's record (topic, key, headers);
-:mod:`~processor.publish.kafka` holds the direct publisher, :mod:`~processor.publish.outbox`
-the outbox publisher and :mod:`~processor.publish.relay` the relay that runs over its table.
+The modules: :mod:`~processor.publish._records` builds an event's record (topic, key, headers);
+:mod:`~processor.publish._kafka` holds the direct publisher, :mod:`~processor.publish._outbox`
+the outbox publisher and :mod:`~processor.publish._relay` the relay that runs over its table.
 """
 
-from processor.publish.kafka import EventPublisher, FailedDelivery, PublishFailed
-from processor.publish.outbox import OutboxEventPublisher
-from processor.publish.records import EventRecordBuilder
-
-# Public before the split though not in __all__; still importable from here.
-from processor.publish.records import current_trace_headers as current_trace_headers
-from processor.publish.relay import OutboxRelay
+from processor._bootstrap.clients import logged as with_client_logging
+from processor._errors import UnknownMessageType
+from processor.publish._kafka import EventPublisher, FailedDelivery, PublishFailed
+from processor.publish._outbox import OutboxEventPublisher
+from processor.publish._records import EventRecordBuilder, current_trace_headers
+from processor.publish._relay import OutboxRelay
 
 __all__ = [
     "EventPublisher",
@@ -30,4 +29,7 @@ __all__ = [
     "OutboxEventPublisher",
     "OutboxRelay",
     "PublishFailed",
+    "UnknownMessageType",
+    "current_trace_headers",
+    "with_client_logging",
 ]

@@ -4,25 +4,25 @@ Nested settings use a double underscore: `SAGA_DEADLINE__POLLING__INTERVAL=5s`. 
 settings mirror the names users know from the deadline specification (`enabled`,
 `polling.interval`, `polling.batch-size`, `lease-ttl`, `schema.auto`).
 
-Each group of settings has its module here; :mod:`~processor.settings.loading` holds the whole
+Each group of settings has its module here; :mod:`~processor.settings._loading` holds the whole
 (:class:`ProcessorSettings`) and reads it from the environment.
 """
 
-from processor.settings.console import (
+from processor.settings._console import (
     ConsoleOperator,
     ConsoleRole,
     ConsoleSettings,
     OperatorSettings,
 )
-from processor.settings.consumer import ConsumerSettings
-from processor.settings.database import DatabaseSettings
-from processor.settings.deadline import (
+from processor.settings._consumer import ConsumerSettings
+from processor.settings._database import DatabaseSettings
+from processor.settings._deadline import (
     DeadlinePollingSettings,
     DeadlineSchemaSettings,
     DeadlineSettings,
 )
-from processor.settings.kafka import KafkaSettings, TopicsSettings, is_secret_key
-from processor.settings.loading import (
+from processor.settings._kafka import KafkaSettings, TopicsSettings, is_secret_key
+from processor.settings._loading import (
     ALLOWED_NAMES,
     ALLOWED_PREFIXES,
     RETIRED,
@@ -30,10 +30,10 @@ from processor.settings.loading import (
     load_settings,
     unknown_variables,
 )
-from processor.settings.relay import RelaySettings
-from processor.settings.retention import HistorySettings, RetentionSettings
-from processor.settings.service import MetricsSettings, ParticipantSettings
-from processor.settings.values import Duration, parse_duration
+from processor.settings._relay import RelaySettings
+from processor.settings._retention import HistorySettings, RetentionSettings
+from processor.settings._service import MetricsSettings, ParticipantSettings
+from processor.settings._values import Duration, parse_duration
 
 __all__ = [
     "ALLOWED_NAMES",

@@ -16,18 +16,18 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from processor.engine.records import OffsetCommit, OutboxRow
-from processor.engine.rows import HistoryRow, Outcome, SagaStatus, SagaWrite, Wants, WriteSet
-from processor.errors import RecordDataError
-from processor.postgres import batch_sql
-from processor.postgres.batch import PostgresBatchStore
-from processor.postgres.check import PostgresCheckSource
-from processor.postgres.citus import placement, will_distribute
-from processor.postgres.connect import connect
-from processor.postgres.errors import translate
-from processor.postgres.migrations import split_statements
-from processor.postgres.participant_schema import migrate_participant, migrate_service
-from processor.postgres.schema import MIGRATIONS, Tables, migrate, pending_sql
+from processor._engine.records import OffsetCommit, OutboxRow
+from processor._engine.rows import HistoryRow, Outcome, SagaStatus, SagaWrite, Wants, WriteSet
+from processor._errors import RecordDataError
+from processor._postgres.batch import sql as batch_sql
+from processor._postgres.batch.handle import PostgresBatchStore
+from processor._postgres.connect import connect
+from processor._postgres.errors import translate
+from processor._postgres.reads.check import PostgresCheckSource
+from processor._postgres.schema.citus import placement, will_distribute
+from processor._postgres.schema.participant import migrate_participant, migrate_service
+from processor._postgres.schema.runner import split_statements
+from processor._postgres.schema.tables import MIGRATIONS, Tables, migrate, pending_sql
 
 pytestmark = pytest.mark.integration
 

@@ -2,7 +2,7 @@
 
 The coordinator then has no part in a batch (S8 measures it), and its outage stops nothing.
 Identity values, advisory locks and notifications are per node, so the schema's processes must
-all use one node: the first to connect records it (processor/postgres/citus.py: pin_node); a
+all use one node: the first to connect records it (processor/_postgres/schema/citus.py: pin_node); a
 replica, an operator tool or a participant that reaches another node is refused, saying which
 node to use, and `check` fails such settings. `citus-node move` moves them all, with every
 process stopped, keeping the ids in order. Migrations (DDL) go through the coordinator; a start
@@ -25,24 +25,24 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from devstack import CITUS
-from processor.bootstrap.adapters import Adapters
-from processor.cli import main
-from processor.postgres.citus import (
+from processor._bootstrap.adapters import Adapters
+from processor._cli import main
+from processor._postgres.connect import connect, ensure_schema
+from processor._postgres.reads.cluster import cluster_view
+from processor._postgres.reads.operator import open_operator_queries
+from processor._postgres.schema.citus import (
     CitusNodeMismatch,
     MigrationsOffCoordinator,
     pinned_node,
     placement,
 )
-from processor.postgres.citus_move import MoveRefused, move_pin
-from processor.postgres.cluster import cluster_view
-from processor.postgres.connect import connect, ensure_schema
-from processor.postgres.operator import open_operator_queries
-from processor.postgres.participant_schema import (
+from processor._postgres.schema.citus_move import MoveRefused, move_pin
+from processor._postgres.schema.participant import (
     PARTICIPANT_MIGRATIONS,
     migrate_participant,
     migrate_service,
 )
-from processor.postgres.schema import MIGRATIONS, Tables
+from processor._postgres.schema.tables import MIGRATIONS, Tables
 from tests.citus.test_citus_worker_outage import local_workers
 from tests.e2e.conftest import (
     TRANSFER_SAGA,
@@ -313,7 +313,7 @@ def test_a_replica_whose_reconnection_reaches_another_node_stops_and_says_why(
         )
     # Its loops reconnect, are refused, and the process stops rather than run on half alive.
     wait_until(lambda: not replica.alive(), timeout=60, what="the replica stops")
-    assert replica.stop() == 70  # a loop died (processor.cli.commands.EXIT_LOOP_DIED)
+    assert replica.stop() == 70  # a loop died (processor._cli.commands.EXIT_LOOP_DIED)
     assert "is used through Citus node the coordinator (group 0)" in replica.log()
 
 

@@ -20,14 +20,14 @@ import pytest
 from psycopg import sql
 
 from devstack import CITUS
-from processor.engine.records import OffsetCommit, OutboxRow
-from processor.engine.rows import HistoryRow, Outcome, SagaStatus, SagaWrite, WriteSet
-from processor.errors import CommitInDoubt, Failure, Retryable, RuntimeFailure
-from processor.postgres.batch import PostgresBatchStore
-from processor.postgres.citus import placement
-from processor.postgres.connect import connect
-from processor.postgres.errors import translate
-from processor.postgres.schema import Tables, migrate
+from processor._engine.records import OffsetCommit, OutboxRow
+from processor._engine.rows import HistoryRow, Outcome, SagaStatus, SagaWrite, WriteSet
+from processor._errors import CommitInDoubt, Failure, Retryable, RuntimeFailure
+from processor._postgres.batch.handle import PostgresBatchStore
+from processor._postgres.connect import connect
+from processor._postgres.errors import translate
+from processor._postgres.schema.citus import placement
+from processor._postgres.schema.tables import Tables, migrate
 from tests.e2e.conftest import (
     E2EEnv,
     Workload,

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from processor.engine.records import OffsetCommit, OutboxRow, Record
-from processor.engine.rows import (
+from processor._engine.records import OffsetCommit, OutboxRow, Record
+from processor._engine.rows import (
     ACTIVE,
     DECIDED,
     ENDED,
@@ -32,16 +32,16 @@ from processor.engine.rows import (
     Wants,
     WriteSet,
 )
-from processor.errors import (
+from processor._errors import (
     CommitInDoubt,
     ConcurrentUpdate,
     FencedOut,
     RecordDataError,
     Retryable,
 )
-from processor.memory.store import MemoryBatchStore, MemoryTables
-from processor.ports import TP, BatchStore, Purge
-from processor.ports.views import AuditRow
+from processor._memory.store import MemoryBatchStore, MemoryTables
+from processor._ports import TP, BatchStore, Purge
+from processor._ports.views import AuditRow
 from tests.contract import BACKENDS
 
 SAGA = "contract-saga"
@@ -86,10 +86,10 @@ def _memory() -> Iterator[Backing]:
 
 
 def _postgres(request: pytest.FixtureRequest) -> Iterator[Backing]:
-    from processor.postgres.batch import PostgresBatchStore
-    from processor.postgres.connect import connect, ensure_schema
-    from processor.postgres.retention import PostgresRetentionStore
-    from processor.postgres.schema import Tables
+    from processor._postgres.batch.handle import PostgresBatchStore
+    from processor._postgres.connect import connect, ensure_schema
+    from processor._postgres.retention import PostgresRetentionStore
+    from processor._postgres.schema.tables import Tables
 
     database_url: str = request.getfixturevalue("database_url")
     tables = Tables(schema=request.getfixturevalue("pg_schema"))
@@ -128,7 +128,7 @@ def _postgres(request: pytest.FixtureRequest) -> Iterator[Backing]:
                 retention.close()
 
         def audit() -> list[AuditRow]:
-            from processor.postgres.inspect import InspectQueries
+            from processor._postgres.reads.inspect import InspectQueries
 
             return InspectQueries(admin, tables).audit()
 

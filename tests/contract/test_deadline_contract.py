@@ -17,13 +17,13 @@ from typing import Protocol
 import psycopg
 import pytest
 
-from processor.errors import Retryable
-from processor.memory.deadlines import MemoryDeadlineStore
-from processor.ports import DeadlineStore
-from processor.postgres.connect import connect, ensure_schema
-from processor.postgres.deadlines import PostgresDeadlineStore
-from processor.postgres.schema import Tables
-from processor.wire import deadline_channel
+from processor._errors import Retryable
+from processor._memory.deadlines import MemoryDeadlineStore
+from processor._ports import DeadlineStore
+from processor._postgres.connect import connect, ensure_schema
+from processor._postgres.deadlines import PostgresDeadlineStore
+from processor._postgres.schema.tables import Tables
+from processor._wire import deadline_channel
 from tests.contract import BACKENDS, postgres_args
 from tests.support.clocks import Offset
 

@@ -12,11 +12,11 @@ from typing import Protocol
 
 import pytest
 
-from processor.memory.growth import MemoryGrowthStore
-from processor.ports import GrowthStore
-from processor.postgres.connect import connect, ensure_schema
-from processor.postgres.growth import PostgresGrowthStore
-from processor.postgres.schema import Tables
+from processor._memory.growth import MemoryGrowthStore
+from processor._ports import GrowthStore
+from processor._postgres.connect import connect, ensure_schema
+from processor._postgres.growth import PostgresGrowthStore
+from processor._postgres.schema.tables import Tables
 from tests.contract import BACKENDS, postgres_args
 
 

@@ -1,8 +1,8 @@
 """Operator stores: the cases the in-memory adapters and the PostgreSQL ones both answer.
 
 The memory side implements two of the operator ports in part: the failed outbox
-(:class:`processor.ports.FailedOutboxStore`, by ``MemoryOutboxStore``) and the audit trail of
-:class:`processor.ports.InspectStore` (``record_audit`` and ``audit``, by ``MemoryAuditLog``,
+(:class:`processor._ports.FailedOutboxStore`, by ``MemoryOutboxStore``) and the audit trail of
+:class:`processor._ports.InspectStore` (``record_audit`` and ``audit``, by ``MemoryAuditLog``,
 whose ``record`` takes a list). ``OperatorStore``, ``ParkedStore`` and the rest of
 ``InspectStore`` have no memory adapter; the claim and settle rules of the outbox are in
 ``test_outbox_contract``.
@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from processor.engine.records import OutboxRow
-from processor.engine.rows import AuditEntry
-from processor.memory.audit import MemoryAuditLog
-from processor.memory.outbox import MemoryOutboxStore
-from processor.ports import (
+from processor._engine.records import OutboxRow
+from processor._engine.rows import AuditEntry
+from processor._memory.audit import MemoryAuditLog
+from processor._memory.outbox import MemoryOutboxStore
+from processor._ports import (
     FAILED_VALUE_PREVIEW,
     TP,
     FailedOutboxStore,
@@ -77,12 +77,12 @@ def _memory() -> Iterator[Operator]:
 def _postgres(request: pytest.FixtureRequest) -> Iterator[Operator]:
     from psycopg.types.json import Jsonb
 
-    from processor.postgres.connect import connect, ensure_schema
-    from processor.postgres.failed_outbox import PostgresFailedOutbox
-    from processor.postgres.inspect import InspectQueries
-    from processor.postgres.outbox import PostgresOutboxStore
-    from processor.postgres.schema import Tables
-    from processor.postgres.store import BatchStore
+    from processor._postgres.batch.store import BatchSql
+    from processor._postgres.connect import connect, ensure_schema
+    from processor._postgres.failed_outbox import PostgresFailedOutbox
+    from processor._postgres.outbox import PostgresOutboxStore
+    from processor._postgres.reads.inspect import InspectQueries
+    from processor._postgres.schema.tables import Tables
 
     database_url: str = request.getfixturevalue("database_url")
     tables = Tables(schema=request.getfixturevalue("pg_schema"))
@@ -127,7 +127,7 @@ def _postgres(request: pytest.FixtureRequest) -> Iterator[Operator]:
 
         def take_over(tps: list[TP]) -> dict[TP, int]:
             with connect(database_url) as conn:
-                claimed = BatchStore(conn, tables, GROUP).claim(tps, "owner")
+                claimed = BatchSql(conn, tables, GROUP).claim(tps, "owner")
             return {tp: epoch for tp, (epoch, _) in claimed.items()}
 
         try:

@@ -14,10 +14,10 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from processor.engine.records import OutboxRow
-from processor.engine.rows import AuditEntry
-from processor.memory.outbox import MemoryOutboxStore
-from processor.ports import (
+from processor._engine.records import OutboxRow
+from processor._engine.rows import AuditEntry
+from processor._memory.outbox import MemoryOutboxStore
+from processor._ports import (
     FAILED_VALUE_PREVIEW,
     TP,
     FailedOutboxStore,
@@ -25,7 +25,7 @@ from processor.ports import (
     OutboxStore,
     SetAside,
 )
-from processor.ports.views import AuditRow
+from processor._ports.views import AuditRow
 from tests.contract import BACKENDS
 
 
@@ -54,12 +54,12 @@ def _memory() -> Iterator[Outbox]:
 def _postgres(request: pytest.FixtureRequest) -> Iterator[Outbox]:
     from psycopg.types.json import Jsonb
 
-    from processor.postgres.connect import connect, ensure_schema
-    from processor.postgres.failed_outbox import PostgresFailedOutbox
-    from processor.postgres.inspect import InspectQueries
-    from processor.postgres.outbox import PostgresOutboxStore
-    from processor.postgres.schema import Tables
-    from processor.postgres.store import BatchStore
+    from processor._postgres.batch.store import BatchSql
+    from processor._postgres.connect import connect, ensure_schema
+    from processor._postgres.failed_outbox import PostgresFailedOutbox
+    from processor._postgres.outbox import PostgresOutboxStore
+    from processor._postgres.reads.inspect import InspectQueries
+    from processor._postgres.schema.tables import Tables
 
     database_url: str = request.getfixturevalue("database_url")
     tables = Tables(schema=request.getfixturevalue("pg_schema"))
@@ -107,7 +107,7 @@ def _postgres(request: pytest.FixtureRequest) -> Iterator[Outbox]:
         def take_over(tps: list[TP]) -> dict[TP, int]:
             # The worker's own ownership claim, on a connection of its own.
             with connect(database_url) as conn:
-                claimed = BatchStore(conn, tables, GROUP).claim(tps, "owner")
+                claimed = BatchSql(conn, tables, GROUP).claim(tps, "owner")
             return {tp: epoch for tp, (epoch, _) in claimed.items()}
 
         try:

@@ -17,10 +17,10 @@ from typing import Protocol
 
 import pytest
 
-from processor.engine.records import OutboxRow
-from processor.errors import RecordDataError, RuntimeFailure
-from processor.memory.participant import MemoryParticipantStore
-from processor.memory.participant_sqlite import SqliteParticipantStore
+from processor._engine.records import OutboxRow
+from processor._errors import RecordDataError, RuntimeFailure
+from processor._memory.participant import MemoryParticipantStore
+from processor._memory.participant_sqlite import SqliteParticipantStore
 from processor.participant import InboxEntry, ParticipantStore
 from tests.support.harness import wait_until
 
@@ -84,10 +84,10 @@ class SqliteBackend:
 
 class PostgresBackend:
     def __init__(self, url: str, schema: str) -> None:
-        from processor.postgres.connect import connect
-        from processor.postgres.participant import PostgresParticipantStore
-        from processor.postgres.participant_schema import migrate_participant
-        from processor.postgres.schema import Tables
+        from processor._postgres.connect import connect
+        from processor._postgres.participant import PostgresParticipantStore
+        from processor._postgres.schema.participant import migrate_participant
+        from processor._postgres.schema.tables import Tables
 
         self.tables = Tables(schema)
         self.admin = connect(url, autocommit=True)

@@ -1,8 +1,8 @@
 """One set of cases for the record producer and the group member consuming what it sent: the
 in-memory pair and the Kafka pair (``KafkaRecordProducer``, ``SagaConsumer``) over a broker.
 
-The ports are the runtime's: :class:`processor.ports.RecordProducer` and
-:class:`processor.ports.RecordConsumer`. In memory there is no broker between the two, so the
+The ports are the runtime's: :class:`processor._ports.RecordProducer` and
+:class:`processor._ports.RecordConsumer`. In memory there is no broker between the two, so the
 memory backend plays it: what the producer acknowledged is appended to the consumers' partitions
 (to the record's partition), and its assignment is handed over as a rebalance would. The memory
 producer has no size limit of its own; the backend refuses records over the limit as the broker's
@@ -23,10 +23,10 @@ from typing import Protocol
 
 import pytest
 
-from processor.engine.records import OutboxRow, Record
-from processor.memory.consumer import MemoryRecordConsumer
-from processor.memory.producer import MemoryRecordProducer
-from processor.ports import TP, RecordConsumer, RecordProducer
+from processor._engine.records import OutboxRow, Record
+from processor._memory.consumer import MemoryRecordConsumer
+from processor._memory.producer import MemoryRecordProducer
+from processor._ports import TP, RecordConsumer, RecordProducer
 from tests.support.harness import wait_until
 
 LIMIT = 10_000  # the producer's largest record, in bytes
@@ -100,7 +100,7 @@ class MemoryBus:
 
 class KafkaBus:
     def __init__(self, kafka: str, make_topic: Callable[..., str]) -> None:
-        from processor.kafka.producer import KafkaRecordProducer, make_producer, relay_overrides
+        from processor._kafka.producer import KafkaRecordProducer, make_producer, relay_overrides
 
         self.kafka = kafka
         self.make_topic = make_topic
@@ -115,7 +115,7 @@ class KafkaBus:
         return self.make_topic(f"p{partitions}", partitions=partitions)
 
     def consumer(self, topic: str, on_assign: OnAssign, on_revoke: OnRevoke) -> RecordConsumer:
-        from processor.kafka.client import SagaConsumer
+        from processor._kafka.client import SagaConsumer
 
         member = SagaConsumer(
             {"bootstrap.servers": self.kafka},

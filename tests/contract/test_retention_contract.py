@@ -18,8 +18,8 @@ from typing import Protocol
 
 import pytest
 
-from processor.engine.records import OutboxRow, Record
-from processor.engine.rows import (
+from processor._engine.records import OutboxRow, Record
+from processor._engine.rows import (
     ACTIVE,
     ENDED,
     PARKED,
@@ -32,10 +32,10 @@ from processor.engine.rows import (
     Wants,
     WriteSet,
 )
-from processor.memory.outbox import MemoryOutboxStore
-from processor.memory.retention import MemoryRetentionStore
-from processor.memory.store import MemoryBatchStore, MemoryTables
-from processor.ports import (
+from processor._memory.outbox import MemoryOutboxStore
+from processor._memory.retention import MemoryRetentionStore
+from processor._memory.store import MemoryBatchStore, MemoryTables
+from processor._ports import (
     BatchStore,
     FailedOutboxStore,
     OutboxStore,
@@ -120,11 +120,11 @@ class MemoryBackend:
 
 class PostgresBackend:
     def __init__(self, url: str, schema: str) -> None:
-        from processor.postgres.batch import PostgresBatchStore
-        from processor.postgres.connect import connect, ensure_schema
-        from processor.postgres.failed_outbox import PostgresFailedOutbox
-        from processor.postgres.outbox import PostgresOutboxStore
-        from processor.postgres.schema import Tables
+        from processor._postgres.batch.handle import PostgresBatchStore
+        from processor._postgres.connect import connect, ensure_schema
+        from processor._postgres.failed_outbox import PostgresFailedOutbox
+        from processor._postgres.outbox import PostgresOutboxStore
+        from processor._postgres.schema.tables import Tables
 
         self.url = url
         self.tables = Tables(schema=schema)
@@ -138,7 +138,7 @@ class PostgresBackend:
         self.failed: FailedOutboxStore = PostgresFailedOutbox(self.admin, self.tables)
 
     def replica(self) -> RetentionStore:
-        from processor.postgres.retention import PostgresRetentionStore
+        from processor._postgres.retention import PostgresRetentionStore
 
         made = PostgresRetentionStore(self._connect, self.tables)
         self.made.append(made)
@@ -182,7 +182,7 @@ class PostgresBackend:
 
     @contextmanager
     def held_elsewhere(self) -> Iterator[None]:
-        from processor.postgres.connect import connect
+        from processor._postgres.connect import connect
 
         with connect(self.url) as other, other.transaction():
             other.execute(

@@ -21,7 +21,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from devstack import wait_for_kafka
-from processor.messages import Message
+from processor._authoring.messages import Message
 from processor.settings import ProcessorSettings
 from schemas.transfers import (
     ACCOUNT_COMMANDS_TOPIC,

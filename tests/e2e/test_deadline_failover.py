@@ -15,9 +15,9 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from processor.postgres.connect import ensure_schema
-from processor.postgres.schema import Tables
-from processor.wire import (
+from processor._postgres.connect import ensure_schema
+from processor._postgres.schema.tables import Tables
+from processor._wire import (
     DEADLINE_FIRED,
     HEADER_DEADLINE_ID,
     HEADER_FENCING_TOKEN,

@@ -36,7 +36,7 @@ def test_accounts_service_survives_postgres_and_kafka_restarts(
     private_stack: PrivateStack, caplog: pytest.LogCaptureFixture, request: pytest.FixtureRequest
 ) -> None:
     # The service's rebalances, in the report of a failure.
-    caplog.set_level(logging.INFO, logger="processor.runtime.participant")
+    caplog.set_level(logging.INFO, logger="processor._runtime.participant.service")
     # A private stack, the broker reached directly (see test_restarts_under_load).
     stack = private_stack
     prefix = f"rs{uuid.uuid4().hex[:6]}."

@@ -28,8 +28,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
-from processor.messages import registry
-from processor.postgres.schema import Tables
+from processor._authoring.messages import registry
+from processor._postgres.schema.tables import Tables
 from schemas.transfers import DebitAccount
 from tests.e2e.conftest import E2EEnv
 from tests.support.harness import headers_for, wait_until

@@ -26,7 +26,7 @@ from psycopg import sql
 from demo.accounts import AccountsService, Selection
 from demo.ledger import STEP_OF
 from demo.progress import Monitor
-from processor.messages import HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE
+from processor._authoring.messages import HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE
 from sagas import EXAMPLE_SAGAS
 from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC, TransferRequested
 from schemas.wallets import WALLET_COMMANDS_TOPIC, WALLET_EVENTS_TOPIC, WalletTransferRequested

@@ -22,11 +22,11 @@ import pytest
 from psycopg import sql
 
 from demo.orders import EXPIRED, MERCHANT
-from processor.messages import Message
-from processor.ops.machines import machine_summary
-from processor.postgres.connect import connect
-from processor.postgres.operator import OperatorQueries
-from processor.postgres.schema import Tables
+from processor._authoring.messages import Message
+from processor._postgres.connect import connect
+from processor._postgres.reads.operator import OperatorQueries
+from processor._postgres.schema.tables import Tables
+from processor.ops._machines import machine_summary
 from schemas.orders import (
     ESCALATIONS_TOPIC,
     ORDER_COMMANDS_TOPIC,

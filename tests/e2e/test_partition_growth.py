@@ -30,9 +30,9 @@ import pytest
 from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewPartitions  # type: ignore[attr-defined]
 
-from processor.engine.partitioner import partition_for
-from processor.messages import Message
-from processor.wire import DEADLINE_FIRED, HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE
+from processor._authoring.messages import Message
+from processor._engine.partitioner import partition_for
+from processor._wire import DEADLINE_FIRED, HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE
 from schemas.transfers import CreditConfirmed, DebitConfirmed, TransferRequested
 from tests.e2e.conftest import E2EEnv, log_lines
 from tests.support.harness import Reader, headers_for, wait_until

@@ -32,11 +32,11 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
-from processor.engine.partitioner import partition_for
-from processor.postgres.outbox import partition_lock_key, relay_lock_key
-from processor.postgres.schema import Tables
-from processor.runtime.relay import HEADER_DEAD_LETTER_TRUNCATED
-from processor.wire import DEADLINE_FIRED, HEADER_DEAD_LETTER_REASON, FiredRecord
+from processor._engine.partitioner import partition_for
+from processor._postgres.outbox import partition_lock_key, relay_lock_key
+from processor._postgres.schema.tables import Tables
+from processor._runtime.relay import HEADER_DEAD_LETTER_TRUNCATED
+from processor._wire import DEADLINE_FIRED, HEADER_DEAD_LETTER_REASON, FiredRecord
 from schemas.transfers import TransferRequested
 from tests.e2e.conftest import (
     DRAIN_TIMEOUT,

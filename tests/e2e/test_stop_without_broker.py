@@ -10,7 +10,7 @@ orders flow, the broker goes away and both processes get SIGTERM:
 Each time one of the two also meets the worst a client library can do: its consumer's
 revocation callback (which runs inside the close) blocks for ever holding the interpreter lock,
 so no Python thread runs again (``tests.support.stuck``). Both processes still exit within their
-shutdown budget plus the native watchdog's margin (:mod:`processor.runtime.stopping`): the
+shutdown budget plus the native watchdog's margin (:mod:`processor._runtime.stopping`): the
 stuck one with exit code 1 after a dump of every thread, the other with 0 (3 if its budget ran
 out, 1 if librdkafka's close held the interpreter by itself). Then the broker comes back, new
 processes take over, and every saga ends with each command applied once, answered once, and the
@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from devstack import wait_for_kafka
-from processor.bootstrap.participant import SHUTDOWN_TIMEOUT as PARTICIPANT_BUDGET
-from processor.runtime.stopping import EXIT_OVERRAN, EXIT_STUCK, MARGIN
+from processor._bootstrap.participant import SHUTDOWN_TIMEOUT as PARTICIPANT_BUDGET
+from processor._runtime.stopping import EXIT_OVERRAN, EXIT_STUCK, MARGIN
 from tests.support.harness import wait_until
 from tests.support.order_world import OrderWorld, assert_books, order_world
 from tests.support.private_stack import PrivateStack

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from processor.cli.commands import EXIT_LOOP_DIED
+from processor._cli.commands import EXIT_LOOP_DIED
 from tests.e2e.conftest import E2EEnv, log_lines
 from tests.support.harness import wait_until
 

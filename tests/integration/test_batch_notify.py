@@ -16,11 +16,11 @@ from typing import Any
 
 import psycopg
 
-from processor.engine.rows import ACTIVE, DeadlineInsert, SagaWrite, WriteSet
-from processor.postgres.connect import connect, ensure_schema
-from processor.postgres.notify import PostgresWakeSource
-from processor.postgres.schema import Tables
-from processor.postgres.store import BatchStore
+from processor._engine.rows import ACTIVE, DeadlineInsert, SagaWrite, WriteSet
+from processor._postgres.batch.store import BatchSql
+from processor._postgres.connect import connect, ensure_schema
+from processor._postgres.notify import PostgresWakeSource
+from processor._postgres.schema.tables import Tables
 from tests.support.harness import wait_until
 
 INTERVAL = timedelta(seconds=30)
@@ -47,7 +47,7 @@ def test_only_a_batch_with_a_deadline_due_within_the_interval_notifies(
         psycopg.connect(database_url, autocommit=True) as listener,
         connect(database_url) as conn,
     ):
-        store = BatchStore(conn, tables, "g", wake_within=INTERVAL)
+        store = BatchSql(conn, tables, "g", wake_within=INTERVAL)
         listener.execute(f'LISTEN "{store.deadline_channel}"')
         with conn.transaction():
             store.write(_batch("far", timedelta(minutes=30)), [])

@@ -17,8 +17,8 @@ from typing import Any
 
 from psycopg import pq
 
-from processor.engine.records import OffsetCommit, OutboxRow
-from processor.engine.rows import (
+from processor._engine.records import OffsetCommit, OutboxRow
+from processor._engine.rows import (
     ACTIVE,
     DeadlineInsert,
     HistoryRow,
@@ -28,10 +28,10 @@ from processor.engine.rows import (
     Wants,
     WriteSet,
 )
-from processor.postgres.batch import PostgresBatchStore
-from processor.postgres.connect import connect, ensure_schema
-from processor.postgres.schema import Tables
-from processor.postgres.store import Conn
+from processor._postgres.batch.handle import PostgresBatchStore
+from processor._postgres.batch.store import Conn
+from processor._postgres.connect import connect, ensure_schema
+from processor._postgres.schema.tables import Tables
 
 TABLES = ("consumer_offset", "saga_instance", "saga_history", "outbox", "saga_deadline")
 

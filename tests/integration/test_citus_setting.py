@@ -9,11 +9,11 @@ import sys
 import psycopg
 import pytest
 
-from processor.postgres.check import PostgresCheckSource
-from processor.postgres.citus import CitusUnavailable, local_node, pin_node
-from processor.postgres.citus_move import MoveRefused, move_pin
-from processor.postgres.connect import connect
-from processor.postgres.schema import MIGRATIONS, Tables, migrate
+from processor._postgres.connect import connect
+from processor._postgres.reads.check import PostgresCheckSource
+from processor._postgres.schema.citus import CitusUnavailable, local_node, pin_node
+from processor._postgres.schema.citus_move import MoveRefused, move_pin
+from processor._postgres.schema.tables import MIGRATIONS, Tables, migrate
 
 pytestmark = pytest.mark.integration
 

@@ -17,9 +17,9 @@ import pytest
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from processor.cli import main
-from processor.postgres.connect import connect, ensure_schema
-from processor.postgres.schema import MIGRATIONS, Tables
+from processor._cli import main
+from processor._postgres.connect import connect, ensure_schema
+from processor._postgres.schema.tables import MIGRATIONS, Tables
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from decimal import Decimal
 
 import pytest
 
-from processor.cli import EXIT_REFUSED, main
+from processor._cli import EXIT_REFUSED, main
 from processor.settings import ProcessorSettings
 from sagas.transfer import TransferSaga
 from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC, TransferRequested

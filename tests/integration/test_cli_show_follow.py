@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from processor.cli import main
+from processor._cli import main
 from schemas.orders import (
     FraudReviewApproved,
     OrderShipped,

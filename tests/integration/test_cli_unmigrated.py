@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from processor.cli import COMMANDS, EXIT_REFUSED, NO_JSON, main
+from processor._cli import COMMANDS, EXIT_REFUSED, NO_JSON, main
 
 pytestmark = pytest.mark.integration
 

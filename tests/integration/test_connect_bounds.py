@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from processor.postgres.connect import TCP_BOUNDS, connect
+from processor._postgres.connect import TCP_BOUNDS, connect
 
 pytestmark = pytest.mark.integration
 

@@ -24,8 +24,8 @@ from pydantic import SecretStr
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from processor.console import Backend, create_app
-from processor.console.serve import server_config
+from processor._console import Backend, create_app
+from processor._console.serve import server_config
 from processor.settings import ProcessorSettings
 from sagas.order import OrderSaga
 from schemas.orders import StockReserved
@@ -238,8 +238,8 @@ def test_an_operator_finds_a_saga_and_retries_a_parked_one_in_the_browser(
 
 
 def test_actions_need_the_token(world: Orders, console: str) -> None:
-    from processor.bootstrap.adapters import tables_for
-    from processor.postgres.connect import ensure_schema
+    from processor._bootstrap.adapters import tables_for
+    from processor._postgres.connect import ensure_schema
 
     ensure_schema(world.settings.database.url.get_secret_value(), tables_for(world.settings))
     with FormClient(console) as client:
@@ -254,8 +254,8 @@ def test_actions_need_the_token(world: Orders, console: str) -> None:
 
 
 def test_consumer_lag_is_unknown_when_the_broker_is_unreachable(world: Orders) -> None:
-    from processor.bootstrap.adapters import tables_for
-    from processor.postgres.connect import ensure_schema
+    from processor._bootstrap.adapters import tables_for
+    from processor._postgres.connect import ensure_schema
 
     ensure_schema(world.settings.database.url.get_secret_value(), tables_for(world.settings))
     # Nothing listens on port 1: the broker cannot be asked.
@@ -299,7 +299,7 @@ def test_pages_answer_503_in_one_line_while_the_database_is_away(
     assert (alive.status_code, alive.text) == (200, "ok")
     assert ready.status_code == 503
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
-    warned = [r.getMessage() for r in caplog.records if r.name == "processor.console.outage"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "processor._console.outage"]
     assert len(warned) == len(answers)
     assert all("answered 503: the database is unreachable: " in w for w in warned), warned
     assert all("\n" not in w for w in warned)

@@ -15,7 +15,7 @@ import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
-from processor.console.auth import ACTION_ROLES
+from processor._console.auth import ACTION_ROLES
 from sagas.order import OrderSaga
 from schemas.orders import StockReserved
 from tests.integration.test_console import _db, world  # noqa: F401 - the fixture

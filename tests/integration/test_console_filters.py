@@ -16,12 +16,12 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from processor.ops.filters import state_documents
-from processor.ports.views import SagaSummary
-from processor.postgres.cluster import cluster_view
-from processor.postgres.connect import ensure_schema
-from processor.postgres.inspect import InspectQueries, list_statement
-from processor.postgres.schema import Tables
+from processor._ports.views import SagaSummary
+from processor._postgres.connect import ensure_schema
+from processor._postgres.reads.cluster import cluster_view
+from processor._postgres.reads.inspect import InspectQueries, list_statement
+from processor._postgres.schema.tables import Tables
+from processor.ops._filters import state_documents
 
 pytestmark = pytest.mark.integration
 

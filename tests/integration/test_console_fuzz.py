@@ -16,8 +16,8 @@ import httpx
 import pytest
 from starlette.routing import Route
 
-from processor.console import Backend, create_app
-from processor.console.auth import Authenticator
+from processor._console import Backend, create_app
+from processor._console.auth import Authenticator
 from tests.integration.test_console import _serve, world  # noqa: F401 - the fixture
 from tests.support.console import FormClient
 from tests.support.orders import Orders
@@ -105,8 +105,8 @@ FORM = {"reason": "fuzz", "force": "yes", "confirm": "yes", "action": "cancel", 
 
 @pytest.fixture
 def console(world: Orders) -> Iterator[tuple[str, list[Route]]]:  # noqa: F811 - the fixture
-    from processor.bootstrap.adapters import tables_for
-    from processor.postgres.connect import ensure_schema
+    from processor._bootstrap.adapters import tables_for
+    from processor._postgres.connect import ensure_schema
 
     ensure_schema(world.settings.database.url.get_secret_value(), tables_for(world.settings))
     auth = Authenticator(keys={ADMIN[0]: (ADMIN[1], "admin")})

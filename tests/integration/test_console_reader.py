@@ -6,7 +6,7 @@ import httpx
 import psycopg
 import pytest
 
-from processor.console import Backend, create_app
+from processor._console import Backend, create_app
 from processor.settings import ProcessorSettings
 from tests.integration.test_console import _serve
 from tests.support.console import FormClient
@@ -39,7 +39,7 @@ def test_the_reader_role_serves_every_page_and_cannot_change_a_row(
 def test_with_anonymous_reading_off_every_page_asks_for_a_sign_in_but_the_probes(
     least_privilege_db: LeastPrivilege, kafka_bootstrap: str
 ) -> None:
-    from processor.console.auth import Authenticator
+    from processor._console.auth import Authenticator
 
     db = least_privilege_db
     settings = ProcessorSettings(

@@ -16,8 +16,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-from processor.console import Backend, create_app
-from processor.console.auth import COOKIE, Authenticator
+from processor._console import Backend, create_app
+from processor._console.auth import COOKIE, Authenticator
 from tests.integration.test_console import _db, _serve, world  # noqa: F401 - the fixture
 from tests.integration.test_parking import (
     EVENTS,

@@ -21,9 +21,9 @@ import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from processor.console import Backend, create_app
-from processor.console.auth import COOKIE, Authenticator
-from processor.console.protect import FORM_COOKIE
+from processor._console import Backend, create_app
+from processor._console.auth import COOKIE, Authenticator
+from processor._console.protect import FORM_COOKIE
 from sagas.order import OrderSaga
 from tests.integration.test_console import _db, _free_port, _serve, world  # noqa: F401 - fixture
 from tests.support.browser import chromium
@@ -52,8 +52,8 @@ def _auth(**kw: object) -> Authenticator:
 @contextmanager
 def _console(o: Orders, auth: Authenticator | None = None) -> Iterator[str]:
     """The console with actions on over ``o``'s (migrated) database; yields its base URL."""
-    from processor.bootstrap.adapters import tables_for
-    from processor.postgres.connect import ensure_schema
+    from processor._bootstrap.adapters import tables_for
+    from processor._postgres.connect import ensure_schema
 
     ensure_schema(o.settings.database.url.get_secret_value(), tables_for(o.settings))
     app = create_app(Backend(o.settings, by="console-test"), actions=True, auth=auth or _auth())
@@ -186,7 +186,7 @@ def test_wrong_keys_are_answered_429_and_logged_without_the_key(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     o = world
-    caplog.set_level(logging.WARNING, logger="processor.console")
+    caplog.set_level(logging.WARNING, logger="processor._console")
     guesses = [f"guess-{n:02d}-0123456789" for n in range(20)]
     with _console(o) as base:
         with FormClient(base) as guesser:

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from processor.engine.records import Record
-from processor.kafka.client import SagaConsumer
+from processor._engine.records import Record
+from processor._kafka.client import SagaConsumer
 from tests.support.harness import Publisher, wait_until
 
 pytestmark = pytest.mark.integration

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 
 import pytest
 
-from processor.engine.records import Record
-from processor.kafka.client import SagaConsumer
+from processor._engine.records import Record
+from processor._kafka.client import SagaConsumer
 from tests.support.harness import Publisher, wait_until
 
 pytestmark = pytest.mark.integration
@@ -77,7 +77,7 @@ def test_a_member_the_group_went_on_without_is_replaced_and_idle_or_departed_one
         departed.consumer.leave()
 
         # The first member's client leaves the group; the adapter still means to be in it.
-        with caplog.at_level(logging.WARNING, logger="processor.kafka.client"):
+        with caplog.at_level(logging.WARNING, logger="processor._kafka.client"):
             first.consumer._consumer.unsubscribe()
             until(members, lambda: not first.consumer.assigned, "the client's partition gone")
             until(

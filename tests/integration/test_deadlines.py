@@ -27,13 +27,13 @@ from processor import (
     saga_deadline_handler,
     saga_event_handler,
 )
-from processor.bootstrap.adapters import tables_for
-from processor.kafka.producer import KafkaRecordProducer, make_producer
-from processor.ops.deadlines import overdue_deadlines, pending_deadlines
-from processor.postgres.connect import connect, ensure_schema
-from processor.postgres.deadlines import PostgresDeadlineStore
-from processor.postgres.operator import OperatorQueries
-from processor.runtime.poller import DeadlinePoller
+from processor._bootstrap.adapters import tables_for
+from processor._kafka.producer import KafkaRecordProducer, make_producer
+from processor._postgres.connect import connect, ensure_schema
+from processor._postgres.deadlines import PostgresDeadlineStore
+from processor._postgres.reads.operator import OperatorQueries
+from processor._runtime.poller import DeadlinePoller
+from processor.ops._deadlines import overdue_deadlines, pending_deadlines
 from sagas.transfer import TransferSaga
 from schemas.transfers import (
     ACCOUNT_COMMANDS_TOPIC,

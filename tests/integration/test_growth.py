@@ -15,11 +15,11 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions  # type: ignore[attr-defined]
 
-from processor.engine.partitioner import Partitioner, partition_for
-from processor.kafka.metadata import KafkaTopicMetadata
-from processor.postgres.connect import connect, ensure_schema
-from processor.postgres.growth import PostgresGrowthStore, current_router
-from processor.postgres.schema import Tables
+from processor._engine.partitioner import Partitioner, partition_for
+from processor._kafka.metadata import KafkaTopicMetadata
+from processor._postgres.connect import connect, ensure_schema
+from processor._postgres.growth import PostgresGrowthStore, current_router
+from processor._postgres.schema.tables import Tables
 from schemas.transfers import (
     ACCOUNT_COMMANDS_TOPIC,
     TRANSFER_EVENTS_TOPIC,
@@ -144,7 +144,7 @@ def test_a_processor_stops_without_sleeping_out_its_growth_checks_and_relay_poll
         relay={"poll_interval": "300s"},
         shutdown_timeout="20s",
     )
-    caplog.set_level(logging.WARNING, logger="processor.runtime.processor")
+    caplog.set_level(logging.WARNING, logger="processor._runtime.processor")
     with running(settings) as proc:
         worker = proc.worker
         assert worker is not None

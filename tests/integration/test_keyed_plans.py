@@ -15,9 +15,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from processor.postgres.connect import connect, ensure_schema
-from processor.postgres.schema import Tables
-from processor.postgres.store import BatchStore
+from processor._postgres.batch.store import BatchSql
+from processor._postgres.connect import connect, ensure_schema
+from processor._postgres.schema.tables import Tables
 
 ROWS = 20_000
 KEYS = 200
@@ -92,7 +92,7 @@ def test_the_loads_reads_probe_each_key_on_any_connection(
     saga_keys = json.dumps([["transfer", s] for s in picked])
     message_keys = json.dumps([["transfer", s, "m-" + s[2:]] for s in picked])
     with connect(database_url, autocommit=True) as conn:
-        store = BatchStore(conn, filled, "g")
+        store = BatchSql(conn, filled, "g")
         lookups = {
             "saga_instance": (store._load_sagas, saga_keys),
             "saga_tombstone": (store._load_tombstones, saga_keys),
@@ -114,7 +114,7 @@ def test_the_writes_updates_and_deletes_probe_each_key_on_a_keyed_connection(
     saga_keys = json.dumps([["transfer", s] for s in picked])
     deadline_keys = json.dumps([["transfer", s, "timeout"] for s in picked])
     with connect(database_url, autocommit=True, keyed=True) as conn:
-        store = BatchStore(conn, filled, "g")
+        store = BatchSql(conn, filled, "g")
         writes = {
             "saga_instance": (store._update_sagas, updates),
             "saga_deadline": (store._clear_deadlines, saga_keys),

@@ -15,8 +15,8 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from processor.runtime.hooks import Hooks
-from processor.wire import parse_traceparent
+from processor._runtime.hooks import Hooks
+from processor._wire import parse_traceparent
 from sagas.transfer import TransferSaga
 from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC, TransferRequested
 from tests.support.harness import (

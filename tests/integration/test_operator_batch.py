@@ -22,7 +22,7 @@ from decimal import Decimal
 
 import pytest
 
-from processor.cli import main
+from processor._cli import main
 from processor.settings import ProcessorSettings
 from sagas.transfer import TransferSaga
 from schemas.transfers import (

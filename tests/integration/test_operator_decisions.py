@@ -33,7 +33,7 @@ from processor import (
     saga_decision_handler,
     saga_event_handler,
 )
-from processor.cli import main
+from processor._cli import main
 from processor.settings import ProcessorSettings
 from sagas.transfer import TransferSaga
 from schemas.orders import (

@@ -14,7 +14,7 @@ from decimal import Decimal
 
 import pytest
 
-from processor.wire import OPERATOR_COMMAND
+from processor._wire import OPERATOR_COMMAND
 from sagas.transfer import TransferSaga
 from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC, TransferRequested
 from tests.integration.test_operator_decisions import OPERATOR_KEY, _cli

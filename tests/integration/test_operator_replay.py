@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from processor.engine.partitioner import partition_for
+from processor._engine.partitioner import partition_for
+from processor._wire import OperatorAction, OperatorRecord
 from processor.settings import ProcessorSettings
-from processor.wire import OperatorAction, OperatorRecord
 from sagas.transfer import TransferSaga
 from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC, TransferRequested
 from tests.support.harness import (

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from processor.bootstrap.adapters import tables_for
-from processor.cli import main
-from processor.kafka.producer import KafkaRecordProducer, make_producer
-from processor.ops.inspect import send_operator_request
-from processor.postgres.inspect import open_inspect_queries
-from processor.wire import OperatorAction
+from processor._bootstrap.adapters import tables_for
+from processor._cli import main
+from processor._kafka.producer import KafkaRecordProducer, make_producer
+from processor._postgres.reads.inspect import open_inspect_queries
+from processor._wire import OperatorAction
+from processor.ops._inspect import send_operator_request
 from schemas.orders import (
     FraudReviewApproved,
     OrderShipped,

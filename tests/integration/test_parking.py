@@ -29,11 +29,11 @@ from processor import (
     saga,
     saga_event_handler,
 )
-from processor.bootstrap.adapters import tables_for
-from processor.engine.partitioner import partition_for
-from processor.ops.parked import RetryResult, list_parked, retry_parked_saga
-from processor.postgres.operator import OperatorQueries, open_operator_queries
-from processor.runtime.assembly import bind_sagas
+from processor._bootstrap.adapters import tables_for
+from processor._engine.partitioner import partition_for
+from processor._postgres.reads.operator import OperatorQueries, open_operator_queries
+from processor._runtime.assembly import bind_sagas
+from processor.ops._parked import RetryResult, list_parked, retry_parked_saga
 from processor.settings import OperatorSettings, ProcessorSettings
 from tests.support.harness import (
     Publisher,

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from demo.orders import DDL, EXPIRED, order_participants, stock_up
-from processor.bootstrap.participant import ParticipantService
-from processor.messages import Message
+from processor._authoring.messages import Message
+from processor._bootstrap.participant import ParticipantService
 from processor.settings import ConsumerSettings, RelaySettings
 from schemas.orders import (
     ORDER_COMMANDS_TOPIC,

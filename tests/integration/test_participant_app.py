@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from processor.application import ParticipantApp, load_participant_app
-from processor.errors import ConfigurationError, SagaError
+from processor._authoring.application import ParticipantApp, load_participant_app
+from processor._errors import ConfigurationError, SagaError
 from processor.participant import Replies, command_handler, participant
 from processor.settings import ProcessorSettings
 from schemas.orders import (

@@ -25,7 +25,7 @@ import psycopg
 import pytest
 from confluent_kafka import Producer
 
-from processor.wire import HEADER_CAUSATION_ID, HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE
+from processor._wire import HEADER_CAUSATION_ID, HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE
 from schemas.orders import ORDER_COMMANDS_TOPIC, ORDER_EVENTS_TOPIC, ReserveStock
 from tests.support.harness import Reader, create_topics, headers_for, query, wait_until
 from tests.support.procs import REPO

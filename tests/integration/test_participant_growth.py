@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions  # type: ignore[attr-defined]
 
-from processor.bootstrap.service import ServiceAdapters
-from processor.ports.engine import TP
+from processor._bootstrap.service import ServiceAdapters
+from processor._ports.consumer import TP
 from processor.settings import ConsumerSettings
 from tests.support.harness import wait_until
 

@@ -11,11 +11,11 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from processor.bootstrap.adapters import tables_for
-from processor.cli.preflight import check_from_settings
-from processor.engine.partitioner import Partitioner, partition_for
-from processor.kafka.producer import make_producer
-from processor.postgres.connect import ensure_schema
+from processor._bootstrap.adapters import tables_for
+from processor._cli.preflight import check_from_settings
+from processor._engine.partitioner import Partitioner, partition_for
+from processor._kafka.producer import make_producer
+from processor._postgres.connect import ensure_schema
 from tests.integration.test_poison import EVENTS, Gate, TabOpened, TabV1
 from tests.support.harness import (
     create_topics,
@@ -103,7 +103,7 @@ def test_a_processor_counts_and_logs_records_another_partitioner_placed(
     settings = settings_for(kafka_bootstrap, database_url, pg_schema, prefix)  # crc32: default
     java, ours = _differ(20), _differ(20)
     with (
-        caplog.at_level(logging.WARNING, logger="processor.runtime.placement"),
+        caplog.at_level(logging.WARNING, logger="processor._runtime.consumer.placement"),
         running(settings, [TabV1], dependencies={Gate: Gate()}) as proc,
     ):
         _publish(kafka_bootstrap, events, ours, None)  # librdkafka's default partitioner

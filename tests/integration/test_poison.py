@@ -26,12 +26,12 @@ from processor import (
     saga_deadline_handler,
     saga_event_handler,
 )
-from processor.bootstrap.adapters import tables_for
-from processor.ops.parked import RetryResult, retry_parked_saga
-from processor.postgres.operator import open_operator_queries
-from processor.runtime.assembly import bind_sagas
+from processor._bootstrap.adapters import tables_for
+from processor._postgres.reads.operator import open_operator_queries
+from processor._runtime.assembly import bind_sagas
+from processor._wire import DEADLINE_FIRED, FiredRecord
+from processor.ops._parked import RetryResult, retry_parked_saga
 from processor.settings import ProcessorSettings
-from processor.wire import DEADLINE_FIRED, FiredRecord
 from tests.support.harness import (
     Publisher,
     Reader,

@@ -6,10 +6,10 @@ import uuid
 
 import pytest
 
-from processor.errors import Retryable
-from processor.postgres.connect import connect, ensure_schema
-from processor.postgres.outbox import PostgresOutboxStore
-from processor.postgres.schema import Tables
+from processor._errors import Retryable
+from processor._postgres.connect import connect, ensure_schema
+from processor._postgres.outbox import PostgresOutboxStore
+from processor._postgres.schema.tables import Tables
 
 pytestmark = pytest.mark.integration
 

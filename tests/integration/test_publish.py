@@ -28,13 +28,13 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-from processor import EventPublisher, OutboxEventPublisher, OutboxRelay, PublishFailed
-from processor.definition import SagaState, saga, saga_event_handler
-from processor.engine.decode import Event, decode
-from processor.engine.partitioner import Partitioner, partition_for
-from processor.engine.records import Record
-from processor.kafka.tracked import TrackedProducer
-from processor.messages import Message, message_type, registry
+from processor._authoring.definition import SagaState, saga, saga_event_handler
+from processor._authoring.messages import Message, message_type, registry
+from processor._engine.decode import Event, decode
+from processor._engine.partitioner import Partitioner, partition_for
+from processor._engine.records import Record
+from processor._kafka.tracked import TrackedProducer
+from processor.publish import EventPublisher, OutboxEventPublisher, OutboxRelay, PublishFailed
 from processor.settings import RelaySettings
 from tests.support.harness import Reader, query, wait_until
 

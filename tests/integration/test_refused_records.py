@@ -20,8 +20,8 @@ import pytest
 from psycopg import sql
 
 from processor import Message, SagaCommands, SagaState, message_type, saga, saga_event_handler
-from processor.postgres.connect import ensure_schema
-from processor.postgres.schema import Tables
+from processor._postgres.connect import ensure_schema
+from processor._postgres.schema.tables import Tables
 from tests.support.harness import Publisher, create_topics, query, running, settings_for, wait_until
 
 pytestmark = pytest.mark.integration
@@ -87,7 +87,7 @@ def test_a_hundred_refused_records_in_a_batch_of_five_hundred_are_isolated_witho
         prefix,
         consumer={"batch_size": RECORDS, "batch_timeout": "5s"},
     )
-    caplog.set_level(logging.INFO, logger="processor.runtime")
+    caplog.set_level(logging.INFO, logger="processor._runtime")
     with running(settings, [BoxSaga]):
         wait_until(
             lambda: (

@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 from psycopg.types.json import Jsonb
 
-from processor.cli import main
-from processor.kafka.producer import KafkaRecordProducer, make_producer, relay_overrides
-from processor.ops.outbox import retry_failed_rows
-from processor.postgres.connect import connect, ensure_schema
-from processor.postgres.failed_outbox import PostgresFailedOutbox
-from processor.postgres.outbox import PostgresOutboxStore
-from processor.postgres.schema import Tables
-from processor.runtime.relay import HEADER_DEAD_LETTER_TRUNCATED, Relay
+from processor._cli import main
+from processor._kafka.producer import KafkaRecordProducer, make_producer, relay_overrides
+from processor._postgres.connect import connect, ensure_schema
+from processor._postgres.failed_outbox import PostgresFailedOutbox
+from processor._postgres.outbox import PostgresOutboxStore
+from processor._postgres.schema.tables import Tables
+from processor._runtime.relay import HEADER_DEAD_LETTER_TRUNCATED, Relay
+from processor.ops._outbox import retry_failed_rows
 from tests.support.harness import Reader, create_topics, wait_until
 
 pytestmark = pytest.mark.integration

@@ -21,16 +21,16 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from processor.engine.records import OffsetCommit, OutboxRow
-from processor.engine.rows import WriteSet
-from processor.kafka.producer import KafkaRecordProducer, make_producer, relay_overrides
-from processor.ports import TP
-from processor.postgres.connect import connect, ensure_schema
-from processor.postgres.outbox import PostgresOutboxStore
-from processor.postgres.schema import Tables
-from processor.postgres.store import BatchStore
-from processor.runtime.hooks import Hooks
-from processor.runtime.relay import Relay
+from processor._engine.records import OffsetCommit, OutboxRow
+from processor._engine.rows import WriteSet
+from processor._kafka.producer import KafkaRecordProducer, make_producer, relay_overrides
+from processor._ports import TP
+from processor._postgres.batch.store import BatchSql
+from processor._postgres.connect import connect, ensure_schema
+from processor._postgres.outbox import PostgresOutboxStore
+from processor._postgres.schema.tables import Tables
+from processor._runtime.hooks import Hooks
+from processor._runtime.relay import Relay
 from tests.support.harness import Reader, wait_until
 
 pytestmark = pytest.mark.integration
@@ -55,7 +55,7 @@ class Env:
 
     def take_over(self, tps: list[TP], owner: str) -> dict[TP, int]:
         with connect(self.database_url) as conn:
-            claimed = BatchStore(conn, self.tables, GROUP).claim(tps, owner)
+            claimed = BatchSql(conn, self.tables, GROUP).claim(tps, owner)
         return {tp: epoch for tp, (epoch, _) in claimed.items()}
 
     def relay(self, owned: Callable[[], dict[TP, int]], hooks: Hooks | None = None) -> Relay:
@@ -205,7 +205,7 @@ def test_a_handed_over_partition_waits_for_the_old_owners_claim(env: Env) -> Non
     # The old owner's offset compare-and-set is not blocked by its relay's claim.
     with psycopg.connect(env.database_url) as conn:
         conn.execute("SET lock_timeout = '5s'")
-        BatchStore(conn, env.tables, GROUP).write(
+        BatchSql(conn, env.tables, GROUP).write(
             WriteSet(), [OffsetCommit(tp[0], tp[1], 10, None, old[tp])]
         )
         conn.commit()
@@ -287,7 +287,7 @@ def test_the_batch_store_writes_each_rows_source_partition(env: Env) -> None:
         OutboxRow(None, None, "other", None, {"message-id": "c"}, b"v"),
     ]
     with psycopg.connect(env.database_url) as conn:
-        BatchStore(conn, env.tables, GROUP).write(WriteSet(outbox=rows), [])
+        BatchSql(conn, env.tables, GROUP).write(WriteSet(outbox=rows), [])
         conn.commit()
         stored = conn.execute(
             env.tables.render("SELECT source_topic, source_partition FROM {outbox} ORDER BY id")

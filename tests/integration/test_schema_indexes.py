@@ -19,14 +19,14 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from processor.postgres import schema as schema_module
-from processor.postgres.audit import AuditSql
-from processor.postgres.connect import ensure_schema
-from processor.postgres.inspect import InspectQueries, list_statement
-from processor.postgres.operator import OperatorQueries
-from processor.postgres.outbox import PostgresOutboxStore
-from processor.postgres.schema import MIGRATIONS, Tables
-from processor.postgres.store import BatchStore, Conn
+from processor._postgres.batch.store import BatchSql, Conn
+from processor._postgres.connect import ensure_schema
+from processor._postgres.outbox import PostgresOutboxStore
+from processor._postgres.reads.audit import AuditSql
+from processor._postgres.reads.inspect import InspectQueries, list_statement
+from processor._postgres.reads.operator import OperatorQueries
+from processor._postgres.schema import tables as schema_module
+from processor._postgres.schema.tables import MIGRATIONS, Tables
 
 DROPPED = (
     "saga_instance_saga_id_idx",
@@ -127,7 +127,7 @@ def test_lookups_by_saga_id_still_use_an_index(database_url: str, pg_schema: str
             # One saga, as `show` and an operator's retry read it; the batch store's load.
             "saga": (queries._sql["saga"], ("alpha", "shared-7")),
             "load": (
-                BatchStore(conn, tables, "g")._load_sagas,
+                BatchSql(conn, tables, "g")._load_sagas,
                 ('[["alpha", "shared-7"], ["gamma", "shared-9"]]',),
             ),
         }
@@ -169,7 +169,7 @@ def test_the_relays_saga_guard_is_one_index_probe_per_row(
         )
         conn.execute(tables.render("ANALYZE {outbox}"))
     with psycopg.connect(database_url) as conn:
-        epochs = BatchStore(conn, tables, "g").claim(partitions, "me")
+        epochs = BatchSql(conn, tables, "g").claim(partitions, "me")
         conn.commit()
     owned = {tp: epoch for tp, (epoch, _) in epochs.items()}
     outbox = PostgresOutboxStore(lambda: psycopg.connect(database_url), tables, "g")

@@ -10,10 +10,10 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from processor.bootstrap.adapters import Adapters
-from processor.errors import Failure, Retryable
-from processor.postgres.connect import connect
-from processor.postgres.errors import translate
+from processor._bootstrap.adapters import Adapters
+from processor._errors import Failure, Retryable
+from processor._postgres.connect import connect
+from processor._postgres.errors import translate
 from processor.settings import ProcessorSettings
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ import uuid
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from processor.cli import main
+from processor._cli import main
 
 pytestmark = pytest.mark.integration
 

@@ -33,9 +33,9 @@ from processor import (
     saga_event_handler,
     upcaster,
 )
-from processor.cli.preflight import check_from_settings
+from processor._authoring.upcasting import state_upcasters
+from processor._cli.preflight import check_from_settings
 from processor.settings import ProcessorSettings
-from processor.upcasting import state_upcasters
 from tests.support.harness import (
     Publisher,
     Reader,

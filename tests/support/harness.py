@@ -21,8 +21,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from processor.bootstrap.processor import build_processor
-from processor.messages import (
+from processor._authoring.messages import (
     HEADER_MESSAGE_ID,
     HEADER_MESSAGE_TYPE,
     HEADER_OCCURRED_AT,
@@ -30,8 +29,9 @@ from processor.messages import (
     Message,
     registry,
 )
+from processor._bootstrap.processor import build_processor
+from processor._runtime.processor import Processor
 from processor.publish import EventPublisher
-from processor.runtime.processor import Processor
 from processor.settings import ProcessorSettings
 
 T = TypeVar("T")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from processor.messages import Message
+from processor._authoring.messages import Message
 from processor.settings import ProcessorSettings
 from schemas.orders import OrderPlaced
 from tests.support.harness import Publisher, create_topics, query, settings_for, wait_until

@@ -8,8 +8,8 @@ from __future__ import annotations
 import sys
 
 from demo.participants import app
-from processor.bootstrap.participant import run_participant
-from processor.observe.logs import configure_logging
+from processor._bootstrap.participant import run_participant
+from processor._observe.logs import configure_logging
 from processor.settings import load_settings
 from tests.support.proc_main import hooks_from_env
 

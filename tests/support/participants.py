@@ -99,7 +99,7 @@ def _stock(
 ) -> None:
     """Migrates the service's schema and sets its stock and wallets, as its operator would."""
     from demo.participants import app, seed
-    from processor.bootstrap.participant import migrate
+    from processor._bootstrap.participant import migrate
     from processor.settings import ProcessorSettings
 
     settings = ProcessorSettings(database={"url": database}, participant={"schema_name": schema})

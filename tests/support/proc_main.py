@@ -18,10 +18,10 @@ import sys
 import threading
 from collections.abc import Callable
 
-from processor.application import app_target, load_app
-from processor.cli import main as cli_main
-from processor.cli.commands import run_processor
-from processor.runtime.hooks import Hooks
+from processor._authoring.application import app_target, load_app
+from processor._cli import main as cli_main
+from processor._cli.commands import run_processor
+from processor._runtime.hooks import Hooks
 from processor.settings import load_settings
 from tests.support.stuck import hold_the_interpreter
 

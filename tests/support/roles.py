@@ -15,8 +15,8 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from processor.postgres.connect import ensure_schema
-from processor.postgres.schema import Tables
+from processor._postgres.connect import ensure_schema
+from processor._postgres.schema.tables import Tables
 
 GRANTS = Path(__file__).resolve().parents[2] / "deploy" / "sql" / "grants.sql"
 _VARIABLE = re.compile(r':"([a-z_]+)"')

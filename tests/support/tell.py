@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from processor.runtime.participant import ParticipantRuntime
+from processor._runtime.participant.service import ParticipantRuntime
 from tests.support.procs import ProcessorProcess
 
 _FAILED = pytest.StashKey[bool]()

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from processor import SagaApp, SagaLifecycle, SagaState, saga, saga_event_handler
-from processor.application import load_app
-from processor.errors import ConfigurationError, SagaError
+from processor._authoring.application import load_app
+from processor._errors import ConfigurationError, SagaError
 from processor.settings import load_settings
 from tests.e2e.gated_app import JobRequested
 

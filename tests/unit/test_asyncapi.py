@@ -16,10 +16,10 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
 import schemas  # noqa: F401 - registers the example messages
-from processor.asyncapi import asyncapi_document, render
-from processor.cli import main as cli_main
-from processor.definition import definition_of
-from processor.messages import registry
+from processor._authoring.asyncapi import asyncapi_document, render
+from processor._authoring.definition import definition_of
+from processor._authoring.messages import registry
+from processor._cli import main as cli_main
 from sagas import ALL_SAGAS, TRIP_SAGAS
 from schemas.transfers import DebitAccount
 

@@ -20,18 +20,22 @@ from processor import (
     SagaDeadlines,
     SagaLifecycle,
     SagaState,
-    definition_of,
     saga,
     saga_cancel_handler,
     saga_deadline_handler,
     saga_decision_handler,
     saga_event_handler,
 )
-from processor._choices import choice_problem
-from processor.cli import main
-from processor.definition import CANCEL_HANDLER, DECISION_HANDLER, CancelRequest, DecisionRequest
-from processor.errors import SagaDefinitionError
-from processor.machine import (
+from processor._authoring.choices import choice_problem
+from processor._authoring.definition import (
+    CANCEL_HANDLER,
+    DECISION_HANDLER,
+    CancelRequest,
+    DecisionRequest,
+    definition_of,
+)
+from processor._authoring.messages import Message, MessageRegistry, message_type
+from processor._authoring.orchestration import (
     Escalation,
     OrchestratedSaga,
     Orchestration,
@@ -40,7 +44,8 @@ from processor.machine import (
     on_decision,
     on_reply,
 )
-from processor.messages import Message, MessageRegistry, message_type
+from processor._cli import main
+from processor._errors import SagaDefinitionError
 from processor.participant import DROP, command_handler, participant, participant_of
 
 REG = MessageRegistry()
@@ -330,7 +335,8 @@ _MODULE = """
 from typing import ClassVar
 from datetime import timedelta
 from processor import SagaCommands, SagaDeadlines, SagaLifecycle, saga, saga_event_handler
-from processor.machine import OrchestratedSaga, Orchestration, ReplyHandler, Step, on_reply
+from processor import OrchestratedSaga, Orchestration, Step, on_reply
+from processor._authoring.orchestration import ReplyHandler
 from schemas.orders import (
     EscalateToPerson, OrderPlaced, ReserveStock, StockReleased, StockReserved,
 )

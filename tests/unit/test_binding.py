@@ -16,8 +16,8 @@ from processor import (
     saga_deadline_handler,
     saga_event_handler,
 )
-from processor.binding import lookup_setting
-from processor.runner import bind, bind_all
+from processor._authoring.binding import lookup_setting
+from processor._invocation import bind, bind_all
 
 
 @message_type("test.binding.Started")
@@ -197,8 +197,8 @@ def test_lookup_setting_flat_nested_and_absent() -> None:
 
 
 def test_a_processor_without_sagas_is_refused_by_name() -> None:
-    from processor.errors import ConfigurationError
-    from processor.runtime.assembly import bind_sagas
+    from processor._errors import ConfigurationError
+    from processor._runtime.assembly import bind_sagas
     from processor.settings import ProcessorSettings
 
     settings = ProcessorSettings(database={"url": "postgresql://unused"}, sagas=[])
@@ -207,8 +207,8 @@ def test_a_processor_without_sagas_is_refused_by_name() -> None:
 
 
 def test_a_missing_value_type_suggests_a_setting_and_a_participant_names_its_app() -> None:
-    from processor.binding import _missing
-    from processor.params import NO_DEFAULT, Param
+    from processor._authoring.binding import _missing
+    from processor._authoring.params import NO_DEFAULT, Param
 
     wait = Param("wait", "dependency", timedelta, None, False, NO_DEFAULT)
     text = _missing("handler h", wait, "ParticipantApp")

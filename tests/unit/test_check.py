@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from processor.errors import SchemaNotMigrated
-from processor.messages import registry
-from processor.ops.check import Topology, run_check
-from processor.ports.operator import StoredSaga
-from processor.postgres.schema import MIGRATIONS, Tables, pending_sql
-from processor.runner import bind_all
+from processor._authoring.messages import registry
+from processor._errors import SchemaNotMigrated
+from processor._invocation import bind_all
+from processor._ports.operator import StoredSaga
+from processor._postgres.schema.tables import MIGRATIONS, Tables, pending_sql
+from processor.ops._check import Topology, run_check
 from tests.unit.test_upcasting import AccountV2
 
 
@@ -165,7 +165,7 @@ def test_a_topic_grown_to_a_multiple_is_a_note_and_any_other_count_a_problem() -
 def test_record_keys_off_the_configured_partitioner_are_a_problem_naming_the_one_that_fits() -> (
     None
 ):
-    from processor.engine.partitioner import Partitioner, partition_for
+    from processor._engine.partitioner import Partitioner, partition_for
 
     keys = [f"tr-{i}".encode() for i in range(40)]
 

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from processor.cli import COMMANDS, NO_JSON, build_parser, main
+from processor._cli import COMMANDS, NO_JSON, build_parser, main
 
 # One command line per command, without `--json`.
 SAMPLES = {

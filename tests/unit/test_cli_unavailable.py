@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from processor.cli import EXIT_UNAVAILABLE, main
-from processor.kafka import admin
+from processor._cli import EXIT_UNAVAILABLE, main
+from processor._kafka import admin
 
 COMMANDS = [
     "migrate",
@@ -46,7 +46,7 @@ NOT_DATABASE = {"diagram", "lint-saga", "schemas", "topics", "run", "console", "
 
 
 def test_every_command_that_needs_the_database_is_checked_here() -> None:
-    from processor.cli import COMMANDS as ALL
+    from processor._cli import COMMANDS as ALL
 
     covered = {line.split()[0] for line in COMMANDS}
     missing = {c.name for c in ALL} - covered - NOT_DATABASE

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from processor.console.auth import MAX_SESSIONS, Authenticator, Identity, allowed
-from processor.errors import ConfigurationError
+from processor._console.auth import MAX_SESSIONS, Authenticator, Identity, allowed
+from processor._errors import ConfigurationError
 
 OLGA, ADA = "olga-key-0123456789", "ada-key-0123456789"
 KEYS = {"olga": (OLGA, "operator"), "ada": (ADA, "admin")}
@@ -142,7 +142,7 @@ def test_nobody_gets_nothing_when_anonymous_reading_is_off() -> None:
 
 
 def test_a_console_anyone_may_read_from_beyond_this_machine_is_warned_about() -> None:
-    from processor.cli.operate import exposure
+    from processor._cli.operate import exposure
 
     assert exposure("127.0.0.1", "viewer") is None
     assert exposure("::1", "viewer") is None

@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from processor.console import Backend, create_app
-from processor.runtime.stopping import MARGIN
+from processor._console import Backend, create_app
+from processor._runtime.stopping import MARGIN
 from processor.settings import ProcessorSettings, parse_duration, unknown_variables
 
 REPO = Path(__file__).resolve().parents[2]
@@ -116,7 +116,7 @@ def test_the_image_installs_the_console_and_its_templates_ship_in_the_wheel() ->
     assert port in exposed
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     data = pyproject["tool"]["setuptools"]["package-data"]["processor"]
-    templates = REPO / "processor" / "console" / "templates"
+    templates = REPO / "processor" / "_console" / "templates"
     files = [p.relative_to(REPO / "processor").as_posix() for p in templates.rglob("*")]
     assert files
     for name in files:

@@ -7,10 +7,9 @@ from typing import Any
 
 import pytest
 
-from processor.console.query import list_filters as _list_filters
-from processor.errors import SagaError
-from processor.ops.filters import StateSearchError, state_documents
-from processor.ports.cluster import (
+from processor._console.query import list_filters as _list_filters
+from processor._errors import SagaError
+from processor._ports.cluster import (
     ClusterView,
     DeadlineLease,
     PartitionRow,
@@ -18,8 +17,9 @@ from processor.ports.cluster import (
     replicas_of,
     with_lag,
 )
-from processor.ports.views import consumer_lag
-from processor.postgres.inspect import list_statement
+from processor._ports.views import consumer_lag
+from processor._postgres.reads.inspect import list_statement
+from processor.ops._filters import StateSearchError, state_documents
 
 AT = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from processor.console.protect import FormTokens, Throttle, parameter_problem, row_id
-from processor.console.serve import server_config
-from processor.errors import ConfigurationError, SagaError
+from processor._console.protect import FormTokens, Throttle, parameter_problem, row_id
+from processor._console.serve import server_config
+from processor._errors import ConfigurationError, SagaError
 from processor.settings import load_settings
 
 BASE = {"SAGA_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:9092", "SAGA_DATABASE__URL": "postgresql://x/y"}

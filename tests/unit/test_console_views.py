@@ -6,8 +6,8 @@ import json
 import re
 from datetime import UTC, datetime, timedelta
 
-from processor.ops.diagram import svg
-from processor.ports.views import TimelineEntry, consumer_lag, jsonable, payload_text
+from processor._ports.views import TimelineEntry, consumer_lag, jsonable, payload_text
+from processor.ops._diagram import svg
 from sagas.order import OrderSaga
 
 

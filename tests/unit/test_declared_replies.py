@@ -15,9 +15,9 @@ from typing import Annotated, Any, ClassVar
 import pytest
 
 from processor import SagaState, Setting, saga, saga_event_handler
-from processor.definition import definition_of
-from processor.errors import SagaDefinitionError
-from processor.machine import (
+from processor._authoring.definition import definition_of
+from processor._authoring.messages import Message, message_type
+from processor._authoring.orchestration import (
     SAGA_DEADLINE,
     STEP_TIMER,
     Escalation,
@@ -33,8 +33,8 @@ from processor.machine import (
     lint,
     on_reply,
 )
-from processor.machine.replies import reply_handlers
-from processor.messages import Message, message_type
+from processor._authoring.orchestration.replies import reply_handlers
+from processor._errors import SagaDefinitionError
 from processor.testing import SagaFixture
 from schemas.orders import (
     CapturePayment,

@@ -8,10 +8,10 @@ from decimal import Decimal
 
 import pytest
 
-from processor.engine.decode import Event, FiredDeadline, Reason, Rejected, decode, id_problem
-from processor.engine.records import Record
-from processor.messages import Message, MessageMetadata, MessageRegistry, message_type
-from processor.wire import DEADLINE_FIRED
+from processor._authoring.messages import Message, MessageMetadata, MessageRegistry, message_type
+from processor._engine.decode import Event, FiredDeadline, Reason, Rejected, decode, id_problem
+from processor._engine.records import Record
+from processor._wire import DEADLINE_FIRED
 
 REG = MessageRegistry()
 D1 = "00000000-0000-4000-8000-000000000001"  # deadline ids are uuids

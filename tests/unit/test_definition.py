@@ -14,12 +14,12 @@ from processor import (
     SagaLifecycle,
     SagaState,
     Setting,
-    definition_of,
     message_type,
     saga,
     saga_deadline_handler,
     saga_event_handler,
 )
+from processor._authoring.definition import definition_of
 
 
 @message_type("test.definition.Opened")

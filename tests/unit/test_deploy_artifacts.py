@@ -19,7 +19,7 @@ from yamllint import linter
 from yamllint.config import YamlLintConfig
 
 from devstack import cache_dir
-from processor.runtime.stopping import MARGIN
+from processor._runtime.stopping import MARGIN
 from processor.settings import parse_duration, unknown_variables
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

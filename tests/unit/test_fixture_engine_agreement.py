@@ -18,18 +18,18 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processor.definition import SagaState
-from processor.engine.decode import decode
-from processor.engine.plan import Planner
-from processor.engine.records import Record
-from processor.engine.rows import ENDED, PARKED, WriteSet
-from processor.errors import HandlerError
-from processor.memory.store import MemoryBatchStore
-from processor.messages import Message, MessageMetadata, registry
-from processor.runner import bind
+from processor._authoring.definition import SagaState
+from processor._authoring.messages import Message, MessageMetadata, registry
+from processor._engine.decode import decode
+from processor._engine.plan import Planner
+from processor._engine.records import Record
+from processor._engine.rows import ENDED, PARKED, WriteSet
+from processor._errors import HandlerError
+from processor._invocation import bind
+from processor._memory.store import MemoryBatchStore
+from processor._wire import HEADER_MESSAGE_TYPE, HEADER_SCHEMA_VERSION
 from processor.testing import DEFAULT_START_TIME, SagaFixture
-from processor.testing.engine import dispatch, due_deadlines, event_record, sequential_ids
-from processor.wire import HEADER_MESSAGE_TYPE, HEADER_SCHEMA_VERSION
+from processor.testing._engine import dispatch, due_deadlines, event_record, sequential_ids
 from sagas.order import OrderSaga
 from sagas.transfer import TransferSaga
 from sagas.wallet import WalletTransferSaga

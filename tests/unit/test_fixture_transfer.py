@@ -223,8 +223,8 @@ def test_a_redelivered_reply_and_a_reply_published_twice_are_duplicates() -> Non
 
 
 def test_a_reply_is_stamped_with_the_fixtures_virtual_time() -> None:
-    from processor.messages import registry
-    from processor.testing.engine import event_record
+    from processor._authoring.messages import registry
+    from processor.testing._engine import event_record
 
     fixture = SagaFixture(TransferSaga).given(REQUESTED)
     fixture.when_time_elapses(timedelta(minutes=7))

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from processor.kafka.group_view import GroupView, describe_group
+from processor._kafka.group_view import GroupView, describe_group
 
 ECHO = (
     "import json, sys\n"

@@ -14,13 +14,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from processor.engine import growth as rules
-from processor.engine.growth import Growth
-from processor.engine.partitioner import partition_for
-from processor.errors import Retryable, RuntimeFailure
-from processor.memory.growth import MemoryGrowthStore
-from processor.ports import TP
-from processor.runtime.growth import GrowthWatch
+from processor._engine import growth as rules
+from processor._engine.growth import Growth
+from processor._engine.partitioner import partition_for
+from processor._errors import Retryable, RuntimeFailure
+from processor._memory.growth import MemoryGrowthStore
+from processor._ports import TP
+from processor._runtime.growth import GrowthWatch
 from tests.support.harness import wait_until
 from tests.unit.test_worker import (
     P0,
@@ -172,7 +172,7 @@ def test_a_growth_is_recorded_once_and_its_new_partitions_are_claimed_at_once(
     clock: Clock,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="processor.runtime.growth")
+    caplog.set_level(logging.INFO, logger="processor._runtime.growth")
     a, b = watch(store, cluster, clock), watch(store, cluster, clock)
     a.step()
     b.step()
@@ -442,7 +442,7 @@ class FlakyCluster(MemoryCluster):
 def test_the_watch_outlives_an_unreachable_cluster_and_dies_of_anything_else(
     store: MemoryGrowthStore, clock: Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="processor.runtime.growth")
+    caplog.set_level(logging.WARNING, logger="processor._runtime.growth")
     flaky = FlakyCluster({TOPIC: 6}, 2, Retryable("cluster out of reach"))
     w = watch(store, flaky, clock)
     stop = threading.Event()

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from processor.runtime.heartbeat import beat
-from processor.runtime.supervisor import Supervisor
+from processor._runtime.heartbeat import beat
+from processor._runtime.supervisor import Supervisor
 
 
 def _idle(stop: threading.Event) -> None:
@@ -33,7 +33,7 @@ def test_a_loop_that_stops_beating_is_reported_hung_once_and_recovers(
     resumed = threading.Event()
 
     def loop(stop: threading.Event) -> None:
-        import processor.runtime.heartbeat as hb
+        import processor._runtime.heartbeat as hb
 
         hb._beats[threading.get_ident()] = clock.now  # beat() on the fake clock
         beaten.set()
@@ -48,7 +48,7 @@ def test_a_loop_that_stops_beating_is_reported_hung_once_and_recovers(
     clock.now += 29
     assert supervisor.alive() == {"relay": True, "plain": True}
     clock.now += 2
-    with caplog.at_level(logging.ERROR, logger="processor.runtime.supervisor"):
+    with caplog.at_level(logging.ERROR, logger="processor._runtime.supervisor"):
         assert supervisor.alive() == {"relay": False, "plain": True}
         assert supervisor.alive()["relay"] is False
     assert [r.getMessage() for r in caplog.records] == [
@@ -74,7 +74,7 @@ def test_a_loop_that_never_beats_is_measured_from_its_start() -> None:
 
 
 def test_beat_records_the_calling_thread() -> None:
-    from processor.runtime.heartbeat import last_beat
+    from processor._runtime.heartbeat import last_beat
 
     beat()
     assert last_beat(threading.current_thread()) is not None

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from processor.runtime.hooks import HookPoint, Hooks
+from processor._runtime.hooks import HookPoint, Hooks
 
 PROCESSOR = Path(__file__).resolve().parents[2] / "processor"
 

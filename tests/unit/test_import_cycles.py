@@ -68,5 +68,5 @@ def test_the_cycle_check_sees_a_planted_type_only_cycle() -> None:
     # The runtime's processor and its observability once imported each other, one side only
     # under TYPE_CHECKING: the reader counts that import like any other.
     planted = {rel: set(names) for rel, names in MODULES.items()}
-    planted["runtime/observe.py"].add("processor.runtime.processor.Processor")
-    assert ["runtime/loops.py", "runtime/observe.py", "runtime/processor.py"] in cycles(planted)
+    planted["_runtime/observe.py"].add("processor._runtime.processor.Processor")
+    assert ["_runtime/loops.py", "_runtime/observe.py", "_runtime/processor.py"] in cycles(planted)

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from processor.kafka.logs import LOGGER_NAME, _Expected, client_logger
+from processor._kafka.logs import LOGGER_NAME, _Expected, client_logger
 
 
 def test_the_gapless_notice_is_explained_once_and_other_warnings_pass(

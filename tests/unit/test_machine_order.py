@@ -8,8 +8,8 @@ from decimal import Decimal
 
 import pytest
 
-from processor.errors import SagaDefinitionError
-from processor.machine import (
+from processor._authoring.messages import Message
+from processor._authoring.orchestration import (
     SAGA_DEADLINE,
     STEP_TIMER,
     MachineState,
@@ -17,8 +17,8 @@ from processor.machine import (
     Step,
     mermaid,
 )
-from processor.messages import Message
-from processor.runner import state_to_json
+from processor._errors import SagaDefinitionError
+from processor._invocation import state_to_json
 from processor.testing import SagaFixture
 from sagas.order import OrderSaga
 from schemas.orders import (

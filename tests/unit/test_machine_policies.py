@@ -9,8 +9,8 @@ from typing import Annotated, Any, ClassVar, Literal
 import pytest
 
 from processor import SagaCommands, SagaDeadlines, SagaLifecycle, Setting, saga, saga_event_handler
-from processor.errors import ConfigurationError, HandlerError
-from processor.machine import (
+from processor._authoring.messages import Message, message_type
+from processor._authoring.orchestration import (
     STEP_TIMER,
     Attempt,
     Escalation,
@@ -23,7 +23,7 @@ from processor.machine import (
     on_decision,
     on_reply,
 )
-from processor.messages import Message, message_type
+from processor._errors import ConfigurationError, HandlerError
 from processor.testing import Result, SagaFixture
 from schemas.orders import (
     EscalateToPerson,

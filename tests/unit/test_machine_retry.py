@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from processor import SagaDefinitionError
-from processor.machine import RetryPolicy, jitter_fraction
+from processor._authoring.orchestration import RetryPolicy, jitter_fraction
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

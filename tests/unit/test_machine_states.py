@@ -15,7 +15,7 @@ from processor import (
     saga,
     saga_event_handler,
 )
-from processor.machine import (
+from processor._authoring.orchestration import (
     MachineSaga,
     MachineSpec,
     MachineState,
@@ -139,7 +139,7 @@ def test_order_saga_lints_clean_and_draws_every_state() -> None:
 
 
 def test_cli_diagram_and_lint(capsys: pytest.CaptureFixture[str]) -> None:
-    from processor.cli import main
+    from processor._cli import main
 
     assert main(["diagram", "sagas.order:OrderSaga"]) == 0
     assert capsys.readouterr().out == mermaid(OrderSaga.machine_spec())

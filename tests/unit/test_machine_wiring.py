@@ -8,8 +8,8 @@ from typing import Any, ClassVar
 import pytest
 
 from processor import SagaCommands, SagaDeadlines, SagaLifecycle, saga, saga_event_handler
-from processor.errors import SagaDefinitionError
-from processor.machine import (
+from processor._authoring.messages import Message
+from processor._authoring.orchestration import (
     Escalation,
     OrchestratedSaga,
     Orchestration,
@@ -18,7 +18,7 @@ from processor.machine import (
     lint,
     on_reply,
 )
-from processor.messages import Message
+from processor._errors import SagaDefinitionError
 from schemas.orders import (
     EscalateToPerson,
     OrderPlaced,

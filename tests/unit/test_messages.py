@@ -4,8 +4,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from processor.errors import SagaDefinitionError, UnknownMessageType
-from processor.messages import Message, MessageMetadata, MessageRegistry, message_type
+from processor._authoring.messages import Message, MessageMetadata, MessageRegistry, message_type
+from processor._errors import SagaDefinitionError, UnknownMessageType
 
 
 class Ping(Message):

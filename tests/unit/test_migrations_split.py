@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from processor.postgres.migrations import split_statements
-from processor.postgres.schema import MIGRATIONS, Tables
+from processor._postgres.schema.runner import split_statements
+from processor._postgres.schema.tables import MIGRATIONS, Tables
 
 
 def test_semicolons_in_quotes_dollar_quotes_and_comments_do_not_end_a_statement() -> None:

@@ -20,15 +20,15 @@ import pytest
 from confluent_kafka import KafkaException
 from prometheus_client.parser import text_string_to_metric_families
 
-from processor.engine.records import Record
-from processor.engine.rows import DeadLetter, ParkedMessage, WriteSet
-from processor.observe.health import Probe, liveness, readiness
-from processor.observe.logs import ContextFilter, configure_logging, set_replica
-from processor.observe.metrics import Metrics
-from processor.observe.sampler import Sampler
-from processor.observe.server import ObserveServer
-from processor.ports.cluster import TP, DatabaseSample
-from processor.wire import FiredRecord, child_traceparent, parse_traceparent
+from processor._engine.records import Record
+from processor._engine.rows import DeadLetter, ParkedMessage, WriteSet
+from processor._observe.health import Probe, liveness, readiness
+from processor._observe.logs import ContextFilter, configure_logging, set_replica
+from processor._observe.metrics import Metrics
+from processor._observe.sampler import Sampler
+from processor._observe.server import ObserveServer
+from processor._ports.cluster import TP, DatabaseSample
+from processor._wire import FiredRecord, child_traceparent, parse_traceparent
 from tests.support.procs import REPO
 from tests.unit.test_plan import SAGA, Log, Noted, Opened, _active, _loaded, _plan, _planner
 

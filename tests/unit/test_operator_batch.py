@@ -10,14 +10,14 @@ from typing import Any, cast
 
 import pytest
 
-from processor.cli.main import build_parser
-from processor.engine.records import Record
-from processor.errors import SagaError
-from processor.memory.store import MemoryBatchStore
-from processor.ops.batch import confirmation, confirmed, parse_where, select
-from processor.ports import InspectStore
-from processor.ports.views import SagaSummary
-from processor.wire import OperatorAction, OperatorRecord, operator_signed
+from processor._cli.main import build_parser
+from processor._engine.records import Record
+from processor._errors import SagaError
+from processor._memory.store import MemoryBatchStore
+from processor._ports import InspectStore
+from processor._ports.views import SagaSummary
+from processor._wire import OperatorAction, OperatorRecord, operator_signed
+from processor.ops._batch import confirmation, confirmed, parse_where, select
 from tests.unit.test_plan import NOW, SAGA, Gate, Log, Opened
 from tests.unit.test_plan_retry import ISSUED_AT, KEY, _batch, _planner
 
@@ -164,7 +164,7 @@ def test_a_selection_the_action_never_acts_on_is_refused(
 
 
 def test_one_saga_or_where_and_the_options_that_go_with_each() -> None:
-    from processor.cli.batch import check_single
+    from processor._cli.batch import check_single
 
     def single(line: str) -> Any:
         args = build_parser().parse_args(["saga", *line.split()])

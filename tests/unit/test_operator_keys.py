@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from processor.engine.decode import Operator, Rejected, decode
-from processor.engine.plan import Item, Planner
-from processor.engine.records import Record
-from processor.runner import bind_all
-from processor.wire import OperatorAction, OperatorRecord
+from processor._engine.decode import Operator, Rejected, decode
+from processor._engine.plan import Item, Planner
+from processor._engine.records import Record
+from processor._invocation import bind_all
+from processor._wire import OperatorAction, OperatorRecord
 from tests.unit.test_plan import REG, Gate, OrderSaga
 
 SHARED, ALICE = b"console-key", b"alice-key"

@@ -12,14 +12,14 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from processor.engine.decode import Operator, Reason, Rejected, decode
-from processor.engine.overlay import overlay
-from processor.engine.plan import Planner
-from processor.engine.records import Record
-from processor.engine.rows import WriteSet
-from processor.memory.store import MemoryBatchStore
-from processor.runner import bind_all
-from processor.wire import OperatorAction, OperatorRecord
+from processor._engine.decode import Operator, Reason, Rejected, decode
+from processor._engine.overlay import overlay
+from processor._engine.plan import Planner
+from processor._engine.records import Record
+from processor._engine.rows import WriteSet
+from processor._invocation import bind_all
+from processor._memory.store import MemoryBatchStore
+from processor._wire import OperatorAction, OperatorRecord
 from tests.unit.test_plan import DEAD, NOW, REG, SAGA, Closed, Gate, Log, Opened, OrderSaga
 from tests.unit.test_plan_retry import KEY, _parked, _planner
 

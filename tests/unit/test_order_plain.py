@@ -7,8 +7,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from decimal import Decimal
 
-from processor.messages import Message
-from processor.ports.views import step_state
+from processor._authoring.messages import Message
+from processor._ports.views import step_state
 from processor.testing import SagaFixture
 from sagas.order_plain import PlainOrderSaga
 from schemas.orders import (

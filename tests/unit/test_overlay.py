@@ -5,8 +5,8 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-from processor.engine.overlay import overlay
-from processor.engine.rows import (
+from processor._engine.overlay import overlay
+from processor._engine.rows import (
     DeadlineInsert,
     DeadlineRef,
     HistoryRow,

@@ -7,11 +7,11 @@ from typing import Annotated
 
 import pytest
 
-from processor.engine.records import Record
-from processor.errors import ConfigurationError, Retryable, SagaDefinitionError
-from processor.handles import SagaCommands, Setting
-from processor.memory.participant import MemoryParticipantStore
-from processor.messages import Message, MessageMetadata, MessageRegistry, message_type
+from processor._authoring.handles import SagaCommands, Setting
+from processor._authoring.messages import Message, MessageMetadata, MessageRegistry, message_type
+from processor._engine.records import Record
+from processor._errors import ConfigurationError, Retryable, SagaDefinitionError
+from processor._memory.participant import MemoryParticipantStore
 from processor.participant import (
     DROP,
     CommandKit,

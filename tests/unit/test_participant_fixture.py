@@ -9,11 +9,11 @@ from typing import Annotated
 
 import pytest
 
-from processor.errors import ConfigurationError, RecordDataError, RuntimeFailure
-from processor.handles import Setting
-from processor.messages import Message, MessageMetadata, MessageRegistry, message_type
+from processor._authoring.handles import Setting
+from processor._authoring.messages import Message, MessageMetadata, MessageRegistry, message_type
+from processor._errors import ConfigurationError, RecordDataError, RuntimeFailure
+from processor._invocation import command_message_id
 from processor.participant import DROP, Replies, SkipDelivery, Sql, command_handler, participant
-from processor.runner import command_message_id
 from processor.testing import DEFAULT_START_TIME, ParticipantFixture
 
 REG = MessageRegistry()

@@ -6,7 +6,7 @@ import zlib
 
 import pytest
 
-from processor.engine.partitioner import murmur2, partition_for
+from processor._engine.partitioner import murmur2, partition_for
 
 # Kafka's own test vectors (clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java).
 KAFKA_VECTORS = [

@@ -6,12 +6,12 @@ import logging
 
 import pytest
 
-from processor.engine.decode import Decoded, Operator, Reason, Rejected, decode
-from processor.engine.partitioner import fits, matching, normalise, partition_for
-from processor.engine.records import Record
-from processor.runtime.placement import PlacementCheck
+from processor._engine.decode import Decoded, Operator, Reason, Rejected, decode
+from processor._engine.partitioner import fits, matching, normalise, partition_for
+from processor._engine.records import Record
+from processor._runtime.consumer.placement import PlacementCheck
+from processor._wire import OperatorAction, OperatorRecord
 from processor.settings import ConsumerSettings
-from processor.wire import OperatorAction, OperatorRecord
 from tests.unit.test_plan import REG, Log, Noted
 
 COUNT = 6

@@ -22,13 +22,13 @@ from processor import (
     saga_deadline_handler,
     saga_event_handler,
 )
-from processor.engine.decode import Reason, Rejected, decode
-from processor.engine.plan import Item, Planner
-from processor.engine.records import Record
-from processor.engine.rows import ACTIVE, ENDED, PARKED, DeadlineRef, Loaded, SagaRow, WriteSet
-from processor.messages import MessageRegistry
-from processor.runner import bind_all
-from processor.wire import DEADLINE_FIRED
+from processor._authoring.messages import MessageRegistry
+from processor._engine.decode import Reason, Rejected, decode
+from processor._engine.plan import Item, Planner
+from processor._engine.records import Record
+from processor._engine.rows import ACTIVE, ENDED, PARKED, DeadlineRef, Loaded, SagaRow, WriteSet
+from processor._invocation import bind_all
+from processor._wire import DEADLINE_FIRED
 
 REG = MessageRegistry()
 D1 = "00000000-0000-4000-8000-000000000001"  # deadline ids are uuids

@@ -7,12 +7,12 @@ from typing import Literal
 
 import pytest
 
-from processor.engine.decode import Operator, Reason, Rejected, decode
-from processor.engine.plan import Planner
-from processor.engine.records import Record
-from processor.engine.rows import ENDED, PARKED, SagaRow
-from processor.runner import bind_all
-from processor.wire import OperatorAction, OperatorRecord
+from processor._engine.decode import Operator, Reason, Rejected, decode
+from processor._engine.plan import Planner
+from processor._engine.records import Record
+from processor._engine.rows import ENDED, PARKED, SagaRow
+from processor._invocation import bind_all
+from processor._wire import OperatorAction, OperatorRecord
 from tests.unit.test_plan import (
     DEAD,
     NOW,

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from processor.cli.inject import injected_value
-from processor.engine.decode import injected
-from processor.engine.records import Record
-from processor.engine.rows import ENDED, PARKED, SagaRow
-from processor.errors import SagaError
-from processor.wire import OperatorAction, OperatorRecord
+from processor._cli.inject import injected_value
+from processor._engine.decode import injected
+from processor._engine.records import Record
+from processor._engine.rows import ENDED, PARKED, SagaRow
+from processor._errors import SagaError
+from processor._wire import OperatorAction, OperatorRecord
 from tests.unit.test_plan import SAGA, Log, Noted, Opened, _active, _loaded, _outcomes, _plan
 from tests.unit.test_plan_audit import ISSUED_AT, KEY, _planner
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from processor.engine.rows import AuditEntry
-from processor.memory.store import MemoryBatchStore
-from processor.wire import OperatorAction
+from processor._engine.rows import AuditEntry
+from processor._memory.store import MemoryBatchStore
+from processor._wire import OperatorAction
 from tests.unit.test_plan import NOW, SAGA, Gate, Log, Opened
 from tests.unit.test_plan_retry import _batch, _parked, _planner, _request
 

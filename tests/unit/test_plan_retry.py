@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from processor.engine.decode import decode
-from processor.engine.plan import Planner
-from processor.engine.records import Record
-from processor.engine.rows import PARKED, DeadlineRef, HeldMessage, Loaded, SagaRow, WriteSet
-from processor.memory.store import MemoryBatchStore
-from processor.runner import bind_all
-from processor.wire import OperatorAction, OperatorRecord
+from processor._engine.decode import decode
+from processor._engine.plan import Planner
+from processor._engine.records import Record
+from processor._engine.rows import PARKED, DeadlineRef, HeldMessage, Loaded, SagaRow, WriteSet
+from processor._invocation import bind_all
+from processor._memory.store import MemoryBatchStore
+from processor._wire import OperatorAction, OperatorRecord
 from tests.unit.test_plan import D1, DEAD, NOW, REG, SAGA, Gate, Log, Noted, Opened, OrderSaga
 
 KEY = b"operator-key"

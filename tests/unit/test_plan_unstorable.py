@@ -14,12 +14,12 @@ from datetime import UTC, datetime
 import pytest
 
 from processor import Message, SagaCommands, SagaState, message_type, saga, saga_event_handler
-from processor.engine.decode import decode
-from processor.engine.plan import Planner
-from processor.engine.records import Record
-from processor.engine.rows import ACTIVE, PARKED, Loaded, SagaRow, WriteSet
-from processor.messages import MessageRegistry
-from processor.runner import bind_all
+from processor._authoring.messages import MessageRegistry
+from processor._engine.decode import decode
+from processor._engine.plan import Planner
+from processor._engine.records import Record
+from processor._engine.rows import ACTIVE, PARKED, Loaded, SagaRow, WriteSet
+from processor._invocation import bind_all
 
 REG = MessageRegistry()
 NOW = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)

@@ -13,14 +13,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from processor.engine.records import OutboxRow
-from processor.errors import Retryable, SendFailure
-from processor.memory.deadlines import MemoryDeadlineStore
-from processor.memory.producer import MemoryRecordProducer
-from processor.runtime.hooks import Hooks
-from processor.runtime.poller import DeadlinePoller
+from processor._engine.records import OutboxRow
+from processor._errors import Retryable, SendFailure
+from processor._memory.deadlines import MemoryDeadlineStore
+from processor._memory.producer import MemoryRecordProducer
+from processor._runtime.hooks import Hooks
+from processor._runtime.poller import DeadlinePoller
+from processor._wire import HEADER_DEADLINE_ID, HEADER_FENCING_TOKEN, FiredRecord
 from processor.settings import DeadlinePollingSettings, DeadlineSettings
-from processor.wire import HEADER_DEADLINE_ID, HEADER_FENCING_TOKEN, FiredRecord
 
 TTL = 10.0
 REDISPATCH = 30.0

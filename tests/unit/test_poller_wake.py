@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from processor.engine.rows import DeadlineInsert, WriteSet
+from processor._engine.rows import DeadlineInsert, WriteSet
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 SOON = NOW + timedelta(seconds=30)

@@ -6,8 +6,8 @@ import psycopg
 import pytest
 from psycopg import errors
 
-from processor.errors import Failure, RecordDataError
-from processor.postgres.errors import citus_copy_sqlstate, translate, unsharded
+from processor._errors import Failure, RecordDataError
+from processor._postgres.errors import citus_copy_sqlstate, translate, unsharded
 
 
 @pytest.mark.parametrize(

@@ -9,12 +9,12 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
-from processor.definition import SagaState, saga, saga_event_handler
-from processor.engine.decode import MAX_ID_BYTES, Event, decode
-from processor.engine.records import Record
-from processor.errors import UnknownMessageType
-from processor.kafka.tracked import FailedDelivery
-from processor.messages import Message, MessageRegistry, message_type
+from processor._authoring.definition import SagaState, saga, saga_event_handler
+from processor._authoring.messages import Message, MessageRegistry, message_type
+from processor._engine.decode import MAX_ID_BYTES, Event, decode
+from processor._engine.records import Record
+from processor._errors import UnknownMessageType
+from processor._kafka.tracked import FailedDelivery
 from processor.publish import EventPublisher, EventRecordBuilder, PublishFailed
 
 REG = MessageRegistry()

@@ -1,8 +1,9 @@
 """Layering: who may import the Kafka and PostgreSQL clients, their adapters, and the CLI.
 
 The authoring API, the examples and the schemas import no client at all (checked by importing
-them); inside ``processor`` every module's import statements are read with ``ast``, so an
-import inside a function or under ``TYPE_CHECKING`` counts as much as one at the top.
+them), and the examples and schemas import no internal module of the processor; inside
+``processor`` every module's import statements are read with ``ast``, so an import inside a
+function or under ``TYPE_CHECKING`` counts as much as one at the top.
 """
 
 from __future__ import annotations
@@ -14,14 +15,21 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+import pytest
+
 import processor
 
 ROOT = Path(processor.__file__).parent
 
+# Every module of the authoring package, the public facades over it, the test kits, and the
+# examples: none may load a client library.
 CHECK = """
-import sys
-import processor, processor.runner, processor.testing, sagas, schemas, schemas.export
-import processor.participant, processor.asyncapi, processor.memory.participant, demo.orders
+import importlib, pkgutil, sys
+import processor, processor._authoring, processor._invocation, processor.testing, sagas, schemas
+import processor.participant, processor.settings, processor._memory.participant, schemas.export
+import demo.orders
+for m in pkgutil.walk_packages(processor._authoring.__path__, 'processor._authoring.'):
+    importlib.import_module(m.name)
 heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('confluent_kafka', 'psycopg'))
 print(','.join(heavy))
 """
@@ -40,7 +48,7 @@ def test_public_api_is_curated() -> None:
     assert "SagaFixture" not in processor.__all__
     for name in processor.__all__:
         assert hasattr(processor, name), name
-    assert processor.message_registry is processor.messages.registry
+    assert processor.message_registry is processor._authoring.messages.registry
 
 
 # -- imports inside the package ---------------------------------------------------------------
@@ -49,41 +57,41 @@ def test_public_api_is_curated() -> None:
 # upward import anywhere fails `test_no_module_imports_from_a_higher_layer`. Paths are relative
 # to the package; a directory entry covers everything below it. docs/architecture.md explains
 # each layer.
+# The most specific entry places a module: `_authoring/` is authoring but for its participant
+# kit and application, which build on the ports and settings; `ops/` is the operator services
+# but for its package, which offers the composition root's adapters to Python callers.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("foundations", ("errors.py", "wire.py")),
+    ("foundations", ("_errors.py", "_wire.py")),
+    ("authoring", ("_authoring/", "_invocation/")),
+    ("engine", ("_engine/",)),
+    ("ports", ("_ports/",)),
+    ("application", ("_authoring/participant/", "_authoring/application.py", "settings/")),
+    ("adapters", ("_memory/", "_postgres/", "_kafka/")),
+    ("observe", ("_observe/",)),
+    ("runtime", ("_runtime/",)),
+    ("ops", ("ops/",)),
+    ("composition", ("_bootstrap/",)),
     (
-        "authoring",
+        "entry points",
         (
-            "messages.py",
-            "handles.py",
-            "params.py",
-            "_choices.py",
-            "_marks.py",
-            "_saga_model.py",
-            "definition.py",
-            "upcasting.py",
-            "binding.py",
-            "runner/",
-            "machine/",
-            "asyncapi.py",
+            "_cli/",
+            "_console/",
+            "testing/",
+            "publish/",
+            "participant/",
+            "ops/__init__.py",
+            "__main__.py",
+            "__init__.py",
+            "_compat.py",
         ),
     ),
-    ("engine", ("engine/",)),
-    ("ports", ("ports/",)),
-    ("application", ("participant/", "settings/", "application.py")),
-    ("adapters", ("memory/", "postgres/", "kafka/")),
-    ("observe", ("observe/",)),
-    ("runtime", ("runtime/",)),
-    ("ops", ("ops/",)),
-    ("composition", ("bootstrap/",)),
-    ("entry points", ("cli/", "console/", "testing/", "publish/", "__main__.py", "__init__.py")),
 )
-CLIENTS = {"postgres/": "psycopg", "kafka/": "confluent_kafka"}
-ADAPTER_PACKAGES = ("memory/", "postgres/", "kafka/")
+CLIENTS = {"_postgres/": "psycopg", "_kafka/": "confluent_kafka"}
+ADAPTER_PACKAGES = ("_memory/", "_postgres/", "_kafka/")
 # Who may name an adapter: the composition root builds every one; the test kits run the saga
 # and participant fixtures over the in-memory ones.
-MAY_IMPORT_ADAPTERS = ("bootstrap/", "testing/")
-CLI_ENTRIES = ("cli/", "__main__.py")
+MAY_IMPORT_ADAPTERS = ("_bootstrap/", "testing/")
+CLI_ENTRIES = ("_cli/", "__main__.py")
 
 
 SOURCES = {p.relative_to(ROOT).as_posix(): p.read_text() for p in sorted(ROOT.rglob("*.py"))}
@@ -117,7 +125,9 @@ def _imports(names: set[str], module: str) -> bool:
 
 
 def _layer(rel: str) -> int | None:
-    return next((i for i, (_, paths) in enumerate(LAYERS) if _under(rel, paths)), None)
+    """The layer of the most specific entry of :data:`LAYERS` that covers ``rel``."""
+    found = [(len(p), i) for i, (_, paths) in enumerate(LAYERS) for p in paths if _under(rel, (p,))]
+    return max(found)[1] if found else None
 
 
 def _target(name: str, modules: Mapping[str, object]) -> str | None:
@@ -164,11 +174,17 @@ def test_no_module_imports_from_a_higher_layer() -> None:
 def test_the_layer_check_sees_a_planted_upward_import() -> None:
     # Guards the check above against passing because it resolves nothing.
     planted = {rel: set(names) for rel, names in MODULES.items()}
-    planted["engine/plan.py"].add("processor.runtime.worker")
-    planted["postgres/batch.py"].add("processor.ops.parked.retry_parked_saga")
+    planted["_engine/plan.py"].add("processor._runtime.consumer.worker")
+    planted["_postgres/batch/handle.py"].add("processor.ops._parked.retry_parked_saga")
+    # The participant kit is application, not authoring: the messages may not use it.
+    planted["_authoring/messages.py"].add("processor._authoring.participant.kit.CommandKit")
+    # The operator services' package offers the composition root; the services may not use it.
+    planted["ops/_parked.py"].add("processor._bootstrap.adapters.Adapters")
     found = upward_imports(planted)
-    assert ("engine/plan.py", "runtime/worker.py") in found
-    assert ("postgres/batch.py", "ops/parked.py") in found
+    assert ("_engine/plan.py", "_runtime/consumer/worker.py") in found
+    assert ("_postgres/batch/handle.py", "ops/_parked.py") in found
+    assert ("_authoring/messages.py", "_authoring/participant/kit.py") in found
+    assert ("ops/_parked.py", "_bootstrap/adapters.py") in found
 
 
 # -- what a port hands back -------------------------------------------------------------------
@@ -237,7 +253,7 @@ def port_leaks(sources: Mapping[str, str]) -> list[tuple[str, str]]:
     bindings = {rel: _bindings(tree, rel) for rel, tree in trees.items()}
     ports: dict[str, tuple[str, ast.ClassDef, dict[str, ast.FunctionDef]]] = {}
     for rel, tree in trees.items():
-        for c in tree.body if rel.startswith("ports/") else []:
+        for c in tree.body if rel.startswith("_ports/") else []:
             if isinstance(c, ast.ClassDef) and "Protocol" in {
                 _dotted(b.value if isinstance(b, ast.Subscript) else b) for b in c.bases
             }:
@@ -253,7 +269,7 @@ def port_leaks(sources: Mapping[str, str]) -> list[tuple[str, str]]:
         implementations = [
             (rel, c)
             for rel, tree in trees.items()
-            if not rel.startswith("ports/")
+            if not rel.startswith("_ports/")
             for c in ast.walk(tree)
             if isinstance(c, ast.ClassDef)
             and (
@@ -265,9 +281,9 @@ def port_leaks(sources: Mapping[str, str]) -> list[tuple[str, str]]:
         callers = [
             layer
             for rel, bound in bindings.items()
-            if not rel.startswith("ports/")
+            if not rel.startswith("_ports/")
             if any(
-                t.startswith("processor.ports") and t.endswith("." + name) for t in bound.values()
+                t.startswith("processor._ports") and t.endswith("." + name) for t in bound.values()
             )
             if (layer := _layer(rel)) is not None
         ]
@@ -306,7 +322,7 @@ PLANTED_PORT = """
 from collections.abc import Callable
 from typing import Protocol
 
-from processor.ops.parked import RetryResult
+from processor.ops._parked import RetryResult
 
 
 class Resumer(Protocol):
@@ -315,8 +331,8 @@ class Resumer(Protocol):
 # The detour this check was written for: the factory port's implementation handing the runtime
 # (its caller) a function of ops/, or running one for it.
 PLANTED_DETOUR = """
-from processor.ops.parked import list_parked, retry_parked_saga
-from processor.ports import AdapterFactory
+from processor.ops._parked import list_parked, retry_parked_saga
+from processor._ports import AdapterFactory
 
 
 class Detour(AdapterFactory):
@@ -332,23 +348,23 @@ def test_the_port_check_sees_a_planted_higher_layer() -> None:
     # Guards the check above against passing because it finds no port, caller or implementation.
     planted = {
         **SOURCES,
-        "ports/planted.py": PLANTED_PORT,
-        "runtime/planted.py": "from processor.ports.planted import Resumer\n",
-        "bootstrap/planted.py": PLANTED_DETOUR,
+        "_ports/planted.py": PLANTED_PORT,
+        "_runtime/planted.py": "from processor._ports.planted import Resumer\n",
+        "_bootstrap/planted.py": PLANTED_DETOUR,
     }
     found = port_leaks(planted)
-    assert ("ports/planted.py:Resumer.resume", "ops/parked.py") in found
-    assert ("bootstrap/planted.py:Detour.resume_store", "ops/parked.py") in found
-    assert ("bootstrap/planted.py:Detour.gauges", "ops/parked.py") in found
+    assert ("_ports/planted.py:Resumer.resume", "ops/_parked.py") in found
+    assert ("_bootstrap/planted.py:Detour.resume_store", "ops/_parked.py") in found
+    assert ("_bootstrap/planted.py:Detour.gauges", "ops/_parked.py") in found
     # The composition root's own implementation is seen: the old detour put back into it.
     head = "    def resume_store(self) -> OperatorQueries:\n"
-    root = SOURCES["bootstrap/adapters.py"]
+    root = SOURCES["_bootstrap/adapters.py"]
     assert head in root
     detour = (
-        "        from processor.ops.parked import retry_parked_saga\n        retry_parked_saga\n"
+        "        from processor.ops._parked import retry_parked_saga\n        retry_parked_saga\n"
     )
-    back = {**SOURCES, "bootstrap/adapters.py": root.replace(head, head + detour)}
-    assert ("bootstrap/adapters.py:Adapters.resume_store", "ops/parked.py") in port_leaks(back)
+    back = {**SOURCES, "_bootstrap/adapters.py": root.replace(head, head + detour)}
+    assert ("_bootstrap/adapters.py:Adapters.resume_store", "ops/_parked.py") in port_leaks(back)
 
 
 def test_only_the_adapters_import_the_client_libraries() -> None:
@@ -366,7 +382,7 @@ def test_only_the_composition_root_and_test_kits_import_an_adapter() -> None:
         (rel, adapter)
         for rel, names in MODULES.items()
         if not _under(rel, ADAPTER_PACKAGES) and not _under(rel, MAY_IMPORT_ADAPTERS)
-        for adapter in ("processor.postgres", "processor.kafka", "processor.memory")
+        for adapter in ("processor._postgres", "processor._kafka", "processor._memory")
         if _imports(names, adapter)
     ]
     assert wrong == []
@@ -388,17 +404,152 @@ def test_only_the_entry_points_import_the_cli() -> None:
     wrong = [
         rel
         for rel, names in MODULES.items()
-        if not _under(rel, CLI_ENTRIES) and _imports(names, "processor.cli")
+        if not _under(rel, CLI_ENTRIES) and _imports(names, "processor._cli")
     ]
     assert wrong == []
 
 
 def test_the_import_reader_sees_what_it_should() -> None:
     # Guards the checks above against passing because the reader finds nothing.
-    assert _imports(MODULES["postgres/batch.py"], "psycopg")
-    assert _imports(MODULES["kafka/client.py"], "confluent_kafka")
-    assert _imports(MODULES["__main__.py"], "processor.cli")
-    assert not _imports({"processor.client"}, "processor.cli")
+    assert _imports(MODULES["_postgres/batch/handle.py"], "psycopg")
+    assert _imports(MODULES["_kafka/client.py"], "confluent_kafka")
+    assert _imports(MODULES["__main__.py"], "processor._cli")
+    assert not _imports({"processor._client"}, "processor._cli")
+
+
+# -- the public surface -----------------------------------------------------------------------
+
+# What saga and participant authors import: the authoring package and the two facades over it.
+# They load no client (the subprocess check above) and name nothing that runs, stores or
+# serves; the facades alone may name the composition root, loaded on first use of a name.
+AUTHORING_SURFACE = ("_authoring/", "__init__.py", "participant/__init__.py")
+NOT_FOR_AUTHORS = (
+    "psycopg",
+    "confluent_kafka",
+    "processor._postgres",
+    "processor._kafka",
+    "processor._memory",
+    "processor._runtime",
+    "processor._observe",
+    "processor._cli",
+    "processor._console",
+)
+NOT_FOR_THE_AUTHORING_PACKAGE = ("processor._bootstrap", "processor.ops", "processor.publish")
+# The packages users import; every other module's path has a component with a leading "_".
+PUBLIC_PACKAGES = tuple(
+    f"{p}__init__.py" for p in ("", "participant/", "publish/", "testing/", "ops/", "settings/")
+)
+# What a public package's __init__ may import beside the processor's own modules.
+FACADE_STANDARD = ("__future__", "typing", "importlib", "warnings")
+
+
+def authoring_leaks(modules: Mapping[str, set[str]]) -> list[tuple[str, str]]:
+    """(module, import) for each import of the authoring surface it may not make."""
+    return sorted(
+        (rel, name)
+        for rel, names in modules.items()
+        if _under(rel, AUTHORING_SURFACE)
+        for name in names
+        for banned in NOT_FOR_AUTHORS
+        + (NOT_FOR_THE_AUTHORING_PACKAGE if rel.startswith("_authoring/") else ())
+        if _imports({name}, banned)
+    )
+
+
+def test_the_authoring_package_and_its_facades_name_no_client_or_adapter() -> None:
+    assert authoring_leaks(MODULES) == []
+
+
+def test_the_authoring_check_sees_a_planted_adapter() -> None:
+    planted = {rel: set(names) for rel, names in MODULES.items()}
+    planted["_authoring/messages.py"].add("processor._postgres.connect")
+    planted["participant/__init__.py"].add("psycopg")
+    planted["_authoring/orchestration/saga.py"].add("processor._bootstrap.adapters")
+    assert authoring_leaks(planted) == [
+        ("_authoring/messages.py", "processor._postgres.connect"),
+        ("_authoring/orchestration/saga.py", "processor._bootstrap.adapters"),
+        ("participant/__init__.py", "psycopg"),
+    ]
+
+
+def facade_imports(modules: Mapping[str, set[str]]) -> list[tuple[str, str]]:
+    """(public package, import) for each import of a public ``__init__`` outside the package.
+
+    A public package offers the processor's own names: a third-party library in its
+    ``__init__`` would load for every user of it, needed or not.
+    """
+    return sorted(
+        (rel, name)
+        for rel in PUBLIC_PACKAGES
+        for name in modules[rel]
+        if name.split(".")[0] != "processor" and name.split(".")[0] not in FACADE_STANDARD
+    )
+
+
+def test_the_public_packages_import_only_the_processor() -> None:
+    assert set(PUBLIC_PACKAGES) <= set(MODULES)
+    assert facade_imports(MODULES) == []
+    # Placed in the layers like every module (test_every_module_is_placed_in_a_layer), they
+    # sit above what they offer: the layer check holds for them too.
+    assert all(_layer(rel) is not None for rel in PUBLIC_PACKAGES)
+
+
+def test_the_facade_check_sees_a_planted_library() -> None:
+    planted = {rel: set(names) for rel, names in MODULES.items()}
+    planted["ops/__init__.py"].add("psycopg.sql")
+    planted["publish/__init__.py"].add("confluent_kafka")
+    assert facade_imports(planted) == [
+        ("ops/__init__.py", "psycopg.sql"),
+        ("publish/__init__.py", "confluent_kafka"),
+    ]
+
+
+# The example sagas, their schemas and the demo are written as users write theirs: from the
+# public packages only.
+EXAMPLES = ("sagas", "schemas", "demo")
+
+
+def private_imports(root: Path) -> list[tuple[str, str]]:
+    """(file, module) for each import below ``root`` of a processor module that is internal."""
+    found: list[tuple[str, str]] = []
+    for path in sorted(root.rglob("*.py")):
+        where = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), filename=where)):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                # `from processor import _wire` names an internal module as much as the path.
+                names = [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            found += [
+                (where, n)
+                for n in names
+                if n.split(".")[0] == "processor"
+                and any(part.startswith("_") for part in n.split(".")[1:])
+            ]
+    return found
+
+
+@pytest.mark.parametrize("package", EXAMPLES)
+def test_the_examples_import_only_public_modules(package: str) -> None:
+    assert private_imports(ROOT.parent / package) == []
+
+
+def test_the_example_check_sees_a_planted_private_import(tmp_path: Path) -> None:
+    copy = tmp_path / "sagas"
+    copy.mkdir()
+    for path in (ROOT.parent / "sagas").glob("*.py"):
+        (copy / path.name).write_text(path.read_text())
+    order = copy / "order.py"
+    order.write_text(order.read_text() + "\nfrom processor._wire import HEADER_MESSAGE_ID\n")
+    (copy / "trip.py").write_text(
+        (copy / "trip.py").read_text() + "\n\ndef f() -> None:\n    from processor import _errors\n"
+    )
+    assert private_imports(copy) == [
+        ("order.py", "processor._wire.HEADER_MESSAGE_ID"),
+        ("trip.py", "processor._errors"),
+    ]
 
 
 def test_the_architecture_page_lists_the_layers_this_test_enforces() -> None:

@@ -8,18 +8,18 @@ from dataclasses import replace
 
 import pytest
 
-from processor.engine.records import OutboxRow
-from processor.errors import DeliveryFailed, Failure, Retryable, RuntimeFailure
-from processor.memory.outbox import MemoryOutboxStore
-from processor.memory.producer import MemoryRecordProducer
-from processor.ops.outbox import (
+from processor._engine.records import OutboxRow
+from processor._errors import DeliveryFailed, Failure, Retryable, RuntimeFailure
+from processor._memory.outbox import MemoryOutboxStore
+from processor._memory.producer import MemoryRecordProducer
+from processor._runtime.hooks import Hooks
+from processor._runtime.relay import HEADER_DEAD_LETTER_TRUNCATED, Relay, fits, record_size
+from processor.ops._outbox import (
     NothingSelected,
     discard_failed_rows,
     list_failed_rows,
     retry_failed_rows,
 )
-from processor.runtime.hooks import Hooks
-from processor.runtime.relay import HEADER_DEAD_LETTER_TRUNCATED, Relay, fits, record_size
 
 
 def command(saga_id: str, n: int, topic: str = "commands") -> OutboxRow:
@@ -205,7 +205,7 @@ def test_a_permanently_refused_row_is_set_aside_and_its_saga_waits_behind_it(
     store.append(rows)
     producer.fail(topic="closed", permanent=True, reason="Unknown topic or partition")
 
-    with caplog.at_level(logging.WARNING, logger="processor.runtime.relay"):
+    with caplog.at_level(logging.WARNING, logger="processor._runtime.relay"):
         assert relay.run_once() == 3
 
     assert ids(producer.records("commands")) == ["a-1", "b-1"]

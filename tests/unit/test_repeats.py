@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from processor.observe.repeats import RepeatedWarning
+from processor._observe.repeats import RepeatedWarning
 
 
 def test_repeats_are_held_back_then_summarised_and_the_recovery_is_said(

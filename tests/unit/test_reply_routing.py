@@ -6,11 +6,11 @@ import dataclasses
 from collections import Counter
 
 from processor import Message, SagaState, message_type, saga, saga_event_handler
-from processor.engine.decode import decode
-from processor.engine.plan import Item, Planner
-from processor.engine.rows import ACTIVE, Outcome, SagaRow
-from processor.runner import bind_all
-from processor.runtime.batch import Batch, Owned
+from processor._engine.decode import decode
+from processor._engine.plan import Item, Planner
+from processor._engine.rows import ACTIVE, Outcome, SagaRow
+from processor._invocation import bind_all
+from processor._runtime.consumer.batch import Batch, Owned
 from tests.unit.test_plan import REG, Log, Noted, _loaded
 
 OTHER = "unit-refund"

@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from processor.engine.records import Record
-from processor.engine.rows import DeadLetter, ParkedMessage, WriteSet
-from processor.runtime.report import (
+from processor._engine.records import Record
+from processor._engine.rows import DeadLetter, ParkedMessage, WriteSet
+from processor._runtime.report import (
     DEAD_LETTER_LINES,
     report_committed,
     report_failed_outbox,
@@ -121,4 +121,4 @@ def test_a_handler_error_that_parks_a_saga_is_logged_with_its_frames(
     # The handler's own frame and the error's type: where the code failed.
     assert "Traceback (most recent call last, exception text left out)" in line
     assert ", in opened" in line
-    assert "processor.errors.HandlerError" in line
+    assert "processor._errors.HandlerError" in line

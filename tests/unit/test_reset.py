@@ -22,8 +22,8 @@ from processor import (
     saga_deadline_handler,
     saga_event_handler,
 )
-from processor.engine.reset import effective
-from processor.engine.rows import Outcome, PastInput
+from processor._engine.reset import effective
+from processor._engine.rows import Outcome, PastInput
 from processor.testing import SagaFixture
 from schemas.transfers import (
     CreditAccount,

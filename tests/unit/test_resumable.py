@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from processor.runtime.resume import resumable
-from processor.upcasting import MissingUpcaster
+from processor._authoring.upcasting import MissingUpcaster
+from processor._runtime.resume import resumable
 
 
 def test_an_event_too_new_for_older_code_is_retried() -> None:

@@ -8,9 +8,9 @@ from datetime import timedelta
 
 import pytest
 
-from processor.errors import RecordDataError, Retryable
-from processor.ports import Purge
-from processor.runtime.retention import Retention, periods
+from processor._errors import RecordDataError, Retryable
+from processor._ports import Purge
+from processor._runtime.retention import Retention, periods
 from processor.settings import RetentionSettings
 
 

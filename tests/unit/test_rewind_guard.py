@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from processor.engine.records import Record
-from processor.participant.rewind import GIVE_UP_AFTER, RewindGuard
+from processor._authoring.participant.rewind import GIVE_UP_AFTER, RewindGuard
+from processor._engine.records import Record
 
 TP = ("commands", 0)
 OTHER = ("commands", 1)

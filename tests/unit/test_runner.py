@@ -21,9 +21,9 @@ from processor import (
     saga_deadline_handler,
     saga_event_handler,
 )
-from processor.errors import SagaNotStarted
-from processor.handles import CancelDeadline, ScheduleDeadline
-from processor.runner import (
+from processor._authoring.handles import CancelDeadline, ScheduleDeadline
+from processor._errors import SagaNotStarted
+from processor._invocation import (
     BoundSaga,
     DeadlineInput,
     EventInput,

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from benchmarks.s9_layouts import BATCH, PARTITIONS, _batches, _Side
-from processor.engine.partitioner import Partitioner, partition_for
+from processor._engine.partitioner import Partitioner, partition_for
 
 EVENTS = 12 * BATCH * 3
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from processor.errors import ConfigurationError
-from processor.runtime.assembly import load_saga_classes
+from processor._errors import ConfigurationError
+from processor._runtime.assembly import load_saga_classes
 from sagas.transfer import TransferSaga
 
 

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from processor.cli import main
-from processor.cli.follow import follow, format_step
-from processor.errors import SagaError
-from processor.ops.filters import cursor, list_filters
-from processor.ops.progress import step_progress
-from processor.ports.views import PendingDeadline, SagaSummary, SagaView, TimelineEntry
+from processor._cli import main
+from processor._cli.follow import follow, format_step
+from processor._errors import SagaError
+from processor._ports.views import PendingDeadline, SagaSummary, SagaView, TimelineEntry
+from processor.ops._filters import cursor, list_filters
+from processor.ops._progress import step_progress
 
 AT = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
 
@@ -153,7 +153,7 @@ def _follow(
 ) -> int:
     from contextlib import contextmanager
 
-    from processor.cli import commands
+    from processor._cli import commands
 
     @contextmanager
     def fake(_settings: object) -> Any:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from processor.errors import ConfigurationError
+from processor._errors import ConfigurationError
 from processor.settings import load_settings, unknown_variables
 
 

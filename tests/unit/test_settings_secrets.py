@@ -7,7 +7,7 @@ import os
 import pytest
 from pydantic import SecretStr
 
-from processor.errors import ConfigurationError
+from processor._errors import ConfigurationError
 from processor.settings import KafkaSettings, is_secret_key, load_settings
 
 SECRETS = {

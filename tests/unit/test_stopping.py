@@ -7,7 +7,7 @@ import sys
 import textwrap
 import threading
 
-from processor.runtime.stopping import EXIT_OVERRAN, EXIT_STUCK, close_within
+from processor._runtime.stopping import EXIT_OVERRAN, EXIT_STUCK, close_within
 from tests.support.procs import REPO
 
 
@@ -31,7 +31,7 @@ def test_a_failing_close_counts_as_ended() -> None:
 
 
 def _run(body: str) -> subprocess.CompletedProcess[str]:
-    script = "from processor.runtime.stopping import ShutdownBound\n" + textwrap.dedent(body)
+    script = "from processor._runtime.stopping import ShutdownBound\n" + textwrap.dedent(body)
     return subprocess.run(
         [sys.executable, "-c", script],
         cwd=REPO,

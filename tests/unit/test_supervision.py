@@ -9,10 +9,10 @@ from datetime import timedelta
 
 import pytest
 
-from processor.bootstrap.processor import build_processor
-from processor.errors import Failure, LoopDied, classify
-from processor.runtime.processor import Processor
-from processor.runtime.supervisor import Supervisor
+from processor._bootstrap.processor import build_processor
+from processor._errors import Failure, LoopDied, classify
+from processor._runtime.processor import Processor
+from processor._runtime.supervisor import Supervisor
 from processor.settings import ProcessorSettings
 from sagas import EXAMPLE_SAGAS
 
@@ -173,7 +173,7 @@ def test_building_a_processor_binds_no_port_and_connects_nothing() -> None:
     # that the metrics port is free fail on the processor's own endpoint.
     import socket
 
-    from processor.observe.server import check_port_free
+    from processor._observe.server import check_port_free
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from processor.postgres.tls import unverified_tls
+from processor._postgres.tls import unverified_tls
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from processor.ops.topics import check_topics, plan_topics
-from processor.ports.cluster import TopicFound, TopicPlan
+from processor._ports.cluster import TopicFound, TopicPlan
+from processor.ops._topics import check_topics, plan_topics
 
 LIMIT = 1_048_576
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 from decimal import Decimal
 
-from processor.machine import MachineState
-from processor.runner import state_to_json
+from processor._authoring.orchestration import MachineState
+from processor._invocation import state_to_json
 from processor.testing import SagaFixture
 from sagas.trip import TripSaga
 from schemas.trips import (

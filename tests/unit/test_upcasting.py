@@ -22,14 +22,14 @@ from processor import (
     saga_event_handler,
     upcaster,
 )
-from processor.engine.decode import Event, Reason, Rejected, TooNew, decode
-from processor.engine.plan import Item, Planner
-from processor.engine.records import Record
-from processor.engine.rows import ACTIVE, PARKED, Loaded, Outcome, SagaRow
-from processor.messages import MessageRegistry
-from processor.runner import bind, bind_all
+from processor._authoring.messages import MessageRegistry
+from processor._authoring.upcasting import MissingUpcaster, StateUpcasters
+from processor._engine.decode import Event, Reason, Rejected, TooNew, decode
+from processor._engine.plan import Item, Planner
+from processor._engine.records import Record
+from processor._engine.rows import ACTIVE, PARKED, Loaded, Outcome, SagaRow
+from processor._invocation import bind, bind_all
 from processor.testing import SagaFixture
-from processor.upcasting import MissingUpcaster, StateUpcasters
 
 NOW = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
 LIMIT = 1 << 20

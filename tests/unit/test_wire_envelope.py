@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from processor import wire
-from processor.engine.records import Record
-from processor.messages import Message, MessageMetadata, MessageRegistry, message_type
-from processor.participant.handles import reply_row
+from processor import _wire as wire
+from processor._authoring.messages import Message, MessageMetadata, MessageRegistry, message_type
+from processor._authoring.participant.handles import reply_row
+from processor._engine.records import Record
+from processor._wire import FiredRecord, OperatorAction, OperatorRecord, envelope
 from processor.publish import EventRecordBuilder
-from processor.testing.engine import event_record
-from processor.wire import FiredRecord, OperatorAction, OperatorRecord, envelope
+from processor.testing._engine import event_record
 
 PROCESSOR = Path(__file__).resolve().parents[2] / "processor"
 
@@ -224,14 +224,14 @@ def test_the_engine_fixtures_event_record_uses_the_envelope() -> None:
     )
 
 
-# -- header names are spelled in processor/wire.py only --------------------------------------
+# -- header names are spelled in processor/_wire.py only --------------------------------------
 HEADER_NAMES = {v for k, v in vars(wire).items() if k.startswith("HEADER_")}
 # A JSON path into a stored row's headers in SQL, e.g. headers->>'message-id'.
 _ANY_NAME = "|".join(map(re.escape, sorted(HEADER_NAMES)))
 _SQL_PATH = re.compile(rf"->>?\s*'({_ANY_NAME})'")
 # A migration is history: it must create what it created when written, whatever the constants
 # say later.
-MIGRATIONS = "postgres/ddl.py"
+MIGRATIONS = "_postgres/schema/ddl.py"
 
 
 def _attribute_names(tree: ast.AST) -> set[int]:
@@ -250,7 +250,7 @@ def test_no_header_name_is_spelled_outside_wire() -> None:
     found: list[str] = []
     for path in sorted(PROCESSOR.rglob("*.py")):
         where = path.relative_to(PROCESSOR).as_posix()
-        if where in ("wire.py", MIGRATIONS):
+        if where in ("_wire.py", MIGRATIONS):
             continue
         tree = ast.parse(path.read_text(), str(path))
         attributes = _attribute_names(tree)

@@ -17,24 +17,24 @@ from typing import Any
 
 import pytest
 
-from processor.engine.records import OffsetCommit, Record
-from processor.engine.rows import Outcome, WriteSet
-from processor.errors import CommitInDoubt, Retryable, RuntimeFailure
-from processor.memory.consumer import MemoryRecordConsumer
-from processor.memory.store import MemoryBatchStore, MemoryTables
-from processor.messages import Message
-from processor.ports import TP
-from processor.runtime.assembly import bind_sagas
-from processor.runtime.hooks import Hooks
-from processor.runtime.ownership import Ownership
-from processor.runtime.worker import Worker
-from processor.settings import ProcessorSettings
-from processor.wire import (
+from processor._authoring.messages import Message
+from processor._engine.records import OffsetCommit, Record
+from processor._engine.rows import Outcome, WriteSet
+from processor._errors import CommitInDoubt, Retryable, RuntimeFailure
+from processor._memory.consumer import MemoryRecordConsumer
+from processor._memory.store import MemoryBatchStore, MemoryTables
+from processor._ports import TP
+from processor._runtime.assembly import bind_sagas
+from processor._runtime.consumer.ownership import Ownership
+from processor._runtime.consumer.worker import Worker
+from processor._runtime.hooks import Hooks
+from processor._wire import (
     HEADER_MESSAGE_ID,
     HEADER_MESSAGE_TYPE,
     HEADER_SCHEMA_VERSION,
     FiredRecord,
 )
+from processor.settings import ProcessorSettings
 from sagas.transfer import PAYMENT_TIMEOUT, TransferSaga
 from schemas.transfers import (
     ACCOUNT_COMMANDS_TOPIC,
@@ -333,7 +333,7 @@ def test_a_retryable_failure_is_resynced_and_applied_exactly_once(rig: Rig) -> N
 def test_a_commit_in_doubt_that_happened_counts_as_committed(
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="processor.runtime.worker")
+    caplog.set_level(logging.WARNING, logger="processor._runtime.consumer.worker")
     rig.consumer.assign([P0])
     rig.store.fail_after.append(CommitInDoubt("connection lost during COMMIT"))
 
@@ -359,7 +359,7 @@ def test_a_commit_in_doubt_that_happened_counts_as_committed(
 def test_a_commit_in_doubt_that_did_not_happen_is_read_again(
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="processor.runtime.worker")
+    caplog.set_level(logging.WARNING, logger="processor._runtime.consumer.worker")
     rig.consumer.assign([P0])
     rig.store.fail_before.append(CommitInDoubt("connection lost during COMMIT"))
 

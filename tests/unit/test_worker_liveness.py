@@ -14,14 +14,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from processor.engine.records import OffsetCommit, Record
-from processor.engine.rows import Loaded, Outcome, Wants, WriteSet
-from processor.errors import LockBusy, RecordDataError, Retryable
-from processor.memory.consumer import MemoryRecordConsumer
-from processor.memory.store import MemoryBatchStore, MemoryTables
-from processor.ports import TP, Positions
-from processor.runtime.assembly import bind_sagas
-from processor.runtime.worker import Worker
+from processor._engine.records import OffsetCommit, Record
+from processor._engine.rows import Loaded, Outcome, Wants, WriteSet
+from processor._errors import LockBusy, RecordDataError, Retryable
+from processor._memory.consumer import MemoryRecordConsumer
+from processor._memory.store import MemoryBatchStore, MemoryTables
+from processor._ports import TP, Positions
+from processor._runtime.assembly import bind_sagas
+from processor._runtime.consumer.worker import Worker
 from processor.settings import ProcessorSettings
 from sagas.transfer import TransferSaga
 from tests.unit.test_worker import P0, P1, Rig, debited, requested
@@ -132,7 +132,7 @@ def live() -> Iterator[Live]:
     )
     consumer = worker.consumer
     assert isinstance(consumer, MemoryRecordConsumer)
-    from processor.runtime.hooks import Hooks
+    from processor._runtime.hooks import Hooks
 
     rig = Rig(tables, store, consumer, Hooks(), worker, committed)  # type: ignore[arg-type]
     try:
@@ -161,7 +161,7 @@ def test_an_unreachable_database_gives_the_partitions_back_then_rejoins(
     live.step()
     assert not rig.worker.detached, "gave up before the bound"
 
-    caplog.set_level(logging.WARNING, logger="processor.runtime.worker")
+    caplog.set_level(logging.WARNING, logger="processor._runtime.consumer.worker")
     clock.now += 2
     live.step()
     assert rig.worker.detached
@@ -236,7 +236,7 @@ def test_a_commit_that_never_answers_is_abandoned_as_in_doubt(
     rig.worker.limits.unavailable_timeout = 0.2  # real seconds: the lane wait is real time
     rig.consumer.assign([P0])
     rig.send(P0, requested("t1"), "m1")
-    caplog.set_level(logging.WARNING, logger="processor.runtime.worker")
+    caplog.set_level(logging.WARNING, logger="processor._runtime.consumer.worker")
 
     store.silent.set()  # the commit blocks, as on a black-holed connection
     rig.worker.poll_once()
@@ -260,7 +260,7 @@ def test_an_in_doubt_commit_is_resolved_once_the_offsets_can_be_read_again(
     rig.worker.limits.unavailable_timeout = 0.2  # real seconds: the lane wait is real time
     rig.consumer.assign([P0])
     rig.send(P0, requested("t1"), "m1")
-    caplog.set_level(logging.WARNING, logger="processor.runtime.worker")
+    caplog.set_level(logging.WARNING, logger="processor._runtime.consumer.worker")
 
     store.silent.set()  # the commit blocks, as on a black-holed connection ...
     rig.worker.poll_once()
@@ -355,7 +355,7 @@ def test_many_refused_sagas_are_found_in_few_trial_writes_while_the_consumer_pol
         live.clock.now += 0.5  # each trial write takes half a second of the worker's clock
 
     store.on_write = tick
-    caplog.set_level(logging.WARNING, logger="processor.runtime.isolate")
+    caplog.set_level(logging.WARNING, logger="processor._runtime.consumer.isolate")
     live.step()
     live.step()
 
@@ -518,7 +518,7 @@ def test_an_in_doubt_commit_is_resolved_when_a_detached_replica_finds_the_databa
     rig.worker.limits.unavailable_timeout = 0.2  # real seconds: the lane wait is real time
     rig.consumer.assign([P0])
     rig.send(P0, requested("t1"), "m1")
-    caplog.set_level(logging.WARNING, logger="processor.runtime.worker")
+    caplog.set_level(logging.WARNING, logger="processor._runtime.consumer.worker")
 
     store.silent.set()  # the commit blocks, as on a black-holed connection ...
     rig.worker.poll_once()

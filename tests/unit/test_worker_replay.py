@@ -14,16 +14,16 @@ from typing import Any
 
 import pytest
 
-from processor.engine.plan import Planner
-from processor.engine.records import OffsetCommit, Record
-from processor.engine.rows import Outcome, WriteSet
-from processor.errors import RecordDataError
-from processor.memory.consumer import MemoryRecordConsumer
-from processor.memory.store import MemoryBatchStore, MemoryTables
-from processor.runner import bind_all
-from processor.runtime.hooks import Hooks
-from processor.runtime.worker import Worker
-from processor.wire import OperatorAction
+from processor._engine.plan import Planner
+from processor._engine.records import OffsetCommit, Record
+from processor._engine.rows import Outcome, WriteSet
+from processor._errors import RecordDataError
+from processor._invocation import bind_all
+from processor._memory.consumer import MemoryRecordConsumer
+from processor._memory.store import MemoryBatchStore, MemoryTables
+from processor._runtime.consumer.worker import Worker
+from processor._runtime.hooks import Hooks
+from processor._wire import OperatorAction
 from tests.unit.test_plan import DEAD, NOW, REG, SAGA, Gate, Log, Noted, Opened, OrderSaga
 from tests.unit.test_plan_retry import KEY, _request
 

@@ -1,0 +1,446 @@
+"""Reads and writes one batch in one transaction: sagas, history, outbox, deadlines, offsets.
+
+Every multi-row write is one set-based statement, and the batch's offsets and its saga, history,
+outbox and deadline rows go together in one statement of data-modifying CTEs, so a batch costs a
+fixed, small number of round trips however many records it holds. The hot statements (the load's
+keys; saga, history, outbox and deadline rows) take the batch's rows as one JSON array of arrays,
+encoded by one typed pydantic-core call and read with `jsonb_array_elements`; bytes go beside as
+binary arrays (`%b`), zipped in order by `ROWS FROM`. An array parameter per column cost a
+Python step per value to build and another in psycopg to dump. The rarer statements (offsets,
+dead letters, parked records, operator changes) keep binary arrays over `unnest`: in text form
+psycopg would quote and escape every element with regular expressions. The statements
+themselves are in `processor._postgres.batch.sql`, the rows' encoding in
+`processor._postgres.batch.rows`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from processor._engine.records import OffsetCommit
+from processor._engine.rows import (
+    DeadlineRef,
+    Loaded,
+    SagaRow,
+    SagaStatus,
+    Wants,
+    WriteSet,
+)
+from processor._errors import ConcurrentUpdate, FencedOut
+from processor._postgres.batch import rows as batch_rows
+from processor._postgres.batch import sql
+from processor._postgres.batch.operator_reads import OperatorReads
+from processor._postgres.deadlines import LEASE_NAME
+from processor._postgres.held import Conn
+from processor._postgres.reads.audit import encode_entries
+from processor._postgres.schema.citus import distributed
+from processor._postgres.schema.tables import Tables
+from processor._wire import deadline_channel, outbox_channel
+
+# Conn is re-exported: the batch's callers open the connection this store runs on.
+__all__ = ["CLAIM_LOCK_TIMEOUT_MS", "BatchSql", "Conn"]
+
+# How long an ownership claim waits for the partitions' rows (the old owner's batch or relay).
+CLAIM_LOCK_TIMEOUT_MS = 5000
+
+
+class BatchSql:
+    """SQL for the consumer's side of the engine, on one connection the caller owns."""
+
+    def __init__(
+        self,
+        conn: Conn,
+        tables: Tables,
+        group_id: str,
+        wake_within: timedelta | None = None,
+        origin: str = "",
+    ) -> None:
+        """Statements over ``conn``.
+
+        Args:
+            conn: The connection; the caller owns it and its transactions.
+            tables: Where the processor's tables live.
+            group_id: The consumer group whose offsets rows this store writes.
+            wake_within: The deadline poller's polling interval: a batch wakes the poller (in
+                any replica) only for new deadlines due within it. None: for any new deadline.
+            origin: The payload of this store's notifications: a listener in the same process
+                skips them, its loops being woken in-process already.
+        """
+        self.conn = conn
+        self.group_id = group_id
+        self._wake_within = wake_within
+        self._origin = origin
+        r = tables.render
+        self.channel = outbox_channel(tables.schema)
+        self.deadline_channel = deadline_channel(tables.schema)
+        self._lock_owned = r(sql.LOCK_OWNED)
+        self._claim = r(sql.CLAIM)
+        self._read_offsets = r(sql.READ_OFFSETS)
+        self._load_sagas = r(sql.LOAD_SAGAS)
+        self._load_tombstones = r(sql.LOAD_TOMBSTONES)
+        self._load_applied = r(sql.LOAD_APPLIED)
+        self._load_deadlines = r(sql.LOAD_DEADLINES)
+        self._load_lease = r(sql.LOAD_LEASE)
+        self._insert_sagas = r(sql.INSERT_SAGAS)
+        self._update_sagas = r(sql.UPDATE_SAGAS)
+        self._insert_history = r(sql.INSERT_HISTORY)
+        self._insert_outbox = r(sql.INSERT_OUTBOX)
+        self._clear_deadlines = r(sql.CLEAR_DEADLINES)
+        self._delete_deadlines = r(sql.DELETE_DEADLINES)
+        self._insert_deadlines = r(sql.INSERT_DEADLINES)
+        self._insert_dead_letters = r(sql.INSERT_DEAD_LETTERS)
+        self._reset_deadlines = r(sql.RESET_DEADLINES)
+        self._release_held = r(sql.RELEASE_HELD)
+        self._operator = OperatorReads(tables)
+        self._fire_now = r(sql.FIRE_NOW)
+        self._insert_parked = r(sql.INSERT_PARKED)
+        self._commit_offsets = r(sql.COMMIT_OFFSETS)
+        self._insert_audit = r(sql.INSERT_AUDIT)
+        # The batch's combined write statements, by the parts a batch has (see _combine).
+        self._combined: dict[tuple[bool, ...], str] = {}
+        # On Citus each part of a batch's write goes as a statement of its own (see write).
+        with conn.transaction():
+            self._separate = distributed(conn, tables.schema)
+
+    # -- partitions --------------------------------------------------------------------------
+
+    def claim(
+        self, partitions: Sequence[tuple[str, int]], owner: str
+    ) -> dict[tuple[str, int], tuple[int, int | None]]:
+        """Takes ownership: bumps each partition's epoch, so older owners' commits fail."""
+        topics, numbers = [t for t, _ in partitions], [p for _, p in partitions]
+        with self.conn.transaction():
+            # Bounded: a claim the old owner's relay holds up (a slow flush) fails as retryable
+            # (55P03), and the worker keeps the partitions paused and tries again.
+            self.conn.execute(f"SET LOCAL lock_timeout = '{CLAIM_LOCK_TIMEOUT_MS}ms'")
+            self.conn.execute(self._lock_owned, (self.group_id, topics, numbers))
+            rows = self.conn.execute(
+                self._claim, (self.group_id, owner, topics, numbers)
+            ).fetchall()
+        return {(t, p): (epoch, nxt) for t, p, epoch, nxt in rows}
+
+    def read_offsets(
+        self, partitions: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], tuple[int, int | None]]:
+        with self.conn.transaction():
+            rows = self.conn.execute(
+                self._read_offsets,
+                (self.group_id, [t for t, _ in partitions], [p for _, p in partitions]),
+            ).fetchall()
+        return {(t, p): (epoch, nxt) for t, p, epoch, nxt in rows}
+
+    # -- one batch -------------------------------------------------------------------------
+
+    def load_alone(self, wants: Wants) -> Loaded:
+        """`load` as a transaction of its own, in one round trip.
+
+        Autocommit for the call: the pipeline's statements up to its one Sync then run in one
+        implicit transaction, without the BEGIN and the COMMIT that would each cost a round trip
+        of their own (on a busy replica a round trip also waits for the interpreter's lock).
+        The reads take no row locks, so nothing waits on this transaction.
+        """
+        conn = self.conn
+        if conn.autocommit:
+            return self.load(wants)
+        conn.autocommit = True
+        try:
+            return self.load(wants)
+        finally:
+            # A connection that broke is replaced whole; its flag no longer matters (and
+            # setting it would raise over the error that broke it).
+            if not conn.closed and not conn.broken:
+                conn.autocommit = False
+
+    def load(self, wants: Wants) -> Loaded:
+        """Reads every row the planner needs in one pipelined round trip."""
+        keys = sorted(wants.saga_keys)
+        mkeys = sorted(wants.message_keys)
+        ids = sorted(wants.deadline_ids)
+        with self.conn.pipeline():
+            c0 = self.conn.execute("SELECT now()")
+            saga_keys = (batch_rows.encode_keys(keys),)
+            c1 = self.conn.execute(self._load_sagas, saga_keys)
+            # After the sagas, never before: each statement reads its own snapshot, and retention
+            # deletes an instance and writes its tombstone in one transaction, so a saga purged
+            # between the two reads is seen in both, never in neither.
+            c5 = self.conn.execute(self._load_tombstones, saga_keys)
+            c2 = (
+                self.conn.execute(self._load_applied, (batch_rows.encode_message_keys(mkeys),))
+                if mkeys
+                else None
+            )
+            c3 = self.conn.execute(self._load_deadlines, (ids,)) if ids else None
+            hk = wants.held_keys
+            c4 = self.conn.execute(self._load_lease, (LEASE_NAME,)) if ids or hk else None
+            # Rows only operator records need: none for a batch of events.
+            operator = self._operator.send(self.conn, wants)
+        sagas = {
+            (t, i): SagaRow(t, i, state, SagaStatus(status), version, reason, sv)
+            for t, i, state, status, version, reason, sv in c1.fetchall()
+        }
+        applied = {(t, i, m) for t, i, m in c2.fetchall()} if c2 else set()
+        deadlines = (
+            {
+                did: DeadlineRef(t, i, n, due, payload, token)
+                for did, t, i, n, due, payload, token in c3.fetchall()
+            }
+            if c3
+            else {}
+        )
+        lease = c4.fetchone() if c4 else None
+        now_row = c0.fetchone()
+        assert now_row is not None
+        tombstones = {(t, i) for t, i in c5.fetchall()}
+        extra = self._operator.receive(operator)
+        deadlines.update(extra.deadlines)
+        return Loaded(
+            sagas,
+            applied,
+            deadlines,
+            int(lease[0]) if lease else None,
+            now_row[0],
+            tombstones=tombstones,
+            held=extra.held,
+            decided=extra.decided,
+            history=extra.history,
+        )
+
+    def write(self, ws: WriteSet, offsets: Sequence[OffsetCommit]) -> None:
+        """Writes the batch; raises FencedOut or ConcurrentUpdate (the caller rolls back)."""
+        conn = self.conn
+        new = [s for s in ws.sagas if s.expected_version is None]
+        old = [s for s in ws.sagas if s.expected_version is not None]
+        # Plain statements, not a pipeline: psycopg ends a pipeline with a flush request, which
+        # leaves the server's idle-in-transaction timer disarmed until the next ordinary
+        # statement. A replica frozen anywhere in here (SIGSTOP, a stalled VM) would then hold
+        # these row locks, and block the partitions' next owner, until it woke up.
+        # (Measured: a pipeline from the sagas to the notification drained a backlog about 10%
+        # faster, and a replica frozen inside it kept its partitions from their heir for good.)
+        # The round trips are few instead: the rows of every table go in one statement.
+        # Fencing first: the offsets' compare-and-set also locks those rows against a claim, and
+        # a batch whose partitions were taken over stops there, before it writes a saga row (a
+        # stale batch would otherwise fail on a saga's key and look like a data error). In the
+        # combined statement every row's write waits for its verdict (see _combine); a batch
+        # that deletes deadline rows sets it apart, as those deletes must precede the inserts.
+        fence: list[Any] = (
+            [
+                [o.topic for o in offsets],
+                [o.partition for o in offsets],
+                [o.next_offset for o in offsets],
+                [o.expected for o in offsets],
+                [o.epoch for o in offsets],
+                self.group_id,
+            ]
+            if offsets
+            else []
+        )
+        folded = (
+            bool(offsets)
+            and not ws.deadline_clears
+            and not ws.deadline_deletes
+            and not self._separate
+        )
+        if offsets and not folded:
+            committed = conn.execute(self._commit_offsets, fence)
+            self._check_fence(offsets, committed.fetchall())
+        # Deadline rows a schedule replaces (or an end clears) are deleted before the combined
+        # statement inserts their successors: its parts all see the same snapshot, so a delete
+        # beside an insert of the same name would not make room for it.
+        if ws.deadline_clears:
+            conn.execute(self._clear_deadlines, (batch_rows.encode_keys(ws.deadline_clears),))
+        if ws.deadline_deletes:
+            conn.execute(
+                self._delete_deadlines, (batch_rows.encode_message_keys(ws.deadline_deletes),)
+            )
+        params: list[Any] = [*fence, len(offsets)] if folded else []
+        if new:
+            params.append(batch_rows.encode_new_sagas(map(batch_rows.new_saga_fields, new)))
+        if old:
+            params.append(batch_rows.encode_old_sagas(map(batch_rows.old_saga_fields, old)))
+        if ws.history:
+            h = ws.history
+            params += (
+                batch_rows.encode_history(map(batch_rows.history_fields, h)),
+                [x.payload for x in h],
+                [x.payload_sha256 for x in h],
+            )
+        if ws.outbox:
+            o = ws.outbox
+            params += (
+                batch_rows.encode_outbox(map(batch_rows.outbox_fields, o)),
+                [r.key for r in o],
+                [r.value for r in o],
+            )
+        if ws.deadline_inserts:
+            params.append(
+                batch_rows.encode_deadlines(map(batch_rows.deadline_fields, ws.deadline_inserts))
+            )
+        # At most one notification per channel and batch (Postgres also folds repeats within a
+        # transaction): the outbox's wakes every replica's relay; the deadlines' wakes the
+        # deadline poller (in any replica) in case this one is due sooner. Both are delivered
+        # at commit, wherever in the transaction they are sent.
+        wake_relay = bool(ws.outbox)
+        within = self._wake_within
+        wake_poller = ws.wakes_poller(None if within is None else datetime.now(UTC) + within)
+        if wake_relay:
+            params += (self.channel, self._origin)
+        if wake_poller:
+            params += (self.deadline_channel, self._origin)
+        shape = (
+            folded,
+            bool(new),
+            bool(old),
+            bool(ws.history),
+            bool(ws.outbox),
+            bool(ws.deadline_inserts),
+            wake_relay,
+            wake_poller,
+        )
+        if self._separate:
+            self._write_apart(shape[1:], params, len(old))
+        elif any(shape):
+            statement = self._combined.get(shape)
+            if statement is None:
+                statement = self._combined[shape] = self._combine(*shape)
+            row = conn.execute(statement, params).fetchone()
+            assert row is not None
+            updated, topics, partitions = row[:3]
+            if folded:
+                self._check_fence(offsets, zip(topics or (), partitions or (), strict=True))
+            if old and updated != len(old):
+                moved = len(old) - updated
+                raise ConcurrentUpdate(f"{moved} saga rows changed under the batch")
+        if ws.deadline_resets:
+            rs = ws.deadline_resets
+            conn.execute(self._reset_deadlines, ([x[0] for x in rs], [x[1] for x in rs]))
+        if ws.deadline_fire_now:
+            f = ws.deadline_fire_now
+            conn.execute(self._fire_now, ([x[0] for x in f], [x[1] for x in f], [x[2] for x in f]))
+        if ws.dead_letters:
+            dl = ws.dead_letters
+            conn.execute(
+                self._insert_dead_letters,
+                (
+                    [x.record.topic for x in dl],
+                    [x.record.partition for x in dl],
+                    [x.record.offset for x in dl],
+                    [x.record.key for x in dl],
+                    [x.record.value for x in dl],
+                    [batch_rows.json_text(x.record.headers_text()) for x in dl],
+                    [x.reason for x in dl],
+                    [x.detail for x in dl],
+                ),
+            )
+        if ws.held_releases:
+            conn.execute(self._release_held, (ws.held_releases,))
+        if ws.parked:
+            self.insert_parked(ws.parked)
+        if ws.audit:
+            conn.execute(self._insert_audit, (encode_entries(ws.audit),))
+
+    def _write_apart(self, shape: tuple[bool, ...], params: list[Any], old: int) -> None:
+        """The combined statement's parts one after another, in its order, with its parameters.
+
+        For Citus: the coordinator runs each data-modifying CTE of a combined statement as a
+        plan of its own and sends every plan's result to every worker, so a batch would hold
+        open a transaction on each worker, not only on the one its schema lives on.
+        """
+        conn = self.conn
+        new, has_old, history, outbox, deadlines, wake_relay, wake_poller = shape
+        rest = iter(params)
+        parts = [
+            (self._insert_sagas, new, 1),
+            (self._update_sagas, has_old, 1),
+            (self._insert_history, history, 3),
+            (self._insert_outbox, outbox, 3),
+            (self._insert_deadlines, deadlines, 1),
+        ]
+        for statement, on, count in parts:
+            if not on:
+                continue
+            done = conn.execute(statement, [next(rest) for _ in range(count)])
+            if statement is self._update_sagas and done.rowcount != old:
+                raise ConcurrentUpdate(f"{old - done.rowcount} saga rows changed under the batch")
+        for _ in range(wake_relay + wake_poller):
+            conn.execute("SELECT pg_notify(%s, %s)", (next(rest), next(rest)))
+
+    @staticmethod
+    def _check_fence(offsets: Sequence[OffsetCommit], moved: Iterable[tuple[str, int]]) -> None:
+        lost = {(o.topic, o.partition) for o in offsets} - {(t, p) for t, p in moved}
+        if lost:
+            raise FencedOut(lost)
+
+    def _combine(
+        self,
+        fence: bool,
+        new: bool,
+        old: bool,
+        history: bool,
+        outbox: bool,
+        deadlines: bool,
+        wake_relay: bool,
+        wake_poller: bool,
+    ) -> str:
+        """One statement for the batch's rows: each table's write a data-modifying CTE.
+
+        Postgres runs every data-modifying CTE to completion whether or not the query reads
+        it; the outer SELECT returns the updated sagas' count and the partitions whose offsets
+        moved, and sends the notifications. Parameters follow in the order of the parts.
+
+        With ``fence``, the offsets' compare-and-set comes first and every other write is
+        gated on its verdict: each one's first step (an init plan, run before it reads a row)
+        reads the count of offsets rows that moved, which runs the compare-and-set to its end.
+        A batch whose partitions were taken over writes no other row; the caller raises
+        FencedOut and rolls the moved offsets back.
+        """
+        gate = " (SELECT ok FROM fence)" if fence else ""
+        ctes = []
+        if fence:
+            ctes += [
+                f"moved AS ({self._commit_offsets.strip()})",
+                "fence AS (SELECT count(*) = %s AS ok FROM moved)",
+            ]
+
+        def gated_insert(text: str) -> str:
+            if not fence:
+                return text.strip()
+            # INSERT INTO t (columns) SELECT ... -> the same rows, only if the fence holds.
+            # The templates start their SELECT on a line of its own (see the sql module).
+            head, rows = text.split("\nSELECT ", 1)
+            return f"{head}\nSELECT * FROM (SELECT {rows}) AS r WHERE{gate}"
+
+        update = self._update_sagas.strip() + (f" AND{gate}" if fence else "") + " RETURNING 1"
+        parts = [
+            (gated_insert(self._insert_sagas), new),
+            (update, old),
+            (gated_insert(self._insert_history), history),
+            (gated_insert(self._insert_outbox), outbox),
+            (gated_insert(self._insert_deadlines), deadlines),
+        ]
+        ctes += [f"w{n} AS ({text})" for n, (text, on) in enumerate(parts) if on]
+        outputs = [
+            "(SELECT count(*) FROM w1)" if old else "0",
+            "(SELECT array_agg(topic) FROM moved)" if fence else "NULL::text[]",
+            "(SELECT array_agg(partition) FROM moved)" if fence else "NULL::int[]",
+        ]
+        outputs += ["pg_notify(%s, %s)"] * (wake_relay + wake_poller)
+        head = f"WITH {', '.join(ctes)} " if ctes else ""
+        return f"{head}SELECT {', '.join(outputs)}"
+
+    def insert_parked(self, rows: Sequence[Any]) -> None:
+        self.conn.execute(
+            self._insert_parked,
+            (
+                [x.saga_type for x in rows],
+                [x.saga_id for x in rows],
+                [x.record.topic for x in rows],
+                [x.record.partition for x in rows],
+                [x.record.offset for x in rows],
+                [x.record.key for x in rows],
+                [x.record.value or b"" for x in rows],
+                [batch_rows.json_text(x.record.headers_text()) for x in rows],
+                [x.reason for x in rows],
+            ),
+        )

@@ -1,0 +1,42 @@
+"""A service's domain events, written to its outbox in the service's own transaction.
+
+The rows are the participant kit's outbox rows (:mod:`processor._postgres.schema.participant`),
+so the processor's relay publishes them once the transaction commits, and never when it rolls
+back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from processor._engine.records import OutboxRow
+from processor._postgres.participant import PostgresParticipantTx
+from processor._postgres.schema.tables import Tables
+from processor._wire import outbox_channel
+
+__all__ = ["AnyConnection", "insert_events"]
+
+AnyConnection = psycopg.Connection[Any]
+"""A caller's connection, whatever its row factory."""
+
+
+def insert_events(conn: AnyConnection, tables: Tables, rows: list[OutboxRow]) -> None:
+    """Inserts ``rows`` into the outbox of ``tables`` in ``conn``'s current transaction.
+
+    The relays listening on the schema's outbox channel are woken when the transaction commits.
+
+    Raises:
+        ValueError: ``conn`` is in autocommit mode outside a transaction block, where each row
+            would commit on its own, apart from the work it announces.
+    """
+    if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+        raise ValueError(
+            "the connection is in autocommit mode outside a transaction: publish inside "
+            "`with conn.transaction():`, with the writes the events announce"
+        )
+    PostgresParticipantTx(conn, tables).publish(rows)
+    # Delivered at commit, once per transaction however many events it published.
+    conn.execute("SELECT pg_notify(%s, '')", (outbox_channel(tables.schema),))

@@ -1,0 +1,316 @@
+"""The relay's side of the store in PostgreSQL: claim committed outbox rows, in id order.
+
+A claim is one transaction on the adapter's own connection. Each row carries the input
+partition whose record caused it, and the relay of that partition's owner publishes it: the
+claim locks the offsets rows of the partitions it claims for (``FOR KEY SHARE``) where the owner
+epoch is still the one this replica holds, and takes only rows of those partitions. A new owner
+bumps the epoch under ``FOR UPDATE``, so it waits for a claim in flight to end (published and
+committed, or rolled back); afterwards the old owner's claims find the epoch moved and take
+nothing of that partition. So a partition's rows go out in id order from one relay at a time,
+while replicas owning different partitions publish at the same time. Rows of no partition
+(written before rows carried one, and every row of a participant's outbox) are claimed by
+whichever relay gets a transaction-scoped advisory lock, one relay at a time.
+
+One saga's rows may come from several sources: rows of no partition written before its rows
+carried one, and, once an input topic grew, rows of its old partition and of its new one (a saga
+parked before the growth and retried later writes under the old one again). A partition row
+stays in the outbox while an older row of its saga from another source is still there, so that
+the relays of different sources never reorder a saga's commands. The saga's oldest row is never
+held back, so every saga moves on as soon as its owners' relays run. Rows of no partition need
+no such guard: they are older than every partition row of their saga (the processor has written
+the source on every row since the column was added, and a retry puts a row back under its own
+id).
+
+The claimed rows are deleted and returned; the delete commits only when the caller's block ends
+normally, after every record was acknowledged. Rows are claimed by what is committed, never by
+"id > last seen", so a row that a slower transaction commits late is not skipped.
+
+Rows the relay does not publish are settled in the same transaction: put back under their own
+id (one more attempt counted), or moved to the failed outbox. Each claimed row says whether its
+saga already has a row in the failed outbox, so that it is held behind it. Operators moving
+failed rows take both advisory locks exclusively (partition claims hold the second one shared),
+so no row of the failed outbox moves while any relay decides about its saga.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from processor._engine.records import OutboxRow
+from processor._ports import TP, OutboxEntry, SetAside
+from processor._postgres.held import Conn, HeldConnection
+from processor._postgres.schema.tables import Tables
+
+__all__ = ["PostgresOutboxStore", "partition_lock_key", "relay_lock_key"]
+
+
+_MAX_ID = 9223372036854775807
+_RETURNING = """
+    RETURNING id, saga_type, saga_id, topic, partition, key, headers, value, attempts,
+        (SELECT min(f.id) FROM {failed_outbox} AS f
+          WHERE o.saga_id IS NOT NULL
+            AND f.saga_type = o.saga_type AND f.saga_id = o.saga_id),
+        created_at, source_topic, source_partition
+"""
+# A claim's bytes: what the relay holds in memory for the round. A row is taken while the rows
+# before it hold fewer than max_bytes, so the first is always taken, however large.
+_SIZE = "octet_length(value) + coalesce(octet_length(key), 0) AS size"
+# ``id = ANY(ARRAY(...))``: the delete finds the claimed ids through the primary key whatever the
+# outbox's size, where ``id IN (...)`` may be planned as a scan of the whole table.
+_CLAIM_GLOBAL = (
+    """
+    DELETE FROM {outbox} AS o WHERE id = ANY(ARRAY(
+        SELECT w.id FROM (
+            SELECT c.id, sum(c.size) OVER (ORDER BY c.id) - c.size AS before
+              FROM (SELECT id, SIZE FROM {outbox} WHERE source_topic IS NULL
+                     ORDER BY id LIMIT %(limit)s FOR UPDATE) AS c) AS w
+         WHERE w.before < %(max_bytes)s))
+    """
+    + _RETURNING
+).replace("SIZE", _SIZE)
+# SKIP LOCKED: a partition whose new owner is bumping the epoch (FOR UPDATE) is being handed
+# over; waiting for it would only find the epoch moved, and could deadlock with a claim of
+# several partitions. Each partition's oldest rows come from its own index; the saga guard may
+# then leave some out (it only ever holds rows back).
+#
+# The guard: a row is held while an older row of its saga from another source is in the outbox.
+# Take the nearest such row: the saga's next row after it is of the held row's source and no newer
+# than the held row, so it is among its partition's oldest rows, in this window. A row is thus
+# held exactly when it, or an older row of its saga and source in the window, comes right after a
+# row of another source: each row needs only the saga's row just before it, one backward probe of
+# the saga index whatever the saga's size. An EXISTS over every older row of the saga would read
+# a busy saga's rows again for each later one, and may be planned as a hash join over the whole
+# outbox.
+#
+# The delete locks the rows it takes, and skips one that another transaction deleted meanwhile:
+# no FOR UPDATE beforehand, which would lock (and log) every row a second time. Claims never
+# contend for a row (one owner epoch per partition, and operators moving rows hold the advisory
+# lock that partition claims share), so the order rows are locked in does not matter.
+_CLAIM_OWNED = """
+    WITH mine AS (
+        SELECT s.topic, s.partition FROM {offsets} AS s
+          JOIN unnest(%(t)s::text[], %(p)s::int[], %(e)s::bigint[]) AS u(t, p, e)
+            ON s.topic = u.t AND s.partition = u.p AND s.owner_epoch = u.e
+         WHERE s.group_id = %(group)s
+           FOR KEY SHARE OF s SKIP LOCKED
+    ), first AS (
+        SELECT c.* FROM mine CROSS JOIN LATERAL (
+            SELECT x.id, X_SIZE, x.saga_type, x.saga_id, x.source_topic, x.source_partition
+              FROM {outbox} AS x
+             WHERE x.source_topic = mine.topic AND x.source_partition = mine.partition
+             ORDER BY x.id LIMIT %(limit)s) AS c
+         ORDER BY c.id LIMIT %(limit)s
+    ), oldest AS (
+        SELECT * FROM (
+            SELECT f.*, sum(f.size) OVER (ORDER BY f.id) - f.size AS before FROM first AS f) AS w
+         WHERE w.before < %(max_bytes)s
+    ), free AS (
+        SELECT g.id FROM (
+            SELECT c.id, bool_or(b.other) OVER (
+                       PARTITION BY c.saga_type, c.saga_id, c.source_topic, c.source_partition
+                       ORDER BY c.id) AS held
+              FROM oldest AS c LEFT JOIN LATERAL (
+                  SELECT n.source_topic IS DISTINCT FROM c.source_topic
+                         OR n.source_partition IS DISTINCT FROM c.source_partition AS other
+                    FROM {outbox} AS n
+                   WHERE n.saga_type = c.saga_type AND n.saga_id = c.saga_id AND n.id < c.id
+                   ORDER BY n.id DESC LIMIT 1) AS b ON true) AS g
+         WHERE g.held IS NOT TRUE
+    )
+    DELETE FROM {outbox} AS o WHERE id = ANY(ARRAY(SELECT id FROM free))
+""".replace("X_SIZE", "octet_length(x.value) + coalesce(octet_length(x.key), 0) AS size")
+
+
+class PostgresOutboxStore:
+    """:class:`processor._ports.OutboxStore` over one PostgreSQL connection.
+
+    The connection is opened on first use and again on the call after one broke (see
+    :class:`processor._postgres.held.HeldConnection`); the call that met the break raises
+    ``Retryable``.
+
+    Args:
+        connect: Opens a new connection (not in autocommit mode).
+        tables: Where the processor's tables live.
+        group_id: The consumer group whose offsets rows hold the owner epochs; None when the
+            outbox has no partition rows (a participant's): every claim takes the global path.
+    """
+
+    def __init__(
+        self, connect: Callable[[], Conn], tables: Tables, group_id: str | None = None
+    ) -> None:
+        self._held = HeldConnection(connect)
+        self._group_id = group_id
+        self._lock_key = relay_lock_key(tables)
+        self._shared_key = partition_lock_key(tables)
+        self._claim_global = tables.render(_CLAIM_GLOBAL)
+        self._claim_owned = tables.render(_CLAIM_OWNED + _RETURNING)
+        # A kept row goes back under its own id: its place in the commit order stays.
+        self._keep = tables.render(
+            """
+            INSERT INTO {outbox} (id, saga_type, saga_id, topic, partition, key, headers, value,
+                                  created_at, source_topic, source_partition, attempts,
+                                  last_error)
+            OVERRIDING SYSTEM VALUE
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+            """
+        )
+        self._move = tables.render(
+            """
+            INSERT INTO {failed_outbox} (id, saga_type, saga_id, topic, partition, key, headers,
+                                         value, created_at, source_topic, source_partition,
+                                         reason, attempts, held_behind)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+            """
+        )
+        self._claimed: dict[int, tuple[OutboxEntry, object]] = {}
+
+    @contextmanager
+    def claim(
+        self,
+        limit: int,
+        owned: Mapping[TP, int] | None = None,
+        max_bytes: int | None = None,
+    ) -> Iterator[list[OutboxEntry] | None]:
+        """Claims up to ``limit`` committed rows in id order, as one transaction.
+
+        Takes the rows of no partition when no other relay holds the global lock, and the rows
+        of each partition in ``owned`` whose owner epoch is still the one given, except those
+        with an older row of their saga from another source still in the outbox.
+
+        Yields None when there was nothing this claim may take: no partition to claim for and
+        another relay holds the global lock. Leaving the block normally commits the delete;
+        leaving it with an exception rolls it back and every row stays.
+
+        Raises:
+            Retryable: The database is unreachable or the connection broke; the next call
+                reconnects.
+            RuntimeFailure: Any other database error (fatal).
+        """
+        owned = owned if owned and self._group_id is not None else {}
+        try:
+            conn = self._held.get()
+            with conn.transaction():
+                got = conn.execute(
+                    "SELECT pg_try_advisory_xact_lock(hashtext(%s)),"
+                    " CASE WHEN %s THEN pg_try_advisory_xact_lock_shared(hashtext(%s)) END",
+                    (self._lock_key, bool(owned), self._shared_key),
+                ).fetchone()
+                assert got is not None
+                global_path, partitions = bool(got[0]), bool(got[1])
+                if not global_path and not partitions:
+                    yield None
+                    return
+                rows = []
+                budget = _MAX_ID if max_bytes is None else max_bytes
+                if global_path:
+                    rows = conn.execute(
+                        self._claim_global, {"limit": limit, "max_bytes": budget}, binary=True
+                    ).fetchall()
+                    budget -= sum(len(r[7] or b"") + len(r[5] or b"") for r in rows)
+                if partitions and len(rows) < limit and budget > 0:
+                    params = self._owned_params(limit - len(rows), owned, budget)
+                    rows += conn.execute(self._claim_owned, params, binary=True).fetchall()
+                # DELETE ... RETURNING has no defined order: restore commit order by id.
+                rows.sort(key=lambda r: r[0])
+                self._claimed = {r[0]: (_entry(r), r[10]) for r in rows}
+                try:
+                    yield [entry for entry, _created in self._claimed.values()]
+                finally:
+                    self._claimed = {}
+        except psycopg.Error as e:
+            raise self._held.failure(e) from e
+
+    def _owned_params(
+        self, limit: int, owned: Mapping[TP, int], max_bytes: int
+    ) -> dict[str, object]:
+        tps = sorted(owned)
+        return {
+            "group": self._group_id,
+            "t": [t for t, _ in tps],
+            "p": [p for _, p in tps],
+            "e": [owned[tp] for tp in tps],
+            "limit": limit,
+            "max_bytes": max_bytes,
+        }
+
+    def settle(self, set_aside: Sequence[SetAside], kept: Mapping[int, str | None]) -> None:
+        """Within an open claim: puts ``kept`` rows back, moves ``set_aside`` ones aside.
+
+        The claim's block, which this is called in, translates any database error.
+        """
+        if not self._claimed:
+            raise RuntimeError("settle() outside an open claim")
+        # Driver errors propagate to the claim, which rolls back and translates them.
+        with self._held.get().cursor() as cur:
+            if kept:
+                cur.executemany(
+                    self._keep,
+                    [
+                        (*self._columns(i), self._claimed[i][0].attempts + bool(reason), reason)
+                        for i, reason in kept.items()
+                    ],
+                )
+            if set_aside:
+                cur.executemany(
+                    self._move,
+                    [
+                        (*self._columns(s.id), s.reason, s.attempts, s.held_behind)
+                        for s in set_aside
+                    ],
+                )
+
+    def _columns(self, row_id: int) -> tuple[object, ...]:
+        entry, created_at = self._claimed[row_id]
+        r = entry.row
+        headers = Jsonb(dict(r.headers))
+        return (
+            row_id,
+            r.saga_type,
+            r.saga_id,
+            r.topic,
+            r.partition,
+            r.key,
+            headers,
+            r.value,
+            created_at,
+            r.source[0] if r.source is not None else None,
+            r.source[1] if r.source is not None else None,
+        )
+
+    def close(self) -> None:
+        """Closes the connection; a later claim would open a new one."""
+        self._held.close()
+
+
+def relay_lock_key(tables: Tables) -> str:
+    """The advisory lock of the one relay publishing rows of no partition (and of operators)."""
+    return f"saga-relay:{tables.schema}"
+
+
+def partition_lock_key(tables: Tables) -> str:
+    """Held shared by partition claims, exclusively by operators moving failed rows."""
+    return f"saga-relay-partitions:{tables.schema}"
+
+
+def _entry(r: Sequence[Any]) -> OutboxEntry:
+    source = (r[11], r[12]) if r[11] is not None and r[12] is not None else None
+    return OutboxEntry(
+        id=r[0],
+        row=OutboxRow(
+            saga_type=r[1],
+            saga_id=r[2],
+            topic=r[3],
+            key=r[5],
+            headers=r[6],
+            value=r[7],
+            partition=r[4],
+            source=source,
+        ),
+        attempts=r[8],
+        behind=r[9],
+    )

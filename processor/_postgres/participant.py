@@ -1,0 +1,189 @@
+"""The participant kit's store over PostgreSQL: inbox, outbox and positions in one transaction.
+
+The store owns one connection (a :class:`processor._postgres.held.HeldConnection`), opened on
+first use and again after it broke. Every driver
+error leaving :meth:`PostgresParticipantStore.transaction` (or a handler's statement) is
+translated into the runtime failures of :mod:`processor._errors`.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from processor._engine.records import OutboxRow
+from processor._errors import Retryable
+from processor._ports.participant import InboxEntry, Rows
+from processor._postgres.errors import translate
+from processor._postgres.held import Conn, HeldConnection
+from processor._postgres.schema.tables import Tables
+from processor._wire import outbox_channel
+
+__all__ = ["PostgresParticipantStore", "PostgresParticipantTx", "PostgresSql"]
+
+log = logging.getLogger(__name__)
+
+TP = tuple[str, int]
+
+
+class PostgresSql:
+    """:class:`processor._ports.participant.Sql` over a psycopg connection."""
+
+    def __init__(self, conn: Conn) -> None:
+        self._conn = conn
+
+    def execute(self, query: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> Rows:
+        try:
+            return self._conn.execute(query, params)
+        except psycopg.Error as e:
+            raise translate(e) from e
+
+
+def _to_json(row: OutboxRow) -> dict[str, Any]:
+    return {
+        "saga_type": row.saga_type,
+        "saga_id": row.saga_id,
+        "topic": row.topic,
+        "key": base64.b64encode(row.key).decode() if row.key is not None else None,
+        "headers": dict(row.headers),
+        "value": base64.b64encode(row.value).decode(),
+        # A reply sent again on a redelivered command goes where the first one went.
+        "partition": row.partition,
+    }
+
+
+def _from_json(d: Mapping[str, Any]) -> OutboxRow:
+    key = d.get("key")
+    return OutboxRow(
+        saga_type=d.get("saga_type"),
+        saga_id=d.get("saga_id"),
+        topic=str(d["topic"]),
+        key=base64.b64decode(key) if key is not None else None,
+        headers=dict(d["headers"]),
+        value=base64.b64decode(d["value"]),
+        partition=d.get("partition"),
+    )
+
+
+class PostgresParticipantTx:
+    """:class:`processor._ports.participant.ParticipantTx` in an open transaction."""
+
+    def __init__(self, conn: Conn, tables: Tables) -> None:
+        self._conn = conn
+        self._tables = tables
+        self._inbox = f'"{tables.schema}".inbox'
+        self.sql = PostgresSql(conn)
+        self.queued = 0
+
+    def claim(
+        self, message_id: str, message_type: str, topic: str, partition: int, offset: int
+    ) -> InboxEntry | None:
+        inserted = self._conn.execute(
+            f"INSERT INTO {self._inbox} (message_id, message_type, outcome, topic, partition, "
+            '"offset") VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1',
+            (message_id, message_type, "pending", topic, partition, offset),
+        ).fetchone()
+        if inserted is not None:
+            return None
+        row = self._conn.execute(
+            f"SELECT outcome, replies FROM {self._inbox} WHERE message_id = %s", (message_id,)
+        ).fetchone()
+        # The conflicting row is visible: its inserter committed before our insert returned.
+        assert row is not None
+        return InboxEntry(message_id, str(row[0]), tuple(_from_json(r) for r in row[1]))
+
+    def finish(self, message_id: str, outcome: str, replies: Sequence[OutboxRow]) -> None:
+        self._conn.execute(
+            f"UPDATE {self._inbox} SET outcome = %s, replies = %s WHERE message_id = %s",
+            (outcome, Jsonb([_to_json(r) for r in replies]), message_id),
+        )
+        self.publish(replies)
+
+    def publish(self, rows: Sequence[OutboxRow]) -> None:
+        if not rows:
+            return
+        with self._conn.cursor() as cur:
+            cur.executemany(
+                self._tables.render(
+                    "INSERT INTO {outbox} (saga_type, saga_id, topic, partition, key, headers, "
+                    "value) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+                ),
+                [
+                    (
+                        r.saga_type,
+                        r.saga_id,
+                        r.topic,
+                        r.partition,
+                        r.key,
+                        Jsonb(dict(r.headers)),
+                        r.value,
+                    )
+                    for r in rows
+                ],
+            )
+        self.queued += len(rows)
+
+    def advance(self, group_id: str, topic: str, partition: int, next_offset: int) -> None:
+        self._conn.execute(
+            self._tables.render(
+                "INSERT INTO {offsets} AS o (group_id, topic, partition, next_offset, updated_at) "
+                "VALUES (%s, %s, %s, %s, now()) ON CONFLICT (group_id, topic, partition) DO UPDATE "
+                "SET next_offset = greatest(o.next_offset, excluded.next_offset), "
+                "updated_at = excluded.updated_at"
+            ),
+            (group_id, topic, partition, next_offset),
+        )
+
+
+class PostgresParticipantStore:
+    """:class:`processor._ports.participant.ParticipantStore` over one PostgreSQL connection.
+
+    Args:
+        connect: Opens a new connection (not in autocommit mode).
+        tables: The participant's schema.
+    """
+
+    def __init__(self, connect: Callable[[], Conn], tables: Tables) -> None:
+        self._held = HeldConnection(connect)
+        self._tables = tables
+        self._channel = outbox_channel(tables.schema)
+
+    def positions(self, group_id: str, partitions: Sequence[TP]) -> Mapping[TP, int | None]:
+        with self._held.session() as conn, conn.transaction():
+            rows = conn.execute(
+                self._tables.render(
+                    "SELECT topic, partition, next_offset FROM {offsets} WHERE group_id = %s"
+                ),
+                (group_id,),
+            ).fetchall()
+        stored = {(str(t), int(p)): (int(o) if o is not None else None) for t, p, o in rows}
+        return {tp: stored.get(tp) for tp in partitions}
+
+    @contextmanager
+    def transaction(self) -> Iterator[PostgresParticipantTx]:
+        try:
+            with self._held.session() as conn, conn.transaction():
+                tx = PostgresParticipantTx(conn, self._tables)
+                yield tx
+                if tx.queued:
+                    # Wakes relays of other replicas; this process wakes its own directly.
+                    conn.execute("SELECT pg_notify(%s, '')", (self._channel,))
+        except Retryable:
+            # A handler's statement met a lost connection (already translated).
+            if self._held.lost:
+                self._held.close()
+            raise
+
+    @property
+    def reconnects(self) -> int:
+        """Connections opened after the first one (each replaced a broken one)."""
+        return max(0, self._held.opened - 1)
+
+    def close(self) -> None:
+        self._held.close()

@@ -1,0 +1,151 @@
+"""The retention loop's store: chunked deletes of old rows, one short transaction each.
+
+Every statement deletes at most ``limit`` rows found through an index in age order (ids or keys
+picked by a subquery with LIMIT), so no call holds many locks for long or bloats the latency of
+the consumer's batches. A transaction-scoped advisory lock makes one replica's retention run at
+a time; a replica that finds it taken skips its round. Ages are measured by the database's clock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+
+from processor._ports import Purge
+from processor._postgres.held import Conn, HeldConnection
+from processor._postgres.schema.tables import Tables
+
+__all__ = ["PostgresRetentionStore"]
+
+log = logging.getLogger(__name__)
+
+# A chunk waits at most this long for a row lock (a batch writing the same saga): it gives way
+# and the next round tries again, rather than queueing the consumer behind it.
+LOCK_TIMEOUT = "1s"
+
+# A history row of a saga that has not ended: kept (its audit trail, and the message ids that
+# make redeliveries duplicates), however old.
+_LIVE = """
+    EXISTS (SELECT 1 FROM {instance} AS i
+             WHERE i.saga_type = h.saga_type AND i.saga_id = h.saga_id
+               AND i.status <> 'ended')
+"""
+
+_SQL: dict[Purge, str] = {
+    # An ended saga's history goes first, at most `limit` rows a statement however long it is,
+    # through the (saga_type, saga_id) index; the saga's row follows once none is left.
+    Purge.ENDED_HISTORY: """
+        DELETE FROM {history} WHERE id = ANY(ARRAY(
+            SELECT h.id FROM (
+                SELECT saga_type, saga_id FROM {instance}
+                 WHERE status = 'ended' AND ended_at < now() - %(age)s
+                 ORDER BY ended_at LIMIT %(limit)s) AS v
+            CROSS JOIN LATERAL (
+                SELECT id FROM {history} AS h
+                 WHERE h.saga_type = v.saga_type AND h.saga_id = v.saga_id
+                 LIMIT %(limit)s) AS h
+             LIMIT %(limit)s))
+        """,
+    # The saga's row goes once its history is (nearly) gone; the tombstone keeps it ended for
+    # the dedupe window. SKIP LOCKED: a row a batch or an operator holds is left for the next
+    # round. The few history rows a late record may have added meanwhile go in this statement.
+    Purge.ENDED_SAGAS: """
+        WITH victims AS (
+            SELECT saga_type, saga_id FROM {instance} AS s
+             WHERE status = 'ended' AND ended_at < now() - %(age)s
+               AND NOT EXISTS (
+                   SELECT 1 FROM {history} AS x
+                    WHERE x.saga_type = s.saga_type AND x.saga_id = s.saga_id
+                   OFFSET 10)
+             ORDER BY ended_at LIMIT %(limit)s
+               FOR UPDATE SKIP LOCKED
+        ), gone AS (
+            DELETE FROM {instance} AS i USING victims AS v
+             WHERE i.saga_type = v.saga_type AND i.saga_id = v.saga_id
+            RETURNING i.saga_type, i.saga_id, i.ended_at
+        ), history AS (
+            DELETE FROM {history} AS h USING gone AS g
+             WHERE h.saga_type = g.saga_type AND h.saga_id = g.saga_id
+        )
+        INSERT INTO {tombstone} AS t (saga_type, saga_id, ended_at, purged_at)
+        SELECT saga_type, saga_id, ended_at, now() FROM gone
+        ON CONFLICT (saga_type, saga_id) DO UPDATE
+           SET ended_at = excluded.ended_at, purged_at = excluded.purged_at
+        """,
+    # Applied rows are the message-id detector; they stay for the dedupe window (below). An
+    # operator record is decided by its other outcomes too (rows.DECIDED): purging those rows
+    # after this period (days) is safe, a copy of the record being refused as expired minutes
+    # after it was issued (SAGA_OPERATOR__EXPIRY).
+    Purge.HISTORY: f"""
+        DELETE FROM {{history}} WHERE id IN (
+            SELECT id FROM {{history}} AS h
+             WHERE outcome <> 'applied' AND at < now() - %(age)s AND NOT {_LIVE}
+             ORDER BY at LIMIT %(limit)s)
+        """,
+    Purge.APPLIED: f"""
+        DELETE FROM {{history}} WHERE id IN (
+            SELECT id FROM {{history}} AS h
+             WHERE at < now() - %(age)s AND NOT {_LIVE}
+             ORDER BY at LIMIT %(limit)s)
+        """,
+    Purge.TOMBSTONES: """
+        DELETE FROM {tombstone} WHERE (saga_type, saga_id) IN (
+            SELECT saga_type, saga_id FROM {tombstone}
+             WHERE ended_at < now() - %(age)s ORDER BY ended_at LIMIT %(limit)s)
+        """,
+    Purge.DEAD_LETTERS: """
+        DELETE FROM {dead_letter} WHERE id IN (
+            SELECT id FROM {dead_letter}
+             WHERE created_at < now() - %(age)s ORDER BY created_at LIMIT %(limit)s)
+        """,
+    # Only a resolved saga's: a parked saga's held messages wait for its retry, however old.
+    Purge.PARKED: """
+        DELETE FROM {parked} WHERE id IN (
+            SELECT p.id FROM {parked} AS p
+             WHERE p.created_at < now() - %(age)s
+               AND NOT EXISTS (
+                   SELECT 1 FROM {instance} AS i
+                    WHERE i.saga_type = p.saga_type AND i.saga_id = p.saga_id
+                      AND i.status = 'parked')
+             ORDER BY p.created_at LIMIT %(limit)s)
+        """,
+    Purge.FAILED_OUTBOX: """
+        DELETE FROM {failed_outbox} WHERE id IN (
+            SELECT id FROM {failed_outbox}
+             WHERE failed_at < now() - %(age)s ORDER BY failed_at LIMIT %(limit)s)
+        """,
+}
+
+
+class PostgresRetentionStore:
+    """:class:`processor._ports.RetentionStore` over one connection, opened on first use.
+
+    A psycopg error becomes a runtime failure by the rule of
+    :class:`processor._postgres.held.HeldConnection` (``Retryable`` for a lost connection or a
+    lock not granted in time).
+
+    Args:
+        connect: Opens a new connection (not in autocommit).
+        tables: The processor's table names.
+    """
+
+    def __init__(self, connect: Callable[[], Conn], tables: Tables) -> None:
+        self._held = HeldConnection(connect)
+        self._lock_key = f"saga-retention:{tables.schema}"
+        self._sql = {what: tables.render(text) for what, text in _SQL.items()}
+
+    def purge(self, what: Purge, older_than: timedelta, limit: int) -> int | None:
+        with self._held.session() as conn, conn.transaction():
+            row = conn.execute(
+                "SELECT pg_try_advisory_xact_lock(hashtext(%s))", (self._lock_key,)
+            ).fetchone()
+            if row is None or not row[0]:
+                return None
+            conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+            cur = conn.execute(self._sql[what], {"age": older_than, "limit": limit})
+            return max(cur.rowcount, 0)
+
+    def close(self) -> None:
+        """Closes the connection; the next call opens a new one."""
+        self._held.close()

@@ -1,0 +1,30 @@
+"""The consumer loop's counters, read by the metrics thread while the loop changes them."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class WorkerStats:
+    batches: int = 0
+    records: int = 0
+    rejected_batches: int = 0
+    counts: Counter[str] = field(default_factory=Counter)
+    # Sagas ended, by (saga type, outcome).
+    outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # Sagas handed to a person, by (saga type, kind: handler, step or undo).
+    escalations: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # Replies addressed to saga types this processor does not run, by (topic, saga type).
+    foreign: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # Times the positions were read back from the store (fenced, failed or in-doubt commit).
+    resyncs: int = 0
+    # time.monotonic() at the start of the last poll: the liveness probe's heartbeat.
+    last_step: float = field(default_factory=time.monotonic)
+    # Seconds the last batch's write and commit took (set on the write lane, read after it).
+    last_commit_seconds: float = 0.0
+    # Assigned partitions waiting, unclaimed, for their topic's new count (_runtime/growth.py),
+    # plus new partitions whose records have waited FOLLOW_SLOW for the ones they follow.
+    growth_waiting: int = 0

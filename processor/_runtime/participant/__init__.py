@@ -1,0 +1,1 @@
+"""A participant service's loops (``service``) and its HTTP endpoint (``observe``)."""

@@ -1,1 +1,0 @@
-"""PostgreSQL adapter: the only part of the processor that imports psycopg."""
