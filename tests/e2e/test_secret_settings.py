@@ -30,7 +30,10 @@ def test_kafka_credentials_stay_out_of_the_processor_log(e2e_env: E2EEnv) -> Non
     )
     e2e_env.procs.append(proc)
     wait_until(
-        lambda: log_lines(proc, r"INFO processor\.runtime\.worker.*: assigned") or not proc.alive(),
+        lambda: (
+            log_lines(proc, r"INFO processor\._runtime\.consumer\.worker.*: assigned")
+            or not proc.alive()
+        ),
         timeout=90,
         what="the processor to join its group",
     )
