@@ -196,7 +196,7 @@ class _Phases:
 
     PROBES = (
         ("step", "worker", "poll_once"),
-        ("route", "planner", "route"),
+        ("route", "planner", "prepare"),
         ("plan", "planner", "plan"),
         ("load", "control", "load"),
         ("commit", "steps", "write"),
