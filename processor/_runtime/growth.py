@@ -72,6 +72,9 @@ class GrowthWatch:
     Attributes:
         wake: Set it to run the next round now (a partition beyond the known count showed up,
             or a new partition's records wait).
+        first_round: Set once the first round has ended, the counts read or not (or the loop
+            has ended): until the counts are read every partition is held, so the consumer's
+            first poll waits for it (:meth:`processor._runtime.processor.Processor.run`).
     """
 
     def __init__(
@@ -93,6 +96,7 @@ class GrowthWatch:
         self.interval = interval
         self._monotonic = monotonic
         self.wake = threading.Event()
+        self.first_round = threading.Event()
         self._view = _View()
         self._lock = threading.Lock()
         # Held partitions this replica asked about, and since when (for the release log line).
@@ -240,10 +244,12 @@ class GrowthWatch:
                         raise
                     failures.failed("growth watch retrying after: %s", e)
                     wait = RETRY_PAUSE
+                self.first_round.set()
                 if wait > 0:
                     self.wake.wait(wait)
                 self.wake.clear()
         finally:
+            self.first_round.set()
             self.metadata.close()
             self.store.close()
 

@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 HANG_GRACE = 60.0
 """Seconds a loop may go without a heartbeat beyond its longest legitimate wait."""
 
+FIRST_GROWTH_WAIT = 5.0
+"""Seconds the consumer's first poll waits for the growth watch's first round, at most."""
+
 
 class Processor:
     """One replica: run it in as many processes as you like; they share the consumer group.
@@ -180,6 +183,7 @@ class Processor:
             self.start()
         health = self.loops.health
         health.consuming = True
+        self._await_first_growth_round()
         try:
             # A background loop's death sets stop_event, so it is noticed after the poll in hand
             # (at most one batch timeout, or one batch).
@@ -193,6 +197,25 @@ class Processor:
         failure = self.supervisor.failure
         if failure is not None:
             raise LoopDied(failure.describe()) from failure.error
+
+    def _await_first_growth_round(self) -> None:
+        """Waits, a bounded time, for the growth watch's first look at the partition counts.
+
+        Until then the watch holds every partition, so a partition assigned earlier is paused
+        and resumed once the watch has looked. librdkafka fetches a resumed partition only at
+        its broker thread's next idle wake-up, up to a second later: a replica that polled at
+        once started about a second late in about half of the starts measured (S1). A store
+        that is away bounds the wait at FIRST_GROWTH_WAIT; the partitions then wait, paused, as
+        before.
+        """
+        first = self.loops.growth.first_round
+        ends = time.monotonic() + FIRST_GROWTH_WAIT
+        while not first.is_set() and not self.stop_event.is_set():
+            left = ends - time.monotonic()
+            if left <= 0:
+                log.info("the growth watch has not read the partition counts yet; polling")
+                return
+            first.wait(min(left, 0.1))
 
     def stop(self) -> None:
         self.stop_event.set()

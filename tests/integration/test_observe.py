@@ -173,7 +173,10 @@ def test_readyz_follows_the_database_and_healthz_a_dead_loop(env: dict[str, str]
         proxied,
         env["schema"],
         env["prefix"],
-        metrics={"stale_after": "3s"},
+        # Longer than the consumer's wait on a silent database, as the defaults are (60 s and
+        # 20 s): a step that started a store call just before the outage may wait that long,
+        # and /healthz must not call the replica dead for it.
+        metrics={"stale_after": "7s"},
         consumer={"unavailable_timeout": "5s"},
     )
     hooks = Hooks()

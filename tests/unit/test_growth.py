@@ -477,3 +477,33 @@ def test_the_retired_growth_grace_setting_is_ignored_with_a_warning(
         load_settings()
     [line] = [r.getMessage() for r in caplog.records]
     assert line.startswith("SAGA_CONSUMER__GROWTH_GRACE is ignored: new partitions no longer")
+
+
+@pytest.mark.parametrize("store_away", [False, True])
+def test_the_first_round_is_marked_ended_whether_or_not_it_read_the_counts(
+    store: MemoryGrowthStore,
+    cluster: MemoryCluster,
+    clock: Clock,
+    monkeypatch: pytest.MonkeyPatch,
+    store_away: bool,
+) -> None:
+    # The consumer's first poll waits for this mark (Processor.run): a store that is away must
+    # not hold it up for longer than one try.
+    w = watch(store, cluster, clock)
+    if store_away:
+
+        def away(group_id: str) -> None:
+            raise Retryable("connection refused")
+
+        monkeypatch.setattr(store, "load", away)
+    stop = threading.Event()
+    runner = threading.Thread(target=w.run, args=(stop,))
+    runner.start()
+    try:
+        assert w.first_round.wait(5)
+        assert w.held((TOPIC, 0)) is store_away
+    finally:
+        stop.set()
+        w.wake.set()
+        runner.join(5)
+    assert not runner.is_alive()

@@ -99,9 +99,53 @@ def _processor(worker: _FakeWorker) -> Processor:
     )
     proc = build_processor(settings, list(EXAMPLE_SAGAS))
     proc.worker = worker  # type: ignore[assignment]
-    # No database here: the fake worker is the whole of what runs, so nothing is started.
+    # No database here: the fake worker is the whole of what runs, so nothing is started
+    # (nor the growth watch, whose first round the first poll would wait for).
     proc._started = True
+    proc.loops.growth.first_round.set()
     return proc
+
+
+class _StoppingWorker(_FakeWorker):
+    """Stops its processor at its first poll."""
+
+    proc: Processor
+
+    def poll_once(self) -> int:
+        self.proc.stop()
+        return super().poll_once()
+
+
+def test_the_first_poll_waits_for_the_growth_watch_s_first_round() -> None:
+    # Until that round every partition is held: one assigned before it is paused, then
+    # resumed, and librdkafka fetches it again only up to a second later.
+    worker = _StoppingWorker()
+    proc = worker.proc = _processor(worker)
+    polls_while_waiting: list[int] = []
+
+    class FirstRound(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            polls_while_waiting.append(worker.polls)
+            self.set()  # the round ends while the consumer waits
+            return True
+
+    proc.loops.growth.first_round = FirstRound()
+    proc.run()
+    assert polls_while_waiting == [0]
+    assert worker.polls == 1
+
+
+def test_the_first_poll_waits_for_the_growth_watch_a_bounded_time(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr("processor._runtime.processor.FIRST_GROWTH_WAIT", 0.05)
+    worker = _StoppingWorker()
+    proc = worker.proc = _processor(worker)
+    proc.loops.growth.first_round = threading.Event()  # a store away: the round never ends
+    with caplog.at_level(logging.INFO, logger="processor._runtime.processor"):
+        proc.run()
+    assert worker.polls == 1
+    assert "has not read the partition counts yet; polling" in caplog.text
 
 
 def test_run_notices_a_dead_background_loop_and_raises_loop_died() -> None:
