@@ -26,6 +26,12 @@ from processor._authoring.definition import (
     saga_decision_handler,
     saga_event_handler,
 )
+from processor._authoring.functions import (
+    SagaContext,
+    StepFailed,
+    Undo,
+    saga_function,
+)
 from processor._authoring.handles import (
     SagaCommands,
     SagaDeadlines,
@@ -82,6 +88,7 @@ __all__ = [
     "RetryPolicy",
     "SagaApp",
     "SagaCommands",
+    "SagaContext",
     "SagaDeadlines",
     "SagaDefinitionError",
     "SagaError",
@@ -91,7 +98,9 @@ __all__ = [
     "Setting",
     "SettingKeys",
     "Step",
+    "StepFailed",
     "Transitions",
+    "Undo",
     "event_upcaster",
     "message_registry",
     "message_type",
@@ -102,6 +111,7 @@ __all__ = [
     "saga_deadline_handler",
     "saga_decision_handler",
     "saga_event_handler",
+    "saga_function",
     "start_event",
     "upcaster",
 ]

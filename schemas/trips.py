@@ -36,6 +36,8 @@ __all__ = [
     "ReserveFlight",
     "ReserveHotel",
     "TripCharged",
+    "TripDecided",
+    "TripRequested",
 ]
 
 TRIP_EVENTS_TOPIC = "trip-events"
@@ -171,3 +173,18 @@ class EscalateTrip(Message):
     step: str | None
     machine_state: str
     detail: str
+
+
+@message_type("trips.TripRequested", topic=TRIP_EVENTS_TOPIC)
+class TripRequested(BookTrip):
+    """The same booking, for the trip saga written as one function (``sagas.trip_function``)."""
+
+
+@message_type("trips.TripDecided", topic=TRIP_EVENTS_TOPIC)
+class TripDecided(Message):
+    """A person decided on an escalated trip: ``retry`` the failed undo, or ``skip`` it as
+    done by hand."""
+
+    trip_id: str
+    decision: str
+    reason: str = ""

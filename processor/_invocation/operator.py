@@ -46,7 +46,10 @@ def handler_name(request: OperatorRequest) -> str:
 def cancel_refusal(definition: SagaDefinition, state: SagaState) -> str | None:
     """Why ``saga cancel`` cannot apply to this saga, or None when it can."""
     if CANCEL_HANDLER in definition.deadline_handlers:
-        return None
+        # A saga function knows when a cancel has nothing to act on (it is compensating).
+        ask = getattr(state, "cancel_refusal", None)
+        why = ask() if callable(ask) else None
+        return None if why is None else str(why)
     if callable(getattr(state, "operator_cancel", None)):
         return None
     return (
@@ -58,6 +61,11 @@ def cancel_refusal(definition: SagaDefinition, state: SagaState) -> str | None:
 def resolve_refusal(definition: SagaDefinition, state: SagaState, decision: str) -> str | None:
     """Why the saga cannot take ``decision`` now (``saga resolve``), or None if it can."""
     if DECISION_HANDLER in definition.deadline_handlers:
+        # A saga function knows whether it waits on a person at all.
+        ask = getattr(state, "decision_refusal", None)
+        if callable(ask):
+            why = ask(decision)
+            return None if why is None else str(why)
         return None if decision.strip() else "say what was decided"
     refusal = getattr(state, "resolution_refusal", None)
     if not callable(refusal):

@@ -29,8 +29,9 @@ PUBLIC = (
     "processor.settings",
 )
 API_PAGE = Path(processor.__file__).parents[1] / "docs" / "api.md"
-# The top level is what a saga module imports: small enough to read in one go.
-MOST_TOP_LEVEL_NAMES = 40
+# The top level is what a saga module imports: small enough to read in one go (40 names, and
+# the four of sagas written as functions: saga_function, SagaContext, Undo, StepFailed).
+MOST_TOP_LEVEL_NAMES = 44
 
 
 def listed(page: str) -> dict[str, list[str]]:
