@@ -1,4 +1,5 @@
-"""The order saga's participants (inventory, payment, fraud review, shipping) as one service.
+"""The demo's participants as one service: the order saga's (inventory, payment, fraud review,
+shipping) and the trip saga's (airline, hotels, trip billing).
 
 Run like any participant service, from the processor's ``SAGA_*`` variables::
 
@@ -20,6 +21,7 @@ import psycopg
 
 import schemas  # noqa: F401 - registers the example message types
 from demo.orders import DDL, order_participants, stock_up
+from demo.trips import TRIP_DDL, trip_participants
 from processor import ParticipantApp
 from processor.participant import participant_of
 
@@ -40,10 +42,11 @@ DEFAULTS = {
 
 
 def app() -> ParticipantApp:
-    """The order participants named by ``DEMO_PARTICIPANTS`` (all when unset)."""
+    """The participants named by ``DEMO_PARTICIPANTS`` (all when unset)."""
     only = [n for n in os.environ.get(SELECTION, "").split(",") if n]
-    chosen = [p for p in order_participants() if not only or participant_of(type(p)).name in only]
-    return ParticipantApp(participants=chosen, migrations=[DDL], settings=DEFAULTS)
+    every = [*order_participants(), *trip_participants()]
+    chosen = [p for p in every if not only or participant_of(type(p)).name in only]
+    return ParticipantApp(participants=chosen, migrations=[DDL, TRIP_DDL], settings=DEFAULTS)
 
 
 def seed(

@@ -46,6 +46,7 @@ from demo.order_demo import (
 )
 from demo.progress import Monitor, line, summary
 from demo.traffic import TRANSFER_SAGA, WALLET_SAGA, Scenario, publish, scenario
+from demo.trips import TRIP_FUNCTION, TRIP_TOPICS, publish_trips, trip_plan, trip_tally
 from processor.ops import Adapters
 from processor.publish import with_client_logging as logged
 from processor.settings import ProcessorSettings
@@ -76,6 +77,7 @@ def _topics(cleanup: ExitStack, kafka: str, prefix: str, keep: bool) -> None:
             WALLET_EVENTS_TOPIC,
             WALLET_COMMANDS_TOPIC,
             *ORDER_TOPICS,
+            *TRIP_TOPICS,
             DEAD_LETTERS,
         )
     ]
@@ -248,10 +250,12 @@ def run(args: argparse.Namespace) -> int:
     orders_schema = f"demo_{stamp}_orders"
     plan = scenario(stamp, *((12, 6) if args.quick else (40, 20)))
     orders = order_plan(stamp, 9 if args.quick else 27)
+    trips = trip_plan(stamp, 10 if args.quick else 35)
     expected = {
         TRANSFER_SAGA: plan.expected(TRANSFER_SAGA),
         WALLET_SAGA: plan.expected(WALLET_SAGA),
         ORDER_SAGA: orders.expected(),
+        TRIP_FUNCTION: len(trips),
     }
     logs = Path(os.environ.get("SAGA_LOCAL_DIR", REPO / ".local")) / "demo" / stamp
     logs.mkdir(parents=True, exist_ok=True)
@@ -306,10 +310,12 @@ def run(args: argparse.Namespace) -> int:
         cleanup.callback(monitor.close)
         publish({"bootstrap.servers": kafka}, prefix, plan.requests)
         publish_orders(kafka, prefix, orders)
+        publish_trips(kafka, prefix, trips)
         say(
             f"{args.replicas} processor replicas, {len(plan.requests)} requests published "
             f"({len(plan.lost)} with lost debit replies; payment timeout {PAYMENT_TIMEOUT_S} s), "
-            f"{orders.expected()} orders for the order saga's participants"
+            f"{orders.expected()} orders for the order saga's participants, {len(trips)} trips "
+            "for the trip saga written as one function"
         )
         # The console starts beside the replicas; its URL is printed once it answers.
         up_by = time.monotonic() + 20
@@ -361,6 +367,10 @@ def run(args: argparse.Namespace) -> int:
         # Every order ended with one outcome: the counts add up to the orders placed.
         added = "" if sum(outcomes.values()) == orders.expected() else " (DO NOT ADD UP)"
         say(f"  {ORDER_SAGA:<16} {orders.expected():3d} sagas: {tally}{added}")
+        trip_outcomes = trip_tally(database, schema)
+        trip_added = "" if sum(trip_outcomes.values()) == len(trips) else " (DO NOT ADD UP)"
+        trip_text = ", ".join(f"{n} {state.lower()}" for state, n in trip_outcomes.items())
+        say(f"  {TRIP_FUNCTION:<16} {len(trips):3d} sagas: {trip_text}{trip_added}")
         decided = decisions()
         say(
             f"  shipping escalated to a person {decided.get('ship', 0)} time(s); they decided to "
@@ -388,6 +398,7 @@ def run(args: argparse.Namespace) -> int:
             and snap.dead_letters == 0
             and snap.deadlines_fired > 0
             and not added
+            and not trip_added
         )
         if args.keep and console_up:
             _keep(console, console_url)

@@ -185,6 +185,7 @@ class _Memory:
     compensating: bool = False
     aborted: str | None = None
     drawn: int = 0
+    undone: int = 0
 
 
 class SagaContext:
@@ -303,6 +304,7 @@ class SagaContext:
         self._m.compensating = True
         while self._m.undos:
             undo = self._m.undos.pop()
+            self._m.undone += 1
             while True:
                 try:
                     await _Await(self, _undo_op(undo))

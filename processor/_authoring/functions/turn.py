@@ -485,6 +485,10 @@ async def _program(
     except StepFailed as failure:
         ctx._m.aborted = str(failure)
         await ctx.compensate()
+        if failure.outcome is SagaOutcome.COMPENSATED and not ctx._m.undone:
+            # Nothing had been done that needed undoing: the saga failed, as an orchestrated
+            # saga whose first step is refused does.
+            return SagaOutcome.FAILED
         return failure.outcome
     if result is None or isinstance(result, SagaOutcome):
         return result
