@@ -50,6 +50,12 @@ def test_quick_demo_fires_a_timeout_and_conserves_money(services: Services) -> N
     # Declined, flagged and unshippable orders were undone: compensated, not failed.
     assert "compensated" in tally, out
     assert "DO NOT ADD UP" not in tally, out
+    # The trip saga written as one function ran beside them: booked, undone after a declined
+    # charge, and failed with nothing to undo when no seat was left.
+    trips = next(x for x in out.splitlines() if x.strip().startswith("trip-function"))
+    for outcome in ("completed", "compensated", "failed"):
+        assert outcome in trips, out
+    assert "DO NOT ADD UP" not in trips, out
     # A remote customer's shipping failed on every try: a person was asked, and decided.
     assert "shipping escalated to a person 1 time(s)" in out, out
     # Nobody reviewed an unusual customer's order in time: a person rejected it.
