@@ -21,6 +21,7 @@ from processor._runtime.assembly import bind_sagas, input_topics, relay_for
 from processor._runtime.consumer.ownership import Ownership
 from processor._runtime.consumer.placement import PlacementCheck
 from processor._runtime.consumer.worker import BatchObservers, Worker
+from processor._runtime.functions import function_tallies
 from processor._runtime.growth import GrowthWatch
 from processor._runtime.hooks import Hooks
 from processor._runtime.loops import LoopHealth, Loops, after_commit
@@ -69,6 +70,7 @@ def build_processor(
     )
     supervisor = Supervisor(threading.Event())
     metrics = Metrics(replica=adapters.instance_id)
+    metrics.sources.functions = function_tallies(bound.sagas)
     cs = settings.consumer
     topics = input_topics(settings, bound)
     # Shared: the relay reads the owned partitions' epochs, the worker changes them.

@@ -56,6 +56,8 @@ class Sources:
     # Input records whose key the configured partitioner sends elsewhere, by topic.
     off_partition: Mapping[str, int] | None = None
     stale_producers: Mapping[str, int] | None = None
+    # Per saga function type: (resumed in memory, replayed from the journal, held suspended).
+    functions: Callable[[], Mapping[str, tuple[int, int, int]]] = dict
     up: Callable[[], bool] = lambda: False
 
 
@@ -271,6 +273,26 @@ class _Collector(Collector):
             "Handler invocations that raised.",
             ["saga_type"],
             {(t,): n for t, n in tallies.handler_errors.items()},
+        )
+        functions = dict(src.functions())
+        yield _counter(
+            "saga_function_resumes",
+            "Saga function runs resumed from the function this replica held suspended.",
+            ["saga_type"],
+            {(t,): n[0] for t, n in functions.items()},
+        )
+        yield _counter(
+            "saga_function_replays",
+            "Saga function runs replayed from the journal (not held here: a rebalance, a "
+            "restart, the cache's bound).",
+            ["saga_type"],
+            {(t,): n[1] for t, n in functions.items()},
+        )
+        yield _gauge(
+            "saga_functions_suspended",
+            "Saga functions this replica holds suspended in memory.",
+            ["saga_type"],
+            {(t,): n[2] for t, n in functions.items()},
         )
         yield _gauge(
             "saga_partitions_waiting_on_growth",

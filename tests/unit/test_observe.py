@@ -266,6 +266,7 @@ def test_every_metric_of_the_contract_is_exported() -> None:
     m.sources.relay = type("R", (), {"published": 0, "failed_rounds": {"broker": 1}})()
     m.sources.off_partition = {"in": 1}
     m.sources.stale_producers = {"in": 1}
+    m.sources.functions = lambda: {"t": (1, 1, 1)}
     m.sources.worker_stats = type(
         "S",
         (),
@@ -378,3 +379,32 @@ def test_text_log_lines_start_with_an_iso_utc_time(capsys: pytest.CaptureFixture
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
+
+
+def test_saga_function_runs_are_counted_as_resumed_or_replayed_for_the_metrics() -> None:
+    from decimal import Decimal
+
+    from processor._authoring.functions import function_spec
+    from processor._runtime.functions import function_tallies
+    from processor.testing import SagaFixture
+    from sagas.trip_function import trip_function
+    from schemas.trips import FlightReserved, HotelReserved, TripRequested
+
+    f = SagaFixture(trip_function)
+    read = function_tallies({"trip-function": f.bound})
+    resumed, replayed, _ = read()["trip-function"]
+    tid = "metrics-trip"
+    f.when(
+        TripRequested(
+            trip_id=tid, traveller_id="a", flight="LH 1", hotel="H", amount=Decimal("1.00")
+        )
+    )
+    f.when(FlightReserved(trip_id=tid))
+    # Held in memory after the start: the reply resumes it.
+    assert read()["trip-function"][:2] == (resumed + 1, replayed)
+    # A replica that took the partition over holds nothing: the next reply replays.
+    spec = function_spec(trip_function)
+    assert spec is not None
+    spec.suspended.drop(tid)
+    f.when(HotelReserved(trip_id=tid))
+    assert read()["trip-function"][:2] == (resumed + 1, replayed + 1)

@@ -35,6 +35,7 @@ class Turn(Protocol):
     def patched(self, ctx: SagaContext, name: str) -> bool: ...
     def escalation(self, start: Message, escalation: Escalation) -> Message | None: ...
 
+
 __all__ = [
     "Cancelled",
     "DeadlinePassed",
