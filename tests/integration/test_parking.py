@@ -24,10 +24,12 @@ from pydantic import Field, SecretStr
 from processor import (
     Message,
     SagaCommands,
+    SagaContext,
     SagaState,
     message_type,
     saga,
     saga_event_handler,
+    saga_function,
 )
 from processor._bootstrap.adapters import tables_for
 from processor._engine.partitioner import partition_for
@@ -506,3 +508,53 @@ def test_a_saga_parked_before_a_growth_is_retried_after_it_with_its_commands_in_
             assert env.packed_items(order) == [("cup", 1), ("glass", 2), ("plate", 3)]
     finally:
         packed.close()
+
+
+FUNCTION_TYPE = "parking-test-function"
+
+
+@saga_function(type=FUNCTION_TYPE, association_property="order_id")
+async def packing_function(
+    saga: SagaContext, placed: OrderPlaced, warehouse: Warehouse = WORKING_WAREHOUSE
+) -> None:
+    """PackingSaga written as one function: packs each added item in order until closed."""
+    warehouse.accept(placed.order_id)
+    packed = 0
+    while True:
+        event = await saga.wait((ItemAdded, OrderClosed))
+        if not isinstance(event, ItemAdded):
+            return
+        warehouse.accept(event.item)
+        packed += 1
+        saga.send(PackItem(order_id=placed.order_id, item=event.item, position=packed))
+
+
+def test_a_saga_function_that_raises_is_parked_and_a_retry_replays_it_to_the_end(
+    env: Env,
+) -> None:
+    order, healthy = f"o-{uuid.uuid4().hex[:6]}", f"h-{uuid.uuid4().hex[:6]}"
+    warehouse = Warehouse("glass")
+    deps = {Warehouse: warehouse}
+    with running(env.settings, [packing_function], dependencies=deps):
+        _park_order(env, order, healthy)
+        # The same parking as a handler's: the failing input, then three held behind it; the
+        # other order on the same partition went on and ended.
+        _assert_parked(env, order)
+        env.packed.wait_for(lambda rs: env.packed_items(healthy) != [], what="healthy packed")
+
+        warehouse.broken.clear()
+        bound = bind_sagas(env.settings, [packing_function], dependencies=deps)
+        with _queries(env) as queries:
+            result = retry_parked_saga(
+                queries,
+                bound.planner,
+                FUNCTION_TYPE,
+                order,
+                registry=bound.registry,
+                max_record_bytes=env.settings.consumer.max_record_bytes,
+            )
+        assert result.ok, result.failure
+        assert (result.held, result.status) == (4, "ended")
+        # Replayed from its journal: every item packed once, in order, the first ones not again.
+        _assert_completed_in_order(env, order)
+    assert env.packed_items(healthy) == [("glass-free", 1)]

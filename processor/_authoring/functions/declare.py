@@ -50,8 +50,8 @@ CACHE_SIZE = "saga_functions.cache_size"
 _LIMIT_PARAM = "saga_functions_journal_limit"
 _SIZE_PARAM = "saga_functions_cache_size"
 _OURS = {
-    _LIMIT_PARAM: Annotated[int, Setting(JOURNAL_LIMIT, default=1000)],
-    _SIZE_PARAM: Annotated[int, Setting(CACHE_SIZE, default=10_000)],
+    _LIMIT_PARAM: (Annotated[int, Setting(JOURNAL_LIMIT, default=1000)], inspect.Parameter.empty),
+    _SIZE_PARAM: (Annotated[int, Setting(CACHE_SIZE, default=10_000)], inspect.Parameter.empty),
 }
 _SPEC = "__saga_function__"
 
@@ -177,8 +177,8 @@ def _build(
 
 def _signature(
     func: Callable[..., Any], problems: list[str]
-) -> tuple[type[Message] | None, dict[str, Any]]:
-    """The start event class, and the further parameters by name with their annotations."""
+) -> tuple[type[Message] | None, dict[str, tuple[Any, Any]]]:
+    """The start event class, and the further parameters: name -> (annotation, default)."""
     try:
         hints = typing.get_type_hints(func, include_extras=True)
     except Exception as e:
@@ -194,12 +194,12 @@ def _signature(
             f"annotate the second parameter, {params[1].name!r}, with the start event's class"
         )
         start = None
-    extras: dict[str, Any] = {}
+    extras: dict[str, tuple[Any, Any]] = {}
     for p in params[2:]:
         if p.name not in hints:
             problems.append(f"parameter {p.name!r} has no annotation; annotate it to inject it")
             continue
-        extras[p.name] = hints[p.name]
+        extras[p.name] = (hints[p.name], p.default)
     return start, extras
 
 
@@ -385,7 +385,8 @@ def _shaped(
     handler.__qualname__ = name
     handles = {"commands": SagaCommands, "deadlines": SagaDeadlines, "lifecycle": SagaLifecycle}
     leading = dict([first]) if first is not None else {}
-    handler.__annotations__ = {**leading, **handles, **extra, "return": None}
+    annotations = {n: t for n, (t, _) in extra.items()}
+    handler.__annotations__ = {**leading, **handles, **annotations, "return": None}
     positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
     handler.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [
@@ -393,8 +394,8 @@ def _shaped(
             *(inspect.Parameter(n, positional, annotation=t) for n, t in leading.items()),
             *(inspect.Parameter(n, positional, annotation=t) for n, t in handles.items()),
             *(
-                inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=t)
-                for n, t in extra.items()
+                inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=t, default=d)
+                for n, (t, d) in extra.items()
             ),
         ],
         return_annotation=None,
