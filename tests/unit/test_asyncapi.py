@@ -189,3 +189,17 @@ def test_every_payload_schema_accepts_exactly_what_its_model_accepts(entry: Any)
             if validator.is_valid(body) != by_model:
                 disagreements.append((field, probe, by_model))
     assert disagreements == []
+
+
+def test_a_saga_function_s_start_and_awaited_events_are_what_it_receives() -> None:
+    from sagas.trip_function import trip_function
+
+    document = asyncapi_document(registry, [definition_of(trip_function)])
+    messages = document["components"]["messages"]
+    for name in ("trips.TripRequested", "trips.FlightReserved", "trips.TripDecided"):
+        [entry] = [m for m in messages.values() if m.get("name") == name]
+        # Keyed by the saga's association property, as every event a saga consumes.
+        assert entry["x-key"] == "trip_id", name
+    receive = document["operations"]["receive-trip-events"]
+    assert receive["action"] == "receive"
+    assert "send-trip-commands" in document["operations"]
