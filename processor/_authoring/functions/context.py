@@ -122,6 +122,9 @@ class Undo:
         rejects: Replies saying it could not be undone.
         timeout: How long each attempt waits.
         retry: How often it is tried again before a person is asked.
+        late_window: When the call's outcome is unknown (it timed out, the saga was cancelled
+            or ran out of time while it waited), how long the compensation keeps listening for
+            its late success, to undo that too.
     """
 
     command: Message
@@ -129,6 +132,7 @@ class Undo:
     rejects: Events = ()
     timeout: timedelta | None = None
     retry: RetryPolicy | None = None
+    late_window: timedelta = timedelta(minutes=10)
 
 
 @dataclass(frozen=True)
@@ -187,6 +191,8 @@ class _Memory:
     aborted: str | None = None
     drawn: int = 0
     undone: int = 0
+    # Calls whose outcome is unknown, with their undo: a late success is undone too.
+    in_doubt: list[tuple[tuple[type[Message], ...], Undo]] = field(default_factory=list)
 
 
 class SagaContext:
@@ -304,21 +310,34 @@ class SagaContext:
         """
         self._m.compensating = True
         while self._m.undos:
-            undo = self._m.undos.pop()
-            self._m.undone += 1
-            while True:
-                try:
-                    await _Await(self, _undo_op(undo))
-                    break
-                except StepFailed as failure:
-                    escalation = Escalation(
-                        reason="compensation-failed",
-                        step=failure.what,
-                        machine_state="COMPENSATING",
-                        detail=f"undo {failure.what} failed: {failure.reason}",
-                    )
-                    if await self.escalate(escalation) == "skip":
-                        break
+            await self._undo(self._m.undos.pop())
+        # As an orchestrated saga does: a call whose outcome is unknown may still succeed;
+        # listen for that success for its late window, and undo it if it comes.
+        while self._m.in_doubt:
+            window = max(undo.late_window for _, undo in self._m.in_doubt)
+            successes = tuple(dict.fromkeys(c for classes, _ in self._m.in_doubt for c in classes))
+            late = await self.wait(successes, timeout=window)
+            if late is None:
+                break
+            match = next(i for i, (c, _) in enumerate(self._m.in_doubt) if type(late) in c)
+            _, undo = self._m.in_doubt.pop(match)
+            await self._undo(undo)
+
+    async def _undo(self, undo: Undo) -> None:
+        self._m.undone += 1
+        while True:
+            try:
+                await _Await(self, _undo_op(undo))
+                return
+            except StepFailed as failure:
+                escalation = Escalation(
+                    reason="compensation-failed",
+                    step=failure.what,
+                    machine_state="COMPENSATING",
+                    detail=f"undo {failure.what} failed: {failure.reason}",
+                )
+                if await self.escalate(escalation) == "skip":
+                    return
 
     async def escalate(self, escalation: Escalation | str) -> str:
         """Ask a person, and wait for their decision: ``retry``, ``skip`` or ``compensate``.
@@ -353,6 +372,8 @@ class SagaContext:
         self._m.now = entry.at
         reply = entry.result.load() if entry.result is not None else None
         what = entry.what
+        if op.kind == "call" and op.undo is not None and entry.outcome in _IN_DOUBT:
+            self._m.in_doubt.append((op.expects, op.undo))
         match entry.outcome:
             case "ok":
                 if op.kind == "call" and op.undo is not None:
@@ -373,6 +394,9 @@ class SagaContext:
             case "deadline":
                 raise DeadlinePassed(what, "the saga's deadline passed")
         raise SagaError(f"journal entry #{entry.seq} has an unknown outcome {entry.outcome!r}")
+
+
+_IN_DOUBT = ("timed-out", "cancelled", "deadline")
 
 
 def _because(reply: Message | None, default: str) -> str:
