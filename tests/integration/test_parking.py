@@ -534,7 +534,7 @@ def test_a_saga_function_that_raises_is_parked_and_a_retry_replays_it_to_the_end
 ) -> None:
     order, healthy = f"o-{uuid.uuid4().hex[:6]}", f"h-{uuid.uuid4().hex[:6]}"
     warehouse = Warehouse("glass")
-    deps = {Warehouse: warehouse}
+    deps: dict[type, object] = {Warehouse: warehouse}
     with running(env.settings, [packing_function], dependencies=deps):
         _park_order(env, order, healthy)
         # The same parking as a handler's: the failing input, then three held behind it; the
