@@ -21,7 +21,7 @@ from processor._runtime.consumer.access import StoreLanes
 from processor._runtime.consumer.batch import Batch, Limits, Owned, Planned
 from processor._runtime.consumer.intake import Intake
 from processor._runtime.consumer.isolate import isolate_refused
-from processor._runtime.consumer.ownership import Ownership
+from processor._runtime.consumer.ownership import CLAIM_RETRY, Ownership
 from processor._runtime.consumer.stats import WorkerStats
 from processor._runtime.consumer.steps import BatchSteps
 
@@ -235,6 +235,13 @@ class Recovery:
             self._ownership.publish()
             log.warning("fenced out of %s: another replica owns them now", sorted(lost))
             self._consumer.pause(lost)
+            # Still assigned here, they are claimed again a little later unless the group takes
+            # them away first: the claim that fenced this replica may have been a zombie's (a
+            # replica paused past its session claims the partitions it had been waiting for
+            # before its next poll tells it they are gone), and no rebalance would then ever
+            # give them back (found by the simulation, tests/sim).
+            self._ownership.unclaimed.update(lost)
+            self._ownership.claim_after = self._clock() + CLAIM_RETRY
         return True
 
     # -- an outage -------------------------------------------------------------------------------

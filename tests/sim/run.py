@@ -1,0 +1,499 @@
+"""One simulated run from a seed: the schedule, the faults, the invariants, the trace hash.
+
+A run draws every decision from one ``random.Random(seed)``: which loop steps next, when time
+moves and by how much, which fault comes and where. Faults are numbered as they are drawn;
+``disabled`` skips some of them while every draw still happens, so the rest of the schedule
+stays the same, which is how a failing schedule is shrunk to the faults it needs.
+
+After the scheduled steps the world heals (faults off, frozen replicas back, one replica at
+least) and runs until every saga ended, the outbox is empty and every offset is at its log's
+end; a world that cannot get there within its bound is a failure too (a stuck saga).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from processor._engine.rows import Outcome
+from processor._errors import DeliveryFailed, Retryable
+from processor._ports import TP
+from tests.sim.model import COMMANDS, EVENTS, SAGA_TYPE, Opened
+from tests.sim.world import Replica, World, publish
+
+__all__ = ["BUGS", "Result", "run", "shrink"]
+
+STEPS = 120
+SAGAS = 6
+HEAL_ROUNDS = 400
+
+# Relative weights of the scheduler's choices; the faults share FAULTS' weight.
+WORK = {"publish": 3, "step": 8, "relay": 4, "poll": 2, "participant": 4, "tick": 2}
+FAULTS = {
+    "crash": 2,
+    "join": 2,
+    "freeze": 2,
+    "thaw": 3,
+    "db-refuse": 2,
+    "db-in-doubt": 3,
+    "db-down": 2,
+    "produce-refuse": 1,
+    "produce-lost-ack": 2,
+    "lose-reply": 2,
+    "dup-reply": 1,
+    "dup-record": 2,
+    "clock-jump": 1,
+}
+FAULT_SHARE = 0.25
+MAX_REPLICAS = 4
+
+
+@dataclass
+class Result:
+    """What a run did and found.
+
+    Attributes:
+        seed: The seed.
+        trace: The hash of every decision and what it led to: equal for equal runs.
+        failures: The invariants that did not hold, and how the run stopped if it did not end.
+        faults: Faults injected, by kind.
+        steps: Decisions taken.
+        last: The last decisions, for the report.
+    """
+
+    seed: int
+    trace: str = ""
+    failures: list[str] = field(default_factory=list)
+    faults: Counter[str] = field(default_factory=Counter)
+    steps: int = 0
+    last: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+class _Run:
+    def __init__(self, seed: int, disabled: frozenset[int], steps: int, bugs: Iterable[str]):
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.disabled = disabled
+        self.steps = steps
+        self.world = World()
+        self.result = Result(seed)
+        self._hash = hashlib.sha256(f"seed {seed}".encode())
+        self._fault_no = 0
+        self._published = 0
+        self._sagas = self.rng.randint(2, SAGAS)
+        self._lose = 0
+        self._dup = 0
+        self._offsets: dict[TP, int] = {}
+        self._bugs = set(bugs)
+
+    # -- the schedule ------------------------------------------------------------------------
+
+    def go(self) -> Result:
+        w = self.world
+        for _ in range(self.rng.randint(1, 3)):
+            self._join()
+        try:
+            for _ in range(self.steps):
+                self._decide()
+                self._check_as_we_go()
+                if self.result.failures:
+                    return self._done()
+            self._heal()
+            if not self.result.failures:
+                self._check_at_the_end()
+        except Exception as e:  # a loop that raised is a finding, not a crash of the run
+            self.result.failures.append(f"{type(e).__name__}: {e}")
+        finally:
+            for r in w.live():
+                r.worker._lanes.close()
+        return self._done()
+
+    def _done(self) -> Result:
+        self.result.trace = self._hash.hexdigest()[:16]
+        return self.result
+
+    def _note(self, what: str) -> None:
+        self.result.steps += 1
+        self.result.last = [*self.result.last[-19:], what]
+        t = self.world.db.tables
+        digest = (what, len(t.history), len(self.world.db.committed), sorted(self.world.offsets().items()))
+        self._hash.update(repr(digest).encode())
+
+    def _pick(self, weights: dict[str, int]) -> str:
+        names = list(weights)
+        return self.rng.choices(names, weights=[weights[n] for n in names])[0]
+
+    def _replica(self, runnable: bool = True) -> Replica | None:
+        found = [r for r in self.world.live() if not (runnable and r.frozen)]
+        return self.rng.choice(found) if found else None
+
+    def _decide(self) -> None:
+        if self.rng.random() < FAULT_SHARE:
+            kind = self._pick(FAULTS)
+            self._fault_no += 1
+            if self._fault_no in self.disabled:
+                self._note(f"fault #{self._fault_no} {kind} (disabled)")
+                return
+            done = self._fault(kind)
+            if done:
+                self.result.faults[kind] += 1
+            self._note(f"fault #{self._fault_no} {kind}: {done or 'not applicable'}")
+            return
+        self._work(self._pick(WORK))
+
+    def _work(self, kind: str) -> None:
+        w = self.world
+        if kind == "publish":
+            if self._published >= self._sagas:
+                kind = "tick"
+            else:
+                sid = f"s{self._published}"
+                self._published += 1
+                steps = self.rng.randint(1, 4)
+                publish(w.broker, Opened(sim_id=sid, steps=steps), f"open-{sid}", sid)
+                self._note(f"publish {sid} ({steps} steps)")
+                return
+        if kind == "tick":
+            delta = self.rng.choice([0.5, 2.0, 10.0, 31.0, 65.0])
+            w.clock.now += delta
+            self._note(f"tick +{delta}s")
+            return
+        if kind == "participant":
+            n = w.participant.step(self._lose_one, self._dup_one)
+            self._note(f"participant read {n}")
+            return
+        r = self._replica()
+        if r is None:
+            self._note(f"{kind}: no replica")
+            return
+        if kind == "step":
+            self._step(r)
+        elif kind == "relay":
+            self._relay(r)
+        elif kind == "poll":
+            self._poll(r)
+
+    def _relay(self, r: Replica) -> None:
+        # What Relay.run does with a round's failure: count it, back off, go on.
+        try:
+            n = r.relay.run_once()
+        except (Retryable, DeliveryFailed) as e:
+            self._note(f"{r.name} relay round failed: {type(e).__name__}")
+            return
+        self._note(f"{r.name} relay published {n}")
+
+    def _poll(self, r: Replica) -> None:
+        # What DeadlinePoller.run does with a transient failure: drop the token, go on.
+        try:
+            r.poller.step()
+        except Retryable as e:
+            r.poller.token = None
+            self._note(f"{r.name} poller failed: {type(e).__name__}")
+            return
+        finally:
+            self.world.db.sync_lease()
+        self._note(f"{r.name} poller token {r.poller.token}")
+
+    def _step(self, r: Replica) -> None:
+        n = r.worker.poll_once()
+        r.worker.settle()
+        self._note(f"{r.name} step read {n}")
+
+    def _lose_one(self) -> bool:
+        if self._lose:
+            self._lose -= 1
+            return True
+        return False
+
+    def _dup_one(self) -> bool:
+        if self._dup:
+            self._dup -= 1
+            return True
+        return False
+
+    def _join(self) -> str:
+        r = self.world.start_replica(self.rng.choice([1, 3, 10, 50]))
+        return f"{r.name} joined"
+
+    def _fault(self, kind: str) -> str | None:
+        w = self.world
+        rng = self.rng
+        if kind == "join":
+            return self._join() if len(w.live()) < MAX_REPLICAS else None
+        if kind == "crash":
+            r = self._replica(runnable=False)
+            if r is None or len(w.live()) < 2:
+                return None
+            r.crash()
+            return f"{r.name} crashed"
+        if kind == "freeze":
+            r = self._replica()
+            if r is None or len(w.live()) < 2:
+                return None
+            r.frozen = True
+            # Frozen past its session: the group moves its partitions without telling it.
+            w.group.expel(r.name)
+            return f"{r.name} frozen past its session"
+        if kind == "thaw":
+            frozen = [r for r in w.live() if r.frozen]
+            if not frozen:
+                return None
+            r = rng.choice(frozen)
+            self._thaw(r)
+            return f"{r.name} woke as a zombie"
+        if kind in ("db-refuse", "db-in-doubt"):
+            r = self._replica(runnable=False)
+            if r is None:
+                return None
+            w.faults.writes[r.name].append(kind.removeprefix("db-"))
+            return f"{r.name}'s next commit: {kind}"
+        if kind == "db-down":
+            r = self._replica(runnable=False)
+            if r is None:
+                return None
+            span = rng.choice([3.0, 15.0, 45.0])
+            w.faults.down_until[r.name] = w.clock.now + span
+            return f"database away from {r.name} for {span}s"
+        if kind in ("produce-refuse", "produce-lost-ack"):
+            r = self._replica(runnable=False)
+            if r is None:
+                return None
+            who = f"{r.name}:{rng.choice(['relay', 'poller'])}"
+            w.faults.produce[who].append(kind.removeprefix("produce-"))
+            return f"{who}'s next send: {kind}"
+        if kind == "lose-reply":
+            self._lose += 1
+            return "the participant's next reply is lost"
+        if kind == "dup-reply":
+            self._dup += 1
+            return "the participant's next reply is sent twice"
+        if kind == "dup-record":
+            inputs = [rec for tp in w.broker.input_partitions() for rec in w.broker.logs[tp]]
+            if not inputs:
+                return None
+            rec = rng.choice(inputs)
+            w.broker.append(rec.topic, rec.key, rec.value, rec.headers, rec.partition)
+            return f"record {rec.topic}/{rec.partition}@{rec.offset} delivered again"
+        if kind == "clock-jump":
+            r = self._replica(runnable=False)
+            if r is None:
+                return None
+            jump = rng.choice([-40.0, -5.0, 5.0, 90.0])
+            r.skew += jump
+            return f"{r.name}'s clock jumped {jump:+}s"
+        return None
+
+    def _thaw(self, r: Replica) -> None:
+        r.frozen = False
+        if r.lost:
+            # Its first poll after the pause still acts as the owner: what it writes now must
+            # be fenced. Then it learns it was expelled, and joins again.
+            self._step(r)
+            assigned = r.consumer.assignment()
+            if assigned:
+                r.consumer.revoke(assigned)
+            r.lost = False
+            self.world.group.join(r.name)
+
+    # -- healing and the end -------------------------------------------------------------------
+
+    def _heal(self) -> None:
+        w = self.world
+        w.faults.writes.clear()
+        w.faults.produce.clear()
+        w.faults.down_until.clear()
+        self._lose = self._dup = 0
+        for r in w.live():
+            if r.frozen:
+                self._thaw(r)
+        if not w.live():
+            self._join()
+        while self._published < self._sagas:
+            self._work("publish")
+        for round_no in range(HEAL_ROUNDS):
+            if self._settled():
+                self._note(f"settled after {round_no} rounds")
+                return
+            before = (len(w.db.tables.history), len(w.db.committed), len(w.broker.logs[(COMMANDS, 0)]))
+            for r in w.live():
+                self._step(r)
+                self._step(r)
+                self._relay(r)
+                self._poll(r)
+            w.participant.step(lambda: False, lambda: False)
+            self._check_as_we_go()
+            if self.result.failures:
+                return
+            after = (len(w.db.tables.history), len(w.db.committed), len(w.broker.logs[(COMMANDS, 0)]))
+            if after == before:
+                w.clock.now += 31.0
+        self.result.failures.append(f"stuck: not settled after {HEAL_ROUNDS} healing rounds")
+
+    def _settled(self) -> bool:
+        w = self.world
+        t = w.db.tables
+        ended = [k for k, row in t.sagas.items() if row.status == "ended"]
+        if len(ended) < self._sagas:
+            return False
+        if w.db.outbox.pending():
+            return False
+        offsets = w.offsets()
+        return all(
+            (offsets.get(tp) or 0) == len(w.broker.logs[tp]) for tp in w.broker.input_partitions()
+        )
+
+    def _check_as_we_go(self) -> None:
+        w = self.world
+        for tp, nxt in w.offsets().items():
+            if nxt is None:
+                continue
+            if nxt < self._offsets.get(tp, 0):
+                self.result.failures.append(f"the stored offset of {tp} moved back to {nxt}")
+            self._offsets[tp] = nxt
+        if w.db.violations:
+            self.result.failures.extend(w.db.violations)
+            w.db.violations.clear()
+
+    def _check_at_the_end(self) -> None:
+        f = self.result.failures
+        w = self.world
+        t = w.db.tables
+        # Every input record below the stored offsets was decided exactly once.
+        seen: Counter[tuple[str, int, int]] = Counter(
+            (h.topic, h.partition, h.offset) for h in t.history
+        )
+        for tp in w.broker.input_partitions():
+            for rec in w.broker.logs[tp]:
+                n = seen[(rec.topic, rec.partition, rec.offset)]
+                # A fired deadline whose row is gone (applied already: a second send of the
+                # same fire; rescheduled since) is dropped unrecorded; every event is decided.
+                fired = dict(rec.headers).get("message-type") == b"saga.deadline-fired"
+                if n > 1 or (n == 0 and not fired):
+                    f.append(f"record {tp}@{rec.offset} has {n} history rows")
+        if t.dead_letters:
+            f.append(f"{len(t.dead_letters)} valid records dead-lettered: {t.dead_letters[0].reason}")
+        parked = [k for k, row in t.sagas.items() if row.status != "ended"]
+        if parked:
+            f.append(f"sagas not ended: {parked}")
+        # Each saga applied its steps in order, exactly once each.
+        for (stype, sid), row in t.sagas.items():
+            if stype != SAGA_TYPE or not isinstance(row.state, dict):
+                continue
+            done, steps = row.state.get("done"), row.state.get("steps")
+            if done != list(range(1, (steps or 0) + 1)):
+                f.append(f"{sid} applied steps {done} of {steps}")
+        # Every committed command was published, under its id, with the bytes committed, and
+        # each saga's commands went out in the order they were committed.
+        sent: dict[str, bytes] = {}
+        order: dict[str, list[str]] = {}
+        for p in range(w.broker.partitions[COMMANDS]):
+            for rec in w.broker.logs[(COMMANDS, p)]:
+                h = dict((k, v.decode()) for k, v in rec.headers)
+                mid = h["message-id"]
+                if sent.setdefault(mid, rec.value or b"") != (rec.value or b""):
+                    f.append(f"command {mid} published with different bytes")
+                ids = order.setdefault(h.get("saga-id", ""), [])
+                if mid not in ids:
+                    ids.append(mid)
+        committed: dict[str, list[str]] = {}
+        for row in w.db.committed:
+            if row.topic != COMMANDS:
+                continue
+            mid = row.headers["message-id"]
+            if sent.get(mid) != row.value:
+                f.append(f"committed command {mid} of {row.saga_id} never published as committed")
+            committed.setdefault(row.saga_id or "", []).append(mid)
+        for sid, ids in committed.items():
+            if order.get(sid) != ids:
+                f.append(f"{sid}'s commands published in the order {order.get(sid)}, committed {ids}")
+        # Every fired deadline was applied at most once, on its saga's partition.
+        fired = [h for h in t.history if h.kind == "deadline" and h.outcome is Outcome.APPLIED]
+        per = Counter((h.saga_id, h.message_id) for h in fired)
+        for key, n in per.items():
+            if n > 1:
+                f.append(f"deadline {key} applied {n} times")
+        homes = {
+            h.saga_id: h.partition for h in t.history if h.message_type == "sim.Opened"
+        }
+        for h in fired:
+            if homes.get(h.saga_id) != h.partition:
+                f.append(f"a deadline of {h.saga_id} fired on partition {h.partition}")
+
+
+def run(
+    seed: int,
+    *,
+    disabled: Iterable[int] = (),
+    steps: int = STEPS,
+    bugs: Iterable[str] = (),
+) -> Result:
+    """Runs the schedule of ``seed`` (without the ``disabled`` faults), with ``bugs`` switched on."""
+    logging.disable(logging.CRITICAL)
+    try:
+        with _switched(bugs):
+            return _Run(seed, frozenset(disabled), steps, bugs).go()
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def shrink(seed: int, *, steps: int = STEPS, bugs: Iterable[str] = ()) -> tuple[Result, list[int]]:
+    """The failing run of ``seed`` with as few of its faults as still make it fail."""
+    first = run(seed, steps=steps, bugs=bugs)
+    if first.ok:
+        return first, []
+    total = sum(first.faults.values()) + sum(1 for s in first.last if "disabled" in s)
+    numbers = list(range(1, max(total, _faults_drawn(seed, steps, bugs)) + 1))
+    disabled: set[int] = set()
+    for n in numbers:
+        trial = run(seed, disabled=disabled | {n}, steps=steps, bugs=bugs)
+        if not trial.ok:
+            disabled.add(n)
+    final = run(seed, disabled=disabled, steps=steps, bugs=bugs)
+    return final, [n for n in numbers if n not in disabled]
+
+
+def _faults_drawn(seed: int, steps: int, bugs: Iterable[str]) -> int:
+    r = _Run(seed, frozenset(), steps, bugs)
+    return r._fault_no
+
+
+# -- historical bugs, switched back on for the simulator to find ---------------------------------
+
+BUGS: dict[str, Callable[[], Callable[[], None]]] = {}
+
+
+class _switched:
+    def __init__(self, bugs: Iterable[str]) -> None:
+        self._names = list(bugs)
+        self._undo: list[Callable[[], None]] = []
+
+    def __enter__(self) -> None:
+        for name in self._names:
+            self._undo.append(BUGS[name]())
+
+    def __exit__(self, *exc: object) -> None:
+        for undo in reversed(self._undo):
+            undo()
+
+
+def describe(result: Result) -> str:
+    """The report of a failing run: what failed, the last decisions, the replay command."""
+    lines = [f"seed {result.seed} failed (trace {result.trace}):"]
+    lines += [f"  {x}" for x in result.failures[:10]]
+    lines.append("  last decisions:")
+    lines += [f"    {x}" for x in result.last]
+    lines.append(f"  replay: python -m tests.sim --seed {result.seed}")
+    return "\n".join(lines)
+
+
+def faults_json(result: Result) -> str:
+    return json.dumps(dict(result.faults), sort_keys=True)
