@@ -18,7 +18,16 @@ from processor._authoring.messages import Message, MessageRegistry, registry
 from processor._authoring.orchestration.retry import RetryPolicy
 from processor._authoring.saga_model import SagaState
 
-__all__ = ["Entry", "FunctionState", "Kind", "Pending", "Resolution", "Wire", "chain_after"]
+__all__ = [
+    "Entry",
+    "FunctionState",
+    "Kind",
+    "Pending",
+    "Resolution",
+    "TimerPayload",
+    "Wire",
+    "chain_after",
+]
 
 Kind = Literal["call", "undo", "send", "sleep", "wait", "decision", "patch"]
 """What an await (or a journaled step that does not wait) was: see ``SagaContext``."""
@@ -123,6 +132,19 @@ class Pending(BaseModel):
     since: datetime
     undo: Wire | None = None
     reason: str | None = None
+
+
+class TimerPayload(BaseModel):
+    """The payload of a saga function's await timer: which await, which attempt.
+
+    Scheduled as this model rather than a dict: the deadline's payload is dumped through a
+    type adapter of its type, which a model has ready and a dict has built anew each time.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seq: int
+    attempt: int
 
 
 class FunctionState(SagaState):

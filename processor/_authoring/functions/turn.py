@@ -29,6 +29,7 @@ from processor._authoring.functions.journal import (
     FunctionState,
     Pending,
     Resolution,
+    TimerPayload,
     Wire,
     chain_after,
 )
@@ -226,7 +227,7 @@ class Turn:
             return self._resolve(outcome, Wire.of(reply) if reply is not None else None)
         p.backing_off = True
         p.timer_at = at
-        self.deadlines.schedule(TIMER, at=at, payload={"seq": p.seq, "attempt": p.attempt})
+        self.deadlines.schedule(TIMER, at=at, payload=TimerPayload(seq=p.seq, attempt=p.attempt))
         self.state.pending = p
         return False
 
@@ -238,7 +239,7 @@ class Turn:
             self.commands.send(p.command.load(), deadline=p.timer_at)
         if p.timer_at is not None:
             self.deadlines.schedule(
-                TIMER, at=p.timer_at, payload={"seq": p.seq, "attempt": attempt}
+                TIMER, at=p.timer_at, payload=TimerPayload(seq=p.seq, attempt=attempt)
             )
         self.state.pending = p
 
@@ -382,7 +383,7 @@ class Turn:
         if op.command is not None:
             self.commands.send(op.command, deadline=timer_at if op.kind != "sleep" else None)
         if timer_at is not None:
-            self.deadlines.schedule(TIMER, at=timer_at, payload={"seq": seq, "attempt": 1})
+            self.deadlines.schedule(TIMER, at=timer_at, payload=TimerPayload(seq=seq, attempt=1))
         self.state.pending = p
 
     def _same(
