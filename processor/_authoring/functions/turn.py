@@ -50,27 +50,35 @@ _LATE_KEPT = 50
 
 
 class Suspended:
-    """Suspended functions this replica keeps, by saga and journal place; bounded, oldest out."""
+    """Suspended functions this replica keeps, one a saga; bounded, oldest out.
+
+    One a saga: a saga's function is suspended at one place at a time, and the place it was
+    suspended at before can never be resumed again (its journal only grows), so keeping the
+    newest under the saga's id is enough, and a saga's end forgets it in one look-up.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._items: OrderedDict[tuple[str, str], tuple[Any, SagaContext, tuple[int, ...]]] = (
-            OrderedDict()
-        )
+        # By saga id: the journal place (chain), the coroutine, its context, its deps' ids.
+        self._items: OrderedDict[str, tuple[str, Any, SagaContext, tuple[int, ...]]] = OrderedDict()
         self.hits = 0
         self.replays = 0
 
     def take(
         self, saga_id: str, chain: str, deps: tuple[int, ...]
     ) -> tuple[Any, SagaContext] | None:
-        """The function suspended at ``chain``, removed, or None (then the caller replays)."""
+        """The function suspended at ``chain``, removed, or None (then the caller replays).
+
+        The saga's function held at another place is removed too: the caller's replay puts
+        the function it suspends in its stead.
+        """
         with self._lock:
-            item = self._items.pop((saga_id, chain), None)
-        if item is None or item[2] != deps:
+            item = self._items.pop(saga_id, None)
+        if item is None or item[0] != chain or item[3] != deps:
             self.replays += 1
             return None
         self.hits += 1
-        return item[0], item[1]
+        return item[1], item[2]
 
     def put(
         self,
@@ -85,16 +93,15 @@ class Suspended:
         if size <= 0:
             return
         with self._lock:
-            self._items[(saga_id, chain)] = (coro, ctx, deps)
-            self._items.move_to_end((saga_id, chain))
+            self._items[saga_id] = (chain, coro, ctx, deps)
+            self._items.move_to_end(saga_id)
             while len(self._items) > size:
                 self._items.popitem(last=False)
 
     def drop(self, saga_id: str) -> None:
-        """Forget every function of ``saga_id`` (it ended)."""
+        """Forget the function of ``saga_id`` (it ended)."""
         with self._lock:
-            for key in [k for k in self._items if k[0] == saga_id]:
-                del self._items[key]
+            self._items.pop(saga_id, None)
 
     def __len__(self) -> int:
         return len(self._items)
