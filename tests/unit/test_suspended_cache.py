@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any, cast
 
+import pytest
+
+from processor import SagaError
+from processor._authoring.functions import FunctionState, function_spec
 from processor._authoring.functions.context import SagaContext
-from processor._authoring.functions.turn import Suspended
+from processor._authoring.functions.turn import Suspended, Turn
+from processor.testing import SagaFixture
+from sagas.trip_function import trip_function
+from schemas import trips
 
 CTX = cast(SagaContext, object())
 
@@ -41,3 +49,25 @@ def test_an_ended_saga_is_forgotten_and_the_oldest_go_past_the_size() -> None:
     assert cache.take("s-3", "c", ()) == (3, CTX)
     cache.put("s-9", "c", 9, CTX, (), size=0)
     assert len(cache) == 1
+
+
+def test_a_held_function_keeps_no_handler_run_and_refuses_operations() -> None:
+    spec = function_spec(trip_function)
+    assert spec is not None
+    fx = SagaFixture(trip_function)
+    fx.when(
+        trips.TripRequested(
+            trip_id="t-held", traveller_id="a", flight="F1", hotel="H1", amount=Decimal("10")
+        )
+    )
+    state = fx.state
+    assert isinstance(state, FunctionState)
+    held = spec.suspended.take("t-held", state.chain, ())
+    assert held is not None
+    coro, ctx = held
+    try:
+        assert not isinstance(ctx._turn, Turn)
+        with pytest.raises(SagaError, match="outside its handler run"):
+            ctx.send(trips.CancelFlight(trip_id="t-held", flight="F1"))
+    finally:
+        coro.close()

@@ -465,6 +465,7 @@ class Turn:
                     "it does no I/O of its own"
                 )
             self._keep(ctx)
+            ctx._turn = _DETACHED
             spec.suspended.put(self.saga_id, s.chain, coro, ctx, deps, cache_size)
         finally:
             self._open = False
@@ -479,6 +480,23 @@ class Turn:
             self.deadlines.cancel(DEADLINE)
         self.lifecycle.end(value if value is not None else SagaOutcome.COMPLETED)
         self.spec.suspended.drop(self.saga_id)
+
+
+class _Detached:
+    """The turn of a function held suspended between handler runs: it refuses every operation.
+
+    A held function keeps no handler run: the run's state, handles and saga state would stay
+    alive for as long as it is held (about half the objects it holds), and the garbage
+    collector walks every one at each of its full collections. A resume attaches its own run.
+    """
+
+    def _refuse(self, *_: Any) -> Any:
+        raise SagaError("a saga function ran an operation outside its handler run")
+
+    step = sent = patched = escalation = _refuse
+
+
+_DETACHED = _Detached()
 
 
 async def _program(
