@@ -20,11 +20,14 @@ from its start against its journal at every reply. Issue 49's goal: the function
 
 Beside it, in process (``benchmarks.fn_replay``): what a cache miss costs at journals of 10 and
 50 awaits. And a cProfile of a function round (the batch step, commit and relay, as S1's) and
-of an orchestrated one, kept beside the report.
+of an orchestrated one, kept beside the report. The profiles do not show the garbage
+collector's time, which the functions held in the cache add to (every full collection walks
+them): each drain reports the collector's runs by generation beside its rate.
 """
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 import uuid
@@ -150,6 +153,11 @@ def _cache() -> Any:
     return spec.suspended
 
 
+def _collections() -> list[int]:
+    """The garbage collector's collections so far, by generation."""
+    return [int(g["collections"]) for g in gc.get_stats()]
+
+
 def _outcomes(found: Services, tables: Tables) -> tuple[dict[str, int], float]:
     """Sagas by status and outcome (``ended/COMPLETED``), and the mean stored state's bytes."""
     by = tables.render(
@@ -180,6 +188,7 @@ def _drain(
     events = options.trips * EVENTS_PER_TRIP
     cache = _cache()
     hits, replays = cache.hits, cache.replays
+    collections = _collections()
     result = s1_backlog.run_engine(
         found,
         tables,
@@ -192,6 +201,9 @@ def _drain(
         sagas=(side.saga,),
         handler_settings={CACHE_SIZE: cache_size} if cache_size is not None else None,
     )
+    # The garbage collector's runs during the drain (the whole process's; cProfile does not
+    # show their time): a held function keeps objects alive that every full collection walks.
+    result["gc_collections"] = [a - b for a, b in zip(_collections(), collections, strict=True)]
     counts, state_bytes = _outcomes(found, tables)
     completed = counts.get("ended/COMPLETED", 0)
     if completed != options.trips:
@@ -218,7 +230,8 @@ def _round(side: _Side) -> Callable[..., dict[str, Any]]:
             extra = f", cache hits {got['cache_hits']}, replays {got['cache_replays']}"
         say(
             f"  {side.name}: {got['events_per_s']:,.0f} events/s, "
-            f"{got['cpu_us']:.0f} us CPU/event (processor){extra}"
+            f"{got['cpu_us']:.0f} us CPU/event (processor), gc collections by generation "
+            f"{got['gc_collections']}{extra}"
         )
         return got
 
@@ -332,13 +345,16 @@ def summary(result: dict[str, Any]) -> list[tuple[str, str, str]]:
     for name in SIDES:
         m = result["median"][name]
         box = f", box {m['box_us']:.0f}" if m.get("box_us") is not None else ""
+        last = result.get("rounds", [{}])[-1].get(name, {})
+        collections = last.get("gc_collections")
+        gcs = f"; gc runs {'/'.join(map(str, collections))} (last round)" if collections else ""
         rows.append(
             (
                 "S11",
                 names[name],
                 f"{m['events_per_s']:,.0f} events/s; CPU us/event: processor "
                 f"{m.get('processor_us', m['cpu_us']):.0f}{box}; state "
-                f"{m['state_bytes']:,.0f} bytes/saga",
+                f"{m['state_bytes']:,.0f} bytes/saga{gcs}",
             )
         )
     goal = result["goal"]
