@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -113,10 +113,12 @@ def settings(
     prefix: str,
     group: str = "group",
     history_payload: str = "full",
+    handler_settings: Mapping[str, Any] | None = None,
 ) -> ProcessorSettings:
     """Production defaults, except the scratch names and a consumer session short enough to
-    leave the group promptly when the run ends."""
+    leave the group promptly when the run ends; ``handler_settings`` are the sagas' own."""
     return ProcessorSettings(
+        settings=dict(handler_settings or {}),
         history={"payload": history_payload},
         kafka={"bootstrap_servers": found.kafka, "config": {"log_level": "3"}},
         database={"url": found.database_url, "schema_name": tables.schema},
@@ -313,11 +315,15 @@ def run_engine(
     group: str = "group",
     history_payload: str = "full",
     meter: Meter | None = None,
+    sagas: Sequence[type[Any]] = (TransferSaga,),
+    handler_settings: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     # The replica's peak resident set from here to the end of the drain: the high-water mark is
     # the process's, so it starts from what the harness already holds (reported beside it).
     rss_at_start = boxcpu.reset_peak_rss()
-    proc = build_processor(settings(found, tables, prefix, group, history_payload), [TransferSaga])
+    proc = build_processor(
+        settings(found, tables, prefix, group, history_payload, handler_settings), sagas
+    )
     proc.start()
     assert proc.worker is not None
     assert proc.relay is not None

@@ -18,7 +18,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from datetime import timedelta
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, create_model
+from pydantic import create_model
 
 from processor._authoring.definition import (
     CancelRequest,
@@ -30,7 +30,7 @@ from processor._authoring.definition import (
     saga_decision_handler,
     saga_event_handler,
 )
-from processor._authoring.functions.journal import FunctionState
+from processor._authoring.functions.journal import FunctionState, TimerPayload
 from processor._authoring.functions.turn import DEADLINE, TIMER, FunctionSpec, Turn
 from processor._authoring.handles import SagaCommands, SagaDeadlines, SagaLifecycle, Setting
 from processor._authoring.marks import SAGA, tag
@@ -56,15 +56,6 @@ _OURS = {
 _SPEC = "__saga_function__"
 
 _F = TypeVar("_F", bound=Callable[..., Coroutine[Any, Any, Any]])
-
-
-class TimerPayload(BaseModel):
-    """The payload of a saga function's await timer: which await, which attempt."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    seq: int
-    attempt: int
 
 
 def function_spec(cls: type) -> FunctionSpec | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,7 +18,16 @@ from processor._authoring.messages import Message, MessageRegistry, registry
 from processor._authoring.orchestration.retry import RetryPolicy
 from processor._authoring.saga_model import SagaState
 
-__all__ = ["Entry", "FunctionState", "Kind", "Pending", "Resolution", "Wire", "chain_after"]
+__all__ = [
+    "Entry",
+    "FunctionState",
+    "Kind",
+    "Pending",
+    "Resolution",
+    "TimerPayload",
+    "Wire",
+    "chain_after",
+]
 
 Kind = Literal["call", "undo", "send", "sleep", "wait", "decision", "patch"]
 """What an await (or a journaled step that does not wait) was: see ``SagaContext``."""
@@ -68,9 +77,11 @@ class Entry(BaseModel):
             its success turns up late.
         expects: For such a call, the replies that would be that late success.
         at: When it resolved; the function's clock reads this on replay.
+
+    Frozen: an entry is never changed once in the journal, so copies of the state share it.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     seq: int
     kind: Kind
@@ -123,6 +134,19 @@ class Pending(BaseModel):
     since: datetime
     undo: Wire | None = None
     reason: str | None = None
+
+
+class TimerPayload(BaseModel):
+    """The payload of a saga function's await timer: which await, which attempt.
+
+    Scheduled as this model rather than a dict: the deadline's payload is dumped through a
+    type adapter of its type, which a model has ready and a dict has built anew each time.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seq: int
+    attempt: int
 
 
 class FunctionState(SagaState):
@@ -178,6 +202,21 @@ class FunctionState(SagaState):
         if self.waiting_on() is None:
             return None
         return "undo" if self.compensating else "handler"
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> Self:
+        """The copy a handler run works on, without copying the journal's entries.
+
+        Each handler run copies the state deeply (so that one that raises leaves it as it
+        was), and the entries were most of that copy's cost, growing with the journal. An
+        entry is frozen, so the copy's journal is a list of its own holding the same entries;
+        the pending await is only ever replaced or has fields set, so a shallow copy of it
+        does. Everything else is copied deeply, as pydantic would.
+        """
+        memo = {} if memo is None else memo
+        memo[id(self.journal)] = list(self.journal)
+        if self.pending is not None:
+            memo[id(self.pending)] = self.pending.model_copy()
+        return super().__deepcopy__(memo)
 
 
 def chain_after(chain: str, entry: Entry) -> str:

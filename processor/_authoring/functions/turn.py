@@ -29,6 +29,7 @@ from processor._authoring.functions.journal import (
     FunctionState,
     Pending,
     Resolution,
+    TimerPayload,
     Wire,
     chain_after,
 )
@@ -49,27 +50,35 @@ _LATE_KEPT = 50
 
 
 class Suspended:
-    """Suspended functions this replica keeps, by saga and journal place; bounded, oldest out."""
+    """Suspended functions this replica keeps, one a saga; bounded, oldest out.
+
+    One a saga: a saga's function is suspended at one place at a time, and the place it was
+    suspended at before can never be resumed again (its journal only grows), so keeping the
+    newest under the saga's id is enough, and a saga's end forgets it in one look-up.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._items: OrderedDict[tuple[str, str], tuple[Any, SagaContext, tuple[int, ...]]] = (
-            OrderedDict()
-        )
+        # By saga id: the journal place (chain), the coroutine, its context, its deps' ids.
+        self._items: OrderedDict[str, tuple[str, Any, SagaContext, tuple[int, ...]]] = OrderedDict()
         self.hits = 0
         self.replays = 0
 
     def take(
         self, saga_id: str, chain: str, deps: tuple[int, ...]
     ) -> tuple[Any, SagaContext] | None:
-        """The function suspended at ``chain``, removed, or None (then the caller replays)."""
+        """The function suspended at ``chain``, removed, or None (then the caller replays).
+
+        The saga's function held at another place is removed too: the caller's replay puts
+        the function it suspends in its stead.
+        """
         with self._lock:
-            item = self._items.pop((saga_id, chain), None)
-        if item is None or item[2] != deps:
+            item = self._items.pop(saga_id, None)
+        if item is None or item[0] != chain or item[3] != deps:
             self.replays += 1
             return None
         self.hits += 1
-        return item[0], item[1]
+        return item[1], item[2]
 
     def put(
         self,
@@ -84,16 +93,15 @@ class Suspended:
         if size <= 0:
             return
         with self._lock:
-            self._items[(saga_id, chain)] = (coro, ctx, deps)
-            self._items.move_to_end((saga_id, chain))
+            self._items[saga_id] = (chain, coro, ctx, deps)
+            self._items.move_to_end(saga_id)
             while len(self._items) > size:
                 self._items.popitem(last=False)
 
     def drop(self, saga_id: str) -> None:
-        """Forget every function of ``saga_id`` (it ended)."""
+        """Forget the function of ``saga_id`` (it ended)."""
         with self._lock:
-            for key in [k for k in self._items if k[0] == saga_id]:
-                del self._items[key]
+            self._items.pop(saga_id, None)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -226,7 +234,7 @@ class Turn:
             return self._resolve(outcome, Wire.of(reply) if reply is not None else None)
         p.backing_off = True
         p.timer_at = at
-        self.deadlines.schedule(TIMER, at=at, payload={"seq": p.seq, "attempt": p.attempt})
+        self.deadlines.schedule(TIMER, at=at, payload=TimerPayload(seq=p.seq, attempt=p.attempt))
         self.state.pending = p
         return False
 
@@ -238,7 +246,7 @@ class Turn:
             self.commands.send(p.command.load(), deadline=p.timer_at)
         if p.timer_at is not None:
             self.deadlines.schedule(
-                TIMER, at=p.timer_at, payload={"seq": p.seq, "attempt": attempt}
+                TIMER, at=p.timer_at, payload=TimerPayload(seq=p.seq, attempt=attempt)
             )
         self.state.pending = p
 
@@ -382,7 +390,7 @@ class Turn:
         if op.command is not None:
             self.commands.send(op.command, deadline=timer_at if op.kind != "sleep" else None)
         if timer_at is not None:
-            self.deadlines.schedule(TIMER, at=timer_at, payload={"seq": seq, "attempt": 1})
+            self.deadlines.schedule(TIMER, at=timer_at, payload=TimerPayload(seq=seq, attempt=1))
         self.state.pending = p
 
     def _same(
@@ -457,6 +465,7 @@ class Turn:
                     "it does no I/O of its own"
                 )
             self._keep(ctx)
+            ctx._turn = _DETACHED
             spec.suspended.put(self.saga_id, s.chain, coro, ctx, deps, cache_size)
         finally:
             self._open = False
@@ -471,6 +480,23 @@ class Turn:
             self.deadlines.cancel(DEADLINE)
         self.lifecycle.end(value if value is not None else SagaOutcome.COMPLETED)
         self.spec.suspended.drop(self.saga_id)
+
+
+class _Detached:
+    """The turn of a function held suspended between handler runs: it refuses every operation.
+
+    A held function keeps no handler run: the run's state, handles and saga state would stay
+    alive for as long as it is held (about half the objects it holds), and the garbage
+    collector walks every one at each of its full collections. A resume attaches its own run.
+    """
+
+    def _refuse(self, *_: Any) -> Any:
+        raise SagaError("a saga function ran an operation outside its handler run")
+
+    step = sent = patched = escalation = _refuse
+
+
+_DETACHED = _Detached()
 
 
 async def _program(
