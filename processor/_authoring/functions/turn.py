@@ -218,8 +218,11 @@ class Turn:
         assert p is not None
         at = None
         if p.retry is not None:
+            # Undos are not capped by the saga deadline: they run after it has passed, and what
+            # they undo stays stuck until they finish. Their own policy bounds them.
+            end = self.state.deadline_at if p.kind != "undo" else None
             at = p.retry.next_attempt_at(
-                p.attempt, self.now, f"{self.saga_id}:{p.seq}", budget_end=self.state.deadline_at
+                p.attempt, self.now, f"{self.saga_id}:{p.seq}", budget_end=end
             )
         if at is None:
             outcome: Resolution = "failed" if reply is not None else "timed-out"
