@@ -173,6 +173,9 @@ class Turn:
             return self._late(f"{name} ignored: nothing awaited it", event)
         if p.kind == "decision" and type(event) is self.spec.decisions:
             decision = str(getattr(event, "decision", ""))
+            refusal = self.state.decision_refusal(decision)
+            if refusal is not None:
+                return self._late(f"{name} ignored: {refusal}")
             return self._resolve("decided", Wire.of(event), decision=decision)
         if name in p.expects:
             return self._resolve("ok", Wire.of(event))
