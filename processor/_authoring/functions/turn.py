@@ -281,7 +281,13 @@ class Turn:
             for entry in reversed(s.journal):
                 if entry.undo is not None and name in entry.expects:
                     done = f"late {name} for await #{entry.seq}: undo sent"
-                    if done not in s.late:
+                    # The function took that late success itself (its compensation listens for
+                    # it and undoes it): this is a copy, not a second success.
+                    taken = any(
+                        e.seq > entry.seq and e.result is not None and e.result.type == name
+                        for e in s.journal
+                    )
+                    if done not in s.late and not taken:
                         self.commands.send(entry.undo.load())
                         note = done
                     break
