@@ -322,6 +322,8 @@ class SagaContext:
             match = next(i for i, (c, _) in enumerate(self._m.in_doubt) if type(late) in c)
             _, undo = self._m.in_doubt.pop(match)
             await self._undo(undo)
+        # The function may go on: a cancel, the deadline and a person's ask apply to it again.
+        self._m.compensating = False
 
     async def _undo(self, undo: Undo) -> None:
         self._m.undone += 1

@@ -195,6 +195,11 @@ class FunctionState(SagaState):
             return "the saga waits on no person's decision"
         if decision not in ("retry", "skip", "compensate"):
             return "decide retry, skip or compensate"
+        if decision == "compensate" and self.compensating:
+            return (
+                f"the saga is already compensating: {p.reason}; decide retry (send the undo "
+                "again) or skip (it was undone by hand, compensation goes on)"
+            )
         return None
 
     def waiting_kind(self) -> str | None:

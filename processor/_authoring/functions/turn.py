@@ -181,6 +181,9 @@ class Turn:
             return self._late(f"{name} ignored: nothing awaited it", event)
         if p.kind == "decision" and type(event) is self.spec.decisions:
             decision = str(getattr(event, "decision", ""))
+            refusal = self.state.decision_refusal(decision)
+            if refusal is not None:
+                return self._late(f"{name} ignored: {refusal}")
             return self._resolve("decided", Wire.of(event), decision=decision)
         if name in p.expects:
             return self._resolve("ok", Wire.of(event))
@@ -226,8 +229,11 @@ class Turn:
         assert p is not None
         at = None
         if p.retry is not None:
+            # Undos are not capped by the saga deadline: they run after it has passed, and what
+            # they undo stays stuck until they finish. Their own policy bounds them.
+            end = self.state.deadline_at if p.kind != "undo" else None
             at = p.retry.next_attempt_at(
-                p.attempt, self.now, f"{self.saga_id}:{p.seq}", budget_end=self.state.deadline_at
+                p.attempt, self.now, f"{self.saga_id}:{p.seq}", budget_end=end
             )
         if at is None:
             outcome: Resolution = "failed" if reply is not None else "timed-out"
@@ -283,7 +289,13 @@ class Turn:
             for entry in reversed(s.journal):
                 if entry.undo is not None and name in entry.expects:
                     done = f"late {name} for await #{entry.seq}: undo sent"
-                    if done not in s.late:
+                    # The function took that late success itself (its compensation listens for
+                    # it and undoes it): this is a copy, not a second success.
+                    taken = any(
+                        e.seq > entry.seq and e.result is not None and e.result.type == name
+                        for e in s.journal
+                    )
+                    if done not in s.late and not taken:
                         self.commands.send(entry.undo.load())
                         note = done
                     break
