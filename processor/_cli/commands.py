@@ -17,11 +17,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from processor._authoring.definition import definition_of
 from processor._authoring.orchestration import MachineSpec, mermaid
 from processor._errors import SagaDefinitionError, SagaError
 from processor._ports.views import jsonable
 from processor.ops._diagram import load_spec
-from processor.ops._lint import lint_target
+from processor.ops._lint import lint_saga as lint_saga_class
+from processor.ops._lint import sagas_to_lint
 from processor.settings import ProcessorSettings
 
 if TYPE_CHECKING:
@@ -288,10 +290,14 @@ def lint_saga(args: argparse.Namespace) -> int:
             "name the saga as MODULE:SAGA, a module as MODULE, or the app as MODULE:ATTR "
             "(or SAGA_APP)"
         )
+    checked: list[str] = []
     try:
-        problems = lint_target(target, args.saga)
+        classes = sagas_to_lint(target, args.saga)
+        problems = [p for cls in classes for p in lint_saga_class(cls)]
+        checked = [definition_of(cls).saga_type for cls in classes]
     except SagaDefinitionError as e:
         problems = [f"{e.subject}: {p}" if e.subject else p for p in e.problems]
-    text = "\n".join(problems) or f"{args.target or 'the app'}: no problems found"
-    emit(args, {"ok": not problems, "problems": problems}, text)
+    # A module or an app is checked whole: naming what was read shows nothing was skipped.
+    text = "\n".join(problems) or f"{target}: no problems found in {', '.join(checked)}"
+    emit(args, {"ok": not problems, "problems": problems, "checked": checked}, text)
     return 1 if problems else 0

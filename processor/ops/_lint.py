@@ -19,18 +19,9 @@ from processor._authoring.functions.lint import lint_function
 from processor._authoring.orchestration import MachineSaga, lint
 from processor._errors import SagaDefinitionError, SagaError
 
-__all__ = ["lint_saga", "lint_target", "lintable"]
+__all__ = ["lint_saga", "lintable", "sagas_to_lint"]
 
 _KINDS = "state machine saga (subclass processor.MachineSaga) nor a saga function (@saga_function)"
-
-
-def lint_target(target: str, saga: str | None = None) -> list[str]:
-    """One line per problem of every saga ``target`` names; empty when they look sound.
-
-    Raises:
-        SagaError: The target is malformed, missing, or names no saga either lint reads.
-    """
-    return [problem for cls in _targets(target, saga) for problem in lint_saga(cls)]
 
 
 def lint_saga(cls: type[Any]) -> list[str]:
@@ -62,7 +53,12 @@ def lintable(found: object) -> bool:
     return True
 
 
-def _targets(target: str, saga: str | None) -> list[type[Any]]:
+def sagas_to_lint(target: str, saga: str | None = None) -> list[type[Any]]:
+    """The saga classes ``target`` names (and ``saga`` narrows), each one `lint-saga` reads.
+
+    Raises:
+        SagaError: The target is malformed, missing, or names no saga either lint reads.
+    """
     if ":" not in target:
         try:
             module = import_module(target)

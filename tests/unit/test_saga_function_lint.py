@@ -156,12 +156,13 @@ def test_lint_saga_reads_a_module_or_an_app_with_function_and_machine_sagas(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert main(["lint-saga", "sagas.trip_function"]) == 0
-    assert "no problems found" in capsys.readouterr().out
+    assert capsys.readouterr().out == "sagas.trip_function: no problems found in trip-function\n"
     app = SagaApp(sagas=[TripSaga, trip_function, careless_trip])
     monkeypatch.setattr(sys.modules[__name__], "lint_app", app, raising=False)
     assert main(["lint-saga", f"{__name__}:lint_app", "--json"]) == 1
-    problems = json.loads(capsys.readouterr().out)["problems"]
-    assert {p.split(":")[0] for p in problems} == {"careless-trip"}
+    out = json.loads(capsys.readouterr().out)
+    assert out["checked"] == ["trip-saga", "trip-function", "careless-trip"]
+    assert {p.split(":")[0] for p in out["problems"]} == {"careless-trip"}
     assert main(["lint-saga", f"{__name__}:lint_app", "--saga", "trip-function"]) == 0
     capsys.readouterr()
     assert main(["lint-saga", f"{__name__}:lint_app", "--saga", "nope"]) == 2
