@@ -32,7 +32,7 @@ def lint_saga(cls: type[Any]) -> list[str]:
     try:
         findings = lint_function(spec.func)
         path = _shown(spec.func.__code__.co_filename)
-    except (OSError, LookupError, SyntaxError) as e:
+    except (OSError, TypeError, LookupError, SyntaxError) as e:
         # A function whose source is not on disk cannot be checked: say so, do not pass it.
         return [f"{spec.saga_type}: cannot read the saga function's source ({e})"]
     return [f"{spec.saga_type}: {path}:{f.line}: {f.describe()}" for f in findings]

@@ -183,3 +183,23 @@ def test_diagram_refuses_a_saga_function_saying_what_to_use(
     # The machine saga beside it is still drawn, --saga or not.
     assert main(["diagram", f"{__name__}:diagram_app"]) == 0
     assert capsys.readouterr().out.startswith("stateDiagram-v2")
+
+
+def test_a_saga_function_without_a_source_file_is_reported_not_passed() -> None:
+    from processor.ops._lint import lint_saga
+
+    namespace: dict[str, Any] = {"__name__": "made_at_run_time"}
+    exec(  # a function whose source is nowhere on disk, as a notebook or a generator makes
+        "from datetime import timedelta\n"
+        "from processor import SagaContext, saga_function\n"
+        "from schemas import trips as t\n"
+        "@saga_function(type='made-at-run-time', association_property='trip_id')\n"
+        "async def made(saga: SagaContext, trip: t.TripRequested) -> None:\n"
+        "    await saga.sleep(timedelta(minutes=1))\n",
+        namespace,
+    )
+    [problem] = lint_saga(namespace["made"])
+    assert problem == (
+        "made-at-run-time: cannot read the saga function's source (made is defined in no "
+        "module with a source file)"
+    )

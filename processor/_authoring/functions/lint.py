@@ -132,7 +132,7 @@ def lint_function(func: Callable[..., Any]) -> list[Finding]:
     """
     module = inspect.getmodule(func)
     if module is None:
-        raise OSError(f"no module holds {func!r}")
+        raise OSError(f"{func.__qualname__} is defined in no module with a source file")
     code = getattr(func, "__code__", None)
     first = code.co_firstlineno if code is not None else None
     return lint_source(inspect.getsource(module), func.__name__, first)
@@ -148,7 +148,7 @@ def lint_source(source: str, name: str, line: int | None = None) -> list[Finding
             apart two functions of that name.
 
     Raises:
-        LookupError: The source defines no function ``name`` at the top level or in a class.
+        LookupError: The source defines no function ``name``.
     """
     tree = ast.parse(source)
     top = {
