@@ -483,3 +483,26 @@ def test_a_saga_functions_journal_in_the_browser(
                 "Undoing what it did: trips.ChargeTrip: card refused"
             )
             screenshot(b, "saga-function-undoing")
+
+            # The hotel cannot be cancelled: a person is asked, and the page offers what an
+            # undo can be told (send it again, or take it as done by hand), not a compensation.
+            refused = trips.HotelCancelFailed(trip_id=declined, reason="desk closed")
+            pub.event(events, declined, refused)
+            pub.flush()
+            wait_until(
+                lambda: ((state(declined) or {}).get("pending") or {}).get("kind") == "decision",
+                timeout=60,
+                what="a person asked about the refused undo",
+            )
+            b.get(f"{base}/saga/trip-function/{declined}")
+            pending = b.find_element(By.ID, "pending-await")
+            assert "decision" in pending.text
+            assert "waiting: undo trips.CancelHotel failed: desk closed" in pending.text
+            sent = b.find_elements(By.CSS_SELECTOR, "#journal tr.await:not(.pending)")[-1]
+            assert "send" in sent.text  # the escalation to the person, journaled
+            assert "trips.EscalateTrip" in sent.text
+            assert b.find_element(By.ID, "undo-escalated")
+            form = b.find_element(By.ID, "form-resolve")
+            options = form.find_elements(By.TAG_NAME, "option")
+            assert [o.text for o in options] == ["retry", "skip"]
+            screenshot(b, "saga-function-undo-escalated")
