@@ -27,6 +27,7 @@ from processor._cli.commands import (
     text_table,
 )
 from processor._cli.follow import follow, follow_arguments, format_entry, format_step
+from processor._cli.journal import format_journal
 from processor._errors import SagaError
 from processor._ports.views import AuditRow, SagaSummary, SagaView, jsonable, step_state
 from processor.ops._filters import cursor, list_filters
@@ -72,7 +73,7 @@ def show_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def format_view(view: SagaView) -> str:
-    """The saga as text: its row, pending work, then the timeline in order."""
+    """The saga as text: its row, a saga function's journal, pending work, then the timeline."""
     s = view.saga
     lines = [
         f"saga      {s.saga_type} {s.saga_id}",
@@ -87,6 +88,7 @@ def format_view(view: SagaView) -> str:
         *format_step(view.step),
         f"version   {s.version}",
         f"started   {s.created_at.isoformat()}   changed {s.updated_at.isoformat()}",
+        *format_journal(view.journal),
         "",
         "deadlines:",
         *(

@@ -136,8 +136,9 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "lint-saga",
-        "report unreachable states, untimed WAITING states, lingering deadlines",
-        c.target_arguments,
+        "report unreachable states, untimed WAITING states, lingering deadlines; in a saga "
+        "function, calls a replay would not repeat (the clock, randomness, I/O)",
+        c.lint_arguments,
         c.lint_saga,
         offline=True,
     ),

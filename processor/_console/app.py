@@ -40,7 +40,7 @@ from processor._console.outage import Unreachable
 from processor._console.protect import FormTokens, Keys, Shield, Throttle, row_id
 from processor._console.query import OUTCOMES, REFRESH_CHOICES, duration, list_filters
 from processor._errors import SagaError
-from processor._ports.views import jsonable, step_state
+from processor._ports.views import FunctionJournal, jsonable, step_state
 from processor._wire import HEADER_OPERATOR_AUTH
 from processor.ops._diagram import svg
 from processor.ops._filters import age_text, cursor
@@ -383,7 +383,26 @@ def _redacted(view: Any) -> Any:
     # A deadline's payload and a participant's failure reason are the saga's data too.
     deadlines = [dataclasses.replace(d, payload=None) for d in view.deadlines]
     step = dataclasses.replace(view.step, last_failure=None) if view.step else None
-    return dataclasses.replace(view, state=None, timeline=timeline, deadlines=deadlines, step=step)
+    return dataclasses.replace(
+        view,
+        state=None,
+        timeline=timeline,
+        deadlines=deadlines,
+        step=step,
+        journal=_journal_redacted(view.journal),
+    )
+
+
+def _journal_redacted(journal: FunctionJournal | None) -> FunctionJournal | None:
+    """A saga function's journal without the texts that may quote a reply.
+
+    Why it aborted, and why a person is asked, may carry a participant's words; the rows name
+    messages only, as the timeline's do.
+    """
+    if journal is None:
+        return None
+    pending = journal.pending and dataclasses.replace(journal.pending, reason=None)
+    return dataclasses.replace(journal, aborted=None, pending=pending)
 
 
 # -- the cluster page and the probes ---------------------------------------------------------

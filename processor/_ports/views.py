@@ -19,8 +19,11 @@ __all__ = [
     "AuditRow",
     "DeadLetterRow",
     "FailedRow",
+    "FunctionJournal",
     "HeldRow",
+    "JournalEntry",
     "Overview",
+    "PendingAwait",
     "PendingDeadline",
     "SagaSummary",
     "SagaView",
@@ -201,6 +204,8 @@ class SagaView:
     audit: list[AuditRow] = dataclasses.field(default_factory=list)
     # An orchestrated saga's step in flight: its attempt, what is due next, its last failure.
     step: StepProgress | None = None
+    # A saga function's journal: its resolved awaits, and the one it is suspended on.
+    journal: FunctionJournal | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -226,6 +231,84 @@ class StepProgress:
     due_at: datetime | None
     next_attempt: int | None
     last_failure: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JournalEntry:
+    """One resolved await of a saga function (or a send, a patch marker), without payloads.
+
+    Attributes:
+        seq: Its place in the journal, from 0.
+        kind: ``call``, ``undo``, ``send``, ``sleep``, ``wait``, ``decision`` or ``patch``.
+        what: Its label: the command's or event's wire name, the patch's name.
+        outcome: ``ok``, ``rejected``, ``failed``, ``timed-out``, ``cancelled``, ``deadline``
+            or ``decided``.
+        attempts: The attempts a call took.
+        at: When it resolved.
+        reply: The wire name of the reply or event that resolved it, if one did.
+        decision: A person's decision, for a decision.
+    """
+
+    seq: int
+    kind: str
+    what: str
+    outcome: str
+    attempts: int
+    at: datetime | None
+    reply: str | None
+    decision: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PendingAwait:
+    """The await a saga function is suspended on.
+
+    Attributes:
+        seq: The journal place it takes once resolved.
+        kind: As :attr:`JournalEntry.kind`.
+        what: Its label.
+        attempt: The attempt in flight, from 1.
+        max_attempts: How many its retry policy allows, if it has one.
+        since: When it was issued.
+        timeout: How long each attempt waits; None waits for ever (or the saga deadline).
+        timer_at: When its timer fires: the attempt's timeout, the next attempt, the sleep's end.
+        backing_off: The timer is the pause before attempt ``attempt + 1``.
+        expects: Wire names of the events that resolve it well.
+        reason: Why a person is asked, for a decision.
+    """
+
+    seq: int
+    kind: str
+    what: str
+    attempt: int
+    max_attempts: int | None
+    since: datetime | None
+    timeout: timedelta | None
+    timer_at: datetime | None
+    backing_off: bool
+    expects: list[str]
+    reason: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FunctionJournal:
+    """What a saga function's state says of its course, for `show` and the console.
+
+    Attributes:
+        entries: Every resolved await, in order.
+        pending: The await it is suspended on, if any.
+        compensating: Its undos are running.
+        aborted: Why they run (a refusal, a timeout, a cancel, the deadline).
+        deadline_at: The saga's own deadline, if it has one.
+        late: Events that came when nothing awaited them, and what was done about them.
+    """
+
+    entries: list[JournalEntry]
+    pending: PendingAwait | None
+    compensating: bool
+    aborted: str | None
+    deadline_at: datetime | None
+    late: list[str]
 
 
 def step_state(state: dict[str, Any] | None) -> str | None:

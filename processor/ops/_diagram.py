@@ -1,8 +1,9 @@
-"""Finds a state machine saga, for `diagram TARGET` and `lint-saga TARGET`; draws it as SVG.
+"""Finds a state machine saga, for `diagram TARGET`; draws it as SVG.
 
 TARGET is `MODULE:CLASS`, or the application object `MODULE:ATTR` (then `--saga` picks one of its
-state machine sagas, unless it has only one). Neither command needs the database or Kafka: they
-read the saga class only.
+state machine sagas, unless it has only one). It needs neither the database nor Kafka: it reads
+the saga class only. A saga function has no machine, and is refused naming what to use instead;
+`lint-saga` finds its sagas in :mod:`processor.ops._lint`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from processor._authoring.application import SagaApp, import_target
 from processor._authoring.definition import definition_of
+from processor._authoring.functions.declare import function_spec
 from processor._authoring.orchestration import MachineSaga, MachineSpec, MachineState
 from processor._errors import SagaDefinitionError, SagaError
 
@@ -35,6 +37,8 @@ def load_spec(target: str, saga: str | None = None) -> MachineSpec:
     )
     if isinstance(found, SagaApp):
         found = _pick(target, found, saga)
+    if isinstance(found, type) and function_spec(found) is not None:
+        raise SagaError(_no_machine(target))
     if not (isinstance(found, type) and issubclass(found, MachineSaga)):
         raise SagaError(f"{target} is not a state machine saga (subclass processor.MachineSaga)")
     return found.machine_spec()
@@ -44,6 +48,9 @@ def _pick(target: str, app: SagaApp, saga: str | None) -> type[MachineSaga]:
     machines = [c for c in app.sagas if isinstance(c, type) and issubclass(c, MachineSaga)]
     names = {name: c for c in machines for name in (c.__name__, _saga_type(c))}
     if saga is not None:
+        functions = {n for c in app.sagas if function_spec(c) for n in (c.__name__, _saga_type(c))}
+        if saga in functions:
+            raise SagaError(_no_machine(f"{target} --saga {saga}"))
         if saga not in names:
             raise SagaError(
                 f"{target} runs no state machine saga named {saga!r}; it has {sorted(names)}"
@@ -55,6 +62,15 @@ def _pick(target: str, app: SagaApp, saga: str | None) -> type[MachineSaga]:
             f"(one of {sorted(c.__name__ for c in machines)})"
         )
     return machines[0]
+
+
+def _no_machine(target: str) -> str:
+    # A saga function's course is its code: there is no declared machine to draw.
+    return (
+        f"{target} is a saga function (@saga_function), which has no state machine to draw; "
+        "its awaits are the function's code, `lint-saga` checks them, and `show` lists a "
+        "running saga's journal"
+    )
 
 
 def _saga_type(cls: type[Any]) -> str:

@@ -30,6 +30,7 @@ from processor._wire import (
     OperatorAction,
     OperatorRecord,
 )
+from processor.ops._journal import function_journal
 from processor.ops._progress import step_progress
 
 __all__ = [
@@ -86,7 +87,8 @@ def show_saga(store: InspectStore, saga_type: str, saga_id: str, limit: int = 10
     """Everything known about one saga: row, state, pending work, timeline, operator actions.
 
     Pending work is its deadlines and its held and failed rows; the operator actions are the
-    latest 1,000 recorded for it, oldest first.
+    latest 1,000 recorded for it, oldest first. An orchestrated saga's step in flight and a
+    saga function's journal are read from its state.
 
     Raises:
         NoSuchSaga: There is no such saga instance.
@@ -105,6 +107,7 @@ def show_saga(store: InspectStore, saga_type: str, saga_id: str, limit: int = 10
         timeline=store.timeline(saga_type, saga_id, limit=limit),
         audit=store.audit(saga_type=saga_type, saga_id=saga_id, limit=SHOWN_AUDIT)[::-1],
         step=step_progress(state, deadlines),
+        journal=function_journal(state),
     )
 
 

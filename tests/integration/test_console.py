@@ -383,3 +383,126 @@ def test_the_cluster_page_and_the_saga_filters_in_the_browser(world: Orders) -> 
             assert listed(attr=f"customer_id=c-{tag}") == [kept]
             assert listed(attr="amount=3.50", correlation=conversation) == [kept, refused]
             screenshot(b, "sagas-filtered")
+
+
+def test_a_saga_functions_journal_in_the_browser(
+    kafka_bootstrap: str, database_url: str, pg_schema: str
+) -> None:
+    """A trip written as a function, run by the processor: its page lists each resolved await
+    and the one it waits on with its timer; why it is undoing shows to a signed-in operator
+    only, as the state does."""
+    from datetime import datetime
+    from decimal import Decimal
+
+    from sagas.trip_function import trip_function
+    from schemas import trips
+
+    prefix = f"t{uuid.uuid4().hex[:8]}."
+    names = ("trip-events", "trip-commands", "escalations", "saga-dead-letters")
+    create_topics(kafka_bootstrap, [prefix + n for n in names])
+    settings = settings_for(
+        kafka_bootstrap,
+        database_url,
+        pg_schema,
+        prefix,
+        sagas=["sagas.trip_function:trip_function"],
+        operator={"key": "k", "name": "console-test"},
+    )
+    pub = Publisher(kafka_bootstrap)
+    events = prefix + trips.TRIP_EVENTS_TOPIC
+    tag = uuid.uuid4().hex[:6]
+    charging, declined = f"trip-{tag}-charging", f"trip-{tag}-declined"
+    url, schema = database_url, pg_schema
+
+    def state(trip: str) -> dict[str, Any] | None:
+        rows = query(url, schema, "SELECT state FROM saga_instance WHERE saga_id = %s", trip)
+        return rows[0][0] if rows else None
+
+    def journal_length(trip: str) -> int:
+        found = state(trip)
+        return len(found["journal"]) if found else -1
+
+    with running(settings, [trip_function]):
+        for trip in (charging, declined):
+            booking = trips.TripRequested(
+                trip_id=trip, traveller_id="ada", flight="LH 1", hotel="Adlon", amount=Decimal(9)
+            )
+            for event in (
+                booking,
+                trips.FlightReserved(trip_id=trip),
+                trips.HotelReserved(trip_id=trip),
+            ):
+                pub.event(events, trip, event)
+        pub.event(events, declined, trips.ChargeDeclined(trip_id=declined, reason="card refused"))
+        pub.flush()
+        # The charge waits 30 s for its reply: the page is read well within that.
+        wait_until(lambda: journal_length(charging) == 2, timeout=60, what="charge sent")
+        wait_until(lambda: journal_length(declined) == 3, timeout=60, what="charge declined")
+        charging_state = state(charging)
+        assert charging_state is not None
+        timer = datetime.fromisoformat(charging_state["pending"]["timer_at"]).isoformat()
+
+        backend = Backend(settings, by="browser")
+        with _serve(create_app(backend, actions=True, token=TOKEN)) as base, chromium() as b:
+            b.get(f"{base}/saga/trip-function/{charging}")
+            rows = b.find_elements(By.CSS_SELECTOR, "#journal tr.await:not(.pending)")
+            cells = [[td.text for td in r.find_elements(By.TAG_NAME, "td")][:6] for r in rows]
+            assert cells == [
+                ["0", "call", "trips.ReserveFlight", "ok", "1", "trips.FlightReserved"],
+                ["1", "call", "trips.ReserveHotel", "ok", "1", "trips.HotelReserved"],
+            ]
+            pending = b.find_element(By.ID, "pending-await")
+            assert pending.get_attribute("data-seq") == "2"
+            assert "trips.ChargeTrip" in pending.text
+            assert "waiting, times out" in pending.text
+            assert b.find_element(By.ID, "pending-timer").text == timer
+            assert "trips.TripCharged" in pending.text  # what it expects
+            assert not b.find_elements(By.ID, "aborted")
+            assert "a saga function" in b.find_element(By.ID, "diagram").text
+            screenshot(b, "saga-function")
+
+            # Undoing: a viewer sees that it is, not the refusal's words (the state is hidden).
+            b.get(f"{base}/saga/trip-function/{declined}")
+            outcomes = b.find_elements(By.CSS_SELECTOR, "#journal tr.await:not(.pending) .outcome")
+            assert [o.text for o in outcomes] == ["ok", "ok", "rejected"]
+            assert "trips.CancelHotel" in b.find_element(By.ID, "pending-await").text
+            assert b.find_element(By.ID, "aborted").text == "Undoing what it did"
+            assert b.find_element(By.ID, "state-hidden")
+            api = httpx.get(f"{base}/api/saga/trip-function/{declined}", timeout=30).json()
+            assert api["journal"]["compensating"] is True
+            assert api["journal"]["aborted"] is None
+
+            b.get(base + "/login")
+            login = b.find_element(By.ID, "login")
+            login.find_element(By.NAME, "name").send_keys("browser")
+            login.find_element(By.NAME, "key").send_keys(TOKEN)
+            login.find_element(By.TAG_NAME, "button").click()
+            WebDriverWait(b, 20).until(lambda d: d.find_elements(By.ID, "identity"))
+            b.get(f"{base}/saga/trip-function/{declined}")
+            assert b.find_element(By.ID, "aborted").text == (
+                "Undoing what it did: trips.ChargeTrip: card refused"
+            )
+            screenshot(b, "saga-function-undoing")
+
+            # The hotel cannot be cancelled: a person is asked, and the page offers what an
+            # undo can be told (send it again, or take it as done by hand), not a compensation.
+            refused = trips.HotelCancelFailed(trip_id=declined, reason="desk closed")
+            pub.event(events, declined, refused)
+            pub.flush()
+            wait_until(
+                lambda: ((state(declined) or {}).get("pending") or {}).get("kind") == "decision",
+                timeout=60,
+                what="a person asked about the refused undo",
+            )
+            b.get(f"{base}/saga/trip-function/{declined}")
+            pending = b.find_element(By.ID, "pending-await")
+            assert "decision" in pending.text
+            assert "waiting: undo trips.CancelHotel failed: desk closed" in pending.text
+            sent = b.find_elements(By.CSS_SELECTOR, "#journal tr.await:not(.pending)")[-1]
+            assert "send" in sent.text  # the escalation to the person, journaled
+            assert "trips.EscalateTrip" in sent.text
+            assert b.find_element(By.ID, "undo-escalated")
+            form = b.find_element(By.ID, "form-resolve")
+            options = form.find_elements(By.TAG_NAME, "option")
+            assert [o.text for o in options] == ["retry", "skip"]
+            screenshot(b, "saga-function-undo-escalated")
