@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from processor._engine.rows import Outcome
 from processor._errors import DeliveryFailed, Retryable
 from processor._ports import TP
-from tests.sim.model import COMMANDS, EVENTS, SAGA_TYPE, Opened
+from tests.sim.model import COMMANDS, SAGA_TYPE, Opened
 from tests.sim.world import Replica, World, publish
 
 __all__ = ["BUGS", "Result", "run", "shrink"]
@@ -125,7 +125,12 @@ class _Run:
         self.result.steps += 1
         self.result.last = [*self.result.last[-19:], what]
         t = self.world.db.tables
-        digest = (what, len(t.history), len(self.world.db.committed), sorted(self.world.offsets().items()))
+        digest = (
+            what,
+            len(t.history),
+            len(self.world.db.committed),
+            sorted(self.world.offsets().items()),
+        )
         self._hash.update(repr(digest).encode())
 
     def _pick(self, weights: dict[str, int]) -> str:
@@ -323,7 +328,11 @@ class _Run:
             if self._settled():
                 self._note(f"settled after {round_no} rounds")
                 return
-            before = (len(w.db.tables.history), len(w.db.committed), len(w.broker.logs[(COMMANDS, 0)]))
+            before = (
+                len(w.db.tables.history),
+                len(w.db.committed),
+                len(w.broker.logs[(COMMANDS, 0)]),
+            )
             for r in w.live():
                 self._step(r)
                 self._step(r)
@@ -333,7 +342,11 @@ class _Run:
             self._check_as_we_go()
             if self.result.failures:
                 return
-            after = (len(w.db.tables.history), len(w.db.committed), len(w.broker.logs[(COMMANDS, 0)]))
+            after = (
+                len(w.db.tables.history),
+                len(w.db.committed),
+                len(w.broker.logs[(COMMANDS, 0)]),
+            )
             if after == before:
                 w.clock.now += 31.0
         self.result.failures.append(f"stuck: not settled after {HEAL_ROUNDS} healing rounds")
@@ -380,7 +393,9 @@ class _Run:
                 if n > 1 or (n == 0 and not fired):
                     f.append(f"record {tp}@{rec.offset} has {n} history rows")
         if t.dead_letters:
-            f.append(f"{len(t.dead_letters)} valid records dead-lettered: {t.dead_letters[0].reason}")
+            f.append(
+                f"{len(t.dead_letters)} valid records dead-lettered: {t.dead_letters[0].reason}"
+            )
         parked = [k for k, row in t.sagas.items() if row.status != "ended"]
         if parked:
             f.append(f"sagas not ended: {parked}")
@@ -405,28 +420,28 @@ class _Run:
                 if mid not in ids:
                     ids.append(mid)
         committed: dict[str, list[str]] = {}
-        for row in w.db.committed:
-            if row.topic != COMMANDS:
+        for out in w.db.committed:
+            if out.topic != COMMANDS:
                 continue
-            mid = row.headers["message-id"]
-            if sent.get(mid) != row.value:
-                f.append(f"committed command {mid} of {row.saga_id} never published as committed")
-            committed.setdefault(row.saga_id or "", []).append(mid)
+            mid = out.headers["message-id"]
+            if sent.get(mid) != out.value:
+                f.append(f"committed command {mid} of {out.saga_id} never published as committed")
+            committed.setdefault(out.saga_id or "", []).append(mid)
         for sid, ids in committed.items():
             if order.get(sid) != ids:
-                f.append(f"{sid}'s commands published in the order {order.get(sid)}, committed {ids}")
+                f.append(
+                    f"{sid}'s commands published in the order {order.get(sid)}, committed {ids}"
+                )
         # Every fired deadline was applied at most once, on its saga's partition.
-        fired = [h for h in t.history if h.kind == "deadline" and h.outcome is Outcome.APPLIED]
-        per = Counter((h.saga_id, h.message_id) for h in fired)
+        applied = [h for h in t.history if h.kind == "deadline" and h.outcome is Outcome.APPLIED]
+        per = Counter((h.saga_id, h.message_id) for h in applied)
         for key, n in per.items():
             if n > 1:
                 f.append(f"deadline {key} applied {n} times")
-        homes = {
-            h.saga_id: h.partition for h in t.history if h.message_type == "sim.Opened"
-        }
-        for h in fired:
-            if homes.get(h.saga_id) != h.partition:
-                f.append(f"a deadline of {h.saga_id} fired on partition {h.partition}")
+        homes = {h.saga_id: h.partition for h in t.history if h.message_type == "sim.Opened"}
+        for row in applied:
+            if homes.get(row.saga_id) != row.partition:
+                f.append(f"a deadline of {row.saga_id} fired on partition {row.partition}")
 
 
 def run(
@@ -436,7 +451,7 @@ def run(
     steps: int = STEPS,
     bugs: Iterable[str] = (),
 ) -> Result:
-    """Runs the schedule of ``seed`` (without the ``disabled`` faults), with ``bugs`` switched on."""
+    """Runs the schedule of ``seed`` without the ``disabled`` faults, ``bugs`` switched on."""
     logging.disable(logging.CRITICAL)
     try:
         with _switched(bugs):

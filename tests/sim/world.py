@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from processor._authoring.definition import definition_of
 from processor._authoring.messages import registry
 from processor._engine.partitioner import partition_for
 from processor._engine.plan import Planner
 from processor._engine.records import OffsetCommit, OutboxRow, Record
 from processor._engine.rows import WriteSet
 from processor._errors import CommitInDoubt, Retryable, SendFailure
-from processor._authoring.definition import definition_of
 from processor._invocation.binder import bind
 from processor._memory.consumer import MemoryRecordConsumer
 from processor._memory.deadlines import MemoryDeadlineStore
@@ -262,12 +262,17 @@ class SimProducer:
     def send(self, records: Sequence[OutboxRow], timeout: float) -> list[SendFailure]:
         fault = self.faults.take_produce(self.who)
         if fault == "refuse":
-            return [SendFailure(i, "simulated: broker unavailable", False) for i in range(len(records))]
+            return [
+                SendFailure(i, "simulated: broker unavailable", False) for i in range(len(records))
+            ]
         for row in records:
             headers = tuple((k, v.encode()) for k, v in row.headers.items())
             self.broker.append(row.topic, row.key, row.value, headers, row.partition)
         if fault == "lost-ack":
-            return [SendFailure(i, "simulated: acknowledgement lost", False) for i in range(len(records))]
+            return [
+                SendFailure(i, "simulated: acknowledgement lost", False)
+                for i in range(len(records))
+            ]
         return []
 
     def flush(self, timeout: float) -> int:
