@@ -439,9 +439,9 @@ class _Run:
             if n > 1:
                 f.append(f"deadline {key} applied {n} times")
         homes = {h.saga_id: h.partition for h in t.history if h.message_type == "sim.Opened"}
-        for row in applied:
-            if homes.get(row.saga_id) != row.partition:
-                f.append(f"a deadline of {row.saga_id} fired on partition {row.partition}")
+        for fire in applied:
+            if homes.get(fire.saga_id) != fire.partition:
+                f.append(f"a deadline of {fire.saga_id} fired on partition {fire.partition}")
 
 
 def run(
