@@ -306,43 +306,40 @@ class Turn:
 
     def step(self, ctx: SagaContext, op: Op) -> Entry | None:
         """The entry of ``op``'s place when the journal holds it, else None (suspend there)."""
-        self._check_open()
-        m = ctx._m
-        seq = m.position
-        m.position += 1
-        journal = self.state.journal
-        label = _label(op)
-        if seq < len(journal):
-            e = journal[seq]
-            self._same(seq, op, label, e.kind, e.what, e.command)
-            return e
-        p = self.state.pending
-        if p is not None:
-            self._same(seq, op, label, p.kind, p.what, p.command)
-            return None
-        self._issue(seq, op, label)
+        seq, label, recorded = self._place(ctx, op)
+        if isinstance(recorded, Entry):
+            return recorded
+        if recorded is None:
+            self._issue(seq, op, label)
         return None
 
     def sent(self, ctx: SagaContext, op: Op) -> None:
         """A command sent without waiting: sent now, or (on replay) checked against the journal."""
-        self._check_open()
-        m = ctx._m
-        seq = m.position
-        m.position += 1
-        journal = self.state.journal
-        label = _label(op)
-        if seq < len(journal):
-            e = journal[seq]
-            self._same(seq, op, label, e.kind, e.what, e.command)
+        seq, label, recorded = self._place(ctx, op)
+        if isinstance(recorded, Entry):
             return
-        p = self.state.pending
-        if p is not None:
-            self._same(seq, op, label, p.kind, p.what, p.command)
         assert op.command is not None
         self.commands.send(op.command)
         self._append(
             Entry(seq=seq, kind="send", what=label, command=Wire.of(op.command), at=self.now)
         )
+
+    def _place(self, ctx: SagaContext, op: Op) -> tuple[int, str, Entry | Pending | None]:
+        """Takes ``op``'s place: what was recorded there (checked against ``op``), or None.
+
+        The journal's entry, or the pending await; None where the function goes further than
+        it ever went.
+        """
+        self._check_open()
+        m = ctx._m
+        seq = m.position
+        m.position += 1
+        label = _label(op)
+        journal = self.state.journal
+        recorded = journal[seq] if seq < len(journal) else self.state.pending
+        if recorded is not None:
+            self._same(seq, op, label, recorded.kind, recorded.what, recorded.command)
+        return seq, label, recorded
 
     def patched(self, ctx: SagaContext, name: str) -> bool:
         """Whether the code under patch ``name`` runs here (see ``SagaContext.patched``)."""
