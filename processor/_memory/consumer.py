@@ -101,6 +101,8 @@ class MemoryRecordConsumer:
             for tp in tps:
                 start = starts.get(tp)
                 self._positions[tp] = 0 if start is None else start
+                # A fresh assignment starts where the worker says; an end read before is not its.
+                self._ends.pop(tp, None)
                 self._at_end.discard(tp)
                 # A fresh assignment is never paused, as with Kafka's incremental assign.
                 self._paused.discard(tp)
@@ -114,6 +116,10 @@ class MemoryRecordConsumer:
             for tp in tps:
                 self._positions.pop(tp, None)
                 self._paused.discard(tp)
+                # Forgotten with the partition, as by the Kafka adapter: a later assignment
+                # starts from the worker's position, and an end read before would skip records.
+                self._ends.pop(tp, None)
+                self._at_end.discard(tp)
 
     def resume(self, tps: Sequence[TP]) -> None:
         """Undoes :meth:`pause`."""

@@ -342,3 +342,29 @@ def test_leaving_revokes_every_partition_and_rejoining_assigns_them_again(bus: B
     member.consumer.rejoin()
     assert seen(member.take(1)) == [(0, 1, b"k", b"a1")]
     assert [a for a in member.assigned if a] == [tps, tps]
+
+
+def test_an_end_read_before_a_revocation_is_not_reported_after_the_next_assignment(
+    bus: Bus,
+) -> None:
+    topic = bus.topic()
+    assert send(bus, [row(topic, 0, b"v0"), row(topic, 0, b"v1")]) == []
+    revoked: list[list[TP]] = []
+    consumer = bus.consumer(topic, lambda tps: {tp: 0 for tp in tps}, revoked.append)
+    got: list[Record] = []
+    # Read to the end without asking for it: the end is noted, not yet taken.
+    wait_until(lambda: bool(got.extend(consumer.consume(100, 0.1)) or len(got) >= 2), 30, "read")
+    consumer.leave()
+    wait_until(lambda: consumer.consume(100, 0.1) == [] and bool(revoked), 30, "the revocation")
+
+    consumer.rejoin()
+    again: list[Record] = []
+
+    def read_one() -> bool:
+        again.extend(consumer.consume(1, 0.1))
+        # An end is only ever reported past what this assignment read again.
+        for end in consumer.ends().values():
+            assert end <= len(again), f"end {end} reported after reading {len(again)} again"
+        return len(again) >= 2
+
+    wait_until(read_one, 30, "the records read again")

@@ -307,7 +307,8 @@ class _Run:
             if assigned:
                 r.consumer.revoke(assigned)
             r.lost = False
-            self.world.group.join(r.name)
+            if r.consumer.subscribed:
+                self.world.group.join(r.name)
 
     # -- healing and the end -------------------------------------------------------------------
 

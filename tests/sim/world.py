@@ -94,13 +94,18 @@ class SimConsumer(MemoryRecordConsumer):
         self._markers = broker.markers
         self._group = group
         self._member = member
+        # Unsubscribed members (a replica that gave its partitions back) stay out of the group
+        # until they subscribe again, however their session ends.
+        self.subscribed = True
 
     def leave(self) -> None:
         super().leave()
+        self.subscribed = False
         self._group.leave(self._member)
 
     def rejoin(self) -> None:
         self._left = []
+        self.subscribed = True
         self._group.join(self._member)
 
 
