@@ -303,9 +303,12 @@ class _Run:
             # Its first poll after the pause still acts as the owner: what it writes now must
             # be fenced. Then it learns it was expelled, and joins again.
             self._step(r)
-            assigned = r.consumer.assignment()
-            if assigned:
-                r.consumer.revoke(assigned)
+            # What the group no longer gives it is lost (not what it was given since, when
+            # that step found the database again and rejoined).
+            owner = self.world.group.owner
+            lost = [tp for tp in r.consumer.assignment() if owner.get(tp) != r.name]
+            if lost:
+                r.consumer.revoke(lost)
             r.lost = False
             if r.consumer.subscribed:
                 self.world.group.join(r.name)

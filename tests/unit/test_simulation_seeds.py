@@ -15,3 +15,12 @@ def test_a_replica_fenced_by_a_zombie_s_claim_claims_its_partitions_again() -> N
 
 def test_the_same_seed_gives_the_same_trace() -> None:
     assert run(1).trace == run(1).trace
+
+
+def test_partitions_claimed_while_a_pause_is_due_are_not_paused_for_good() -> None:
+    # Two assignments reached a replica before its next poll: the first's partitions could not
+    # be claimed (the database away) and were due to be paused; the second's claim, the
+    # database back, claimed them too. The due pause then stopped them for good: nothing
+    # resumed them, and their sagas never ended.
+    result = run(148)
+    assert result.ok, describe(result)

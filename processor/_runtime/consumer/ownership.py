@@ -105,7 +105,11 @@ class Claims:
         """Notes newly assigned partitions and claims what it can; the rest wait, paused."""
         tps = list(tps)
         self._ownership.unclaimed.update(tps)
-        claimed = self.claim()
+        # Only these: partitions assigned earlier and still waiting are paused at the next poll
+        # and claimed there, then sought to their stored positions and resumed. Claimed here,
+        # the pause still due would stop them for good, and no seek would move them (found by
+        # the simulation, tests/sim: two assignments before a poll, the database back between).
+        claimed = self.claim(only=set(tps))
         # Paused right after the rebalance callback returns (the client assigns them then).
         self._ownership.to_pause.update(tp for tp in tps if tp not in claimed)
         return claimed
@@ -114,14 +118,19 @@ class Claims:
         """Whether the partitions waiting to be claimed may be tried again now."""
         return self._clock() >= self._ownership.claim_after
 
-    def claim(self) -> dict[TP, tuple[int, int | None]]:
-        """Claims the unclaimed partitions the gate lets through: their epochs and positions."""
+    def claim(self, only: set[TP] | None = None) -> dict[TP, tuple[int, int | None]]:
+        """Claims the unclaimed partitions the gate lets through: their epochs and positions.
+
+        Args:
+            only: Claim only these (of those unclaimed); None: all.
+        """
         ownership = self._ownership
         # Partitions a topic's growth added wait, unclaimed and paused, until the old partitions
         # their sagas came from are consumed far enough (processor/_runtime/growth.py).
         gate = self._gate
-        tps = sorted(tp for tp in ownership.unclaimed if gate is None or not gate(tp))
-        ownership.held = len(ownership.unclaimed) - len(tps)
+        free = sorted(tp for tp in ownership.unclaimed if gate is None or not gate(tp))
+        ownership.held = len(ownership.unclaimed) - len(free)
+        tps = free if only is None else [tp for tp in free if tp in only]
         if not tps:
             return {}
         lanes = self._lanes
