@@ -353,7 +353,12 @@ def test_an_end_read_before_a_revocation_is_not_reported_after_the_next_assignme
     consumer = bus.consumer(topic, lambda tps: {tp: 0 for tp in tps}, revoked.append)
     got: list[Record] = []
     # Read to the end without asking for it: the end is noted, not yet taken.
-    wait_until(lambda: bool(got.extend(consumer.consume(100, 0.1)) or len(got) >= 2), 30, "read")
+
+    def read() -> bool:
+        got.extend(consumer.consume(100, 0.1))
+        return len(got) >= 2
+
+    wait_until(read, 30, "the records")
     consumer.leave()
     wait_until(lambda: consumer.consume(100, 0.1) == [] and bool(revoked), 30, "the revocation")
 

@@ -43,6 +43,7 @@ FAULTS = {
     "db-in-doubt": 3,
     "db-down": 2,
     "produce-refuse": 1,
+    "seek-refuse": 2,
     "produce-lost-ack": 2,
     "lose-reply": 2,
     "dup-reply": 1,
@@ -84,7 +85,7 @@ class _Run:
         self.rng = random.Random(seed)
         self.disabled = disabled
         self.steps = steps
-        self.world = World()
+        self.world = World(self.rng)
         self.result = Result(seed)
         self._hash = hashlib.sha256(f"seed {seed}".encode())
         self._fault_no = 0
@@ -275,6 +276,12 @@ class _Run:
             who = f"{r.name}:{rng.choice(['relay', 'poller'])}"
             w.faults.produce[who].append(kind.removeprefix("produce-"))
             return f"{who}'s next send: {kind}"
+        if kind == "seek-refuse":
+            r = self._replica(runnable=False)
+            if r is None:
+                return None
+            w.faults.seeks[r.name] += 1
+            return f"{r.name}'s next seek is refused"
         if kind == "lose-reply":
             self._lose += 1
             return "the participant's next reply is lost"
@@ -298,20 +305,10 @@ class _Run:
         return None
 
     def _thaw(self, r: Replica) -> None:
+        # Its first poll after the pause acts as the owner until the client hands it the
+        # loss of its partitions: what it writes before must be fenced.
         r.frozen = False
-        if r.lost:
-            # Its first poll after the pause still acts as the owner: what it writes now must
-            # be fenced. Then it learns it was expelled, and joins again.
-            self._step(r)
-            # What the group no longer gives it is lost (not what it was given since, when
-            # that step found the database again and rejoined).
-            owner = self.world.group.owner
-            lost = [tp for tp in r.consumer.assignment() if owner.get(tp) != r.name]
-            if lost:
-                r.consumer.revoke(lost)
-            r.lost = False
-            if r.consumer.subscribed:
-                self.world.group.join(r.name)
+        self._step(r)
 
     # -- healing and the end -------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ each port call when the scheduler asks for one.
 from __future__ import annotations
 
 import json
+import random
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +26,6 @@ from processor._engine.records import OffsetCommit, OutboxRow, Record
 from processor._engine.rows import WriteSet
 from processor._errors import CommitInDoubt, Retryable, SendFailure
 from processor._invocation.binder import bind
-from processor._memory.consumer import MemoryRecordConsumer
 from processor._memory.deadlines import MemoryDeadlineStore
 from processor._memory.outbox import MemoryOutboxStore
 from processor._memory.store import MemoryBatchStore, MemoryTables
@@ -35,6 +35,7 @@ from processor._runtime.poller import DeadlinePoller
 from processor._runtime.relay import Relay
 from processor._wire import envelope
 from processor.settings import DeadlineSettings
+from tests.sim.kafka import SimClient, SimSagaConsumer
 from tests.sim.model import COMMANDS, EVENTS, Opened, SimSaga, Stepped
 
 __all__ = ["Broker", "Database", "Replica", "World"]
@@ -84,31 +85,6 @@ class Broker:
         return [(EVENTS, p) for p in range(self.partitions[EVENTS])]
 
 
-class SimConsumer(MemoryRecordConsumer):
-    """A group member reading the broker's shared logs; leaving and rejoining go to the group."""
-
-    def __init__(self, broker: Broker, group: Group, member: str, on_assign: Any, on_revoke: Any):
-        super().__init__(on_assign, on_revoke)
-        # The broker's logs themselves: what any producer appends, every member reads.
-        self._logs = broker.logs
-        self._markers = broker.markers
-        self._group = group
-        self._member = member
-        # Unsubscribed members (a replica that gave its partitions back) stay out of the group
-        # until they subscribe again, however their session ends.
-        self.subscribed = True
-
-    def leave(self) -> None:
-        super().leave()
-        self.subscribed = False
-        self._group.leave(self._member)
-
-    def rejoin(self) -> None:
-        self._left = []
-        self.subscribed = True
-        self._group.join(self._member)
-
-
 class Group:
     """The consumer group's coordinator: assigns the input partitions over the members."""
 
@@ -123,41 +99,47 @@ class Group:
         self.rebalance()
 
     def leave(self, name: str) -> None:
-        member = self.members.get(name)
-        if member is not None:
-            member.joined = False
-        for tp in [tp for tp, o in self.owner.items() if o == name]:
-            del self.owner[tp]
+        """The member unsubscribed: its partitions are revoked (it sees so at its next poll)."""
+        self._drop(name, "revoked")
         self.rebalance()
 
     def expel(self, name: str) -> None:
         """The member's session ran out (crashed, or frozen): its partitions move without it."""
-        for tp in [tp for tp, o in self.owner.items() if o == name]:
-            del self.owner[tp]
-        member = self.members.get(name)
-        if member is not None:
-            member.joined = False
-            member.lost = True
+        self._drop(name, "lost")
         self.rebalance()
+
+    def _drop(self, name: str, kind: str) -> None:
+        member = self.members[name]
+        member.joined = False
+        if kind == "lost":
+            member.lost = True
+        gone = [tp for tp, o in self.owner.items() if o == name]
+        for tp in gone:
+            del self.owner[tp]
+        if gone or kind == "lost":
+            # An expelled member learns it at its next poll even when it held nothing, and
+            # joins again then.
+            member.client.group_event(kind, gone)
 
     def rebalance(self) -> None:
         self.rebalances += 1
         live = sorted(n for n, m in self.members.items() if m.joined and m.alive)
         tps = self.broker.input_partitions()
         want = {tp: live[i % len(live)] for i, tp in enumerate(tps)} if live else {}
-        # Cooperative: every member first gives up what moves, then members take what is new.
+        # Every member is told what it gives up and what it takes; each learns at its next
+        # poll, so a partition's new owner may claim it before the old one has seen it go.
         for name in live:
             gone = [tp for tp in tps if self.owner.get(tp) == name and want.get(tp) != name]
             if gone:
-                self.members[name].consumer.revoke(gone)
                 for tp in gone:
                     del self.owner[tp]
+                self.members[name].client.group_event("revoked", gone)
         for name in live:
             new = [tp for tp in tps if want.get(tp) == name and self.owner.get(tp) != name]
             if new:
                 for tp in new:
                     self.owner[tp] = name
-                self.members[name].consumer.assign(new)
+                self.members[name].client.group_event("assigned", new)
 
 
 @dataclass
@@ -167,10 +149,17 @@ class Faults:
     writes: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     down_until: dict[str, float] = field(default_factory=dict)
     produce: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    seeks: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
     def take_write(self, replica: str) -> str | None:
         pending = self.writes.get(replica)
         return pending.pop(0) if pending else None
+
+    def take_seek(self, member: str) -> bool:
+        if self.seeks.get(member):
+            self.seeks[member] -= 1
+            return True
+        return False
 
     def take_produce(self, who: str) -> str | None:
         pending = self.produce.get(who)
@@ -306,6 +295,9 @@ class Replica:
         self.frozen = False
         self.lost = False
         self.skew = 0.0
+        self.client = SimClient(
+            world.broker, world.group, name, world.faults, random.Random(world.rng.getrandbits(64))
+        )
         planner = world.planner()
         self.worker = Worker(
             store=SimStore(world.db, name),
@@ -313,14 +305,13 @@ class Replica:
             planner=planner,
             registry=registry,
             owner=name,
-            consumer=lambda a, r: SimConsumer(world.broker, world.group, name, a, r),
+            consumer=lambda a, r: SimSagaConsumer(self.client, a, r),
             max_record_bytes=1 << 20,
             batch_size=batch_size,
             batch_timeout=0.0,
             unavailable_timeout=20.0,
             clock=self.monotonic,
         )
-        self.consumer: SimConsumer = self.worker.consumer  # type: ignore[assignment]
         self.relay = Relay(
             world.db.outbox,
             SimProducer(world.broker, world.faults, f"{name}:relay"),
@@ -392,7 +383,8 @@ def publish(broker: Broker, event: Opened | Stepped, message_id: str, key: str) 
 class World:
     """The broker, the database, the group, the replicas and the participant of one run."""
 
-    def __init__(self) -> None:
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
         self.clock = Clock()
         self.faults = Faults()
         self.broker = Broker()
@@ -420,7 +412,7 @@ class World:
         replica = Replica(name, self, batch_size)
         self.replicas.append(replica)
         self.group.members[name] = replica
-        self.group.join(name)
+        # It joins the group at its first poll, as the Kafka adapter does.
         return replica
 
     def live(self) -> list[Replica]:

@@ -24,3 +24,11 @@ def test_partitions_claimed_while_a_pause_is_due_are_not_paused_for_good() -> No
     # resumed them, and their sagas never ended.
     result = run(148)
     assert result.ok, describe(result)
+
+
+def test_a_partition_revoked_and_assigned_again_in_one_read_is_not_held_by_its_old_seek() -> None:
+    # A seek refused, then the partition revoked and assigned again by callbacks inside one
+    # read: the set of held partitions taken before the read still named it, so the fresh
+    # assignment's records were dropped, and the next batch committed past them.
+    result = run(211)
+    assert result.ok, describe(result)
