@@ -17,12 +17,13 @@ import json
 import logging
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from processor._engine.rows import Outcome
 from processor._errors import DeliveryFailed, Retryable
 from processor._ports import TP
+from tests.sim.bugs import BUGS, switched
 from tests.sim.model import COMMANDS, SAGA_TYPE, Opened
 from tests.sim.world import Replica, World, publish
 
@@ -360,6 +361,11 @@ class _Run:
             return False
         if w.db.outbox.pending():
             return False
+        for r in w.live():
+            # Every replica back at work: none given back, none with a batch still in doubt.
+            recovery = r.worker._recovery
+            if recovery.detached or recovery.unsynced or recovery._doubt is not None:
+                return False
         offsets = w.offsets()
         return all(
             (offsets.get(tp) or 0) == len(w.broker.logs[tp]) for tp in w.broker.input_partitions()
@@ -433,6 +439,21 @@ class _Run:
                 f.append(
                     f"{sid}'s commands published in the order {order.get(sid)}, committed {ids}"
                 )
+        # Every batch a replica committed was taken as committed by it, once (its metrics,
+        # log lines and wake-ups follow from that); none it did not commit. A crashed
+        # replica's memory is gone with it. One whose partitions changed owner before its
+        # outcome could be read is said to be unknown, and not counted.
+        for r in w.live():
+            done = w.db.commits.get(r.name, [])
+            seen_ids = Counter(id(ws) for ws in r.reported)
+            missed = [ws for ws in done if seen_ids[id(ws)] == 0]
+            if len(missed) > r.worker.stats.doubts_unresolved:
+                f.append(f"a batch {r.name} committed was never taken as committed")
+            if any(n > 1 for n in seen_ids.values()):
+                f.append(f"a batch {r.name} committed was taken as committed twice")
+            committed_ids = {id(ws) for ws in done}
+            if any(id(ws) not in committed_ids for ws in r.reported):
+                f.append(f"{r.name} took a batch as committed that was not")
         # Every fired deadline was applied at most once, on its saga's partition.
         applied = [h for h in t.history if h.kind == "deadline" and h.outcome is Outcome.APPLIED]
         per = Counter((h.saga_id, h.message_id) for h in applied)
@@ -455,7 +476,7 @@ def run(
     """Runs the schedule of ``seed`` without the ``disabled`` faults, ``bugs`` switched on."""
     logging.disable(logging.CRITICAL)
     try:
-        with _switched(bugs):
+        with switched(bugs):
             return _Run(seed, frozenset(disabled), steps, bugs).go()
     finally:
         logging.disable(logging.NOTSET)
@@ -480,25 +501,6 @@ def shrink(seed: int, *, steps: int = STEPS, bugs: Iterable[str] = ()) -> tuple[
 def _faults_drawn(seed: int, steps: int, bugs: Iterable[str]) -> int:
     r = _Run(seed, frozenset(), steps, bugs)
     return r._fault_no
-
-
-# -- historical bugs, switched back on for the simulator to find ---------------------------------
-
-BUGS: dict[str, Callable[[], Callable[[], None]]] = {}
-
-
-class _switched:
-    def __init__(self, bugs: Iterable[str]) -> None:
-        self._names = list(bugs)
-        self._undo: list[Callable[[], None]] = []
-
-    def __enter__(self) -> None:
-        for name in self._names:
-            self._undo.append(BUGS[name]())
-
-    def __exit__(self, *exc: object) -> None:
-        for undo in reversed(self._undo):
-            undo()
 
 
 def describe(result: Result) -> str:

@@ -181,6 +181,8 @@ class Database:
         # order; which replica committed each (partition, epoch).
         self.committed: list[OutboxRow] = []
         self.writers: dict[tuple[TP, int], str] = {}
+        # Each replica's committed batches, in commit order.
+        self.commits: dict[str, list[WriteSet]] = defaultdict(list)
         self.violations: list[str] = []
 
     def sync_lease(self) -> None:
@@ -234,6 +236,7 @@ class SimStore(MemoryBatchStore):
             return
         self.db.outbox.append(ws.outbox)
         self.db.committed.extend(ws.outbox)
+        self.db.commits[self.replica].append(ws)
         for o in offsets:
             key = ((o.topic, o.partition), o.epoch)
             writer = self.db.writers.setdefault(key, self.replica)
@@ -295,6 +298,8 @@ class Replica:
         self.frozen = False
         self.lost = False
         self.skew = 0.0
+        # The batches its worker took as committed.
+        self.reported: list[WriteSet] = []
         self.client = SimClient(
             world.broker, world.group, name, world.faults, random.Random(world.rng.getrandbits(64))
         )
@@ -311,6 +316,7 @@ class Replica:
             batch_timeout=0.0,
             unavailable_timeout=20.0,
             clock=self.monotonic,
+            on_commit=self.reported.append,
         )
         self.relay = Relay(
             world.db.outbox,

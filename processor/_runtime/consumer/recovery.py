@@ -208,11 +208,29 @@ class Recovery:
                 stored.get((o.topic, o.partition)) == (o.epoch, o.next_offset)
                 for o in in_doubt.batch.offsets
             )
-            log.warning(
-                "batch of %d records: outcome found: %s",
-                in_doubt.batch.size,
-                "committed" if committed else "not committed",
+            # A partition claimed by another replica since may have moved past where the batch
+            # left it, or past where it started: the offsets no longer tell (found by the
+            # simulation, tests/sim). Its effects stand if it committed; if not, the new owner
+            # applies its records. Said so, rather than a guess.
+            moved = sorted(
+                (o.topic, o.partition)
+                for o in in_doubt.batch.offsets
+                if stored.get((o.topic, o.partition), (None, None))[0] != o.epoch
             )
+            if moved and not committed:
+                self._stats.doubts_unresolved += 1
+                log.warning(
+                    "batch of %d records: outcome not known: %s changed owner meanwhile (its "
+                    "effects stand if it committed; if not, the new owner applies its records)",
+                    in_doubt.batch.size,
+                    moved,
+                )
+            else:
+                log.warning(
+                    "batch of %d records: outcome found: %s",
+                    in_doubt.batch.size,
+                    "committed" if committed else "not committed",
+                )
             if committed:
                 self._on_committed(in_doubt)
         self.unsynced = False

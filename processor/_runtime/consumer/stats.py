@@ -21,6 +21,8 @@ class WorkerStats:
     foreign: Counter[tuple[str, str]] = field(default_factory=Counter)
     # Times the positions were read back from the store (fenced, failed or in-doubt commit).
     resyncs: int = 0
+    # Batches in doubt whose partitions changed owner before their outcome could be read.
+    doubts_unresolved: int = 0
     # time.monotonic() at the start of the last poll: the liveness probe's heartbeat.
     last_step: float = field(default_factory=time.monotonic)
     # Seconds the last batch's write and commit took (set on the write lane, read after it).
