@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import threading
 import time
 import uuid
@@ -21,6 +22,19 @@ from tests.support.roles import LeastPrivilege, least_privilege
 # A hang with the interpreter held still ends the run, with every thread's stack; a failed
 # test that ran processes shows what they said.
 pytest_plugins = ["tests.support.hang_watchdog", "tests.support.tell"]
+
+SIM_SEED_BASE = "SAGA_SIM_SEED_BASE"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The simulation's new seeds (tests/sim): drawn once, before pytest-xdist starts its
+    # workers, which inherit the variable; set it to run a former run's seeds again.
+    if not os.environ.get(SIM_SEED_BASE):
+        os.environ[SIM_SEED_BASE] = str(secrets.randbelow(10**9))
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"simulation seeds from {SIM_SEED_BASE}={os.environ[SIM_SEED_BASE]}"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -27,7 +27,7 @@ from tests.sim.bugs import BUGS, switched
 from tests.sim.model import COMMANDS, SAGA_TYPE, Opened
 from tests.sim.world import Replica, World, publish
 
-__all__ = ["BUGS", "Result", "run", "shrink"]
+__all__ = ["BUGS", "FAULTS", "Result", "describe", "replay_command", "run", "shrink"]
 
 STEPS = 120
 SAGAS = 6
@@ -52,6 +52,17 @@ FAULTS = {
     "clock-jump": 1,
 }
 FAULT_SHARE = 0.25
+# What a run checks once it has healed (besides "settled": no saga stuck, nothing in doubt).
+END_CHECKS = (
+    "each-input-decided-once",
+    "no-dead-letters",
+    "all-ended",
+    "steps-in-order-once",
+    "commands-published-as-committed",
+    "commands-in-commit-order",
+    "batches-taken-as-committed-once",
+    "deadline-applied-once-on-its-partition",
+)
 MAX_REPLICAS = 4
 
 
@@ -66,6 +77,10 @@ class Result:
         faults: Faults injected, by kind.
         steps: Decisions taken.
         last: The last decisions, for the report.
+        checks: Invariants evaluated, by name.
+        scheduled: The last scheduled decisions, before the world healed.
+        bugs: The fixed bugs put back for the run.
+        disabled: The faults left out (by number), when shrunk.
     """
 
     seed: int
@@ -74,6 +89,10 @@ class Result:
     faults: Counter[str] = field(default_factory=Counter)
     steps: int = 0
     last: list[str] = field(default_factory=list)
+    checks: Counter[str] = field(default_factory=Counter)
+    scheduled: list[str] = field(default_factory=list)
+    bugs: list[str] = field(default_factory=list)
+    disabled: list[int] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -87,7 +106,7 @@ class _Run:
         self.disabled = disabled
         self.steps = steps
         self.world = World(self.rng)
-        self.result = Result(seed)
+        self.result = Result(seed, bugs=sorted(bugs), disabled=sorted(disabled))
         self._hash = hashlib.sha256(f"seed {seed}".encode())
         self._fault_no = 0
         self._published = 0
@@ -109,6 +128,7 @@ class _Run:
                 self._check_as_we_go()
                 if self.result.failures:
                     return self._done()
+            self.result.scheduled = list(self.result.last)
             self._heal()
             if not self.result.failures:
                 self._check_at_the_end()
@@ -352,6 +372,41 @@ class _Run:
             if after == before:
                 w.clock.now += 31.0
         self.result.failures.append(f"stuck: not settled after {HEAL_ROUNDS} healing rounds")
+        self.result.failures.extend(self._where_stuck())
+
+    def _where_stuck(self) -> list[str]:
+        w = self.world
+        out = []
+        offsets = w.offsets()
+        for tp in w.broker.input_partitions():
+            owner = w.group.owner.get(tp)
+            member = w.group.members.get(owner) if owner else None
+            state = "no owner"
+            if member is not None:
+                owned = member.worker._ownership.owned.get(tp)
+                paused = tp in member.client._paused
+                state = f"{owner}: {owned or 'not claimed'}{', paused' if paused else ''}"
+            out.append(
+                f"  {tp}: stored {offsets.get(tp)}, end {len(w.broker.logs[tp])}, group: {state}"
+            )
+        started = {sid for (_, sid) in w.db.tables.sagas}
+        never = [f"s{i}" for i in range(self._sagas) if f"s{i}" not in started]
+        if never:
+            out.append(f"  never started: {never}")
+        for (_, sid), row in w.db.tables.sagas.items():
+            if row.status != "ended" and isinstance(row.state, dict):
+                done, steps = row.state.get("done"), row.state.get("steps")
+                out.append(f"  {sid} {row.status}: done {done} of {steps}")
+        if w.db.outbox.pending():
+            out.append(f"  {len(w.db.outbox.pending())} outbox rows unpublished")
+        for r in w.live():
+            rec = r.worker._recovery
+            if rec.detached or rec.unsynced or rec._doubt is not None:
+                out.append(
+                    f"  {r.name}: detached {rec.detached}, unsynced {rec.unsynced}, "
+                    f"batch in doubt {rec._doubt is not None}"
+                )
+        return out
 
     def _settled(self) -> bool:
         w = self.world
@@ -373,6 +428,7 @@ class _Run:
 
     def _check_as_we_go(self) -> None:
         w = self.world
+        self.result.checks.update(("offsets-never-back", "one-writer-per-epoch"))
         for tp, nxt in w.offsets().items():
             if nxt is None:
                 continue
@@ -384,6 +440,7 @@ class _Run:
             w.db.violations.clear()
 
     def _check_at_the_end(self) -> None:
+        self.result.checks.update(END_CHECKS)
         f = self.result.failures
         w = self.world
         t = w.db.tables
@@ -506,11 +563,26 @@ def _faults_drawn(seed: int, steps: int, bugs: Iterable[str]) -> int:
 def describe(result: Result) -> str:
     """The report of a failing run: what failed, the last decisions, the replay command."""
     lines = [f"seed {result.seed} failed (trace {result.trace}):"]
-    lines += [f"  {x}" for x in result.failures[:10]]
-    lines.append("  last decisions:")
-    lines += [f"    {x}" for x in result.last]
-    lines.append(f"  replay: python -m tests.sim --seed {result.seed}")
+    lines += [f"  {x}" for x in result.failures[:20]]
+    if result.scheduled and result.scheduled != result.last:
+        lines.append("  last scheduled decisions:")
+        lines += [f"    {x}" for x in result.scheduled]
+        lines.append("  last decisions while healing:")
+        lines += [f"    {x}" for x in result.last[-8:]]
+    else:
+        lines.append("  last decisions:")
+        lines += [f"    {x}" for x in result.last]
+    lines.append(f"  replay: {replay_command(result)}")
     return "\n".join(lines)
+
+
+def replay_command(result: Result) -> str:
+    """The command that runs ``result``'s schedule again."""
+    parts = ["python -m tests.sim", f"--seed {result.seed}"]
+    parts += [f"--bug {b}" for b in result.bugs]
+    if result.disabled:
+        parts.append(f"--disable {','.join(map(str, result.disabled))}")
+    return " ".join(parts)
 
 
 def faults_json(result: Result) -> str:
