@@ -23,7 +23,7 @@ from tests.support.roles import LeastPrivilege, least_privilege
 # test that ran processes shows what they said.
 pytest_plugins = ["tests.support.hang_watchdog", "tests.support.tell"]
 
-SIM_SEED_BASE = "SAGA_SIM_SEED_BASE"
+SIM_SEED_BASE = "SAGA_TEST_SIM_SEED_BASE"
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -24,6 +24,10 @@ FOUND = [
     # A batch in doubt whose partition another replica had claimed and moved on was said
     # not to have committed.
     ("doubt-judged-by-moved-offsets", 21),
+    # A replica paused past its session claimed a partition of its stale assignment; the
+    # rightful owner, with no more input there, never learnt it was fenced, and its committed
+    # commands of that partition were never published.
+    ("fences-learnt-only-by-commits", 711124202),
 ]
 
 

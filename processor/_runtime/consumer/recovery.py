@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from processor._engine.decode import Decoded, Operator
 from processor._engine.rows import SagaKey, WriteSet
 from processor._errors import Failure, RuntimeFailure
-from processor._ports import RecordConsumer
+from processor._ports import TP, RecordConsumer
 from processor._runtime.consumer.access import StoreLanes
 from processor._runtime.consumer.batch import Batch, Limits, Owned, Planned
 from processor._runtime.consumer.intake import Intake
@@ -245,22 +245,50 @@ class Recovery:
                 continue  # revoked meanwhile
             if epoch != owned[tp].epoch:
                 lost.append(tp)
-                del owned[tp]
                 continue
             owned[tp].next_offset = nxt
             self._consumer.seek(tp, nxt)
-        if lost:
-            self._ownership.publish()
-            log.warning("fenced out of %s: another replica owns them now", sorted(lost))
-            self._consumer.pause(lost)
-            # Still assigned here, they are claimed again a little later unless the group takes
-            # them away first: the claim that fenced this replica may have been a zombie's (a
-            # replica paused past its session claims the partitions it had been waiting for
-            # before its next poll tells it they are gone), and no rebalance would then ever
-            # give them back (found by the simulation, tests/sim).
-            self._ownership.unclaimed.update(lost)
-            self._ownership.claim_after = self._clock() + CLAIM_RETRY
+        self._fenced(lost)
         return True
+
+    def check_fences(self) -> None:
+        """Reads the owned partitions' epochs; gives up (and claims again) those bumped since.
+
+        A partition's owner learns that another replica's claim fenced it when it commits
+        there; one with no input since never would, and its outbox rows, fenced as well, would
+        wait unpublished until the next input (found by the simulation, tests/sim: a replica
+        paused past its session claimed a partition of its stale assignment).
+        """
+        owned = self._ownership.owned
+        if not owned:
+            return
+        lanes = self._lanes
+        tps = list(owned)
+        try:
+            stored = lanes.on_control(lambda: lanes.control.read_offsets(tps), "read offsets")
+        except RuntimeFailure as e:
+            if e.kind is Failure.FATAL:
+                raise
+            return  # the next batch, or the next check, finds out
+        self._fenced(
+            [tp for tp in tps if tp in owned and stored.get(tp, (None,))[0] != owned[tp].epoch]
+        )
+
+    def _fenced(self, lost: list[TP]) -> None:
+        if not lost:
+            return
+        for tp in lost:
+            del self._ownership.owned[tp]
+        self._ownership.publish()
+        log.warning("fenced out of %s: another replica owns them now", sorted(lost))
+        self._consumer.pause(lost)
+        # Still assigned here, they are claimed again a little later unless the group takes
+        # them away first: the claim that fenced this replica may have been a zombie's (a
+        # replica paused past its session claims the partitions it had been waiting for
+        # before its next poll tells it they are gone), and no rebalance would then ever
+        # give them back (found by the simulation, tests/sim).
+        self._ownership.unclaimed.update(lost)
+        self._ownership.claim_after = self._clock() + CLAIM_RETRY
 
     # -- an outage -------------------------------------------------------------------------------
 

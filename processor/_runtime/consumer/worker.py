@@ -50,6 +50,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+# Seconds between reads of the owned partitions' epochs: a replica fenced by another's claim on
+# a partition with no input learns it within this (a commit there would tell it sooner).
+FENCE_CHECK = 30.0
+
 Assign = Callable[[list[TP]], Mapping[TP, int | None]]
 """The rebalance callback for assigned partitions: where to start reading each (None: stored)."""
 Revoke = Callable[[list[TP]], None]
@@ -183,6 +187,8 @@ class Worker:
         # When the batch in flight was handed to the write lane (the worker's clock).
         self._submitted_at = 0.0
         self._submitted_mono = 0.0
+        # When the owned partitions' epochs are read next (Recovery.check_fences).
+        self._next_fence_check = clock() + FENCE_CHECK
 
     # -- what others read --------------------------------------------------------------------
 
@@ -291,6 +297,10 @@ class Worker:
             consumer.consume(self.limits.batch_size, self.limits.batch_timeout)
             recovery.give_back_if_unavailable()
             return 0
+        if self._clock() >= self._next_fence_check:
+            self._next_fence_check = self._clock() + FENCE_CHECK
+            if self.settle():
+                recovery.check_fences()
         records = self._intake.take()
         planned: Planned | None = None
         try:
