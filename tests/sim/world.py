@@ -36,6 +36,7 @@ from processor._runtime.relay import Relay
 from processor._wire import envelope
 from processor.settings import DeadlineSettings
 from tests.sim.kafka import SimClient, SimSagaConsumer
+from tests.sim.lanes import SimFuture, SimLane
 from tests.sim.model import COMMANDS, EVENTS, Opened, SimSaga, Stepped
 
 __all__ = ["Broker", "Database", "Replica", "World"]
@@ -183,6 +184,12 @@ class Database:
         self.writers: dict[tuple[TP, int], str] = {}
         # Each replica's committed batches, in commit order.
         self.commits: dict[str, list[WriteSet]] = defaultdict(list)
+        # Batches whose commit went through after their replica gave up waiting for it: it
+        # cannot know of them (their records are applied again, or fenced, by whoever comes).
+        self.late_run = False
+        self.late_ws: set[int] = set()
+        # The offsets each batch tried to commit, by the batch's id().
+        self.tried: dict[int, tuple[OffsetCommit, ...]] = {}
         self.violations: list[str] = []
 
     def sync_lease(self) -> None:
@@ -228,6 +235,8 @@ class SimStore(MemoryBatchStore):
         dry_run: bool = False,
     ) -> None:
         self._reachable()
+        if not dry_run:
+            self.db.tried[id(ws)] = tuple(offsets)
         fault = None if dry_run else self.db.faults.take_write(self.replica)
         if fault == "refuse":
             raise Retryable("simulated: the connection broke before the commit")
@@ -237,6 +246,8 @@ class SimStore(MemoryBatchStore):
         self.db.outbox.append(ws.outbox)
         self.db.committed.extend(ws.outbox)
         self.db.commits[self.replica].append(ws)
+        if self.db.late_run:
+            self.db.late_ws.add(id(ws))
         for o in offsets:
             key = ((o.topic, o.partition), o.epoch)
             writer = self.db.writers.setdefault(key, self.replica)
@@ -331,6 +342,11 @@ class Replica:
             monotonic=self.monotonic,
         )
 
+    def writes(self) -> list[SimFuture]:
+        """Its batches handed to the write lane and not committed yet."""
+        lane = self.worker._lanes._write_lane
+        return lane.waiting() if isinstance(lane, SimLane) else []
+
     def monotonic(self) -> float:
         return self.world.clock.now + self.skew
 
@@ -398,6 +414,8 @@ class World:
         self.group = Group(self.broker)
         self.participant = Participant(self.broker)
         self.replicas: list[Replica] = []
+        # Commits that hung (their replica gave up waiting), which may still go through.
+        self.hung: list[SimFuture] = []
         self._bound = bind(definition_of(SimSaga))
         self._ids = 0
 

@@ -299,8 +299,11 @@ class Worker:
             return 0
         if self._clock() >= self._next_fence_check:
             self._next_fence_check = self._clock() + FENCE_CHECK
-            if self.settle():
-                recovery.check_fences()
+            if not self.settle():
+                # Rolled back or in doubt: nothing more until the positions are read back.
+                recovery.give_back_if_unavailable()
+                return 0
+            recovery.check_fences()
         records = self._intake.take()
         planned: Planned | None = None
         try:
