@@ -24,6 +24,7 @@ from processor._engine.rows import Outcome
 from processor._errors import DeliveryFailed, Retryable
 from processor._ports import TP
 from processor._runtime.consumer import access
+from processor._runtime.poller import _fired
 from tests.sim.bugs import BUGS, switched
 from tests.sim.lanes import SimLane
 from tests.sim.model import COMMANDS, SAGA_TYPE, Opened
@@ -47,6 +48,8 @@ FAULTS = {
     "db-down": 2,
     "db-stall": 2,
     "late-commit": 2,
+    "poller-pause": 2,
+    "poller-wake": 2,
     "produce-refuse": 1,
     "seek-refuse": 2,
     "produce-lost-ack": 2,
@@ -230,7 +233,20 @@ class _Run:
             return
         self._note(f"{r.name} relay published {n}")
 
+    def _wake_poller(self, index: int = 0) -> str | None:
+        r, token, rows = self.world.paused_sends.pop(index)
+        if not r.alive:
+            return None
+        failures = r.poller.producer.send([_fired(d, token) for d in rows], 10.0)
+        if failures:
+            # As a sweep does: what was not acknowledged is due again.
+            self.world.db.deadlines.unclaim([rows[f.index].id for f in failures], token)
+        return f"{r.name}'s poller woke and sent {len(rows) - len(failures)} fired records late"
+
     def _poll(self, r: Replica) -> None:
+        if any(p is r for p, _, _ in self.world.paused_sends):
+            self._note(f"{r.name} poller paused")
+            return
         # What DeadlinePoller.run does with a transient failure: drop the token, go on.
         try:
             r.poller.step()
@@ -341,6 +357,24 @@ class _Run:
             finally:
                 w.db.late_run = False
             return "a hung commit went through after all"
+        if kind == "poller-pause":
+            # The leader claims its due deadlines, then pauses past its lease before it sends
+            # their fired records: a new leader fires them again meanwhile.
+            r = self._replica()
+            if r is None or r.poller.token is None or any(p is r for p, _, _ in w.paused_sends):
+                return None
+            token = r.poller.token
+            rows, _ = w.db.deadlines.claim_due(r.name, token, 100, full=False)
+            w.db.sync_lease()
+            if not rows:
+                return None
+            w.paused_sends.append((r, token, rows))
+            w.clock.now += r.poller.settings.lease_ttl.total_seconds() + 1.0
+            return f"{r.name}'s poller paused past its lease with {len(rows)} claimed"
+        if kind == "poller-wake":
+            if not w.paused_sends:
+                return None
+            return self._wake_poller(rng.randrange(len(w.paused_sends)))
         if kind == "seek-refuse":
             r = self._replica(runnable=False)
             if r is None:
@@ -386,6 +420,8 @@ class _Run:
         for r in w.live():
             if r.frozen:
                 self._thaw(r)
+        while w.paused_sends:
+            self._wake_poller()
         if not w.live():
             self._join()
         while self._published < self._sagas:

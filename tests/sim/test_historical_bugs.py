@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow
 
 # Schedules tried, from seed START, before a bug counts as not found.
 START = 5000
-LIMIT = 1000
+LIMIT = 2000
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))

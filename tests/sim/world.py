@@ -29,7 +29,7 @@ from processor._invocation.binder import bind
 from processor._memory.deadlines import MemoryDeadlineStore
 from processor._memory.outbox import MemoryOutboxStore
 from processor._memory.store import MemoryBatchStore, MemoryTables
-from processor._ports import TP, Positions
+from processor._ports import TP, DeadlineRow, Positions
 from processor._runtime.consumer.worker import Worker
 from processor._runtime.poller import DeadlinePoller
 from processor._runtime.relay import Relay
@@ -414,6 +414,8 @@ class World:
         self.group = Group(self.broker)
         self.participant = Participant(self.broker)
         self.replicas: list[Replica] = []
+        # Fired records a paused poller claimed and has not sent yet.
+        self.paused_sends: list[tuple[Replica, int, list[DeadlineRow]]] = []
         # Commits that hung (their replica gave up waiting), which may still go through.
         self.hung: list[SimFuture] = []
         self._bound = bind(definition_of(SimSaga))
