@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from processor._kafka.client import SagaConsumer
+from processor._runtime.consumer.intake import Intake
 from processor._runtime.consumer.ownership import Claims
 from processor._runtime.consumer.recovery import Recovery
 
@@ -125,6 +126,20 @@ BUGS: dict[str, tuple[str, Callable[[], Callable[[], None]]]] = {
         "it, and its committed outbox rows of that partition stay unpublished (found by "
         "tests/sim)",
         _patch(Recovery, "check_fences", [("if not owned:", "if True:")]),
+    ),
+    "markers-only-partition-left-unstored": (
+        "a partition whose only entries are transaction markers is never stored past them, so "
+        "a new partition following it after growth would wait for good (found by tests/sim)",
+        _patch(
+            Intake,
+            "advance_ends",
+            [
+                (
+                    "done = end == 0 if o is not None and o.next_offset is None else None",
+                    "done = o is not None and o.next_offset is None",
+                )
+            ],
+        ),
     ),
 }
 

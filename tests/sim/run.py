@@ -56,6 +56,7 @@ FAULTS = {
     "lose-reply": 2,
     "dup-reply": 1,
     "dup-record": 2,
+    "txn-marker": 2,
     "clock-jump": 1,
 }
 FAULT_SHARE = 0.25
@@ -388,12 +389,24 @@ class _Run:
             self._dup += 1
             return "the participant's next reply is sent twice"
         if kind == "dup-record":
-            inputs = [rec for tp in w.broker.input_partitions() for rec in w.broker.logs[tp]]
+            inputs = [
+                rec
+                for tp in w.broker.input_partitions()
+                for rec in w.broker.logs[tp]
+                if rec.offset not in w.broker.markers.get(tp, set())
+            ]
             if not inputs:
                 return None
             rec = rng.choice(inputs)
             w.broker.append(rec.topic, rec.key, rec.value, rec.headers, rec.partition)
             return f"record {rec.topic}/{rec.partition}@{rec.offset} delivered again"
+        if kind == "txn-marker":
+            # A transactional producer's commit or abort marker takes an offset no record
+            # has: a partition can end with markers, which its stored position must pass.
+            tp = rng.choice(w.broker.input_partitions())
+            marker = w.broker.append(tp[0], None, None, (), tp[1])
+            w.broker.markers.setdefault(tp, set()).add(marker.offset)
+            return f"a transaction marker at {tp[0]}/{tp[1]}@{marker.offset}"
         if kind == "clock-jump":
             r = self._replica(runnable=False)
             if r is None:
@@ -541,7 +554,10 @@ class _Run:
             (h.topic, h.partition, h.offset) for h in t.history
         )
         for tp in w.broker.input_partitions():
+            markers = w.broker.markers.get(tp, set())
             for rec in w.broker.logs[tp]:
+                if rec.offset in markers:
+                    continue  # a transaction marker: no record any consumer sees
                 n = seen[(rec.topic, rec.partition, rec.offset)]
                 # A fired deadline whose row is gone (applied already: a second send of the
                 # same fire; rescheduled since) is dropped unrecorded; every event is decided.

@@ -216,7 +216,12 @@ class Intake:
             if tp in busy:
                 continue
             o = owned.get(tp)
-            if o is None or o.next_offset is None or o.next_offset >= end:
+            # Nothing stored yet (None) and read to a non-zero end with no record: its only
+            # entries were markers (an aborted first transaction), and the end is stored too;
+            # left at None, a new partition following it would wait for it for good (found by
+            # the simulation, tests/sim).
+            done = end == 0 if o is not None and o.next_offset is None else None
+            if o is None or done or (o.next_offset is not None and o.next_offset >= end):
                 del self._ends[tp]
                 continue
             advances[tp] = end
