@@ -64,8 +64,11 @@ def test_frozen_replica_is_fenced_out_and_never_double_applies(e2e_env: E2EEnv, 
     # refused rather than applied on top of the heir's work.
     zombie.signal(signal.SIGCONT)
     wait_until(lambda: log_lines(zombie, r"revoked \["), timeout=90, what="the zombie's revocation")
+    # Refused (fenced), or in doubt and found to be of unknown outcome: its partitions have
+    # a new owner who moved on, so the offsets no longer tell; either way nothing of it stands
+    # on top of the heir's work, as the invariants below show.
     wait_until(
-        lambda: log_lines(zombie, r"batch of \d+ records.*not committed"),
+        lambda: log_lines(zombie, r"batch of \d+ records.*(not committed|outcome not known)"),
         timeout=60,
         what="the zombie's frozen batch to be refused",
     )

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -55,16 +56,17 @@ def least_privilege(admin_url: str, schema: str) -> Iterator[LeastPrivilege]:
     database = str(conninfo_to_dict(admin_url)["dbname"])
     with psycopg.connect(admin_url, autocommit=True) as admin:
         try:
-            admin.execute(
-                render_grants(
-                    admin,
-                    database=database,
-                    schema=schema,
-                    owner=owner,
-                    runtime=runtime,
-                    reader=reader,
-                ).encode()
-            )
+            with _catalog_lock(admin):
+                admin.execute(
+                    render_grants(
+                        admin,
+                        database=database,
+                        schema=schema,
+                        owner=owner,
+                        runtime=runtime,
+                        reader=reader,
+                    ).encode()
+                )
             for role, password in passwords.items():
                 admin.execute(
                     sql.SQL("ALTER ROLE {} PASSWORD {}").format(
@@ -86,8 +88,24 @@ def least_privilege(admin_url: str, schema: str) -> Iterator[LeastPrivilege]:
             admin.execute(
                 sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
             )
-            for role in roles:
-                exists = admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,))
-                if exists.fetchone() is not None:
-                    admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-                    admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+            with _catalog_lock(admin):
+                for role in roles:
+                    exists = admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,))
+                    if exists.fetchone() is not None:
+                        admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+                        admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+# Grants on the database and role changes of tests running at once update the same catalog rows
+# (the database's ACL): PostgreSQL refuses the second of two such updates at the same moment
+# with "tuple concurrently updated" (seen as a teardown error of an end-to-end test).
+_CATALOG_LOCK = 0x5A6A_0001
+
+
+@contextmanager
+def _catalog_lock(admin: psycopg.Connection[Any]) -> Iterator[None]:
+    admin.execute("SELECT pg_advisory_lock(%s)", (_CATALOG_LOCK,))
+    try:
+        yield
+    finally:
+        admin.execute("SELECT pg_advisory_unlock(%s)", (_CATALOG_LOCK,))
