@@ -16,6 +16,7 @@ import pytest
 from psycopg import sql
 
 from devstack import Services, provide
+from tests.sim.budget import SEED_BASE as SIM_SEED_BASE
 from tests.support.phases import PHASE, PHASES, kept, longest_first
 from tests.support.roles import LeastPrivilege, least_privilege
 
@@ -23,7 +24,6 @@ from tests.support.roles import LeastPrivilege, least_privilege
 # test that ran processes shows what they said.
 pytest_plugins = ["tests.support.hang_watchdog", "tests.support.tell"]
 
-SIM_SEED_BASE = "SAGA_TEST_SIM_SEED_BASE"
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,4 +1,4 @@
-"""New schedules every run: half of make test's simulation budget (the other file has the rest).
+"""New schedules every run: one of the two parts of make test's simulation budget.
 
 The seeds start at SAGA_TEST_SIM_SEED_BASE, drawn afresh each run and printed in pytest's header
 (tests/conftest.py); set it to run the same seeds again.
@@ -6,22 +6,12 @@ The seeds start at SAGA_TEST_SIM_SEED_BASE, drawn afresh each run and printed in
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from tests.sim.run import describe, run
+from tests.sim.budget import hold_every_invariant
 
 pytestmark = pytest.mark.slow
 
-SCHEDULES = 500
-PART = 1
-
 
 def test_new_schedules_hold_every_invariant() -> None:
-    base = int(os.environ["SAGA_TEST_SIM_SEED_BASE"]) + PART * SCHEDULES
-    failed = [r for r in (run(seed) for seed in range(base, base + SCHEDULES)) if not r.ok]
-    assert not failed, (
-        f"{len(failed)} of {SCHEDULES} schedules (seeds {base}..{base + SCHEDULES - 1}) failed: "
-        f"{[r.seed for r in failed]}\n" + describe(failed[0])
-    )
+    hold_every_invariant(part=1)
