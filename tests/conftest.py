@@ -25,7 +25,6 @@ from tests.support.roles import LeastPrivilege, least_privilege
 pytest_plugins = ["tests.support.hang_watchdog", "tests.support.tell"]
 
 
-
 def pytest_configure(config: pytest.Config) -> None:
     # The simulation's new seeds (tests/sim): drawn once, before pytest-xdist starts its
     # workers, which inherit the variable; set it to run a former run's seeds again.
