@@ -226,6 +226,12 @@ class _Collector(Collector):
             [],
             {(): stats.resyncs if stats is not None else 0},
         )
+        yield _counter(
+            "saga_batches_outcome_unknown",
+            "Batches in doubt whose partitions changed owner before the outcome could be read.",
+            [],
+            {(): stats.doubts_unresolved if stats is not None else 0},
+        )
         rebalances = dict(src.rebalances or {})
         yield _counter(
             "saga_rebalances",

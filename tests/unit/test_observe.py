@@ -150,6 +150,7 @@ def test_metrics_follow_batches_samples_and_sweeps() -> None:
         {
             "batches": 3,
             "resyncs": 1,
+            "doubts_unresolved": 2,
             "outcomes": {(SAGA, "COMPENSATION_FAILED"): 2},
             "escalations": {(SAGA, "undo"): 1},
             "foreign": {},
@@ -189,6 +190,7 @@ def test_metrics_follow_batches_samples_and_sweeps() -> None:
     assert (dict(labels)["replica"], one) == ("replica-7", 1.0)
     assert got[("process_resident_memory_bytes", ())] > 0
     assert got[("saga_resyncs_total", ())] == 1
+    assert got[("saga_batches_outcome_unknown_total", ())] == 2
     ended = (("outcome", "COMPENSATION_FAILED"), ("saga_type", SAGA))
     assert got[("saga_ended_total", ended)] == 2
     assert got[("saga_escalations_total", (("kind", "undo"), ("saga_type", SAGA)))] == 1
@@ -273,6 +275,7 @@ def test_every_metric_of_the_contract_is_exported() -> None:
         {
             "batches": 1,
             "resyncs": 0,
+            "doubts_unresolved": 0,
             "outcomes": {("t", "COMPLETED"): 1},
             "escalations": {("t", "step"): 1},
             "foreign": {("in", "other-saga"): 1},

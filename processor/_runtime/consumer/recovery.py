@@ -211,7 +211,8 @@ class Recovery:
             # A partition claimed by another replica since may have moved past where the batch
             # left it, or past where it started: the offsets no longer tell (found by the
             # simulation, tests/sim). Its effects stand if it committed; if not, the new owner
-            # applies its records. Said so, rather than a guess.
+            # applies its records. Said so, rather than a guess, and counted
+            # (saga_batches_outcome_unknown_total).
             moved = sorted(
                 (o.topic, o.partition)
                 for o in in_doubt.batch.offsets
