@@ -12,6 +12,7 @@ import json
 import math
 import os
 import platform
+import subprocess
 import sys
 import time
 import uuid
@@ -32,6 +33,8 @@ from processor._postgres.schema.tables import Tables
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = Path(os.environ.get("SAGA_LOCAL_DIR", REPO / ".local")) / "bench"
+# The interpreter of the `bench` extra (`make bench` makes it): the peers run in it.
+BENCH_PYTHON = Path(os.environ.get("SAGA_BENCH_PYTHON", REPO / ".venv-bench" / "bin" / "python"))
 
 _STARTED = time.monotonic()
 
@@ -147,6 +150,25 @@ def scratch(found: Services, label: str) -> Iterator[Scratch]:
         yield box
     finally:
         box.close()
+
+
+def bench_child(module: str, spec: Mapping[str, Any], deadline: float) -> dict[str, Any]:
+    """Runs ``python -m module SPEC_JSON`` in the bench interpreter; returns the JSON line it
+    printed last. A child that fails, or prints none, raises with the tail of its stderr."""
+    done = subprocess.run(
+        [str(BENCH_PYTHON), "-m", module, json.dumps(spec)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=deadline,
+        check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{module} failed ({done.returncode}): {done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
 
 
 def end_offsets(kafka: str, topic: str) -> dict[int, int]:
