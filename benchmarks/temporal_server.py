@@ -14,7 +14,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -68,7 +67,7 @@ def _build(go: str, target: Path) -> None:
         "(once; about six minutes of one core)"
     )
     log = target.parent.parent / "build.log"
-    env = {**os.environ, "GOBIN": str(target.parent), "CGO_ENABLED": "0"}
+    env = {**os.environ, "GOBIN": str(target.parent)}
     with open(log, "wb") as out:
         build = subprocess.Popen(
             [go, "install", f"{CLI_MODULE}@{CLI_VERSION}"], env=env, stdout=out, stderr=out
@@ -168,7 +167,6 @@ def dev_server(path: Path) -> Iterator[Server]:
 def _wait_ready(path: Path, address: str, proc: subprocess.Popen[bytes], log: Path) -> None:
     """Until the default namespace answers (the dev server registers it once it serves)."""
     deadline = time.monotonic() + READY_DEADLINE
-    pause = threading.Event()
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise Unavailable(f"the Temporal dev server exited ({proc.returncode}); see {log}")
@@ -180,8 +178,8 @@ def _wait_ready(path: Path, address: str, proc: subprocess.Popen[bytes], log: Pa
         )
         if check.returncode == 0:
             return
-        # Between probes: each is a process start, and the server is busy starting too.
-        pause.wait(0.5)
+        # The probe's pace: each is a process start, and the server is busy starting too.
+        time.sleep(0.5)
     raise Unavailable(f"the Temporal dev server did not serve within {READY_DEADLINE:.0f} s")
 
 
