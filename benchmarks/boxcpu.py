@@ -12,6 +12,8 @@ is elsewhere reads as ``None`` and the box total leaves it out, saying so.
   what it had at the start. Every client of the server counts: on a shared server, so does
   whatever else runs against it.
 - Kafka: the broker JVM's user + system time (every thread).
+- WAL: the records PostgreSQL wrote to its write-ahead log (``pg_stat_wal``), server-wide like
+  its CPU; each index entry and each row written is one, so it counts what a design writes.
 
 Memory: the kernel's high-water mark of this process's resident set (VmHWM), which writing
 ``5`` to /proc/self/clear_refs resets to the current resident set.
@@ -22,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -145,13 +147,20 @@ class Usage:
     processor: float
     postgres: float | None
     kafka: float | None
+    wal_records: float | None = None
 
     def minus(self, earlier: Usage) -> Usage:
         return Usage(
             self.processor - earlier.processor,
             _sub(self.postgres, earlier.postgres),
             _sub(self.kafka, earlier.kafka),
+            _sub(self.wal_records, earlier.wal_records),
         )
+
+    def without(self, seconds: float) -> Usage:
+        """The same, with ``seconds`` of the processor's CPU that was not the processor's
+        (a harness thread in the same process) taken out."""
+        return replace(self, processor=self.processor - seconds)
 
     def per_event(self, events: int) -> dict[str, float | None]:
         """Microseconds per event: ``processor_us``, ``postgres_us``, ``kafka_us``, ``box_us``."""
@@ -161,6 +170,7 @@ class Usage:
             f"{k}_us": (v / n * 1e6 if v is not None else None) for k, v in parts.items()
         }
         out["box_us"] = sum(v for v in parts.values() if v is not None) / n * 1e6
+        out["wal_records"] = self.wal_records / n if self.wal_records is not None else None
         return out
 
     def to_json(self) -> dict[str, float | None]:
@@ -168,7 +178,12 @@ class Usage:
 
     @classmethod
     def from_json(cls, given: dict[str, Any]) -> Usage:
-        return cls(float(given["processor"]), given.get("postgres"), given.get("kafka"))
+        return cls(
+            float(given["processor"]),
+            given.get("postgres"),
+            given.get("kafka"),
+            given.get("wal_records"),
+        )
 
 
 def _sub(a: float | None, b: float | None) -> float | None:
@@ -181,20 +196,38 @@ class Meter:
 
     postmaster: int | None
     broker: int | None
+    database_url: str | None = None
 
     @classmethod
     def find(cls, kafka: str, database_url: str) -> Meter:
-        return cls(postmaster_pid(database_url), broker_pid(kafka))
+        return cls(postmaster_pid(database_url), broker_pid(kafka), database_url)
 
     def read(self) -> Usage:
         return Usage(
             time.process_time(),
             tree_seconds(self.postmaster) if self.postmaster is not None else None,
             process_seconds(self.broker) if self.broker is not None else None,
+            wal_records(self.database_url) if self.database_url is not None else None,
         )
 
-    def to_json(self) -> dict[str, int | None]:
-        return {"postmaster": self.postmaster, "broker": self.broker}
+    def to_json(self) -> dict[str, int | str | None]:
+        return {
+            "postmaster": self.postmaster,
+            "broker": self.broker,
+            "database_url": self.database_url,
+        }
+
+
+def wal_records(database_url: str) -> float | None:
+    """The server's WAL records so far (``pg_stat_wal``, PostgreSQL 14+); None before 14."""
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        try:
+            row = conn.execute("SELECT wal_records FROM pg_stat_wal").fetchone()
+        except psycopg.errors.UndefinedTable:
+            return None
+    return float(row[0]) if row else None
 
 
 # -- memory --------------------------------------------------------------------------------------
