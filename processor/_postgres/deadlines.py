@@ -110,10 +110,12 @@ class PostgresDeadlineStore:
             """
         )
         # Asked right after a claim, which took every due row it could (rows committed later
-        # with an earlier due time wake the poller by NOTIFY), so only future rows matter: one
-        # step into the due_at index, however many rows are pending.
+        # with an earlier due time wake the poller by NOTIFY), so only future rows matter, and
+        # only undispatched ones: one step into the partial due_at index, however many rows
+        # are pending.
         self._next_due = r(
-            "SELECT extract(epoch FROM min(due_at) - now()) FROM {deadline} WHERE due_at > now()"
+            "SELECT extract(epoch FROM min(due_at) - now()) FROM {deadline}"
+            " WHERE due_at > now() AND dispatched_at IS NULL"
         )
 
     # -- connection --------------------------------------------------------------------------

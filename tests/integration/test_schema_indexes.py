@@ -1,4 +1,4 @@
-"""The schema's indexes against a real PostgreSQL: what migrations 11 to 15 change, what serves.
+"""The schema's indexes against a real PostgreSQL: what migrations 11 to 17 change, what serves.
 
 Every index on the saga tables costs each saga write an entry, so an index goes once another
 serves its queries. These tests pin the names PostgreSQL gave the indexes the migrations drop (an
@@ -21,6 +21,7 @@ from psycopg import sql
 
 from processor._postgres.batch.store import BatchSql, Conn
 from processor._postgres.connect import ensure_schema
+from processor._postgres.deadlines import PostgresDeadlineStore
 from processor._postgres.outbox import PostgresOutboxStore
 from processor._postgres.reads.audit import AuditSql
 from processor._postgres.reads.inspect import InspectQueries, list_statement
@@ -33,6 +34,8 @@ DROPPED = (
     # Migration 15: the console's list reads the (saga_type, status, updated_at) index instead.
     "saga_instance_status_updated_at_idx",
     "saga_instance_updated_at_saga_type_saga_id_idx",
+    # Migration 17: the deadlines' partial (due_at) index serves the poller.
+    "saga_deadline_due_at_idx",
 )
 ADDED = (
     # Added by migration 14 for the console's searches (see test_console_filters.py).
@@ -194,6 +197,48 @@ def test_the_relays_saga_guard_is_one_index_probe_per_row(
     claimed = re.match(r"Delete on outbox o \(actual rows=(\d+) ", plan)
     assert claimed is not None, plan
     assert int(claimed[1]) == 125 * 4 + 125, plan
+
+
+def test_the_pollers_reads_go_through_the_partial_due_index(
+    database_url: str, pg_schema: str
+) -> None:
+    # Migration 17 left one (due_at) index, of undispatched rows: the poller's sweep and its
+    # next-due probe each read it, however many fired rows wait for their handlers.
+    tables = Tables(pg_schema)
+    ensure_schema(database_url, tables)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            tables.render(
+                """
+                INSERT INTO {deadline} (id, saga_type, saga_id, name, due_at, topic, partition,
+                                        dispatched_at)
+                SELECT gen_random_uuid(), 't', 's-' || g, 'timeout',
+                       now() + (g - 2500) * interval '1 second', 'events', g % 6,
+                       CASE WHEN g % 2 = 0 THEN now() END
+                  FROM generate_series(1, 5000) AS g
+                """
+            )
+        )
+        conn.execute(tables.render("ANALYZE {deadline}"))
+        store = PostgresDeadlineStore(lambda: psycopg.connect(database_url), tables)
+        with conn.transaction(force_rollback=True):
+            conn.execute("SET LOCAL enable_seqscan = off")
+            for statement in (store._next_due, store._claim_fresh):
+                plan = "\n".join(
+                    str(r[0])
+                    for r in conn.execute(
+                        "EXPLAIN " + statement,
+                        {"token": 1, "limit": 10, "name": "n", "holder": "h"}
+                        if "%(" in statement
+                        else None,
+                    ).fetchall()
+                )
+                assert "saga_deadline_due_at_idx1" in plan, plan
+                assert "Seq Scan on saga_deadline" not in plan, plan
+            due = conn.execute(store._next_due).fetchone()
+        # The nearest undispatched future row: g = 2501 is odd, 1 s ahead.
+        assert due is not None
+        assert 0.0 < float(due[0]) <= 1.0
 
 
 def test_the_audit_trail_is_read_through_its_indexes(database_url: str, pg_schema: str) -> None:

@@ -370,4 +370,13 @@ MIGRATIONS: tuple[str, ...] = (
     # 16: on Citus, the node every process of the schema connects through: identity values,
     # advisory locks and notifications are per node (processor/_postgres/schema/citus.py).
     citus_node_ddl(),
+    # 17: fewer index entries per deadline. Every deadline scheduled paid an entry in migration
+    # 1's (due_at) index, and every one fired another (setting dispatched_at moves the row out of
+    # migration 5's partial index, so the update is not HOT). The poller's sweeps, its next-due
+    # probe and the gauges read undispatched rows, which the partial (due_at) index holds; what
+    # reads every row by due_at (the poller's full sweep after a leader change, `overdue`) is
+    # rare and scans the table. The name is the one PostgreSQL gave the index in migration 1.
+    """
+    DROP INDEX IF EXISTS "{schema}"."saga_deadline_due_at_idx";
+    """,
 )
