@@ -81,10 +81,12 @@ class MemoryParticipantStore:
     Attributes:
         tables: The committed state: ``inbox``, ``outbox`` (rows never removed), ``offsets`` and
             the ``statements`` handlers ran.
+        commits: Transactions committed.
     """
 
     def __init__(self) -> None:
         self.tables = _Tables()
+        self.commits = 0
 
     def positions(self, group_id: str, partitions: Sequence[TP]) -> Mapping[TP, int | None]:
         return {(t, p): self.tables.offsets.get((group_id, t, p)) for t, p in partitions}
@@ -94,6 +96,7 @@ class MemoryParticipantStore:
         work = copy.deepcopy(self.tables)
         yield _Tx(work)
         self.tables = work
+        self.commits += 1
 
     def close(self) -> None:
         pass

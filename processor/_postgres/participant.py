@@ -72,7 +72,15 @@ def _from_json(d: Mapping[str, Any]) -> OutboxRow:
 
 
 class PostgresParticipantTx:
-    """:class:`processor._ports.participant.ParticipantTx` in an open transaction."""
+    """:class:`processor._ports.participant.ParticipantTx` in an open transaction.
+
+    The inbox rows are written as each command is claimed and finished (a later command of the
+    same transaction with the same message id must see them); the outbox rows and the positions
+    are kept until :meth:`flush`, which the store calls once before the commit: a transaction of
+    many commands costs one statement for its replies and one per partition for its positions,
+    not one of each per command. Nothing reads the outbox or the positions inside the
+    transaction, so the order of the writes within it changes nothing that commits.
+    """
 
     def __init__(self, conn: Conn, tables: Tables) -> None:
         self._conn = conn
@@ -80,6 +88,8 @@ class PostgresParticipantTx:
         self._inbox = f'"{tables.schema}".inbox'
         self.sql = PostgresSql(conn)
         self.queued = 0
+        self._rows: list[OutboxRow] = []
+        self._positions: dict[tuple[str, str, int], int] = {}
 
     def claim(
         self, message_id: str, message_type: str, topic: str, partition: int, offset: int
@@ -106,43 +116,55 @@ class PostgresParticipantTx:
         self.publish(replies)
 
     def publish(self, rows: Sequence[OutboxRow]) -> None:
-        if not rows:
-            return
-        with self._conn.cursor() as cur:
-            cur.executemany(
-                self._tables.render(
-                    "INSERT INTO {outbox} (saga_type, saga_id, topic, partition, key, headers, "
-                    "value) VALUES (%s, %s, %s, %s, %s, %s, %s)"
-                ),
-                [
-                    (
-                        r.saga_type,
-                        r.saga_id,
-                        r.topic,
-                        r.partition,
-                        r.key,
-                        Jsonb(dict(r.headers)),
-                        r.value,
-                    )
-                    for r in rows
-                ],
-            )
+        self._rows.extend(rows)
         self.queued += len(rows)
 
     def advance(self, group_id: str, topic: str, partition: int, next_offset: int) -> None:
-        self._conn.execute(
-            self._tables.render(
-                "INSERT INTO {offsets} AS o (group_id, topic, partition, next_offset, updated_at) "
-                "VALUES (%s, %s, %s, %s, now()) ON CONFLICT (group_id, topic, partition) DO UPDATE "
-                "SET next_offset = greatest(o.next_offset, excluded.next_offset), "
-                "updated_at = excluded.updated_at"
-            ),
-            (group_id, topic, partition, next_offset),
-        )
+        key = (group_id, topic, partition)
+        self._positions[key] = max(next_offset, self._positions.get(key, next_offset))
+
+    def flush(self) -> None:
+        """Writes the queued outbox rows, in the order queued, and the positions."""
+        if self._rows:
+            with self._conn.cursor() as cur:
+                cur.executemany(
+                    self._tables.render(
+                        "INSERT INTO {outbox} (saga_type, saga_id, topic, partition, key, "
+                        "headers, value) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+                    ),
+                    [
+                        (
+                            r.saga_type,
+                            r.saga_id,
+                            r.topic,
+                            r.partition,
+                            r.key,
+                            Jsonb(dict(r.headers)),
+                            r.value,
+                        )
+                        for r in self._rows
+                    ],
+                )
+            self._rows = []
+        for (group_id, topic, partition), next_offset in sorted(self._positions.items()):
+            self._conn.execute(
+                self._tables.render(
+                    "INSERT INTO {offsets} AS o (group_id, topic, partition, next_offset, "
+                    "updated_at) VALUES (%s, %s, %s, %s, now()) "
+                    "ON CONFLICT (group_id, topic, partition) DO UPDATE "
+                    "SET next_offset = greatest(o.next_offset, excluded.next_offset), "
+                    "updated_at = excluded.updated_at"
+                ),
+                (group_id, topic, partition, next_offset),
+            )
+        self._positions = {}
 
 
 class PostgresParticipantStore:
     """:class:`processor._ports.participant.ParticipantStore` over one PostgreSQL connection.
+
+    A transaction may hold one command or a consumer batch of them (see
+    :meth:`processor._authoring.participant.kit.CommandKit.handle_together`).
 
     Args:
         connect: Opens a new connection (not in autocommit mode).
@@ -171,6 +193,7 @@ class PostgresParticipantStore:
             with self._held.session() as conn, conn.transaction():
                 tx = PostgresParticipantTx(conn, self._tables)
                 yield tx
+                tx.flush()
                 if tx.queued:
                     # Wakes relays of other replicas; this process wakes its own directly.
                     conn.execute("SELECT pg_notify(%s, '')", (self._channel,))

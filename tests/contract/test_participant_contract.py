@@ -251,6 +251,27 @@ def test_published_rows_queue_in_order_with_the_replies(backend: Backend) -> Non
     assert (entry.outcome, entry.replies) == ("dead-lettered", (reply(3),))
 
 
+def test_several_commands_commit_together_in_order(backend: Backend) -> None:
+    # A consumer batch in one transaction: a command claimed again inside it sees the entry the
+    # same transaction finished; the replies queue in order; the positions end at the furthest.
+    store = backend.store
+    with store.transaction() as tx:
+        for n, mid in enumerate(["c-1", "c-2"]):
+            assert tx.claim(mid, "Reserve", "commands", n % 2, 10 + n) is None
+            tx.finish(mid, "handled", [reply(n + 1)])
+            tx.advance(GROUP, "commands", n % 2, 11 + n)
+        again = tx.claim("c-1", "Reserve", "commands", 0, 12)
+        assert again == InboxEntry("c-1", "handled", (reply(1),))
+        tx.publish(again.replies)
+        tx.advance(GROUP, "commands", 0, 13)
+
+    assert backend.outbox() == [reply(1), reply(2), reply(1)]
+    assert store.positions(GROUP, [("commands", 0), ("commands", 1)]) == {
+        ("commands", 0): 13,
+        ("commands", 1): 12,
+    }
+
+
 def test_positions_move_only_forward_per_group_and_partition(backend: Backend) -> None:
     store = backend.store
     a, b, c = ("commands", 0), ("commands", 1), ("other", 0)

@@ -142,8 +142,8 @@ def test_a_killed_service_loses_no_reply_and_sends_none_twice(
         )
         producer.poll(0)
 
-    def traffic() -> None:
-        for i in range(COMMANDS):
+    def traffic(first: int, last: int) -> None:
+        for i in range(first, last):
             order, mid = f"o-{i:04d}", str(uuid.uuid4())
             sent[mid] = order
             send(order, mid)
@@ -155,13 +155,23 @@ def test_a_killed_service_loses_no_reply_and_sends_none_twice(
 
     try:
         service.start()
-        flow = threading.Thread(target=traffic, name="commands", daemon=True)
+        # Half the commands go before the kill and half after it: however fast the first
+        # service works off its half, the second has commands of its own to handle.
+        flow = threading.Thread(
+            target=traffic, args=(0, COMMANDS // 2), name="commands", daemon=True
+        )
         flow.start()
         # Killed a third of the way through: commands of its last batch were handled and their
         # replies not yet relayed, or relayed and not yet deleted.
         wait_until(partial(_at_least, replies, COMMANDS // 3), 90, "a third of the replies")
         service.kill()
+        flow.join(60)
+        assert not flow.is_alive()
         service.start()
+        flow = threading.Thread(
+            target=traffic, args=(COMMANDS // 2, COMMANDS), name="commands", daemon=True
+        )
+        flow.start()
         flow.join(60)
         assert not flow.is_alive()
 

@@ -60,6 +60,7 @@ class Billing:
         self.fail = False
         self.skip = False
         self.retry = False
+        self.fail_for: set[str] = set()
 
     @command_handler(expired=lambda c: Declined(order_id=c.order_id, reason="late"))
     def charge(
@@ -72,7 +73,7 @@ class Billing:
     ) -> None:
         self.calls.append(meta.message_id)
         sql.execute("UPDATE wallet SET cents = cents - %s", (command.cents,))
-        if self.fail:
+        if self.fail or command.order_id in self.fail_for:
             raise Fail("boom")
         if self.skip:
             raise SkipDelivery
@@ -252,6 +253,73 @@ def test_unreadable_commands_are_dead_lettered(
     assert dead.headers["dead-letter-reason"] == reason
     assert dead.value == record.value
     assert billing.calls == []
+
+
+def _batch() -> list[Record]:
+    return [
+        _record(Charge(order_id="o-1", cents=5), "m-1", 0),
+        _record(Ship(order_id="o-1"), "m-2", 1),  # another participant's: passed over
+        _record(Charge(order_id="o-2", cents=500), "m-3", 2),
+        _record(Charge(order_id="o-1", cents=5), "m-1", 3),  # the first one delivered again
+        _record(Charge(order_id="o-3", cents=7), "m-4", 4),
+    ]
+
+
+def test_a_batch_of_commands_commits_once(store: MemoryParticipantStore, billing: Billing) -> None:
+    kit = _kit(store, billing)
+    assert kit.handle_together(_batch())
+    assert store.commits == 1
+    assert billing.calls == ["m-1", "m-3", "m-4"]
+    # In order, the duplicate's reply sent again under the first one's message id.
+    replies = store.tables.outbox
+    assert [r.headers["message-type"] for r in replies] == [
+        "t.Charged",
+        "t.Declined",
+        "t.Charged",
+        "t.Charged",
+    ]
+    assert replies[2] == replies[0]
+    assert store.tables.offsets == {("g", "p.cmds", 0): 5}
+    c = kit.counters
+    assert (c.handled, c.duplicates, c.not_handled, c.replies) == (3, 1, 1, 4)
+
+
+def test_a_failing_handler_sends_the_batch_back_to_a_transaction_per_command(
+    store: MemoryParticipantStore, billing: Billing
+) -> None:
+    kit = _kit(store, billing)
+    billing.fail_for = {"o-2"}
+    records = _batch()
+    assert not kit.handle_together(records)
+    # Rolled back whole, counters included.
+    assert (store.commits, store.tables.outbox, store.tables.offsets) == (0, [], {})
+    assert kit.counters.handled == kit.counters.replies == 0
+    outcomes = [kit.handle(r) for r in records]
+    assert outcomes == ["handled", "not-handled", "dead-lettered", "duplicate", "handled"]
+    assert [r.topic for r in store.tables.outbox] == ["p.events", "p.dead", "p.events", "p.events"]
+    assert store.tables.offsets == {("g", "p.cmds", 0): 5}
+    assert kit.counters.handled == 2
+
+
+def test_a_record_to_dead_letter_sends_the_batch_apart(
+    store: MemoryParticipantStore, billing: Billing
+) -> None:
+    kit = _kit(store, billing)
+    records = [*_batch()[:2], _record(None, "m-9", 5, value=b"{not json")]
+    assert not kit.handle_together(records)
+    assert (store.commits, store.tables.inbox) == (0, {})
+    assert [kit.handle(r) for r in records] == ["handled", "not-handled", "dead-lettered"]
+
+
+def test_a_retryable_failure_in_a_batch_commits_nothing(
+    store: MemoryParticipantStore, billing: Billing
+) -> None:
+    kit = _kit(store, billing)
+    billing.retry = True
+    with pytest.raises(Retryable):
+        kit.handle_together(_batch())
+    assert (store.tables.inbox, store.tables.outbox, store.tables.offsets) == ({}, [], {})
+    assert kit.counters.handled == 0
 
 
 def test_a_registered_command_for_another_participant_is_passed_over(

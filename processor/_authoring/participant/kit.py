@@ -1,6 +1,11 @@
-"""Runs each command in its own transaction: inbox row, the handler's SQL, replies, position.
+"""Runs commands in transactions: inbox row, the handler's SQL, replies and position together.
 
-One command, one transaction on the service's database:
+A consumer batch of commands goes in one transaction when every record in it is a command to
+run (the common case): one commit, one statement of replies and one relay round for the batch
+rather than for each command. A record that is not (a dead letter, a skipped delivery) or a
+handler that raises sends the batch back, rolled back, to one transaction per command, which
+decides each record as it always did; a handler may then run a second time for the same command,
+as it does when a lost connection rolls its transaction back. For each command:
 
 - the inbox row is inserted first, keyed by the command's message id, so the primary key
   decides whether the command is new; a command seen before is not run again, and the replies
@@ -25,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from processor._authoring.binding import ResolvedParam, resolve_handler
@@ -118,6 +123,47 @@ class CommandKit:
         """Every command type handled."""
         return list(self._bound)
 
+    def handle_together(self, records: Sequence[Record]) -> bool:
+        """Handles ``records`` in one transaction when each is a command to run or pass over.
+
+        Returns:
+            True when the batch committed. False when it was rolled back for one transaction
+            per record (:meth:`handle`, in order): a record to dead-letter or to skip, or a
+            handler that raised; the counters are then as before the call.
+
+        Raises:
+            RuntimeFailure: ``Retryable`` or fatal; the batch's transaction rolled back.
+        """
+        if len(records) < 2:
+            return False
+        before = replace(self.counters)
+        try:
+            with self._store.transaction() as tx:
+                for record in records:
+                    decoded = decode(record, self._registry, self._max_bytes)
+                    if not isinstance(decoded, Event) or _bad_deadline(decoded):
+                        raise _Apart
+                    bound = self._bound.get(type(decoded.message))
+                    if bound is None:
+                        self._advance(tx, record)
+                        self.counters.not_handled += 1
+                        continue
+                    self._run(tx, bound, decoded)
+        except Exception as e:
+            self.counters.__dict__.update(before.__dict__)
+            if isinstance(e, RuntimeFailure) and e.kind is not Failure.RECORD_DATA:
+                raise
+            if not isinstance(e, _Apart):
+                log.info(
+                    "command batch of %d records goes one command at a time: %s",
+                    len(records),
+                    type(e).__name__,
+                )
+            return False
+        if self.counters.replies > before.replies:
+            self._on_queued()
+        return True
+
     def handle(self, record: Record) -> str:
         """Handles one record in its own transaction; returns its outcome.
 
@@ -136,8 +182,7 @@ class CommandKit:
             return self._dead_letter(
                 record, None, Reason.UNKNOWN_TYPE, "a deadline record on a command topic"
             )
-        deadline = decoded.metadata.headers.get(HEADER_DEADLINE_UNIX_MS)
-        if deadline is not None and not deadline.strip().lstrip("-").isdigit():
+        if _bad_deadline(decoded):
             return self._dead_letter(
                 record, None, Reason.INVALID_HEADER, f"{HEADER_DEADLINE_UNIX_MS} is not an integer"
             )
@@ -270,6 +315,15 @@ class CommandKit:
             reason,
         )
         return "dead-lettered"
+
+
+class _Apart(Exception):
+    """A record of the batch is decided on its own (dead-lettered, or not a command)."""
+
+
+def _bad_deadline(event: Event) -> bool:
+    deadline = event.metadata.headers.get(HEADER_DEADLINE_UNIX_MS)
+    return deadline is not None and not deadline.strip().lstrip("-").isdigit()
 
 
 def bind_participants(

@@ -209,19 +209,28 @@ class ParticipantRuntime:
         log.info("partitions revoked: %s", sorted(tps))
 
     def handle_batch(self, records: Sequence[Record]) -> bool:
-        """Handles records in order; on a transient failure rewinds and returns False."""
-        for i, record in enumerate(records):
-            try:
+        """Handles records in order; on a transient failure rewinds and returns False.
+
+        The batch goes in one transaction when it can (``CommandKit.handle_together``), else
+        one transaction per record; a transient failure rewinds to the first record whose
+        transaction did not commit.
+        """
+        done = 0
+        try:
+            if self.kit.handle_together(records):
+                return True
+            for record in records:
                 self.kit.handle(record)
-            except Exception as e:
-                if classify(e) is not Failure.RETRYABLE:
-                    raise
-                log.warning("command batch stopped (%s); rewinding to retry", e)
-                firsts: dict[TP, int] = {}
-                for r in records[i:]:
-                    firsts.setdefault((r.topic, r.partition), r.offset)
-                self._guard.rewind(firsts)
-                return False
+                done += 1
+        except Exception as e:
+            if classify(e) is not Failure.RETRYABLE:
+                raise
+            log.warning("command batch stopped (%s); rewinding to retry", e)
+            firsts: dict[TP, int] = {}
+            for r in records[done:]:
+                firsts.setdefault((r.topic, r.partition), r.offset)
+            self._guard.rewind(firsts)
+            return False
         return True
 
     def stop(self) -> None:
