@@ -74,7 +74,7 @@ def test_without_a_binary_or_go_the_temporal_peer_is_unavailable(
 ) -> None:
     monkeypatch.delenv(temporal_server.ENV, raising=False)
     monkeypatch.setattr(temporal_server, "CACHE", tmp_path / "none")
-    monkeypatch.setattr(temporal_server.shutil, "which", lambda _name: None)
+    monkeypatch.setattr("shutil.which", lambda _name: None)
     with pytest.raises(temporal_server.Unavailable, match="no `go` on PATH"):
         temporal_server.binary()
 
