@@ -65,7 +65,7 @@ class InboxEntry:
 
 
 class ParticipantTx(Protocol):
-    """One command's transaction."""
+    """The transaction of one command, or of a consumer batch of them."""
 
     @property
     def sql(self) -> Sql:
@@ -96,7 +96,7 @@ class ParticipantTx(Protocol):
 
 
 class ParticipantStore(Protocol):
-    """The participant's tables: positions and one transaction per command."""
+    """The participant's tables: positions, and transactions of one or more commands."""
 
     def positions(self, group_id: str, partitions: Sequence[TP]) -> Mapping[TP, int | None]:
         """The stored next offset of each partition (None: start from the beginning)."""
