@@ -15,6 +15,7 @@ from confluent_kafka import (
     Consumer,
     KafkaError,
     KafkaException,
+    Message,
     TopicPartition,
 )
 
@@ -223,7 +224,7 @@ class SagaConsumer:
         # seek forgotten) and assigned again starts where the worker says; its records, held
         # back by a set taken before, would be skipped (found by the simulation, tests/sim).
         reseek = self._reseek
-        for msg in self._consumer.consume(num_messages=max_records, timeout=timeout):
+        for msg in self._read(max_records, timeout):
             err = msg.error()
             if err is None:
                 if reseek and (msg.topic(), msg.partition()) in reseek:
@@ -241,6 +242,34 @@ class SagaConsumer:
                     raise RuntimeFailure(f"consumer failed: {err}")
                 log.warning("consumer error: %s", err)
         return out
+
+    def _read(self, max_records: int, timeout: float) -> list[Message]:
+        """What the client holds already, up to ``max_records``; when that holds no record,
+        waits at most ``timeout`` for one and takes what came with it.
+
+        A batch never waits to fill: a record that came waits only for the batch in hand, and
+        under load the records that arrive while a batch commits make the next one (the client
+        fetches ahead), so batches stay as large as the load makes them. A read that waited for
+        a full batch or the timeout held every record of a light load back by up to the timeout
+        at every hop of a saga (commands, replies, deadlines: five hops for a transfer). Events
+        (a partition's end, an error) are returned with the records, and do not end the wait.
+        """
+        consumer = self._consumer
+        got = consumer.consume(num_messages=max_records, timeout=0)
+        if timeout <= 0 or any(m.error() is None for m in got):
+            return got
+        ends = time.monotonic() + timeout
+        while (left := ends - time.monotonic()) > 0:
+            first = consumer.poll(left)
+            if first is None:
+                break
+            got.append(first)
+            if first.error() is None:
+                room = max_records - len(got)
+                if room > 0:
+                    got.extend(consumer.consume(num_messages=room, timeout=0))
+                break
+        return got
 
     def ends(self) -> dict[TP, int]:
         ends, self._ends = self._ends, {}

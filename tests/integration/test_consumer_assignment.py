@@ -7,6 +7,7 @@ so the adapter must clear it, or a partition paused once and assigned back later
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -178,3 +179,26 @@ def test_an_end_read_before_a_revocation_is_not_reported_for_the_next_assignment
     read = [r.offset for r in member.records]
     # Any end reported now must come after every record from the start offset (1) to it.
     assert all(read == list(range(1, end)) for end in reported.values()), (reported, read)
+
+
+def test_a_read_returns_the_records_that_came_without_waiting_for_a_full_batch(
+    member: Member, kafka_bootstrap: str
+) -> None:
+    # A read waits for the first record only: what came with it is the batch. One that waited
+    # for a full batch (or its timeout) would hold a light load's every record back by the
+    # timeout at each hop of a saga.
+    member.until(lambda: len(member.records) == 2, "the records already there")
+    [tp] = member.assigned[0]
+    got: list[Record] = []
+
+    def read() -> None:
+        # Far more room than records, and a timeout far past the wait below.
+        got.extend(member.consumer.consume(500, 300.0))
+
+    reader = threading.Thread(target=read, name="read", daemon=True)
+    reader.start()
+    pub = Publisher(kafka_bootstrap)
+    pub.raw(tp[0], b"k", b"v3", [])
+    pub.flush()
+    wait_until(lambda: not reader.is_alive(), timeout=60, what="the read to return its record")
+    assert [r.value for r in got] == [b"v3"]

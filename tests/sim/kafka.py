@@ -151,6 +151,14 @@ class SimClient:
                 out.append(_Message(None, tp, position, KafkaError(KafkaError._PARTITION_EOF)))
         return out
 
+    def poll(self, timeout: float) -> _Message | None:
+        # The adapter waits here only after a read found nothing. No time passes within a
+        # call, so a wait finds nothing that read did not: records come through consume, and
+        # events queued meanwhile are served at the next read, as before the wait.
+        if self.closed:
+            raise RuntimeError("consumer closed")
+        return None
+
     def incremental_assign(self, partitions: list[TopicPartition]) -> None:
         for p in partitions:
             tp = (p.topic, p.partition)
