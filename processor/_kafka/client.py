@@ -244,10 +244,10 @@ class SagaConsumer:
         return out
 
     def _read(self, max_records: int, timeout: float) -> list[Message]:
-        """What the client holds already, up to ``max_records``; when that holds no record,
-        waits at most ``timeout`` for one and takes what came with it.
+        """Up to ``max_records`` of what came, waiting at most ``timeout`` for a first record.
 
-        A batch never waits to fill: a record that came waits only for the batch in hand, and
+        What the client holds already is taken at once; when that holds no record, the read
+        waits for one and takes what came with it. A batch never waits to fill: a record that came waits only for the batch in hand, and
         under load the records that arrive while a batch commits make the next one (the client
         fetches ahead), so batches stay as large as the load makes them. A read that waited for
         a full batch or the timeout held every record of a light load back by up to the timeout
