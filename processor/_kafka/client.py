@@ -247,12 +247,13 @@ class SagaConsumer:
         """Up to ``max_records`` of what came, waiting at most ``timeout`` for a first record.
 
         What the client holds already is taken at once; when that holds no record, the read
-        waits for one and takes what came with it. A batch never waits to fill: a record that came waits only for the batch in hand, and
-        under load the records that arrive while a batch commits make the next one (the client
-        fetches ahead), so batches stay as large as the load makes them. A read that waited for
-        a full batch or the timeout held every record of a light load back by up to the timeout
-        at every hop of a saga (commands, replies, deadlines: five hops for a transfer). Events
-        (a partition's end, an error) are returned with the records, and do not end the wait.
+        waits for one and takes what came with it. A batch never waits to fill: a record that
+        came waits only for the batch in hand, and under load the records that arrive while a
+        batch commits make the next one (the client fetches ahead), so batches stay as large
+        as the load makes them. A read that waited for a full batch or the timeout held every
+        record of a light load back by up to the timeout at every hop of a saga (commands,
+        replies, deadlines: five hops for a transfer). Events (a partition's end, an error)
+        are returned with the records, and do not end the wait.
         """
         consumer = self._consumer
         got = consumer.consume(num_messages=max_records, timeout=0)
