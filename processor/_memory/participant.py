@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from processor._engine.records import OutboxRow
-from processor._ports.participant import InboxEntry, Rows
+from processor._ports.participant import Claim, InboxEntry, Rows
 
 __all__ = ["MemoryParticipantStore", "RecordingSql"]
 
@@ -62,6 +62,12 @@ class _Tx:
         if seen is None:
             self.tables.inbox[message_id] = InboxEntry(message_id, "pending", ())
         return seen
+
+    def claim_all(self, claims: Sequence[Claim]) -> dict[str, InboxEntry | None]:
+        return {
+            c.message_id: self.claim(c.message_id, c.message_type, c.topic, c.partition, c.offset)
+            for c in claims
+        }
 
     def finish(self, message_id: str, outcome: str, replies: Sequence[OutboxRow]) -> None:
         self.tables.inbox[message_id] = InboxEntry(message_id, outcome, tuple(replies))

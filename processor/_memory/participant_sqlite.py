@@ -27,7 +27,7 @@ from typing import Any
 from processor._engine.records import OutboxRow
 from processor._errors import RecordDataError, RuntimeFailure
 from processor._memory.participant import MemoryParticipantStore
-from processor._ports.participant import InboxEntry, ParticipantTx, Rows
+from processor._ports.participant import Claim, InboxEntry, ParticipantTx, Rows
 
 __all__ = ["SqliteParticipantStore", "SqliteParticipantTx", "SqliteSql", "translate"]
 
@@ -167,7 +167,7 @@ class SqliteSql:
 
 
 class SqliteParticipantTx:
-    """One command's transaction: the kit's tables in memory, the service's in SQLite."""
+    """A transaction: the kit's tables in memory, the service's in SQLite."""
 
     def __init__(self, tables: ParticipantTx, sql: SqliteSql) -> None:
         self._tables = tables
@@ -182,6 +182,9 @@ class SqliteParticipantTx:
         self, message_id: str, message_type: str, topic: str, partition: int, offset: int
     ) -> InboxEntry | None:
         return self._tables.claim(message_id, message_type, topic, partition, offset)
+
+    def claim_all(self, claims: Sequence[Claim]) -> dict[str, InboxEntry | None]:
+        return self._tables.claim_all(claims)
 
     def finish(self, message_id: str, outcome: str, replies: Sequence[OutboxRow]) -> None:
         self._tables.finish(message_id, outcome, replies)

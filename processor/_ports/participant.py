@@ -64,6 +64,17 @@ class InboxEntry:
     replies: tuple[OutboxRow, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A command about to be handled: its message id and where it was read."""
+
+    message_id: str
+    message_type: str
+    topic: str
+    partition: int
+    offset: int
+
+
 class ParticipantTx(Protocol):
     """The transaction of one command, or of a consumer batch of them."""
 
@@ -79,6 +90,14 @@ class ParticipantTx(Protocol):
 
         A concurrent transaction holding the same message id is waited for, so one of two
         replicas handling the same command sees the other's entry.
+        """
+        ...
+
+    def claim_all(self, claims: Sequence[Claim]) -> dict[str, InboxEntry | None]:
+        """:meth:`claim` of several commands at once, by message id; ids must not repeat.
+
+        What a batch's commands cost in one round trip rather than one each; the answers are
+        those their claims one after another would give.
         """
         ...
 

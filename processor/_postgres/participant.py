@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 
 from processor._engine.records import OutboxRow
 from processor._errors import Retryable
-from processor._ports.participant import InboxEntry, Rows
+from processor._ports.participant import Claim, InboxEntry, Rows
 from processor._postgres.errors import translate
 from processor._postgres.held import Conn, HeldConnection
 from processor._postgres.schema.tables import Tables
@@ -74,12 +74,13 @@ def _from_json(d: Mapping[str, Any]) -> OutboxRow:
 class PostgresParticipantTx:
     """:class:`processor._ports.participant.ParticipantTx` in an open transaction.
 
-    The inbox rows are written as each command is claimed and finished (a later command of the
-    same transaction with the same message id must see them); the outbox rows and the positions
-    are kept until :meth:`flush`, which the store calls once before the commit: a transaction of
-    many commands costs one statement for its replies and one per partition for its positions,
-    not one of each per command. Nothing reads the outbox or the positions inside the
-    transaction, so the order of the writes within it changes nothing that commits.
+    The inbox rows are inserted as commands are claimed (a batch's at once, :meth:`claim_all`);
+    their outcomes, the outbox rows and the positions are kept until :meth:`flush`, which the
+    store calls once before the commit: a transaction of many commands costs one statement for
+    its outcomes, one for its replies and one per partition for its positions, not one of each
+    per command. A claim of a command finished earlier in the transaction is answered from what
+    is kept; nothing else reads these rows inside the transaction, so the order of the writes
+    within it changes nothing that commits.
     """
 
     def __init__(self, conn: Conn, tables: Tables) -> None:
@@ -90,6 +91,7 @@ class PostgresParticipantTx:
         self.queued = 0
         self._rows: list[OutboxRow] = []
         self._positions: dict[tuple[str, str, int], int] = {}
+        self._finished: dict[str, InboxEntry] = {}
 
     def claim(
         self, message_id: str, message_type: str, topic: str, partition: int, offset: int
@@ -101,6 +103,9 @@ class PostgresParticipantTx:
         ).fetchone()
         if inserted is not None:
             return None
+        finished = self._finished.get(message_id)
+        if finished is not None:
+            return finished
         row = self._conn.execute(
             f"SELECT outcome, replies FROM {self._inbox} WHERE message_id = %s", (message_id,)
         ).fetchone()
@@ -108,11 +113,49 @@ class PostgresParticipantTx:
         assert row is not None
         return InboxEntry(message_id, str(row[0]), tuple(_from_json(r) for r in row[1]))
 
+    def claim_all(self, claims: Sequence[Claim]) -> dict[str, InboxEntry | None]:
+        if not claims:
+            return {}
+        # In message id order: two transactions claiming overlapping batches wait for each
+        # other's rows in the same order, never in a cycle.
+        ordered = sorted(claims, key=lambda c: c.message_id)
+        fresh = {
+            str(r[0])
+            for r in self._conn.execute(
+                f"INSERT INTO {self._inbox} (message_id, message_type, outcome, topic, "
+                'partition, "offset") SELECT m, t, %s::text, tp, p, o FROM unnest('
+                "%s::text[], %s::text[], %s::text[], %s::int[], %s::bigint[]) AS u(m, t, tp, p, o)"
+                " ORDER BY m ON CONFLICT DO NOTHING RETURNING message_id",
+                (
+                    "pending",
+                    [c.message_id for c in ordered],
+                    [c.message_type for c in ordered],
+                    [c.topic for c in ordered],
+                    [c.partition for c in ordered],
+                    [c.offset for c in ordered],
+                ),
+            ).fetchall()
+        }
+        found: dict[str, InboxEntry | None] = dict.fromkeys(fresh)
+        seen = [c.message_id for c in claims if c.message_id not in fresh]
+        if seen:
+            # The conflicting rows are visible: their inserters committed before the insert
+            # returned.
+            rows = self._conn.execute(
+                f"SELECT message_id, outcome, replies FROM {self._inbox}"
+                " WHERE message_id = ANY(%s)",
+                (seen,),
+            ).fetchall()
+            for mid, outcome, replies in rows:
+                found[str(mid)] = InboxEntry(
+                    str(mid), str(outcome), tuple(_from_json(r) for r in replies)
+                )
+        return {c.message_id: found[c.message_id] for c in claims}
+
     def finish(self, message_id: str, outcome: str, replies: Sequence[OutboxRow]) -> None:
-        self._conn.execute(
-            f"UPDATE {self._inbox} SET outcome = %s, replies = %s WHERE message_id = %s",
-            (outcome, Jsonb([_to_json(r) for r in replies]), message_id),
-        )
+        # Written by flush, with the batch's others in one statement; a claim of the same id
+        # later in this transaction is answered from here.
+        self._finished[message_id] = InboxEntry(message_id, outcome, tuple(replies))
         self.publish(replies)
 
     def publish(self, rows: Sequence[OutboxRow]) -> None:
@@ -124,7 +167,20 @@ class PostgresParticipantTx:
         self._positions[key] = max(next_offset, self._positions.get(key, next_offset))
 
     def flush(self) -> None:
-        """Writes the queued outbox rows, in the order queued, and the positions."""
+        """Writes the kept outcomes, replies (in the order queued) and positions."""
+        if self._finished:
+            done = list(self._finished.values())
+            self._conn.execute(
+                f"UPDATE {self._inbox} AS i SET outcome = u.o, replies = u.r"
+                " FROM unnest(%s::text[], %s::text[], %s::jsonb[]) AS u(m, o, r)"
+                " WHERE i.message_id = u.m",
+                (
+                    [e.message_id for e in done],
+                    [e.outcome for e in done],
+                    [Jsonb([_to_json(r) for r in e.replies]) for e in done],
+                ),
+            )
+            self._finished = {}
         if self._rows:
             with self._conn.cursor() as cur:
                 cur.executemany(

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from processor._authoring.participant import (
     DROP,
+    Claim,
     CommandHandlerDef,
     CommandKit,
     Counters,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DROP",
+    "Claim",
     "CommandHandlerDef",
     "CommandKit",
     "Counters",

@@ -12,7 +12,7 @@ command, and turns a refused row into ``RecordDataError``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import pytest
@@ -21,7 +21,7 @@ from processor._engine.records import OutboxRow
 from processor._errors import RecordDataError, RuntimeFailure
 from processor._memory.participant import MemoryParticipantStore
 from processor._memory.participant_sqlite import SqliteParticipantStore
-from processor.participant import InboxEntry, ParticipantStore
+from processor.participant import Claim, InboxEntry, ParticipantStore
 from tests.support.harness import wait_until
 
 STOCK = "CREATE TABLE stock (sku text PRIMARY KEY, n integer NOT NULL CHECK (n >= 0))"
@@ -272,6 +272,27 @@ def test_several_commands_commit_together_in_order(backend: Backend) -> None:
     }
 
 
+def test_a_batch_claims_its_commands_at_once(backend: Backend) -> None:
+    store = backend.store
+    with store.transaction() as tx:
+        assert tx.claim("c-1", "Reserve", "commands", 0, 1) is None
+        tx.finish("c-1", "handled", [reply(1)])
+    claims = [Claim(f"c-{n}", "Reserve", "commands", n % 2, 10 + n) for n in (3, 1, 2)]
+    with store.transaction() as tx:
+        found = tx.claim_all(claims)
+        # New ones are claimed; the one seen before comes back with its outcome and replies.
+        assert found == {"c-3": None, "c-1": InboxEntry("c-1", "handled", (reply(1),)), "c-2": None}
+        assert tx.claim_all([]) == {}
+        tx.finish("c-2", "handled", [reply(2)])
+        # Finished earlier in the same transaction: seen with what it left.
+        assert tx.claim("c-2", "Reserve", "commands", 0, 20) == InboxEntry(
+            "c-2", "handled", (reply(2),)
+        )
+    assert claim(store, "c-3") == InboxEntry("c-3", "pending", ())
+    assert claim(store, "c-2") == InboxEntry("c-2", "handled", (reply(2),))
+    assert backend.outbox() == [reply(1), reply(2)]
+
+
 def test_positions_move_only_forward_per_group_and_partition(backend: Backend) -> None:
     store = backend.store
     a, b, c = ("commands", 0), ("commands", 1), ("other", 0)
@@ -311,15 +332,34 @@ def pg_backend(database_url: str, pg_schema: str) -> Iterator[Backend]:
 
 
 @pytest.mark.integration
+def claim_in_batch(store: ParticipantStore, mid: str) -> InboxEntry | None:
+    """What a batch's claim of ``mid`` (beside a new command) finds, leaving no row behind."""
+    found: list[InboxEntry | None] = []
+    try:
+        with store.transaction() as tx:
+            got = tx.claim_all(
+                [
+                    Claim("c-new", "Reserve", "commands", 0, 5),
+                    Claim(mid, "Reserve", "commands", 0, 6),
+                ]
+            )
+            found.append(got[mid])
+            raise Undo
+    except Undo:
+        pass
+    return found[0]
+
+
+@pytest.mark.parametrize("claims", [claim, claim_in_batch], ids=["alone", "in-a-batch"])
 def test_a_command_claimed_by_another_replica_meanwhile_is_seen_once_it_commits(
-    pg_backend: Backend,
+    pg_backend: Backend, claims: Callable[[ParticipantStore, str], InboxEntry | None]
 ) -> None:
     backend = pg_backend
     first, second = backend.store, backend.replica()
     found: list[InboxEntry | None] = []
 
     def other() -> None:
-        found.append(claim(second, "c-1"))
+        found.append(claims(second, "c-1"))
 
     thread = threading.Thread(target=other, name="second-replica", daemon=True)
     with first.transaction() as tx:

@@ -16,10 +16,18 @@ from processor._authoring.participant.definition import (
 )
 from processor._authoring.participant.handles import Replies, SkipDelivery
 from processor._authoring.participant.kit import CommandKit, Counters
-from processor._ports.participant import InboxEntry, ParticipantStore, ParticipantTx, Rows, Sql
+from processor._ports.participant import (
+    Claim,
+    InboxEntry,
+    ParticipantStore,
+    ParticipantTx,
+    Rows,
+    Sql,
+)
 
 __all__ = [
     "DROP",
+    "Claim",
     "CommandHandlerDef",
     "CommandKit",
     "Counters",

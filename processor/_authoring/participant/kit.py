@@ -40,7 +40,7 @@ from processor._authoring.participant.handles import Replies, SkipDelivery, repl
 from processor._engine.decode import Event, Reason, Rejected, decode
 from processor._engine.records import OutboxRow, Record
 from processor._errors import ConfigurationError, Failure, RuntimeFailure
-from processor._ports.participant import ParticipantStore, ParticipantTx
+from processor._ports.participant import Claim, InboxEntry, ParticipantStore, ParticipantTx
 from processor._wire import HEADER_DEADLINE_UNIX_MS, dead_letter_headers
 
 __all__ = ["HANDLER_FAILED", "CommandKit", "Counters"]
@@ -139,16 +139,34 @@ class CommandKit:
         before = replace(self.counters)
         try:
             with self._store.transaction() as tx:
+                work: list[tuple[Record, Event, _Bound | None]] = []
+                claims: dict[str, Claim] = {}
                 for record in records:
                     decoded = decode(record, self._registry, self._max_bytes)
                     if not isinstance(decoded, Event) or _bad_deadline(decoded):
                         raise _Apart
                     bound = self._bound.get(type(decoded.message))
+                    work.append((record, decoded, bound))
+                    meta = decoded.metadata
+                    if bound is not None and meta.message_id not in claims:
+                        claims[meta.message_id] = Claim(
+                            meta.message_id,
+                            meta.message_type,
+                            record.topic,
+                            record.partition,
+                            record.offset,
+                        )
+                seen = tx.claim_all(list(claims.values()))
+                # A command repeated within the batch is a duplicate of its first delivery.
+                done: dict[str, InboxEntry] = {}
+                for record, decoded, bound in work:
                     if bound is None:
                         self._advance(tx, record)
                         self.counters.not_handled += 1
                         continue
-                    self._run(tx, bound, decoded)
+                    mid = decoded.metadata.message_id
+                    entry = done.get(mid) or seen[mid]
+                    done[mid] = self._run(tx, bound, decoded, entry)
         except Exception as e:
             self.counters.__dict__.update(before.__dict__)
             if isinstance(e, RuntimeFailure) and e.kind is not Failure.RECORD_DATA:
@@ -195,7 +213,15 @@ class CommandKit:
             return "not-handled"
         try:
             with self._store.transaction() as tx:
-                outcome = self._run(tx, bound, decoded)
+                record, meta = decoded.record, decoded.metadata
+                claimed = tx.claim(
+                    meta.message_id,
+                    meta.message_type,
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                )
+                outcome = self._run(tx, bound, decoded, claimed).outcome
         except SkipDelivery:
             with self._store.transaction() as tx:
                 self._advance(tx, record)
@@ -220,17 +246,21 @@ class CommandKit:
         self._on_queued()
         return outcome
 
-    def _run(self, tx: ParticipantTx, bound: _Bound, event: Event) -> str:
+    def _run(
+        self, tx: ParticipantTx, bound: _Bound, event: Event, seen: InboxEntry | None
+    ) -> InboxEntry:
+        """Runs a claimed command (``seen``: its earlier entry, when it was seen before).
+
+        Returns:
+            What its inbox row holds now; ``outcome`` is ``duplicate`` for one seen before.
+        """
         record, meta = event.record, event.metadata
-        seen = tx.claim(
-            meta.message_id, meta.message_type, record.topic, record.partition, record.offset
-        )
         if seen is not None:
             tx.publish(seen.replies)
             self._advance(tx, record)
             self.counters.duplicates += 1
             self.counters.replies += len(seen.replies)
-            return "duplicate"
+            return InboxEntry(seen.message_id, "duplicate", seen.replies)
         deadline = meta.headers.get(HEADER_DEADLINE_UNIX_MS)
         if deadline is not None and int(deadline) < self._clock() * 1000:
             replies: list[OutboxRow] = []
@@ -252,7 +282,7 @@ class CommandKit:
             self._advance(tx, record)
             self.counters.expired += 1
             self.counters.replies += len(replies)
-            return outcome
+            return InboxEntry(meta.message_id, outcome, tuple(replies))
         handle = Replies(
             meta.headers, record.key, registry=self._registry, topic_prefix=self._prefix
         )
@@ -272,7 +302,7 @@ class CommandKit:
         self._advance(tx, record)
         self.counters.handled += 1
         self.counters.replies += len(handle.rows)
-        return "handled"
+        return InboxEntry(meta.message_id, "handled", tuple(handle.rows))
 
     def _advance(self, tx: ParticipantTx, record: Record) -> None:
         tx.advance(self.group_id, record.topic, record.partition, record.offset + 1)
