@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
+from pydantic_core import to_json
 
 from processor._engine.records import OutboxRow
 from processor._errors import Retryable
@@ -43,6 +44,12 @@ class PostgresSql:
             return self._conn.execute(query, params)
         except psycopg.Error as e:
             raise translate(e) from e
+
+
+def _dumps(obj: Any) -> bytes:
+    # The kit's own JSON (headers, replies: strings, numbers, nulls): pydantic-core's encoder,
+    # several times faster than json.dumps on the batch's path.
+    return to_json(obj)
 
 
 def _to_json(row: OutboxRow) -> dict[str, Any]:
@@ -124,7 +131,7 @@ class PostgresParticipantTx:
             for r in self._conn.execute(
                 f"INSERT INTO {self._inbox} (message_id, message_type, outcome, topic, "
                 'partition, "offset") SELECT m, t, %s::text, tp, p, o FROM unnest('
-                "%s::text[], %s::text[], %s::text[], %s::int[], %s::bigint[]) AS u(m, t, tp, p, o)"
+                "%b::text[], %b::text[], %b::text[], %b::int[], %b::bigint[]) AS u(m, t, tp, p, o)"
                 " ORDER BY m ON CONFLICT DO NOTHING RETURNING message_id",
                 (
                     "pending",
@@ -143,7 +150,7 @@ class PostgresParticipantTx:
             # returned.
             rows = self._conn.execute(
                 f"SELECT message_id, outcome, replies FROM {self._inbox}"
-                " WHERE message_id = ANY(%s)",
+                " WHERE message_id = ANY(%b::text[])",
                 (seen,),
             ).fetchall()
             for mid, outcome, replies in rows:
@@ -172,35 +179,36 @@ class PostgresParticipantTx:
             done = list(self._finished.values())
             self._conn.execute(
                 f"UPDATE {self._inbox} AS i SET outcome = u.o, replies = u.r"
-                " FROM unnest(%s::text[], %s::text[], %s::jsonb[]) AS u(m, o, r)"
+                " FROM unnest(%b::text[], %b::text[], %b::jsonb[]) AS u(m, o, r)"
                 " WHERE i.message_id = u.m",
                 (
                     [e.message_id for e in done],
                     [e.outcome for e in done],
-                    [Jsonb([_to_json(r) for r in e.replies]) for e in done],
+                    [Jsonb([_to_json(r) for r in e.replies], _dumps) for e in done],
                 ),
             )
             self._finished = {}
         if self._rows:
-            with self._conn.cursor() as cur:
-                cur.executemany(
-                    self._tables.render(
-                        "INSERT INTO {outbox} (saga_type, saga_id, topic, partition, key, "
-                        "headers, value) VALUES (%s, %s, %s, %s, %s, %s, %s)"
-                    ),
-                    [
-                        (
-                            r.saga_type,
-                            r.saga_id,
-                            r.topic,
-                            r.partition,
-                            r.key,
-                            Jsonb(dict(r.headers)),
-                            r.value,
-                        )
-                        for r in self._rows
-                    ],
-                )
+            rows = self._rows
+            # One statement, the rows' ids given in the order queued (the relay's order). Binary
+            # arrays: in text form psycopg quotes every element with regular expressions.
+            self._conn.execute(
+                self._tables.render(
+                    "INSERT INTO {outbox} (saga_type, saga_id, topic, partition, key, headers, "
+                    "value) SELECT st, si, t, p, k, h, v FROM unnest(%b::text[], %b::text[], "
+                    "%b::text[], %b::int[], %b::bytea[], %b::jsonb[], %b::bytea[]) "
+                    "WITH ORDINALITY AS u(st, si, t, p, k, h, v, n) ORDER BY n"
+                ),
+                (
+                    [r.saga_type for r in rows],
+                    [r.saga_id for r in rows],
+                    [r.topic for r in rows],
+                    [r.partition for r in rows],
+                    [r.key for r in rows],
+                    [Jsonb(dict(r.headers), _dumps) for r in rows],
+                    [r.value for r in rows],
+                ),
+            )
             self._rows = []
         for (group_id, topic, partition), next_offset in sorted(self._positions.items()):
             self._conn.execute(
