@@ -39,9 +39,13 @@ NAMES = {"engine": "this engine", "dbos": "DBOS Transact", "temporal": "Temporal
 
 @dataclass(frozen=True)
 class Options:
-    """Backlog sizes per side (each side runs at its own pace) and the latency phase's length."""
+    """Backlog sizes per side (each side runs at its own pace) and the latency phase's length.
 
-    engine_sagas: int = 4_000
+    Each side's backlog takes it some seconds at its own rate (the engine's 15,000 about eight
+    here), so that its start (joining groups, the first batches) is a small part of the time.
+    """
+
+    engine_sagas: int = 15_000
     dbos_sagas: int = 1_500
     temporal_sagas: int = 300
     latency_seconds: float = 10.0
