@@ -13,7 +13,10 @@ is elsewhere reads as ``None`` and the box total leaves it out, saying so.
   whatever else runs against it.
 - Kafka: the broker JVM's user + system time (every thread).
 - WAL: the records PostgreSQL wrote to its write-ahead log (``pg_stat_wal``), server-wide like
-  its CPU; each index entry and each row written is one, so it counts what a design writes.
+  its CPU; each row and each index entry written is one, so it counts what a design writes. A
+  backend adds its records to ``pg_stat_wal`` at most once a second while it runs, and all of
+  them when it exits: read it around a side whose connections are closed by the second reading
+  (:func:`wal_records`), not at instants inside a run.
 
 Memory: the kernel's high-water mark of this process's resident set (VmHWM), which writing
 ``5`` to /proc/self/clear_refs resets to the current resident set.
@@ -147,14 +150,12 @@ class Usage:
     processor: float
     postgres: float | None
     kafka: float | None
-    wal_records: float | None = None
 
     def minus(self, earlier: Usage) -> Usage:
         return Usage(
             self.processor - earlier.processor,
             _sub(self.postgres, earlier.postgres),
             _sub(self.kafka, earlier.kafka),
-            _sub(self.wal_records, earlier.wal_records),
         )
 
     def without(self, seconds: float) -> Usage:
@@ -170,7 +171,6 @@ class Usage:
             f"{k}_us": (v / n * 1e6 if v is not None else None) for k, v in parts.items()
         }
         out["box_us"] = sum(v for v in parts.values() if v is not None) / n * 1e6
-        out["wal_records"] = self.wal_records / n if self.wal_records is not None else None
         return out
 
     def to_json(self) -> dict[str, float | None]:
@@ -178,12 +178,7 @@ class Usage:
 
     @classmethod
     def from_json(cls, given: dict[str, Any]) -> Usage:
-        return cls(
-            float(given["processor"]),
-            given.get("postgres"),
-            given.get("kafka"),
-            given.get("wal_records"),
-        )
+        return cls(float(given["processor"]), given.get("postgres"), given.get("kafka"))
 
 
 def _sub(a: float | None, b: float | None) -> float | None:
@@ -196,26 +191,20 @@ class Meter:
 
     postmaster: int | None
     broker: int | None
-    database_url: str | None = None
 
     @classmethod
     def find(cls, kafka: str, database_url: str) -> Meter:
-        return cls(postmaster_pid(database_url), broker_pid(kafka), database_url)
+        return cls(postmaster_pid(database_url), broker_pid(kafka))
 
     def read(self) -> Usage:
         return Usage(
             time.process_time(),
             tree_seconds(self.postmaster) if self.postmaster is not None else None,
             process_seconds(self.broker) if self.broker is not None else None,
-            wal_records(self.database_url) if self.database_url is not None else None,
         )
 
-    def to_json(self) -> dict[str, int | str | None]:
-        return {
-            "postmaster": self.postmaster,
-            "broker": self.broker,
-            "database_url": self.database_url,
-        }
+    def to_json(self) -> dict[str, int | None]:
+        return {"postmaster": self.postmaster, "broker": self.broker}
 
 
 def wal_records(database_url: str) -> float | None:

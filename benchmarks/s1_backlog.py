@@ -453,6 +453,7 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
         kafka = raw_limits.kafka_loop(found.kafka, source, sink, events, BATCH_SIZE, meter)
         sides["raw_kafka"] = _side(kafka)
         sql_tables = box.schema(f"rawsql{n}")
+        wal = boxcpu.wal_records(found.database_url)
         sql = raw_sql.sql_loop(
             found.database_url,
             sql_tables,
@@ -462,9 +463,10 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
             topic=source,
             meter=meter,
         )
-        sides["raw_sql"] = _side(sql)
+        sides["raw_sql"] = {**_side(sql), "wal_records": _wal(found, wal, events)}
         box.settle(sql_tables)
         e2e_tables = box.schema(f"rawe2e{n}")
+        wal = boxcpu.wal_records(found.database_url)
         e2e = raw_e2e.e2e_loop(
             found.kafka,
             found.database_url,
@@ -475,7 +477,7 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
             expected=events,
             meter=meter,
         )
-        sides["raw_e2e"] = _side(e2e)
+        sides["raw_e2e"] = {**_side(e2e), "wal_records": _wal(found, wal, events)}
         box.settle(e2e_tables)
         if quix:
             # The two checkpoint sizes swap places each round, as the engine and the raw loops
@@ -486,14 +488,17 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
                 sides[f"quix_{every}"] = {**_side(peer), "version": peer.note}
         before = sum(end_offsets(found.kafka, commands).values())
         engine_tables = box.schema(f"engine{n}")
+        wal = boxcpu.wal_records(found.database_url)
         engine = run_engine(
             found, engine_tables, box.prefix, source, events, group=f"group{n}", meter=meter
         )
         engine["commands_delivered"] = sum(end_offsets(found.kafka, commands).values()) - before
+        engine["wal_records"] = _wal(found, wal, events)
         sides["engine"] = engine
         box.settle(engine_tables)
         # The audit trail's cost: the same drain with `history.payload = off`.
         off_tables = box.schema(f"engineoff{n}")
+        wal = boxcpu.wal_records(found.database_url)
         trail_off = run_engine(
             found,
             off_tables,
@@ -504,6 +509,7 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
             history_payload="off",
             meter=meter,
         )
+        trail_off["wal_records"] = _wal(found, wal, events)
         sides["engine_trail_off"] = trail_off
         box.settle(off_tables)
         engine["history_bytes_per_event"] = _history_bytes(found, engine_tables) / events
@@ -612,6 +618,13 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
         "profile": profile,
         "profile_stats": profile_stats,
     }
+
+
+def _wal(found: Services, before: float | None, events: int) -> float | None:
+    """WAL records per event since ``before``: read once the side's connections closed, when
+    their backends have added every record to ``pg_stat_wal`` (see benchmarks/boxcpu.py)."""
+    after = boxcpu.wal_records(found.database_url)
+    return (after - before) / events if after is not None and before is not None else None
 
 
 def _history_bytes(found: Services, tables: Tables) -> float:
