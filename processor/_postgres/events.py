@@ -37,6 +37,8 @@ def insert_events(conn: AnyConnection, tables: Tables, rows: list[OutboxRow]) ->
             "the connection is in autocommit mode outside a transaction: publish inside "
             "`with conn.transaction():`, with the writes the events announce"
         )
-    PostgresParticipantTx(conn, tables).publish(rows)
+    tx = PostgresParticipantTx(conn, tables)
+    tx.publish(rows)
+    tx.flush()  # now, in the caller's transaction: nothing flushes it later
     # Delivered at commit, once per transaction however many events it published.
     conn.execute("SELECT pg_notify(%s, '')", (outbox_channel(tables.schema),))
