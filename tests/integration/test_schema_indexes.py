@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -91,7 +91,7 @@ def test_an_upgraded_schema_ends_with_the_indexes_of_a_fresh_one(
     assert after == fresh
 
 
-def _plan(conn: Conn, query: str, params: tuple[object, ...]) -> str:
+def _plan(conn: Conn, query: str, params: tuple[object, ...] | Mapping[str, object] | None) -> str:
     rows = conn.execute("EXPLAIN " + query, params).fetchall()
     return "\n".join(str(row[0]) for row in rows)
 
@@ -223,16 +223,9 @@ def test_the_pollers_reads_go_through_the_partial_due_index(
         store = PostgresDeadlineStore(lambda: psycopg.connect(database_url), tables)
         with conn.transaction(force_rollback=True):
             conn.execute("SET LOCAL enable_seqscan = off")
-            for statement in (store._next_due, store._claim_fresh):
-                plan = "\n".join(
-                    str(r[0])
-                    for r in conn.execute(
-                        "EXPLAIN " + statement,
-                        {"token": 1, "limit": 10, "name": "n", "holder": "h"}
-                        if "%(" in statement
-                        else None,
-                    ).fetchall()
-                )
+            claim = {"token": 1, "limit": 10, "name": "n", "holder": "h"}
+            for statement, params in ((store._next_due, None), (store._claim_fresh, claim)):
+                plan = _plan(conn, statement, params)
                 assert "saga_deadline_due_at_idx1" in plan, plan
                 assert "Seq Scan on saga_deadline" not in plan, plan
             due = conn.execute(store._next_due).fetchone()
@@ -326,7 +319,7 @@ def test_the_sagas_list_and_the_parked_sagas_are_read_through_an_index(
                 (parked, (50,)),
                 (queries._sql["counts"], {"cap": 100}),
             ):
-                plan = _plan(conn, query, params2)  # type: ignore[arg-type]
+                plan = _plan(conn, query, params2)
                 assert "Seq Scan on saga_instance" not in plan, plan
                 assert "saga_instance_parked_idx" in plan, plan
         assert [s.status for s in queries.list_sagas(status="parked", limit=5)] == ["parked"] * 5
