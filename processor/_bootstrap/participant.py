@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from processor._authoring.messages import MessageRegistry, registry
+from processor._bootstrap.schemas import resolver_for
 from processor._bootstrap.service import ServiceAdapters
 from processor._errors import LoopDied
 from processor._postgres.participant import PostgresParticipantStore
@@ -31,7 +32,12 @@ from processor._runtime.hooks import Hooks
 from processor._runtime.participant.observe import participant_endpoint
 from processor._runtime.participant.service import SHUTDOWN_TIMEOUT, ParticipantRuntime
 from processor._runtime.stopping import ShutdownBound, exit_now, on_stop_signals
-from processor.settings import ConsumerSettings, KafkaSettings, RelaySettings
+from processor.settings import (
+    ConsumerSettings,
+    KafkaSettings,
+    RelaySettings,
+    SchemaRegistrySettings,
+)
 
 if TYPE_CHECKING:
     from processor._authoring.application import ParticipantApp
@@ -76,6 +82,8 @@ class ParticipantService(ParticipantRuntime):
         hooks: Fault points for tests (see :class:`processor._runtime.hooks.Hooks`).
         distributed: On a Citus coordinator, whether the schema is made a distributed schema
             (the processor's ``SAGA_DATABASE__DISTRIBUTED``; ``auto`` does so for a new one).
+        schema_registry: The registry and the topics in its wire format (commands consumed,
+            replies sent); None: every topic is our JSON.
     """
 
     store: PostgresParticipantStore
@@ -99,8 +107,10 @@ class ParticipantService(ParticipantRuntime):
         shutdown_timeout: timedelta = SHUTDOWN_TIMEOUT,
         hooks: Hooks | None = None,
         distributed: Distributed = "auto",
+        schema_registry: SchemaRegistrySettings | None = None,
     ) -> None:
         cs = consumer or ConsumerSettings()
+        sr = schema_registry or SchemaRegistrySettings()
         adapters = ServiceAdapters(
             kafka=kafka.client_config() if isinstance(kafka, KafkaSettings) else kafka,
             partitioner=cs.partitioner,
@@ -117,7 +127,9 @@ class ParticipantService(ParticipantRuntime):
         super().__init__(
             participants,
             store=adapters.participant_store(),
-            relay=adapters.relay(relay or RelaySettings()),
+            relay=adapters.relay(
+                relay or RelaySettings(), resolver_for(sr, topic_prefix, message_registry)
+            ),
             wake_source=adapters.wake_source(),
             consumer=adapters.consumers(cs),
             schema=schema,
@@ -130,6 +142,7 @@ class ParticipantService(ParticipantRuntime):
             message_registry=message_registry,
             shutdown_timeout=shutdown_timeout,
             hooks=hooks,
+            wire=resolver_for(sr, topic_prefix, message_registry),
         )
 
 
@@ -178,6 +191,7 @@ def build_service(
         shutdown_timeout=settings.shutdown_timeout,
         hooks=hooks,
         distributed=settings.database.distributed,
+        schema_registry=settings.schema_registry,
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from processor._authoring.messages import MessageRegistry
 from processor._authoring.messages import registry as default_registry
 from processor._bootstrap.adapters import Adapters
+from processor._bootstrap.schemas import framed, resolver_for
 from processor._observe.metrics import Metrics
 from processor._observe.tracing import tracing
 from processor._runtime.assembly import bind_sagas, input_topics, relay_for
@@ -30,6 +31,7 @@ from processor._runtime.poller import DeadlinePoller
 from processor._runtime.processor import Processor
 from processor._runtime.retention import Retention
 from processor._runtime.supervisor import Supervisor
+from processor._schemas.resolver import SchemaResolver
 from processor.settings import ProcessorSettings
 
 __all__ = ["build_processor"]
@@ -84,13 +86,17 @@ def build_processor(
         interval=cs.growth_check_interval.total_seconds(),
     )
     relay = listener = drained = None
+
+    def resolver() -> SchemaResolver | None:
+        return resolver_for(settings.schema_registry, settings.topic_prefix, bound.registry)
+
     if settings.relay.enabled:
         # On a graceful stop the relay publishes the last batch's rows while this replica still
         # owns their partitions (the consumer leaves after it: Processor._shutdown).
         drained = threading.Event()
         relay = relay_for(
             adapters.outbox_store(),
-            adapters.relay_producer(),
+            framed(adapters.relay_producer(), resolver()),
             settings.relay,
             hooks=hooks,
             # Each replica publishes the rows of the partitions it owns (fenced by epoch); a
@@ -136,6 +142,7 @@ def build_processor(
         placement=PlacementCheck(cs.partitioner, growth.counts),
         observers=BatchObservers(on_batch=batch_metrics(metrics), tracing=spans),
         hooks=hooks,
+        wire=resolver(),
     )
     health = LoopHealth(supervisor)
     watched = Watched(worker, relay, health, supervisor, adapters.gauges, adapters.schema_version)

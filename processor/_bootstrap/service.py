@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 
 from processor._bootstrap.clients import relay_producer, saga_consumer
+from processor._bootstrap.schemas import framed
 from processor._engine.partitioner import Partitioner
 from processor._kafka.client import SagaConsumer
 from processor._kafka.producer import KafkaRecordProducer
@@ -24,6 +25,7 @@ from processor._postgres.schema.participant import migrate_participant, migrate_
 from processor._postgres.schema.tables import Tables
 from processor._runtime.assembly import relay_for
 from processor._runtime.relay import Relay
+from processor._schemas.resolver import SchemaResolver
 from processor._wire import outbox_channel
 from processor.settings import ConsumerSettings, RelaySettings
 
@@ -97,11 +99,10 @@ class ServiceAdapters:
         """The relay's producer (see :func:`processor._bootstrap.clients.relay_producer`)."""
         return relay_producer(self.kafka_config, self.partitioner, max_record_bytes)
 
-    def relay(self, settings: RelaySettings) -> Relay:
-        """The processor's relay over this schema's outbox."""
-        return relay_for(
-            self.outbox_store(), self.relay_producer(settings.max_record_bytes), settings
-        )
+    def relay(self, settings: RelaySettings, wire: SchemaResolver | None = None) -> Relay:
+        """The processor's relay over this schema's outbox; ``wire`` frames registry topics."""
+        producer = framed(self.relay_producer(settings.max_record_bytes), wire)
+        return relay_for(self.outbox_store(), producer, settings)
 
     def wake_source(self) -> PostgresWakeSource:
         """Notifications of the outbox's commits (the service's own included)."""

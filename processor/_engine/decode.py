@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -41,6 +41,9 @@ from processor._wire import (
     OperatorRecord,
 )
 
+if TYPE_CHECKING:
+    from processor._schemas.codec import Wire
+
 __all__ = [
     "MAX_HEADER_VALUE_BYTES",
     "MAX_ID_BYTES",
@@ -63,6 +66,8 @@ class Reason(StrEnum):
     OVERSIZED = "oversized"
     UNPARSEABLE = "unparseable"
     UNKNOWN_TYPE = "unknown-type"
+    # A registry-framed record whose schema id the registry does not hold.
+    UNKNOWN_SCHEMA = "unknown-schema"
     SCHEMA_VIOLATION = "schema-violation"
     MISSING_ASSOCIATION = "missing-association"
     MISSING_MESSAGE_ID = "missing-message-id"
@@ -144,11 +149,28 @@ class TooNew:
 Decoded = Event | FiredDeadline | Operator | TooNew | Rejected
 
 
-def decode(record: Record, registry: MessageRegistry, max_bytes: int) -> Decoded:
-    """Classifies one record; never raises for bad input."""
+def decode(
+    record: Record, registry: MessageRegistry, max_bytes: int, wire: Wire | None = None
+) -> Decoded:
+    """Classifies one record; never raises for bad input.
+
+    With ``wire``, a record of a registry-framed topic is first translated to our JSON (its
+    schema fetched beforehand, see ``SchemaResolver.prepare_in``); the event then carries the
+    translated record, and a record that cannot be translated is rejected as it came.
+    """
     size = len(record.value or b"") + len(record.key or b"")
     if size > max_bytes:
         return Rejected(record, Reason.OVERSIZED, f"{size} bytes exceeds the limit of {max_bytes}")
+    if wire is not None:
+        translated = wire.unframe(record)
+        if translated is not None:
+            if not isinstance(translated, Record):
+                return Rejected(record, Reason(translated.reason), translated.detail)
+            size = len(translated.value or b"") + len(record.key or b"")
+            if size > max_bytes:
+                detail = f"{size} bytes as JSON exceeds the limit of {max_bytes}"
+                return Rejected(record, Reason.OVERSIZED, detail)
+            record = translated
     # One pass over the headers instead of one per lookup (the last repeat wins either way);
     # the same pass refuses text that PostgreSQL cannot store.
     headers = _headers(record)

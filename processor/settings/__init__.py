@@ -30,6 +30,7 @@ from processor.settings._loading import (
     load_settings,
     unknown_variables,
 )
+from processor.settings._registry import RegistryTopicSettings, SchemaRegistrySettings
 from processor.settings._relay import RelaySettings
 from processor.settings._retention import HistorySettings, RetentionSettings
 from processor.settings._service import MetricsSettings, ParticipantSettings
@@ -54,8 +55,10 @@ __all__ = [
     "OperatorSettings",
     "ParticipantSettings",
     "ProcessorSettings",
+    "RegistryTopicSettings",
     "RelaySettings",
     "RetentionSettings",
+    "SchemaRegistrySettings",
     "TopicsSettings",
     "is_secret_key",
     "load_settings",

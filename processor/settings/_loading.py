@@ -21,6 +21,7 @@ from processor.settings._consumer import ConsumerSettings
 from processor.settings._database import DatabaseSettings
 from processor.settings._deadline import DeadlineSettings
 from processor.settings._kafka import KafkaSettings, TopicsSettings
+from processor.settings._registry import SchemaRegistrySettings
 from processor.settings._relay import RelaySettings
 from processor.settings._retention import HistorySettings, RetentionSettings
 from processor.settings._service import MetricsSettings, ParticipantSettings
@@ -67,6 +68,7 @@ class ProcessorSettings(BaseSettings):
     shutdown_timeout: Duration = timedelta(seconds=20)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     participant: ParticipantSettings = Field(default_factory=ParticipantSettings)
+    schema_registry: SchemaRegistrySettings = Field(default_factory=SchemaRegistrySettings)
     # Read by the command line only (it configures logging): `text` for a terminal, `json` for
     # a log pipeline. A setting, so that a misspelt value is refused like any other.
     log_format: Literal["text", "json"] = "text"

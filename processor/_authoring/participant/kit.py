@@ -41,6 +41,7 @@ from processor._engine.decode import Event, Reason, Rejected, decode
 from processor._engine.records import OutboxRow, Record
 from processor._errors import ConfigurationError, Failure, RuntimeFailure
 from processor._ports.participant import Claim, InboxEntry, ParticipantStore, ParticipantTx
+from processor._schemas.codec import Wire
 from processor._wire import HEADER_DEADLINE_UNIX_MS, dead_letter_headers
 
 __all__ = ["HANDLER_FAILED", "CommandKit", "Counters"]
@@ -86,6 +87,7 @@ class CommandKit:
         max_record_bytes: Larger commands are dead-lettered as oversized.
         clock: Seconds since the epoch, for deadlines.
         on_queued: Called after a commit that queued outbox rows (wakes the relay).
+        wire: Translates commands of registry-framed topics (their schemas fetched first).
 
     Raises:
         ConfigurationError: A handler's settings or dependencies cannot be resolved, or two
@@ -106,8 +108,10 @@ class CommandKit:
         max_record_bytes: int = 1_048_576,
         clock: Callable[[], float] = time.time,
         on_queued: Callable[[], None] | None = None,
+        wire: Wire | None = None,
     ) -> None:
         self._store = store
+        self._wire = wire
         self.group_id = group_id
         self._dead_letter_topic = dead_letter_topic
         self._prefix = topic_prefix
@@ -142,7 +146,7 @@ class CommandKit:
                 work: list[tuple[Record, Event, _Bound | None]] = []
                 claims: dict[str, Claim] = {}
                 for record in records:
-                    decoded = decode(record, self._registry, self._max_bytes)
+                    decoded = decode(record, self._registry, self._max_bytes, self._wire)
                     if not isinstance(decoded, Event) or _bad_deadline(decoded):
                         raise _Apart
                     bound = self._bound.get(type(decoded.message))
@@ -193,7 +197,7 @@ class CommandKit:
             RuntimeFailure: ``Retryable`` (try the record again later) or a fatal failure; the
                 record's transaction rolled back.
         """
-        decoded = decode(record, self._registry, self._max_bytes)
+        decoded = decode(record, self._registry, self._max_bytes, self._wire)
         if isinstance(decoded, Rejected):
             return self._dead_letter(record, None, decoded.reason, decoded.detail)
         if not isinstance(decoded, Event):

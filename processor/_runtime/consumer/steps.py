@@ -26,6 +26,7 @@ from processor._runtime.consumer.ownership import Ownership
 from processor._runtime.consumer.placement import PlacementCheck
 from processor._runtime.consumer.stats import WorkerStats
 from processor._runtime.hooks import HookPoint, Hooks
+from processor._schemas.resolver import SchemaResolver
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,7 @@ class BatchSteps:
         hooks: Fault points ("before-write", "before-commit", "after-commit").
         placement: Counts input records whose key the partitioner would send elsewhere.
         tracing: Spans for batches and commits; None: no spans.
+        wire: Translates registry-framed records; None: every topic is our JSON.
     """
 
     def __init__(
@@ -85,8 +87,11 @@ class BatchSteps:
         hooks: Hooks,
         placement: PlacementCheck | None,
         tracing: Tracing | None,
+        wire: SchemaResolver | None = None,
     ) -> None:
         self._planner = planner
+        self._resolver = wire
+        self._wire = wire.wire if wire is not None else None
         self._registry = registry
         self._ownership = ownership
         self._lanes = lanes
@@ -100,8 +105,12 @@ class BatchSteps:
         """The batch of ``records`` not yet applied of the owned partitions; None if none."""
         # Positions are those the batch in flight (if any) will leave behind: see advance.
         owned = self._ownership.owned
+        wire = self._wire
+        if self._resolver is not None:
+            # Raises Retryable while the registry is away: the batch is read again later.
+            self._resolver.prepare_in(records)
         mine = [
-            decode(r, self._registry, self._limits.max_record_bytes)
+            decode(r, self._registry, self._limits.max_record_bytes, wire)
             for r in records
             if (o := owned.get((r.topic, r.partition))) is not None
             and (o.next_offset is None or r.offset >= o.next_offset)

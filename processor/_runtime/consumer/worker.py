@@ -36,6 +36,7 @@ from processor._runtime.consumer.recovery import Recovery
 from processor._runtime.consumer.stats import WorkerStats
 from processor._runtime.consumer.steps import BatchDone, BatchObservers, BatchSteps
 from processor._runtime.hooks import HookPoint, Hooks
+from processor._schemas.resolver import SchemaResolver
 
 __all__ = [
     "Assign",
@@ -99,6 +100,7 @@ class Worker:
         max_batch_bytes: About the most key and value bytes in one batch.
         unavailable_timeout: Seconds the database may fail before the partitions go back.
         clock: The clock of the outage bound and the retries.
+        wire: Translates registry-framed records; None: every topic is our JSON.
     """
 
     def __init__(
@@ -125,6 +127,7 @@ class Worker:
         max_batch_bytes: int = 16 * 1024 * 1024,
         unavailable_timeout: float = 20.0,
         clock: Callable[[], float] = time.monotonic,
+        wire: SchemaResolver | None = None,
     ) -> None:
         self.planner = planner
         self.registry = registry
@@ -159,6 +162,7 @@ class Worker:
             hooks=self.hooks,
             placement=placement,
             tracing=observers.tracing,
+            wire=wire,
         )
         # The callbacks are called from the consumer's polls, never while it is being opened.
         self.consumer = consumer(self.on_assign, self.on_revoke)

@@ -31,6 +31,7 @@ from processor._runtime.hooks import HookPoint, Hooks
 from processor._runtime.relay import Relay
 from processor._runtime.stopping import CONSUMER_CLOSE, close_within
 from processor._runtime.supervisor import Supervisor
+from processor._schemas.resolver import SchemaResolver
 from processor._wire import Topics
 from processor.settings import ConsumerSettings
 
@@ -71,6 +72,7 @@ class ParticipantRuntime:
         shutdown_timeout: How long a stop may take, the consumer's close included (half of it
             at most); see :mod:`processor._runtime.stopping` for the process around it.
         hooks: Fault points for tests (see :class:`processor._runtime.hooks.Hooks`).
+        wire: Translates commands of registry-framed topics; None: every topic is our JSON.
     """
 
     def __init__(
@@ -91,8 +93,10 @@ class ParticipantRuntime:
         message_registry: MessageRegistry = registry,
         shutdown_timeout: timedelta = SHUTDOWN_TIMEOUT,
         hooks: Hooks | None = None,
+        wire: SchemaResolver | None = None,
     ) -> None:
         self.schema = schema
+        self._wire = wire
         self._cs = consumer_settings or ConsumerSettings()
         self._names = Topics(topic_prefix)
         self._make_consumer = consumer
@@ -116,6 +120,7 @@ class ParticipantRuntime:
             message_registry=message_registry,
             max_record_bytes=self._cs.max_record_bytes,
             on_queued=self.relay.wake.set,
+            wire=wire.wire if wire is not None else None,
         )
         if topics is None:
             found = {message_registry.of(t).topic for t in self.kit.command_types}
@@ -217,6 +222,9 @@ class ParticipantRuntime:
         """
         done = 0
         try:
+            if self._wire is not None:
+                # Raises Retryable while the registry is away: the batch is read again.
+                self._wire.prepare_in(records)
             if self.kit.handle_together(records):
                 return True
             for record in records:
