@@ -26,12 +26,12 @@ from processor._cli import inspect as i
 from processor._cli import operate as o
 from processor._cli import participant as pa
 from processor._cli import preflight as p
+from processor._cli import schemas as sc
 from processor._cli import stored as st
 from processor._cli import topics as t
 from processor._errors import Refused, SagaError
 from processor._observe.logs import configure_logging
 from processor._observe.metrics import package_version
-from processor.ops import _contract as contract
 from processor.settings import ProcessorSettings, load_settings
 
 
@@ -186,9 +186,11 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "schemas",
-        "print the AsyncAPI 3 document of the messages and sagas in MODULE...",
-        contract.contract_arguments,
-        contract.schemas,
+        "`schemas MODULE...`: the AsyncAPI 3 document of the messages and sagas in them; "
+        "`schemas register|check`: the models' schemas in the Schema Registry, registered or "
+        "checked for compatibility before a deploy",
+        sc.schemas_arguments,
+        sc.schemas,
         offline=True,
     ),
 )

@@ -178,13 +178,44 @@ def check_from_settings(
         partitioner=settings.consumer.partitioner,
     )
     with made.check_source() as source:
-        return run_check(
+        report = run_check(
             source,
             bound.sagas,
             bound.registry,
             expected_schema=made.schema_version,
             topology=topology,
         )
+    _check_registry(settings, bound, report)
+    return report
+
+
+def _check_registry(settings: ProcessorSettings, bound: BoundSagas, report: CheckReport) -> None:
+    """Adds a problem per model schema the registry would refuse (framed topics only)."""
+    from processor._errors import Retryable
+    from processor._schemas.client import RegistryClient
+    from processor._schemas.plan import check_schemas, plan_schemas
+
+    sr = settings.schema_registry
+    formats = sr.formats(settings.topic_prefix)
+    if not formats:
+        return
+    plans = plan_schemas(bound.registry, formats, sr.subject_naming, settings.topic_prefix)
+    client = RegistryClient(sr.client_config())
+    try:
+        verdicts = check_schemas(client, plans)
+    except Retryable as e:
+        report.problems.append(f"the schema registry did not answer: {e}")
+        return
+    finally:
+        client.close()
+    report.counts["registry schemas"] = len(verdicts)
+    for v in verdicts:
+        if not v.ok:
+            where = v.plan.writer.subject if v.plan.writer else v.plan.topic
+            report.problems.append(
+                f"schema of {v.plan.mtype.name} v{v.plan.mtype.version} under {where}: "
+                f"{v.outcome} ({v.detail})"
+            )
 
 
 def topic_names(settings: ProcessorSettings, bound: BoundSagas) -> tuple[set[str], set[str]]:

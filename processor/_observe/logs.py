@@ -121,3 +121,7 @@ def configure_logging(level: str = "INFO", fmt: Literal["text", "json"] = "text"
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # The Schema Registry client's HTTP library logs every request at INFO: one line per schema
+    # fetched says nothing an operator needs (the resolver logs what goes wrong).
+    for chatty in ("httpx", "httpx2", "httpcore", "httpcore2"):
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, root.level))

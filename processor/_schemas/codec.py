@@ -24,6 +24,7 @@ from pydantic_core import to_json
 
 from processor._authoring.messages import MessageRegistry, MessageType
 from processor._engine.records import OutboxRow, Record
+from processor._errors import UnknownMessageType
 from processor._schemas.formats import (
     SubjectNaming,
     TopicFormat,
@@ -115,6 +116,7 @@ class Wire:
         # (topic, type name, version) -> (schema id, encoder)
         self._writers: dict[tuple[str, str, str], tuple[int, _Encoder]] = {}
         self._by_record = _names(registry)
+        self._fields: dict[tuple[str, str | None], frozenset[str]] = {}
 
     @property
     def topics(self) -> Mapping[str, TopicFormat]:
@@ -174,9 +176,10 @@ class Wire:
                 "unparseable",
                 f"the value does not decode with schema id {schema_id}: {type(e).__name__}",
             )
-        headers = dict(record.headers)
+        headers = {k: v.decode("utf-8", "replace") for k, v in record.headers}
         added: list[tuple[str, bytes]] = [(HEADER_SCHEMA_ID, str(schema_id).encode())]
-        if HEADER_MESSAGE_TYPE not in headers:
+        name = headers.get(HEADER_MESSAGE_TYPE)
+        if name is None:
             name = self._by_record.get(record_type or "") or self._by_record.get(
                 (record_type or "").rsplit(".", 1)[-1]
             )
@@ -187,6 +190,13 @@ class Wire:
                     f"(schema id {schema_id})",
                 )
             added.append((HEADER_MESSAGE_TYPE, name.encode()))
+        if isinstance(data, bytes):
+            try:
+                data = json.loads(data)
+            except ValueError:
+                return Rejection("unparseable", "the value is not valid JSON")
+        if isinstance(data, dict):
+            data = self._known_fields(name, headers.get(HEADER_SCHEMA_VERSION), data)
         if HEADER_MESSAGE_ID not in headers:
             added.append((HEADER_MESSAGE_ID, _message_id(record, data, fmt).encode()))
         return Record(
@@ -194,10 +204,30 @@ class Wire:
             record.partition,
             record.offset,
             record.key,
-            data if isinstance(data, bytes) else to_json(data),
+            to_json(data),
             (*record.headers, *added),
             record.timestamp_ms,
         )
+
+    def _known_fields(self, name: str, version: str | None, data: dict[str, Any]) -> Any:
+        """``data`` without the fields the model does not know.
+
+        A registry's compatibility rules let a producer add a field before its consumers know
+        it (forward compatibility); the model, which refuses unknown fields, reads the rest.
+        """
+        key = (name, version)
+        known = self._fields.get(key)
+        if known is None:
+            try:
+                cls = self._registry.by_name(name, int(version) if version else None).cls
+            except (UnknownMessageType, ValueError):
+                return data  # judged by decode, which names the problem
+            known = self._fields[key] = frozenset(
+                {*cls.model_fields, *(f.alias for f in cls.model_fields.values() if f.alias)}
+            )
+        if data.keys() <= known:
+            return data
+        return {k: v for k, v in data.items() if k in known}
 
     # -- out -----------------------------------------------------------------------------------
 
@@ -388,8 +418,8 @@ def _message_indexes(payload: bytes) -> tuple[tuple[int, ...], bytes]:
 
 
 def _message_id(record: Record, data: Any, fmt: TopicFormat) -> str:
-    if fmt.id_field is not None:
-        value = (json.loads(data) if isinstance(data, bytes) else data).get(fmt.id_field)
+    if fmt.id_field is not None and isinstance(data, dict):
+        value = data.get(fmt.id_field)
         if value is not None and not isinstance(value, dict | list):
             return str(value)
     # Stable across redeliveries of this record, so a redelivery is recognised.

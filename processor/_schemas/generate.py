@@ -82,6 +82,11 @@ class _AvroBuilder:
             field: dict[str, Any] = {"name": field_name, "type": ftype}
             if field_name not in required:
                 default = prop.get("default")
+                if default is None and "default" not in prop:
+                    # A default_factory leaves no default in the JSON Schema: an empty list or
+                    # map is what list and dict factories make.
+                    kind = ftype.get("type") if isinstance(ftype, dict) else None
+                    default = [] if kind == "array" else {} if kind == "map" else None
                 if default is None:
                     if not (isinstance(ftype, list) and ftype[0] == "null"):
                         field["type"] = ["null", ftype]

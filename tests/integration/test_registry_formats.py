@@ -1,0 +1,228 @@
+"""Sagas over registry-framed topics, against a running Schema Registry, Kafka and PostgreSQL.
+
+Partners publish with confluent-kafka's own serializers and none of our headers; a consumer of
+theirs reads the saga's commands with its deserializer; the participant answers in Protobuf.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+from confluent_kafka.schema_registry.json_schema import JSONSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from processor._schemas.formats import frame_header
+from tests.support import registry_app as ra
+from tests.support.harness import Reader, create_topics, query, wait_until
+from tests.support.procs import REPO
+
+pytestmark = pytest.mark.integration
+
+
+class Deployment:
+    """One `saga-processor run` of the registry app (processor and participant in one process)."""
+
+    def __init__(self, kafka: str, database_url: str, registry_url: str, log: Path) -> None:
+        self.prefix = f"r{uuid.uuid4().hex[:8]}."
+        self.schema = f"r_{uuid.uuid4().hex[:8]}"
+        self.service = f"rs_{uuid.uuid4().hex[:8]}"
+        self.kafka, self.database_url, self.registry_url = kafka, database_url, registry_url
+        self.log = log
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
+        self.env.update(
+            {
+                "PYTHONPATH": str(REPO),
+                "SAGA_APP": "tests.support.registry_app:app",
+                "SAGA_KAFKA__BOOTSTRAP_SERVERS": kafka,
+                "SAGA_DATABASE__URL": database_url,
+                "SAGA_DATABASE__SCHEMA_NAME": self.schema,
+                "SAGA_PARTICIPANT__SCHEMA_NAME": self.service,
+                "SAGA_PARTICIPANT__GROUP_ID": f"{self.prefix}answerer",
+                "SAGA_CONSUMER__GROUP_ID": f"{self.prefix}processor",
+                "SAGA_TOPIC_PREFIX": self.prefix,
+                "SAGA_METRICS__PORT": "0",
+                "SAGA_RELAY__POLL_INTERVAL": "200ms",
+                "SAGA_SCHEMA_REGISTRY__URL": registry_url,
+                "SAGA_SCHEMA_REGISTRY__TOPICS": json.dumps(ra.FORMATS),
+            }
+        )
+        create_topics(kafka, [self.prefix + t for t in ra.TOPICS])
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def topic(self, name: str) -> str:
+        return self.prefix + name
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "processor", "run"],
+                cwd=REPO,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def cli(
+        self, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "processor", *args],
+            check=False,
+            cwd=REPO,
+            env={**self.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    def ended(self) -> int:
+        try:
+            rows = query(
+                self.database_url,
+                self.schema,
+                "SELECT count(*) FROM saga_instance WHERE status = 'ended'",
+            )
+        except psycopg.Error:
+            return -1  # the schema is being made
+        return int(rows[0][0])
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                assert self.proc.wait(60) == 0
+            finally:
+                if self.proc.poll() is None:
+                    self.proc.kill()
+                    self.proc.wait(10)
+
+    def drop(self) -> None:
+        with psycopg.connect(self.database_url, autocommit=True) as conn:
+            for name in (self.schema, self.service):
+                conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+@pytest.fixture
+def deployment(
+    kafka_bootstrap: str, database_url: str, schema_registry: Any, tmp_path: Path
+) -> Iterator[Deployment]:
+    made = Deployment(kafka_bootstrap, database_url, schema_registry.url, tmp_path / "run.log")
+    try:
+        yield made
+    finally:
+        try:
+            made.stop()
+        finally:
+            made.drop()
+
+
+def _partner(kafka: str, registry: SchemaRegistryClient) -> tuple[Producer, Any, Any]:
+    """A partner's producer and its own serializers (registering their schemas themselves)."""
+    producer = Producer({"bootstrap.servers": kafka, "enable.idempotence": True})
+    as_json = JSONSerializer(ra.PARTNER_JSON_SCHEMA, registry)
+    as_avro = AvroSerializer(registry, ra.PARTNER_AVRO_SCHEMA)
+    return producer, as_json, as_avro
+
+
+@pytest.fixture
+def registry(schema_registry: Any) -> Iterator[SchemaRegistryClient]:
+    """The partner's own registry client."""
+    client = SchemaRegistryClient({"url": schema_registry.url})
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def test_a_saga_runs_on_partner_events_and_its_commands_read_with_their_deserializer(
+    deployment: Deployment, kafka_bootstrap: str, registry: SchemaRegistryClient
+) -> None:
+    d = deployment
+    producer, as_json, as_avro = _partner(kafka_bootstrap, registry)
+    events, avro_events = d.topic(ra.EVENTS), d.topic(ra.AVRO_EVENTS)
+    # Bad input first, on the partitions the good events follow: each is dead-lettered with its
+    # reason and none holds the partition up.
+    producer.produce(events, key=b"bad-1", value=frame_header(2_000_000_000) + b"{}")
+    known = as_avro(
+        {"ask_id": "x", "amount": 1}, SerializationContext(avro_events, MessageField.VALUE)
+    )
+    producer.produce(avro_events, key=b"bad-2", value=known[:5] + b"\xff\xff\xff")
+    d.start()
+    jsons = [f"j-{i}" for i in range(4)]
+    avros = [f"a-{i}" for i in range(4)]
+    for ask in jsons:
+        value = as_json(
+            {"ask_id": ask, "amount": 5}, SerializationContext(events, MessageField.VALUE)
+        )
+        producer.produce(events, key=ask.encode(), value=value)
+    for ask in avros:
+        value = as_avro(
+            {"ask_id": ask, "amount": 7}, SerializationContext(avro_events, MessageField.VALUE)
+        )
+        producer.produce(avro_events, key=ask.encode(), value=value)
+    assert producer.flush(30) == 0
+
+    wait_until(lambda: d.ended() == len(jsons) + len(avros), 120, "every ask answered and ended")
+    answered = query(d.database_url, d.service, "SELECT ask_id, amount FROM answered")
+    assert sorted(answered) == sorted([(a, 5) for a in jsons] + [(a, 7) for a in avros])
+    dead = query(
+        d.database_url, d.schema, "SELECT key, reason, detail FROM dead_letter ORDER BY key"
+    )
+    assert [(bytes(k), r) for k, r, _ in dead] == [
+        (b"bad-1", "unknown-schema"),
+        (b"bad-2", "unparseable"),
+    ]
+    assert "schema id 2000000000 is not in the registry" in dead[0][2]
+
+    # The commands, as a registry-aware consumer of the partner reads them: Avro under the
+    # schema the relay registered, our headers beside the frame.
+    commands = Reader(kafka_bootstrap, [d.topic(ra.COMMANDS)])
+    try:
+        records = commands.wait_for(lambda rs: len(rs) >= 8, 30, "8 commands")
+        deserialize = AvroDeserializer(registry)
+        seen = {}
+        for msg in records:
+            body = deserialize(
+                msg.value(), SerializationContext(d.topic(ra.COMMANDS), MessageField.VALUE)
+            )
+            seen[body["ask_id"]] = body
+            assert commands.headers(msg)["message-type"] == "tests.reg.Answer"
+    finally:
+        commands.close()
+    assert set(seen) == set(jsons) | set(avros)
+    assert seen["a-0"] == {"ask_id": "a-0", "amount": 7, "note": "avro"}
+    assert seen["j-0"] == {"ask_id": "j-0", "amount": 5, "note": None}
+    subjects = registry.get_subjects()
+    assert f"{d.topic(ra.COMMANDS)}-tests.reg.Answer" in subjects
+    # The participant's replies: Protobuf, registered under their own subject.
+    replies = Reader(kafka_bootstrap, [d.topic(ra.REPLIES)])
+    try:
+        reply = replies.wait_for(lambda rs: len(rs) >= 8, 30, "8 replies")[0]
+    finally:
+        replies.close()
+    value = reply.value()
+    assert value[0] == 0
+    schema = registry.get_schema(int.from_bytes(value[1:5], "big"))
+    assert schema.schema_type == "PROTOBUF"
+    d.stop()
+
+
+@pytest.fixture(scope="session")
+def schema_registry() -> Any:  # TEMPORARY until the stack's fixture lands
+    class R:
+        url = os.environ["SAGA_TEST_SCHEMA_REGISTRY_URL"]
+
+    return R()
