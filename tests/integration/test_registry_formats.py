@@ -220,6 +220,77 @@ def test_a_saga_runs_on_partner_events_and_its_commands_read_with_their_deserial
     d.stop()
 
 
+def test_a_partner_adds_a_field_under_load_and_every_saga_in_flight_finishes(
+    deployment: Deployment, kafka_bootstrap: str, registry: SchemaRegistryClient
+) -> None:
+    d = deployment
+    avro_events = d.topic(ra.AVRO_EVENTS)
+    subject = f"{avro_events}-value"
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
+    v1 = AvroSerializer(registry, ra.PARTNER_AVRO_SCHEMA)
+    v2 = AvroSerializer(registry, ra.PARTNER_AVRO_SCHEMA_V2)
+    ctx = SerializationContext(avro_events, MessageField.VALUE)
+    d.start()
+    total, switch = 300, 150
+    for i in range(total):
+        body: dict[str, Any] = {"ask_id": f"e-{i}", "amount": i}
+        if i == switch:
+            # The partner's next deploy: the registry holds the subject to BACKWARD, and the
+            # new version (a field with a default) passes it while sagas are in flight.
+            registry.set_compatibility(subject_name=subject, level="BACKWARD")
+        value = v1(body, ctx) if i < switch else v2({**body, "channel": "app"}, ctx)
+        producer.produce(avro_events, key=f"e-{i}".encode(), value=value)
+        if i % 50 == 0:
+            producer.poll(0)
+    assert producer.flush(30) == 0
+    assert len(registry.get_versions(subject)) == 2
+
+    wait_until(lambda: d.ended() == total, 120, f"{total} sagas ended")
+    answered = query(d.database_url, d.service, "SELECT count(*), sum(amount) FROM answered")
+    assert answered == [(total, sum(range(total)))]
+    assert query(d.database_url, d.schema, "SELECT count(*) FROM dead_letter") == [(0,)]
+    d.stop()
+
+
+def test_schemas_check_refuses_a_model_the_registry_would_refuse_before_the_deploy(
+    deployment: Deployment, registry: SchemaRegistryClient
+) -> None:
+    d = deployment
+    registered = d.cli("schemas", "register", "--json")
+    assert registered.returncode == 0, registered.stderr
+    rows = json.loads(registered.stdout)["schemas"]
+    subjects = {r["subject"]: r for r in rows}
+    answer = f"{d.topic(ra.COMMANDS)}-tests.reg.Answer"
+    assert subjects[answer]["outcome"] == "registered"
+    assert subjects[answer]["format"] == "avro"
+    assert subjects[f"{d.topic(ra.REPLIES)}-tests.reg.Answered"]["format"] == "protobuf"
+    assert subjects[f"{d.topic(ra.EVENTS)}-tests.reg.Asked"]["format"] == "json-schema"
+    registry.set_compatibility(subject_name=answer, level="BACKWARD")
+
+    # The same models again: each is found registered.
+    again = d.cli("schemas", "check")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "REFUSED" not in again.stdout
+
+    evolved = d.cli("schemas", "check", env={"SAGA_APP": "tests.support.registry_app_evolved:app"})
+    assert evolved.returncode == 0, evolved.stdout + evolved.stderr
+    assert f"compatible   {answer}  tests.reg.Answer v2" in evolved.stdout
+
+    broken = d.cli("schemas", "check", env={"SAGA_APP": "tests.support.registry_app_broken:app"})
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    assert f"incompatible {answer}  tests.reg.Answer v2" in broken.stdout
+    assert broken.stdout.rstrip().endswith("REFUSED")
+    # The preflight check says the same, with the database and topics it checks beside.
+    assert d.cli("migrate").returncode == 0
+    preflight = d.cli(
+        "check", "--skip-topics", env={"SAGA_APP": "tests.support.registry_app_broken:app"}
+    )
+    assert preflight.returncode == 1, preflight.stdout + preflight.stderr
+    assert f"schema of tests.reg.Answer v2 under {answer}: incompatible" in preflight.stdout
+    # Nothing was registered by a check.
+    assert len(registry.get_versions(answer)) == 1
+
+
 @pytest.fixture(scope="session")
 def schema_registry() -> Any:  # TEMPORARY until the stack's fixture lands
     class R:
