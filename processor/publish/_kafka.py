@@ -16,11 +16,18 @@ from processor._authoring.definition import SagaState
 from processor._authoring.messages import Message, MessageRegistry
 from processor._authoring.messages import registry as default_registry
 from processor._bootstrap.clients import FailedDelivery, tracked_producer
+from processor._bootstrap.schemas import resolver_for
 from processor._engine.partitioner import Partitioner, normalise
 from processor._errors import SagaError
 from processor._wire import HEADER_MESSAGE_ID
 from processor.publish._records import EventRecordBuilder, PublishOptions
-from processor.settings import ConsumerSettings, KafkaSettings, ProcessorSettings, load_settings
+from processor.settings import (
+    ConsumerSettings,
+    KafkaSettings,
+    ProcessorSettings,
+    SchemaRegistrySettings,
+    load_settings,
+)
 
 __all__ = ["EventPublisher", "FailedDelivery", "PublishFailed"]
 
@@ -78,6 +85,9 @@ class EventPublisher:
         topic_prefix: Prefix of every topic on the broker (``SAGA_TOPIC_PREFIX``).
         sagas: Saga classes whose association properties key the events they handle.
         registry: Where the messages are registered.
+        schema_registry: The registry and the topics in its wire format
+            (``SAGA_SCHEMA_REGISTRY__*``): an event for a framed topic is framed, its schema
+            registered or looked up on its first publish; None: every topic is our JSON.
 
     Attributes:
         partitioner: The partitioner in use.
@@ -96,8 +106,14 @@ class EventPublisher:
         topic_prefix: str = "",
         sagas: Iterable[type[SagaState]] = (),
         registry: MessageRegistry = default_registry,
+        schema_registry: SchemaRegistrySettings | None = None,
     ) -> None:
         config = _client_config(kafka)
+        self._wire = (
+            resolver_for(schema_registry, topic_prefix, registry)
+            if schema_registry is not None
+            else None
+        )
         chosen = self.partitioner = _partitioner(partitioner)
         self.records = EventRecordBuilder(topic_prefix=topic_prefix, sagas=sagas, registry=registry)
         self._sender = tracked_producer(config, chosen, _PUBLISHER_OVERRIDES)
@@ -133,6 +149,7 @@ class EventPublisher:
             topic_prefix=settings.topic_prefix,
             sagas=sagas,
             registry=registry,
+            schema_registry=settings.schema_registry,
         )
 
     @property
@@ -155,12 +172,18 @@ class EventPublisher:
             UnknownMessageType: The message's class is not registered.
             ValueError: No topic, no key, or an id, key or header the processor would refuse.
             RuntimeError: The publisher is closed.
+            Retryable: The topic is framed and its schema registry could not be reached (or
+                refused the schema): nothing was queued.
         """
         if self._closed:
             raise RuntimeError("the event publisher is closed")
         row = self.records.build(message, **options)
         sent_id = row.headers[HEADER_MESSAGE_ID]
-        self._sender.produce(row.topic, row.key, row.value, row.headers, sent_id)
+        value = row.value
+        if self._wire is not None:
+            self._wire.prepare_out([row])
+            value = self._wire.wire.frame(row)
+        self._sender.produce(row.topic, row.key, value, row.headers, sent_id)
         return sent_id
 
     def flush(self, timeout: float = 30.0) -> None:
@@ -184,7 +207,11 @@ class EventPublisher:
         if self._closed:
             return
         self._closed = True
-        self.flush(timeout)
+        try:
+            self.flush(timeout)
+        finally:
+            if self._wire is not None:
+                self._wire.close()
 
     def __enter__(self) -> EventPublisher:
         return self

@@ -12,11 +12,14 @@ import time
 from collections.abc import Mapping
 from types import TracebackType
 
+from processor._authoring.messages import MessageRegistry
+from processor._authoring.messages import registry as default_registry
+from processor._bootstrap.schemas import resolver_for
 from processor._bootstrap.service import ServiceAdapters
 from processor._errors import LoopDied
 from processor._runtime.supervisor import Supervisor
 from processor.publish._kafka import _client_config, _partitioner
-from processor.settings import KafkaSettings, RelaySettings
+from processor.settings import KafkaSettings, RelaySettings, SchemaRegistrySettings
 
 __all__ = ["OutboxRelay"]
 
@@ -37,6 +40,10 @@ class OutboxRelay:
         settings: Batch sizes, timeouts and attempts (the processor's relay settings).
         application_name: Shown in ``pg_stat_activity``.
         shutdown_timeout: How long a stop may take, in seconds.
+        schema_registry: The registry and the topics in its wire format; None: every topic
+            is our JSON.
+        registry: Where the messages are registered (their schemas, for framed topics).
+        topic_prefix: Prefix of every topic on the broker, as the framed topics are named.
     """
 
     def __init__(
@@ -49,6 +56,9 @@ class OutboxRelay:
         settings: RelaySettings | None = None,
         application_name: str = "saga-event-relay",
         shutdown_timeout: float = 20.0,
+        schema_registry: SchemaRegistrySettings | None = None,
+        registry: MessageRegistry = default_registry,
+        topic_prefix: str = "",
     ) -> None:
         rs = settings or RelaySettings()
         adapters = ServiceAdapters(
@@ -62,7 +72,12 @@ class OutboxRelay:
         self.tables = adapters.tables
         self.shutdown_timeout = shutdown_timeout
         adapters.migrate()
-        self.relay = adapters.relay(rs)
+        wire = (
+            resolver_for(schema_registry, topic_prefix, registry)
+            if schema_registry is not None
+            else None
+        )
+        self.relay = adapters.relay(rs, wire)
         self._listener = adapters.wake_source()
         self.stop_event = threading.Event()
         self._thread: threading.Thread | None = None

@@ -25,6 +25,8 @@ from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from processor._schemas.formats import frame_header
+from processor.publish import EventPublisher
+from processor.settings import SchemaRegistrySettings
 from tests.support import registry_app as ra
 from tests.support.harness import Reader, create_topics, query, wait_until
 from tests.support.procs import REPO
@@ -151,6 +153,7 @@ def test_a_saga_runs_on_partner_events_and_its_commands_read_with_their_deserial
     deployment: Deployment, kafka_bootstrap: str, registry: SchemaRegistryClient
 ) -> None:
     d = deployment
+    registry_url = d.registry_url
     producer, as_json, as_avro = _partner(kafka_bootstrap, registry)
     events, avro_events = d.topic(ra.EVENTS), d.topic(ra.AVRO_EVENTS)
     # Bad input first, on the partitions the good events follow: each is dead-lettered with its
@@ -174,10 +177,19 @@ def test_a_saga_runs_on_partner_events_and_its_commands_read_with_their_deserial
         )
         producer.produce(avro_events, key=ask.encode(), value=value)
     assert producer.flush(30) == 0
+    # Our own publisher frames as the settings say, its headers beside the frame.
+    ours = [f"p-{i}" for i in range(2)]
+    settings = SchemaRegistrySettings(url=registry_url, topics={ra.EVENTS: "json-schema"})
+    kafka = {"bootstrap.servers": kafka_bootstrap}
+    with EventPublisher(kafka, topic_prefix=d.prefix, schema_registry=settings) as p:
+        for ask in ours:
+            p.publish(ra.Asked(ask_id=ask, amount=3), key=ask)
+    everyone = len(jsons) + len(avros) + len(ours)
 
-    wait_until(lambda: d.ended() == len(jsons) + len(avros), 120, "every ask answered and ended")
+    wait_until(lambda: d.ended() == everyone, 120, "every ask answered and ended")
     answered = query(d.database_url, d.service, "SELECT ask_id, amount FROM answered")
-    assert sorted(answered) == sorted([(a, 5) for a in jsons] + [(a, 7) for a in avros])
+    expected = [(a, 5) for a in jsons] + [(a, 7) for a in avros] + [(a, 3) for a in ours]
+    assert sorted(answered) == sorted(expected)
     dead = query(
         d.database_url, d.schema, "SELECT key, reason, detail FROM dead_letter ORDER BY key"
     )
@@ -191,7 +203,7 @@ def test_a_saga_runs_on_partner_events_and_its_commands_read_with_their_deserial
     # schema the relay registered, our headers beside the frame.
     commands = Reader(kafka_bootstrap, [d.topic(ra.COMMANDS)])
     try:
-        records = commands.wait_for(lambda rs: len(rs) >= 8, 30, "8 commands")
+        records = commands.wait_for(lambda rs: len(rs) >= everyone, 30, "every command")
         deserialize = AvroDeserializer(registry)
         seen = {}
         for msg in records:
@@ -202,7 +214,7 @@ def test_a_saga_runs_on_partner_events_and_its_commands_read_with_their_deserial
             assert commands.headers(msg)["message-type"] == "tests.reg.Answer"
     finally:
         commands.close()
-    assert set(seen) == set(jsons) | set(avros)
+    assert set(seen) == set(jsons) | set(avros) | set(ours)
     assert seen["a-0"] == {"ask_id": "a-0", "amount": 7, "note": "avro"}
     assert seen["j-0"] == {"ask_id": "j-0", "amount": 5, "note": None}
     subjects = registry.get_subjects()
