@@ -299,3 +299,7 @@ def classify(error: BaseException) -> Failure:
     if isinstance(error, HandlerError):
         return Failure.SAGA_CODE
     return Failure.FATAL
+
+
+class SchemaRefused(SagaError):
+    """The Schema Registry refused a schema: incompatible with its subject's, or invalid."""

@@ -30,8 +30,8 @@ from processor._runtime.observe import Observability, Watched, batch_metrics
 from processor._runtime.poller import DeadlinePoller
 from processor._runtime.processor import Processor
 from processor._runtime.retention import Retention
+from processor._runtime.schemas import SchemaResolver
 from processor._runtime.supervisor import Supervisor
-from processor._schemas.resolver import SchemaResolver
 from processor.settings import ProcessorSettings
 
 __all__ = ["build_processor"]

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from processor._authoring.messages import MessageRegistry
+from processor._kafka.registry import RegistryClient
 from processor._ports.consumer import RecordProducer
-from processor._schemas.client import RegistryClient
+from processor._runtime.schemas import FramingProducer, SchemaResolver
 from processor._schemas.codec import Wire
-from processor._schemas.producer import FramingProducer
-from processor._schemas.resolver import SchemaResolver
 from processor.settings import SchemaRegistrySettings
 
-__all__ = ["framed", "resolver_for"]
+__all__ = ["framed", "registry_client", "resolver_for"]
+
+
+def registry_client(settings: SchemaRegistrySettings) -> RegistryClient:
+    """The registry the settings name (``SAGA_SCHEMA_REGISTRY__URL`` must be set)."""
+    return RegistryClient(settings.client_config())
 
 
 def resolver_for(

@@ -25,7 +25,7 @@ from processor._postgres.schema.participant import migrate_participant, migrate_
 from processor._postgres.schema.tables import Tables
 from processor._runtime.assembly import relay_for
 from processor._runtime.relay import Relay
-from processor._schemas.resolver import SchemaResolver
+from processor._runtime.schemas import SchemaResolver
 from processor._wire import outbox_channel
 from processor.settings import ConsumerSettings, RelaySettings
 

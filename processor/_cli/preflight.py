@@ -191,16 +191,17 @@ def check_from_settings(
 
 def _check_registry(settings: ProcessorSettings, bound: BoundSagas, report: CheckReport) -> None:
     """Adds a problem per model schema the registry would refuse (framed topics only)."""
+    from processor._bootstrap.schemas import registry_client
     from processor._errors import Retryable
-    from processor._schemas.client import RegistryClient
-    from processor._schemas.plan import check_schemas, plan_schemas
+    from processor._schemas.plan import plan_schemas
+    from processor.ops._schemas import check_schemas
 
     sr = settings.schema_registry
     formats = sr.formats(settings.topic_prefix)
     if not formats:
         return
     plans = plan_schemas(bound.registry, formats, sr.subject_naming, settings.topic_prefix)
-    client = RegistryClient(sr.client_config())
+    client = registry_client(sr)
     try:
         verdicts = check_schemas(client, plans)
     except Retryable as e:

@@ -61,10 +61,11 @@ def schemas(args: argparse.Namespace) -> int:
 def registry_schemas(args: argparse.Namespace, settings: ProcessorSettings) -> int:
     """Registers or checks the models' schemas; returns the exit code."""
     from processor._authoring.messages import registry
+    from processor._bootstrap.schemas import registry_client
     from processor._cli.commands import app_of
     from processor._runtime.assembly import bind_sagas, open_sagas
-    from processor._schemas.client import RegistryClient
-    from processor._schemas.plan import check_schemas, plan_schemas, register_schemas
+    from processor._schemas.plan import plan_schemas
+    from processor.ops._schemas import check_schemas, register_schemas
 
     sr = settings.schema_registry
     formats = sr.formats(settings.topic_prefix)
@@ -78,7 +79,7 @@ def registry_schemas(args: argparse.Namespace, settings: ProcessorSettings) -> i
         with open_sagas(settings, app) as (saga_classes, dependencies):
             types = bind_sagas(settings, saga_classes, dependencies=dependencies).registry
     plans = plan_schemas(types, formats, sr.subject_naming, settings.topic_prefix)
-    client = RegistryClient(sr.client_config())
+    client = registry_client(sr)
     try:
         act = register_schemas if args.action == "register" else check_schemas
         verdicts = act(client, plans)

@@ -11,12 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from processor._authoring.messages import MessageRegistry, MessageType
-from processor._schemas.client import RegistryClient, SchemaRefused
 from processor._schemas.codec import WriterSchema, writer_schema
 from processor._schemas.formats import SubjectNaming, TopicFormat
 from processor._schemas.generate import UnsupportedField
 
-__all__ = ["SchemaPlan", "SchemaVerdict", "check_schemas", "plan_schemas", "register_schemas"]
+__all__ = ["SchemaPlan", "SchemaVerdict", "plan_schemas"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,48 +69,4 @@ def plan_schemas(
             out.append(SchemaPlan(topic, mtype, writer_schema(mtype, topic, fmt.format, naming)))
         except UnsupportedField as e:
             out.append(SchemaPlan(topic, mtype, None, f"{e}; declare the field differently"))
-    return out
-
-
-def register_schemas(client: RegistryClient, plans: list[SchemaPlan]) -> list[SchemaVerdict]:
-    """Registers each plan's schema (an identical one keeps its id).
-
-    Raises:
-        Retryable: The registry could not be reached.
-    """
-    out = []
-    for plan in plans:
-        if plan.writer is None:
-            out.append(SchemaVerdict(plan, "invalid", detail=plan.problem or ""))
-            continue
-        try:
-            out.append(SchemaVerdict(plan, "registered", client.register(plan.writer)))
-        except SchemaRefused as e:
-            out.append(SchemaVerdict(plan, "incompatible", detail=str(e)))
-    return out
-
-
-def check_schemas(client: RegistryClient, plans: list[SchemaPlan]) -> list[SchemaVerdict]:
-    """Whether each plan's schema would be accepted under its subject; registers nothing.
-
-    Raises:
-        Retryable: The registry could not be reached.
-    """
-    out = []
-    for plan in plans:
-        if plan.writer is None:
-            out.append(SchemaVerdict(plan, "invalid", detail=plan.problem or ""))
-            continue
-        try:
-            found = client.lookup(plan.writer)
-            if found is not None:
-                out.append(SchemaVerdict(plan, "registered", found))
-                continue
-            fits = client.compatible(plan.writer)
-        except SchemaRefused as e:
-            out.append(SchemaVerdict(plan, "invalid", detail=str(e)))
-            continue
-        outcome = "new" if fits is None else "compatible" if fits else "incompatible"
-        detail = "" if fits is not False else "the subject's compatibility rule refuses it"
-        out.append(SchemaVerdict(plan, outcome, detail=detail))
     return out

@@ -63,7 +63,7 @@ def test_public_api_is_curated() -> None:
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundations", ("_errors.py", "_wire.py")),
     ("authoring", ("_authoring/", "_invocation/")),
-    ("engine", ("_engine/",)),
+    ("engine", ("_engine/", "_schemas/")),
     ("ports", ("_ports/",)),
     ("application", ("_authoring/participant/", "_authoring/application.py", "settings/")),
     ("adapters", ("_memory/", "_postgres/", "_kafka/")),

@@ -26,7 +26,7 @@ from processor._runtime.consumer.ownership import Ownership
 from processor._runtime.consumer.placement import PlacementCheck
 from processor._runtime.consumer.stats import WorkerStats
 from processor._runtime.hooks import HookPoint, Hooks
-from processor._schemas.resolver import SchemaResolver
+from processor._runtime.schemas import SchemaResolver
 
 
 @dataclass(frozen=True, slots=True)

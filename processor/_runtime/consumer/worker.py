@@ -36,7 +36,7 @@ from processor._runtime.consumer.recovery import Recovery
 from processor._runtime.consumer.stats import WorkerStats
 from processor._runtime.consumer.steps import BatchDone, BatchObservers, BatchSteps
 from processor._runtime.hooks import HookPoint, Hooks
-from processor._schemas.resolver import SchemaResolver
+from processor._runtime.schemas import SchemaResolver
 
 __all__ = [
     "Assign",

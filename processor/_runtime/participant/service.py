@@ -29,9 +29,9 @@ from processor._ports.consumer import RecordConsumer, WakeSource
 from processor._ports.participant import ParticipantStore
 from processor._runtime.hooks import HookPoint, Hooks
 from processor._runtime.relay import Relay
+from processor._runtime.schemas import SchemaResolver
 from processor._runtime.stopping import CONSUMER_CLOSE, close_within
 from processor._runtime.supervisor import Supervisor
-from processor._schemas.resolver import SchemaResolver
 from processor._wire import Topics
 from processor.settings import ConsumerSettings
 

@@ -1,5 +1,7 @@
 """Fetches and registers the schemas a batch needs before its records are translated.
 
+And :class:`FramingProducer`, which frames what the relay sends.
+
 Inbound, the schema of every framed record's id is fetched once (ids never change meaning);
 outbound, the id of each (topic, message type, version) written is registered or looked up once.
 Both raise ``Retryable`` while the registry is away: the consumer treats that as it treats a
@@ -9,16 +11,18 @@ the relay tries its round again. A record whose id the registry does not hold is
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
 
 from processor._engine.records import OutboxRow, Record
-from processor._errors import Retryable
-from processor._schemas.client import RegistryClient, SchemaRefused
+from processor._errors import Retryable, SchemaRefused, SendFailure
+from processor._ports.consumer import RecordProducer
+from processor._ports.registry import SchemaRegistry
 from processor._schemas.codec import Wire
 
-__all__ = ["SchemaResolver"]
+__all__ = ["FramingProducer", "SchemaResolver"]
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +43,7 @@ class SchemaResolver:
     def __init__(
         self,
         wire: Wire,
-        client: RegistryClient,
+        client: SchemaRegistry,
         *,
         auto_register: bool,
         clock: Callable[[], float] = time.monotonic,
@@ -133,3 +137,48 @@ class SchemaResolver:
 
     def close(self) -> None:
         self._client.close()
+
+
+class FramingProducer:
+    """:class:`processor._ports.RecordProducer` that frames records for registry topics.
+
+    The rows keep our JSON (the outbox, the console and the dead letters show it); only what
+    goes to the broker is framed. A row whose value does not fit its schema fails permanently,
+    as a record the broker refuses does, with the reason.
+
+    Args:
+        inner: The producer that sends.
+        resolver: Registers or looks up each written schema once.
+    """
+
+    def __init__(self, inner: RecordProducer, resolver: SchemaResolver) -> None:
+        self._inner = inner
+        self._resolver = resolver
+
+    def send(self, records: Sequence[OutboxRow], timeout: float) -> list[SendFailure]:
+        # Raises Retryable while the registry is away: every row stays for the next round.
+        self._resolver.prepare_out(records)
+        wire = self._resolver.wire
+        failures: list[SendFailure] = []
+        framed: list[OutboxRow] = []
+        positions: list[int] = []
+        for index, row in enumerate(records):
+            try:
+                value = wire.frame(row)
+            except Exception as e:  # the encoder's: the value does not fit the schema
+                failures.append(
+                    SendFailure(
+                        index, f"the value does not fit its schema: {type(e).__name__}", True
+                    )
+                )
+                continue
+            framed.append(row if value is row.value else dataclasses.replace(row, value=value))
+            positions.append(index)
+        for f in self._inner.send(framed, timeout):
+            failures.append(SendFailure(positions[f.index], f.reason, f.permanent))
+        failures.sort(key=lambda f: f.index)
+        return failures
+
+    def close(self, timeout: float) -> None:
+        self._inner.close(timeout)
+        self._resolver.close()

@@ -12,10 +12,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from processor._errors import Retryable
+from processor._errors import Retryable, SchemaRefused
 from processor._schemas.codec import RegisteredSchema, WriterSchema
 
-__all__ = ["RegistryClient", "SchemaRefused"]
+__all__ = ["RegistryClient"]
 
 log = logging.getLogger(__name__)
 
@@ -23,12 +23,10 @@ log = logging.getLogger(__name__)
 _CLIENT_DEFAULTS = {"timeout": 5, "max.retries": 1, "retries.wait.ms": 200}
 
 
-class SchemaRefused(Exception):
-    """The registry refused a schema (incompatible with its subject's, or invalid)."""
-
-
 class RegistryClient:
-    """One registry, its client made on first use.
+    """:class:`processor._ports.registry.SchemaRegistry` over confluent-kafka's client.
+
+    Its client is made on first use.
 
     Args:
         config: SchemaRegistryClient settings, ``url`` among them.
