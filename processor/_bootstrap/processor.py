@@ -30,7 +30,6 @@ from processor._runtime.observe import Observability, Watched, batch_metrics
 from processor._runtime.poller import DeadlinePoller
 from processor._runtime.processor import Processor
 from processor._runtime.retention import Retention
-from processor._runtime.schemas import SchemaResolver
 from processor._runtime.supervisor import Supervisor
 from processor.settings import ProcessorSettings
 
@@ -86,9 +85,14 @@ def build_processor(
         interval=cs.growth_check_interval.total_seconds(),
     )
     relay = listener = drained = None
-
-    def resolver() -> SchemaResolver | None:
-        return resolver_for(settings.schema_registry, settings.topic_prefix, bound.registry)
+    # Each loop its own: the consumer's and the relay's run on different threads.
+    resolvers = {
+        loop: resolver_for(settings.schema_registry, settings.topic_prefix, bound.registry)
+        for loop in ("consumer", "relay")
+    }
+    metrics.sources.schema_registry = lambda: {
+        loop: r.failures for loop, r in resolvers.items() if r is not None
+    }
 
     if settings.relay.enabled:
         # On a graceful stop the relay publishes the last batch's rows while this replica still
@@ -96,7 +100,7 @@ def build_processor(
         drained = threading.Event()
         relay = relay_for(
             adapters.outbox_store(),
-            framed(adapters.relay_producer(), resolver()),
+            framed(adapters.relay_producer(), resolvers["relay"]),
             settings.relay,
             hooks=hooks,
             # Each replica publishes the rows of the partitions it owns (fenced by epoch); a
@@ -142,7 +146,7 @@ def build_processor(
         placement=PlacementCheck(cs.partitioner, growth.counts),
         observers=BatchObservers(on_batch=batch_metrics(metrics), tracing=spans),
         hooks=hooks,
-        wire=resolver(),
+        wire=resolvers["consumer"],
     )
     health = LoopHealth(supervisor)
     watched = Watched(worker, relay, health, supervisor, adapters.gauges, adapters.schema_version)

@@ -58,6 +58,8 @@ class Sources:
     stale_producers: Mapping[str, int] | None = None
     # Per saga function type: (resumed in memory, replayed from the journal, held suspended).
     functions: Callable[[], Mapping[str, tuple[int, int, int]]] = dict
+    # Schema Registry calls that failed, by the loop that made them (consumer, relay).
+    schema_registry: Callable[[], Mapping[str, int]] = dict
     up: Callable[[], bool] = lambda: False
 
 
@@ -267,6 +269,12 @@ class _Collector(Collector):
             "Relay rounds that failed (rows stay).",
             ["reason"],
             {(r,): n for r, n in failed.items()},
+        )
+        yield _counter(
+            "saga_schema_registry_failures",
+            "Schema Registry calls that failed (unreachable or erroring); the records wait.",
+            ["loop"],
+            {(loop,): n for loop, n in src.schema_registry().items()},
         )
         yield _counter(
             "saga_dead_letters",

@@ -269,6 +269,7 @@ def test_every_metric_of_the_contract_is_exported() -> None:
     m.sources.off_partition = {"in": 1}
     m.sources.stale_producers = {"in": 1}
     m.sources.functions = lambda: {"t": (1, 1, 1)}
+    m.sources.schema_registry = lambda: {"consumer": 1}
     m.sources.worker_stats = type(
         "S",
         (),

@@ -221,3 +221,31 @@ def test_fields_the_model_does_not_know_yet_are_left_out() -> None:
     out = decode(record, REG, 1 << 20, wire)
     assert isinstance(out, Event)
     assert out.message == VALUE
+
+
+def test_settings_read_a_bare_format_and_want_a_registry_for_a_framed_topic(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from processor._errors import ConfigurationError
+    from processor.settings import load_settings
+
+    topics = {"orders": "avro", "pay": {"format": "protobuf", "id_field": "pay_id"}, "x": "json"}
+    monkeypatch.setenv("SAGA_DATABASE__URL", "postgresql://u@h/d")
+    monkeypatch.setenv("SAGA_SCHEMA_REGISTRY__URL", "http://127.0.0.1:1/apis/ccompat/v7")
+    monkeypatch.setenv("SAGA_SCHEMA_REGISTRY__TOPICS", json.dumps(topics))
+    monkeypatch.setenv("SAGA_SCHEMA_REGISTRY__CONFIG", '{"basic.auth.user.info": "me:secret"}')
+    sr = load_settings().schema_registry
+    assert sr.formats("stage.") == {
+        "stage.orders": TopicFormat(WireFormat.AVRO),
+        "stage.pay": TopicFormat(WireFormat.PROTOBUF, "pay_id"),
+    }
+    assert sr.subject_naming is SubjectNaming.TOPIC_RECORD
+    assert sr.auto_register
+    assert "secret" not in repr(sr)
+    assert sr.client_config()["basic.auth.user.info"] == "me:secret"
+    monkeypatch.delenv("SAGA_SCHEMA_REGISTRY__URL")
+    with pytest.raises(ConfigurationError, match="set SAGA_SCHEMA_REGISTRY__URL"):
+        load_settings()
+    monkeypatch.setenv("SAGA_SCHEMA_REGISTRY__TOPICS", '{"orders": "xml"}')
+    with pytest.raises(ConfigurationError, match="SAGA_SCHEMA_REGISTRY__TOPICS"):
+        load_settings()
