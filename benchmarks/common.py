@@ -57,13 +57,19 @@ class Services:
 
     kafka: str
     database_url: str
+    # A Schema Registry's Confluent-compatible API, for the sides framed for one; None: skipped.
+    schema_registry: str | None = None
 
 
 @contextmanager
 def services() -> Iterator[Services]:
     """The Kafka broker and PostgreSQL server to measure against, started here if needed."""
     with devstack.provide(say) as found:
-        yield Services(found.kafka_bootstrap, found.database_url)
+        yield Services(
+            found.kafka_bootstrap,
+            found.database_url,
+            os.environ.get("SAGA_TEST_SCHEMA_REGISTRY_URL") or None,
+        )
 
 
 @dataclass

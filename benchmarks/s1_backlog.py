@@ -41,6 +41,7 @@ from processor._bootstrap.processor import build_processor
 from processor._postgres.connect import connect
 from processor._postgres.schema.tables import Tables
 from processor._runtime.processor import Processor
+from processor._schemas.formats import frame_header
 from processor.settings import ProcessorSettings
 from sagas.transfer import TransferSaga
 from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC, TransferRequested
@@ -73,8 +74,13 @@ class Options:
     rounds: int = 3
 
 
-def preload(kafka: str, topic: str, events: int, run_id: str) -> None:
-    """Publishes the backlog as an upstream service would: key = saga id, full headers."""
+def preload(kafka: str, topic: str, events: int, run_id: str, schema_id: int | None = None) -> None:
+    """Publishes the backlog as an upstream service would: key = saga id, full headers.
+
+    With ``schema_id``, each value is framed for a Schema Registry (JSON Schema: the five
+    bytes of the frame, then the same JSON), as our publisher frames a registry topic.
+    """
+    frame = frame_header(schema_id) if schema_id is not None else b""
     producer = Producer({**kafka_config(kafka), "linger.ms": 20, "enable.idempotence": True})
     mtype = registry.of(TransferRequested)
     failed: list[Any] = []
@@ -98,7 +104,7 @@ def preload(kafka: str, topic: str, events: int, run_id: str) -> None:
             producer,
             topic,
             key=tid.encode(),
-            value=event.model_dump_json().encode(),
+            value=frame + event.model_dump_json().encode(),
             headers=headers,
             on_delivery=lambda err, _m: failed.append(err) if err else None,
         )
@@ -117,10 +123,12 @@ def settings(
     group: str = "group",
     history_payload: str = "full",
     handler_settings: Mapping[str, Any] | None = None,
+    schema_registry: Mapping[str, Any] | None = None,
 ) -> ProcessorSettings:
     """Production defaults, except the scratch names and a consumer session short enough to
     leave the group promptly when the run ends; ``handler_settings`` are the sagas' own."""
     return ProcessorSettings(
+        schema_registry=dict(schema_registry or {}),
         settings=dict(handler_settings or {}),
         history={"payload": history_payload},
         kafka={"bootstrap_servers": found.kafka, "config": {"log_level": "3"}},
@@ -325,12 +333,14 @@ def run_engine(
     meter: Meter | None = None,
     sagas: Sequence[type[Any]] = (TransferSaga,),
     handler_settings: Mapping[str, Any] | None = None,
+    schema_registry: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     # The replica's peak resident set from here to the end of the drain: the high-water mark is
     # the process's, so it starts from what the harness already holds (reported beside it).
     rss_at_start = boxcpu.reset_peak_rss()
     proc = build_processor(
-        settings(found, tables, prefix, group, history_payload, handler_settings), sagas
+        settings(found, tables, prefix, group, history_payload, handler_settings, schema_registry),
+        sagas,
     )
     proc.start()
     assert proc.worker is not None
@@ -441,6 +451,7 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
     sink = box.topic("raw-sink", PARTITIONS)
     quix_sink = box.topic("quix-sink", PARTITIONS)
     preload(found.kafka, source, events, box.run_id)
+    framed = _framed(found, box, events)
     if quix:
         # The peer's first drain meets a cold broker (its transaction coordinator, the changelog
         # topics' first creation, the JVM's JIT): done once, untimed, so that no round pays it.
@@ -514,6 +525,19 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
         box.settle(off_tables)
         engine["history_bytes_per_event"] = _history_bytes(found, engine_tables) / events
         trail_off["history_bytes_per_event"] = _history_bytes(found, off_tables) / events
+        if framed is not None:
+            js_tables = box.schema(f"enginejs{n}")
+            sides["engine_json_schema"] = run_engine(
+                found,
+                js_tables,
+                framed.prefix,
+                framed.source,
+                events,
+                group=f"groupjs{n}",
+                meter=meter,
+                schema_registry=framed.settings,
+            )
+            box.settle(js_tables)
         rate = engine["events_per_s"]
         ratios = {
             "raw_e2e": rate / e2e.rate,
@@ -521,6 +545,9 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
         }
         for every in QUIX_COMMIT_EVERY if quix else ():
             ratios[f"quix_{every}"] = rate / sides[f"quix_{every}"]["events_per_s"]
+        if "engine_json_schema" in sides:
+            # Reported, not a goal: the registry's framing against our JSON, same events.
+            ratios["json_schema_vs_json"] = sides["engine_json_schema"]["events_per_s"] / rate
         raw = sides["raw_e2e"]
         costs = {
             "processor_vs_raw_e2e": engine["cpu_us"] / raw["cpu_us"],
@@ -620,6 +647,50 @@ def run(found: Services, box: Scratch, options: Options) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class _Framed:
+    """The same backlog, framed for a Schema Registry (JSON Schema), under its own prefix."""
+
+    prefix: str
+    source: str
+    settings: Mapping[str, Any]
+
+
+def _framed(found: Services, box: Scratch, events: int) -> _Framed | None:
+    """Preloads the framed backlog; None (with a line saying why) without a registry."""
+    if not found.schema_registry:
+        say("JSON Schema side skipped: no Schema Registry (set SAGA_TEST_SCHEMA_REGISTRY_URL)")
+        return None
+    from processor._bootstrap.schemas import registry_client
+    from processor._schemas.codec import writer_schema
+    from processor._schemas.formats import SubjectNaming, WireFormat
+    from processor.settings import SchemaRegistrySettings
+
+    prefix = f"{box.prefix}js."
+    created = [
+        box.topic(f"js.{t}", p)
+        for t, p in (
+            (TRANSFER_EVENTS_TOPIC, PARTITIONS),
+            (ACCOUNT_COMMANDS_TOPIC, PARTITIONS),
+            ("saga-dead-letters", 1),
+        )
+    ]
+    config = {"url": found.schema_registry, "topics": {TRANSFER_EVENTS_TOPIC: "json-schema"}}
+    sr = SchemaRegistrySettings.model_validate(config)
+    writer = writer_schema(
+        registry.of(TransferRequested), created[0], WireFormat.JSON_SCHEMA, sr.subject_naming
+    )
+    assert sr.subject_naming is SubjectNaming.TOPIC_RECORD
+    client = registry_client(sr)
+    try:
+        schema_id = client.register(writer)
+    finally:
+        client.close()
+    say(f"JSON Schema side: {writer.subject} registered as schema id {schema_id}")
+    preload(found.kafka, created[0], events, f"{box.run_id}js", schema_id)
+    return _Framed(prefix, created[0], config)
+
+
 def _wal(found: Services, before: float | None, events: int) -> float | None:
     """WAL records per event since ``before``: read once the side's connections closed, when
     their backends have added every record to ``pg_stat_wal`` (see benchmarks/boxcpu.py)."""
@@ -671,6 +742,7 @@ _NAMES = {
     **{f"quix_{n}": f"Quix Streams exactly-once, commit_every={n}" for n in QUIX_COMMIT_EVERY},
     "engine": "engine drain",
     "engine_trail_off": "engine drain, history.payload=off",
+    "engine_json_schema": "engine drain, events framed for a Schema Registry (JSON Schema)",
 }
 
 _GOAL_NAMES = {
@@ -720,6 +792,14 @@ def summary(result: dict[str, Any]) -> list[tuple[str, str, str]]:
                 f"{last['engine_trail_off']['history_bytes_per_event']:,.0f} bytes/event; "
                 f"{last['engine']['events_per_s']:,.0f} vs "
                 f"{last['engine_trail_off']['events_per_s']:,.0f} events/s",
+            )
+        )
+    if "json_schema_vs_json" in result["ratio"]:
+        rows.append(
+            (
+                "S1",
+                "JSON Schema framing vs our JSON",
+                f"{result['ratio']['json_schema_vs_json']:.2f}x the events/s (median of rounds)",
             )
         )
     phases = result["engine_phases_us"]

@@ -161,6 +161,7 @@ def decode(
     size = len(record.value or b"") + len(record.key or b"")
     if size > max_bytes:
         return Rejected(record, Reason.OVERSIZED, f"{size} bytes exceeds the limit of {max_bytes}")
+    original = record
     if wire is not None:
         translated = wire.unframe(record)
         if translated is not None:
@@ -233,11 +234,28 @@ def decode(
             else cls.__pydantic_validator__.validate_json(value)
         )
     except ValidationError as e:
-        return _invalid(record, e)
+        # A registry record whose producer added a field this model does not know yet.
+        lenient = (
+            _lenient(wire, cls, value, e) if wire is not None and record is not original else None
+        )
+        if lenient is None:
+            return _invalid(record, e)
+        message = lenient
     except Exception as e:  # an upcaster's own failure: the record is judged once, here
         detail = f"upcaster of {type_name!r} v{version} failed: {type(e).__name__}: {e}"
         return Rejected(record, Reason.SCHEMA_VIOLATION, detail[:2000])
     return Event(record, message, _metadata(record, type_name, message_id, headers))
+
+
+def _lenient(
+    wire: Wire, cls: type[Message], value: bytes, error: ValidationError
+) -> Message | None:
+    if any(d["type"] != "extra_forbidden" for d in error.errors(include_input=False)):
+        return None
+    try:
+        return wire.lenient(cls, value)
+    except ValidationError:
+        return None
 
 
 def _upcast(

@@ -8,12 +8,13 @@ schema) is :class:`SchemaRefused`.
 
 from __future__ import annotations
 
+import base64
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 from processor._errors import Retryable, SchemaRefused
-from processor._schemas.codec import RegisteredSchema, WriterSchema
+from processor._schemas.codec import RegisteredSchema, WriterSchema, proto_descriptor
 
 __all__ = ["RegistryClient"]
 
@@ -49,10 +50,17 @@ class RegistryClient:
 
     def fetch(self, schema_id: int) -> RegisteredSchema | None:
         """The schema of ``schema_id``; None when the registry holds none."""
-        schema = self._call(lambda sr: sr.get_schema(schema_id), f"schema id {schema_id}")
+        what = f"schema id {schema_id}"
+        schema = self._call(lambda sr: sr.get_schema(schema_id), what)
         if schema is None:
             return None
-        return RegisteredSchema(str(schema.schema_type or "AVRO"), str(schema.schema_str))
+        found = RegisteredSchema(str(schema.schema_type or "AVRO"), str(schema.schema_str))
+        if found.kind == "PROTOBUF" and proto_descriptor(found) is None:
+            # .proto text (a Java producer's): the registry makes the descriptor from it.
+            serialized = self._call(lambda sr: sr.get_schema(schema_id, fmt="serialized"), what)
+            if serialized is not None:
+                return RegisteredSchema(found.kind, found.text, _bytes(str(serialized.schema_str)))
+        return found
 
     def register(self, writer: WriterSchema) -> int:
         """The id of ``writer`` under its subject, registered if it is new there."""
@@ -104,6 +112,14 @@ class RegistryClient:
             raise Retryable(f"schema registry failed ({what}): HTTP {status}") from None
         except Exception as e:  # the transport's: refused connection, timeout, DNS
             raise Retryable(f"schema registry unreachable ({what}): {type(e).__name__}") from None
+
+
+def _bytes(text: str) -> bytes:
+    """A serialized descriptor as the registry sent it: base64, else one byte per character."""
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError:
+        return text.encode("latin-1", "replace")
 
 
 def _schema(writer: WriterSchema) -> Any:

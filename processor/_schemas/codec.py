@@ -14,6 +14,7 @@ that need it are translated.
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -22,7 +23,7 @@ from typing import Any
 
 from pydantic_core import to_json
 
-from processor._authoring.messages import MessageRegistry, MessageType
+from processor._authoring.messages import Message, MessageRegistry, MessageType
 from processor._engine.records import OutboxRow, Record
 from processor._errors import UnknownMessageType
 from processor._schemas.formats import (
@@ -55,10 +56,13 @@ class RegisteredSchema:
     Attributes:
         kind: ``JSON``, ``AVRO`` or ``PROTOBUF`` (the registry's schema type).
         text: The schema text (Protobuf: a base64 ``FileDescriptorProto``, or ``.proto`` text).
+        descriptor: Protobuf: the serialized ``FileDescriptorProto``, when the registry was
+            asked for it because ``text`` is ``.proto`` text.
     """
 
     kind: str
     text: str
+    descriptor: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,24 +194,46 @@ class Wire:
                     f"(schema id {schema_id})",
                 )
             added.append((HEADER_MESSAGE_TYPE, name.encode()))
-        if isinstance(data, bytes):
-            try:
-                data = json.loads(data)
-            except ValueError:
-                return Rejection("unparseable", "the value is not valid JSON")
-        if isinstance(data, dict):
-            data = self._known_fields(name, headers.get(HEADER_SCHEMA_VERSION), data)
         if HEADER_MESSAGE_ID not in headers:
+            if isinstance(data, bytes) and fmt.id_field is not None:
+                try:
+                    data = json.loads(data)
+                except ValueError:
+                    return Rejection("unparseable", "the value is not valid JSON")
             added.append((HEADER_MESSAGE_ID, _message_id(record, data, fmt).encode()))
+        if not isinstance(data, bytes):
+            # Decoded from Avro or Protobuf: fields the model does not know are left out here;
+            # JSON is passed on as it came, and decode leaves them out only if the model
+            # refuses them (see lenient), so the common case is not parsed twice.
+            if isinstance(data, dict):
+                data = self._known_fields(name, headers.get(HEADER_SCHEMA_VERSION), data)
+            data = to_json(data)
         return Record(
             record.topic,
             record.partition,
             record.offset,
             record.key,
-            to_json(data),
+            data,
             (*record.headers, *added),
             record.timestamp_ms,
         )
+
+    def lenient(self, cls: type[Message], value: bytes) -> Message | None:
+        """``value`` read as ``cls`` without the fields it does not know; None if not JSON.
+
+        For a translated record the model refused only for unknown fields: a registry's
+        compatibility rules let a producer add a field before its consumers know it (forward
+        compatibility).
+        """
+        try:
+            data = json.loads(value)
+        except ValueError:
+            return None
+        if not isinstance(data, dict):
+            return None
+        known = {*cls.model_fields, *(f.alias for f in cls.model_fields.values() if f.alias)}
+        kept = {k: v for k, v in data.items() if k in known}
+        return cls.__pydantic_validator__.validate_json(to_json(kept))  # type: ignore[no-any-return]
 
     def _known_fields(self, name: str, version: str | None, data: dict[str, Any]) -> Any:
         """``data`` without the fields the model does not know.
@@ -310,7 +336,7 @@ def _reader(schema: RegisteredSchema) -> _Reader:
         name = parsed.get("name") if isinstance(parsed, dict) else None
         return _Reader(WireFormat.AVRO, name, avro=parsed)
     if kind == "PROTOBUF":
-        return _Reader(WireFormat.PROTOBUF, None, proto=_proto_classes(schema.text))
+        return _Reader(WireFormat.PROTOBUF, None, proto=_proto_classes(schema))
     # JSON Schema: the record name is its title.
     try:
         title = json.loads(schema.text).get("title")
@@ -319,15 +345,17 @@ def _reader(schema: RegisteredSchema) -> _Reader:
     return _Reader(WireFormat.JSON_SCHEMA, title if isinstance(title, str) else None)
 
 
-def _proto_classes(text: str) -> dict[tuple[int, ...], Any] | None:
-    """Message classes of a base64 ``FileDescriptorProto``, by index path; None for .proto text."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+def _proto_classes(schema: RegisteredSchema) -> dict[tuple[int, ...], Any] | None:
+    """Message classes of the writer's descriptor, by index path; None when it has none."""
+    from google.protobuf import descriptor_pool, message_factory
 
+    fdp = proto_descriptor(schema)
+    if fdp is None:
+        return None
     try:
-        fdp = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(text, validate=True))
         pool = descriptor_pool.DescriptorPool()
         fd = pool.Add(fdp)
-    except Exception:
+    except Exception:  # imports we were not given (schema references)
         return None
     out: dict[tuple[int, ...], Any] = {}
 
@@ -338,6 +366,29 @@ def _proto_classes(text: str) -> dict[tuple[int, ...], Any] | None:
 
     walk([fd.message_types_by_name[m.name] for m in fdp.message_type], ())
     return out
+
+
+def proto_descriptor(schema: RegisteredSchema) -> Any:
+    """The ``FileDescriptorProto`` a Protobuf schema holds, or None.
+
+    Confluent's serializers register it in base64; a registry asked for the serialized form of
+    ``.proto`` text returns it in base64 (Confluent's) or as the bytes' code points (Apicurio's).
+    """
+    from google.protobuf import descriptor_pb2
+
+    raw: list[bytes] = []
+    if schema.descriptor is not None:
+        raw.append(schema.descriptor)
+    with contextlib.suppress(ValueError):
+        raw.append(base64.b64decode(schema.text, validate=True))
+    for candidate in raw:
+        try:
+            fdp = descriptor_pb2.FileDescriptorProto.FromString(candidate)
+        except Exception:
+            continue
+        if fdp.message_type:
+            return fdp
+    return None
 
 
 def _read(reader: _Reader, payload: bytes) -> tuple[Any, str | None]:
