@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	@t0=$$(date +%s); \
 	$(PYTHON) -m venv $(VENV) && \
 	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip && \
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,lint,console,browser-test]' && \
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,lint,console,browser-test,registry]' && \
 	touch $@ && echo "[venv] ready in $$(( $$(date +%s) - t0 )) s"
 
 venv: $(STAMP)
@@ -57,7 +57,7 @@ schemas: venv
 	$(BIN)/saga-processor schemas schemas sagas --output schemas/json/asyncapi.json
 
 up:
-	$(STACK) up --untracked
+	$(STACK) up --untracked --registry
 	@$(STACK) env
 
 down:

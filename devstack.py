@@ -141,6 +141,38 @@ def citus_missing_reason(*, docker: bool) -> str:
     return f"{installed}, {engine}, and ${ENV_CITUS} is not set"
 
 
+ENV_SCHEMA_REGISTRY = "SAGA_TEST_SCHEMA_REGISTRY_URL"
+REGISTRY = DEPLOY / "registry.sh"
+
+
+@contextmanager
+def provide_registry(echo: Callable[[str], None] = print) -> Iterator[str]:
+    """Yields a Schema Registry's Confluent-compatible URL: `SAGA_TEST_SCHEMA_REGISTRY_URL`,
+    else the local one (deploy/local/registry.sh: Apicurio from Maven Central); stops on exit
+    what it started.
+
+    Tests that stop a registry start one of their own (tests/support/private_stack.py): the
+    shared one is never stopped under the other tests.
+    """
+    given = os.environ.get(ENV_SCHEMA_REGISTRY)
+    if given:
+        echo(f"using the Schema Registry from ${ENV_SCHEMA_REGISTRY}")
+        yield given
+        return
+    with ExitStack() as cleanup:
+        if not _running("registry"):
+            # The registry belongs to the run, not to a test: it is stopped here, not by the
+            # run's sweep of marked processes.
+            cleanup.callback(_run, [str(REGISTRY), "down"], echo, check=False)
+        _run([str(REGISTRY), "up"], echo, env=_unmarked())
+        url = subprocess.run([str(REGISTRY), "url"], check=True, capture_output=True, text=True)
+        yield url.stdout.strip()
+
+
+def _unmarked() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != TEST_RUN_MARK}
+
+
 def wait_for_kafka(bootstrap: str, timeout: float = 60.0) -> None:
     """Blocks until the broker answers metadata requests and can take an idempotent write.
 
@@ -310,10 +342,16 @@ def _restart_local_kafka() -> None:
     subprocess.run([str(DEPLOY / "kafka.sh"), "up"], check=True, env=env)
 
 
-def _run(command: list[str], echo: Callable[[str], None], *, check: bool = True) -> None:
+def _run(
+    command: list[str],
+    echo: Callable[[str], None],
+    *,
+    check: bool = True,
+    env: Mapping[str, str] | None = None,
+) -> None:
     """Runs a stack script, passing each of its lines (readiness times) to `echo` as it comes."""
     with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     ) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:

@@ -64,12 +64,8 @@ class Services:
 @contextmanager
 def services() -> Iterator[Services]:
     """The Kafka broker and PostgreSQL server to measure against, started here if needed."""
-    with devstack.provide(say) as found:
-        yield Services(
-            found.kafka_bootstrap,
-            found.database_url,
-            os.environ.get("SAGA_TEST_SCHEMA_REGISTRY_URL") or None,
-        )
+    with devstack.provide(say) as found, devstack.provide_registry(say) as registry:
+        yield Services(found.kafka_bootstrap, found.database_url, registry)
 
 
 @dataclass

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from devstack import Services, provide
+from devstack import Services, provide, provide_registry
 from tests.sim.budget import SEED_BASE as SIM_SEED_BASE
 from tests.support.phases import PHASE, PHASES, kept, longest_first
 from tests.support.roles import LeastPrivilege, least_privilege
@@ -86,6 +86,14 @@ def _wait_for_consumer_closes(echo: Callable[[str], None], timeout: float = 120.
         t.join(max(0.0, ends - time.monotonic()))
     left = sum(t.is_alive() for t in closing)
     echo(f"{left} consumer close(s) still running" if left else "consumer closes ended")
+
+
+@pytest.fixture(scope="session")
+def schema_registry_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A Schema Registry's Confluent-compatible API (`SAGA_TEST_SCHEMA_REGISTRY_URL`, which
+    `make test` sets, else the local one started here)."""
+    with provide_registry(print) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -36,10 +36,12 @@ from devstack import (
     ENV_ALLOW_RESTART,
     ENV_DATABASE,
     ENV_KAFKA,
+    ENV_SCHEMA_REGISTRY,
     TEST_RUN_MARK,
     cache_dir,
     provide,
     provide_citus,
+    provide_registry,
 )
 from tests.support.hang_watchdog import CURRENT_FILE
 from tests.support.phases import CITUS_TESTS, PHASE, PHASES
@@ -191,8 +193,10 @@ def run_pytest(args: Sequence[str], env: dict[str, str]) -> int:
 @contextlib.contextmanager
 def services(echo: bool = True) -> Iterator[dict[str, str]]:
     """The environment that points pytest at running services (started here if need be)."""
-    with provide(_echo if echo else (lambda _line: None)) as found:
+    say = _echo if echo else (lambda _line: None)
+    with provide(say) as found, provide_registry(say) as registry:
         env = {**os.environ, ENV_KAFKA: found.kafka_bootstrap, ENV_DATABASE: found.database_url}
+        env[ENV_SCHEMA_REGISTRY] = registry
         if found.restart_kafka is not None:
             # This run started the broker: tests may restart it.
             env[ENV_ALLOW_RESTART] = "1"

@@ -4,6 +4,7 @@
 #   stack.sh up --untracked   the same, but leave it for `down --all` (a stack started by hand)
 #   stack.sh down        stop only what `up` started (a service that ran before is left alone)
 #   stack.sh down --all  stop both, whoever started them
+#   stack.sh up --registry    also a Schema Registry (deploy/local/registry.sh)
 #   stack.sh env         print the environment variables that point tests and the demo at the stack
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -26,12 +27,18 @@ up() {
   else
     "$DEPLOY_DIR/kafka.sh" up
   fi
+  if [[ "$WITH_REGISTRY" == 1 ]]; then
+    if ! "$DEPLOY_DIR/registry.sh" status >/dev/null 2>&1; then
+      "$DEPLOY_DIR/registry.sh" up
+      if "$DEPLOY_DIR/registry.sh" status >/dev/null 2>&1; then mark registry; fi
+    fi
+  fi
   log "stack ready in $((SECONDS - t0)) s"
 }
 
 down() {
   local all="${1:-}"
-  for svc in kafka postgres; do
+  for svc in registry kafka postgres; do
     if [[ "$all" == --all || -f "$(marker "$svc")" ]]; then
       "$DEPLOY_DIR/$svc.sh" down
     fi
@@ -42,10 +49,22 @@ down() {
 env_vars() {
   echo "SAGA_TEST_KAFKA_BOOTSTRAP=127.0.0.1:$KAFKA_PORT"
   echo "SAGA_TEST_DATABASE_URL=postgresql://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB"
+  if "$DEPLOY_DIR/registry.sh" status >/dev/null 2>&1; then
+    echo "SAGA_TEST_SCHEMA_REGISTRY_URL=$("$DEPLOY_DIR/registry.sh" url)"
+  fi
 }
 
 case "${1:-}" in
-  up) [[ "${2:-}" == --untracked ]] && TRACK=0; up ;;
+  up)
+    WITH_REGISTRY=0
+    for arg in "${@:2}"; do
+      case "$arg" in
+        --untracked) TRACK=0 ;;
+        --registry) WITH_REGISTRY=1 ;;
+        *) echo "usage: $0 up [--untracked] [--registry]" >&2; exit 2 ;;
+      esac
+    done
+    up ;;
   down) down "${2:-}" ;;
   env) env_vars ;;
   *) echo "usage: $0 up|down [--all]|env" >&2; exit 2 ;;

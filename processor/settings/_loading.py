@@ -101,6 +101,9 @@ ALLOWED_NAMES = frozenset(
         "SAGA_PG_CLUSTER",
         "SAGA_LOCAL_PG_FSYNC",
         "SAGA_CITUS_PORT",
+        "SAGA_REGISTRY_PORT",
+        "SAGA_REGISTRY_MANAGEMENT_PORT",
+        "SAGA_REGISTRY_JAVA",
         # The application object (`MODULE:ATTR`) the command line loads; read by processor._cli.
         "SAGA_APP",
     }

@@ -119,9 +119,9 @@ class Deployment:
 
 @pytest.fixture
 def deployment(
-    kafka_bootstrap: str, database_url: str, schema_registry: Any, tmp_path: Path
+    kafka_bootstrap: str, database_url: str, schema_registry_url: str, tmp_path: Path
 ) -> Iterator[Deployment]:
-    made = Deployment(kafka_bootstrap, database_url, schema_registry.url, tmp_path / "run.log")
+    made = Deployment(kafka_bootstrap, database_url, schema_registry_url, tmp_path / "run.log")
     try:
         yield made
     finally:
@@ -140,9 +140,9 @@ def _partner(kafka: str, registry: SchemaRegistryClient) -> tuple[Producer, Any,
 
 
 @pytest.fixture
-def registry(schema_registry: Any) -> Iterator[SchemaRegistryClient]:
+def registry(schema_registry_url: str) -> Iterator[SchemaRegistryClient]:
     """The partner's own registry client."""
-    client = SchemaRegistryClient({"url": schema_registry.url})
+    client = SchemaRegistryClient({"url": schema_registry_url})
     try:
         yield client
     finally:
@@ -301,11 +301,3 @@ def test_schemas_check_refuses_a_model_the_registry_would_refuse_before_the_depl
     assert f"schema of tests.reg.Answer v2 under {answer}: incompatible" in preflight.stdout
     # Nothing was registered by a check.
     assert len(registry.get_versions(answer)) == 1
-
-
-@pytest.fixture(scope="session")
-def schema_registry() -> Any:  # TEMPORARY until the stack's fixture lands
-    class R:
-        url = os.environ["SAGA_TEST_SCHEMA_REGISTRY_URL"]
-
-    return R()
