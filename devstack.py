@@ -3,7 +3,8 @@
 Order of preference: `SAGA_TEST_KAFKA_BOOTSTRAP` / `SAGA_TEST_DATABASE_URL` (services that
 already run), then testcontainers when a Docker engine answers, then the local stack under
 `deploy/local` (no Docker needed). Whatever `provide()` starts, it stops on exit (unless asked to
-keep it); a service that was running before is left running.
+keep it); a service that was running before is left running. A Schema Registry, which only
+the topics in a registry's wire format need, comes from `provide_registry()`, the same way.
 
 This module lives outside the `processor` package and the wheel: it is development tooling.
 """
@@ -142,35 +143,82 @@ def citus_missing_reason(*, docker: bool) -> str:
 
 
 ENV_SCHEMA_REGISTRY = "SAGA_TEST_SCHEMA_REGISTRY_URL"
+# A registry someone else started may be shared: tests stop and start it only when this is "1"
+# (tests/run.py sets it for the registry it started).
+ENV_ALLOW_REGISTRY_RESTART = "SAGA_TEST_ALLOW_REGISTRY_RESTART"
 REGISTRY = DEPLOY / "registry.sh"
 
 
-@contextmanager
-def provide_registry(echo: Callable[[str], None] = print) -> Iterator[str]:
-    """Yields a Schema Registry's Confluent-compatible URL: `SAGA_TEST_SCHEMA_REGISTRY_URL`,
-    else the local one (deploy/local/registry.sh: Apicurio from Maven Central); stops on exit
-    what it started.
+@dataclass(frozen=True)
+class Registry:
+    """A Schema Registry's Confluent-compatible API, and its controls when this run may use them."""
 
-    Tests that stop a registry start one of their own (tests/support/private_stack.py): the
-    shared one is never stopped under the other tests.
+    url: str
+    # Set only when the registry is the local stack's and this run started it. `stop` ends its
+    # JVM; `start` brings it back on the same port, with the schemas and ids it had (the local
+    # registry keeps them in a file unless SAGA_REGISTRY_STORAGE=memory).
+    stop: Callable[[], None] | None = None
+    start: Callable[[], None] | None = None
+
+
+@contextmanager
+def provide_registry(echo: Callable[[str], None] = print) -> Iterator[Registry]:
+    """Yields a Schema Registry: `SAGA_TEST_SCHEMA_REGISTRY_URL`, else the local one
+    (deploy/local/registry.sh: Apicurio from Maven Central), started if need be and then
+    stopped on exit.
+
+    A given URL comes without controls, unless `SAGA_TEST_ALLOW_REGISTRY_RESTART=1` says that
+    the run which set it started this checkout's registry (tests/run.py): then a test may stop
+    and start it. A registry that already ran here, or another checkout's on the same port, is
+    used and left running, without controls.
     """
     given = os.environ.get(ENV_SCHEMA_REGISTRY)
     if given:
         echo(f"using the Schema Registry from ${ENV_SCHEMA_REGISTRY}")
-        yield given
+        if os.environ.get(ENV_ALLOW_REGISTRY_RESTART) == "1" and _running("registry"):
+            # The registry belongs to the run that started it, not to the test that restarts
+            # it: it must not carry this run's mark, or the run would end it with the test's
+            # processes (tests/run.py), and the phases after that one would find none.
+            unmarked = _unmarked()
+            yield Registry(given, stop=_stop_registry, start=lambda: _start_registry(unmarked))
+        else:
+            yield Registry(given)
         return
     with ExitStack() as cleanup:
-        if not _running("registry"):
-            # The registry belongs to the run, not to a test: it is stopped here, not by the
-            # run's sweep of marked processes.
-            cleanup.callback(_run, [str(REGISTRY), "down"], echo, check=False)
-        _run([str(REGISTRY), "up"], echo, env=_unmarked())
-        url = subprocess.run([str(REGISTRY), "url"], check=True, capture_output=True, text=True)
-        yield url.stdout.strip()
+        was_running = _running("registry")
+        if not was_running:
+            # Registered first: a registry that starts but never answers is stopped too.
+            cleanup.callback(_stop_registry_if_running, echo)
+        # Started with this process's environment, its mark included: should a pytest that
+        # started it be killed, tests/run.py ends the registry with the rest of its processes.
+        env = dict(os.environ)
+        _run([str(REGISTRY), "up"], echo, env=env)
+        url = subprocess.run(
+            [str(REGISTRY), "url"], check=True, capture_output=True, text=True
+        ).stdout.strip()
+        if not was_running and _running("registry"):
+            yield Registry(url, stop=_stop_registry, start=lambda: _start_registry(env))
+        else:
+            yield Registry(url)
 
 
 def _unmarked() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != TEST_RUN_MARK}
+
+
+def _stop_registry() -> None:
+    subprocess.run([str(REGISTRY), "down"], check=True)
+
+
+def _start_registry(env: Mapping[str, str]) -> None:
+    subprocess.run([str(REGISTRY), "up"], check=True, env=env)
+
+
+def _stop_registry_if_running(echo: Callable[[str], None]) -> None:
+    # A test may have left it stopped, or started it again (another pid): the pidfile says which.
+    if _running("registry"):
+        echo("stopping the Schema Registry (this run started it)")
+        _run([str(REGISTRY), "down"], echo, check=False)
 
 
 def wait_for_kafka(bootstrap: str, timeout: float = 60.0) -> None:

@@ -65,7 +65,7 @@ class Services:
 def services() -> Iterator[Services]:
     """The Kafka broker and PostgreSQL server to measure against, started here if needed."""
     with devstack.provide(say) as found, devstack.provide_registry(say) as registry:
-        yield Services(found.kafka_bootstrap, found.database_url, registry)
+        yield Services(found.kafka_bootstrap, found.database_url, registry.url)
 
 
 @dataclass

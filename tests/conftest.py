@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from devstack import Services, provide, provide_registry
+from devstack import Registry, Services, provide, provide_registry
 from tests.sim.budget import SEED_BASE as SIM_SEED_BASE
 from tests.support.phases import PHASE, PHASES, kept, longest_first
 from tests.support.roles import LeastPrivilege, least_privilege
@@ -52,8 +52,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = longest_first(keep, config.rootpath)
 
 
-@pytest.fixture(scope="session")
-def services(request: pytest.FixtureRequest) -> Iterator[Services]:
+def _past_capture(request: pytest.FixtureRequest) -> Callable[[str], None]:
     capture = request.config.pluginmanager.get_plugin("capturemanager")
 
     def echo(line: str) -> None:
@@ -64,6 +63,12 @@ def services(request: pytest.FixtureRequest) -> Iterator[Services]:
         with capture.global_and_fixture_disabled():
             print(line, flush=True)
 
+    return echo
+
+
+@pytest.fixture(scope="session")
+def services(request: pytest.FixtureRequest) -> Iterator[Services]:
+    echo = _past_capture(request)
     with provide(echo) as found:
         yield found
         _wait_for_consumer_closes(echo)
@@ -89,11 +94,21 @@ def _wait_for_consumer_closes(echo: Callable[[str], None], timeout: float = 120.
 
 
 @pytest.fixture(scope="session")
-def schema_registry_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    """A Schema Registry's Confluent-compatible API (`SAGA_TEST_SCHEMA_REGISTRY_URL`, which
-    `make test` sets, else the local one started here)."""
-    with provide_registry(print) as url:
-        yield url
+def schema_registry(request: pytest.FixtureRequest) -> Iterator[Registry]:
+    """A Schema Registry: `SAGA_TEST_SCHEMA_REGISTRY_URL` (which `make test` sets), else the
+    local one, started here for the session.
+
+    `stop` and `start` are set only when the run started it (its schemas survive them). A test
+    that uses them takes the registry away from every other test of the run: mark it serial.
+    """
+    with provide_registry(_past_capture(request)) as registry:
+        yield registry
+
+
+@pytest.fixture(scope="session")
+def schema_registry_url(schema_registry: Registry) -> str:
+    """The registry's Confluent-compatible API."""
+    return schema_registry.url
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,14 @@
 """Runs the test suite as `make test` does, and leaves nothing behind however pytest ends.
 
-1. Finds or starts Kafka and PostgreSQL (``devstack.provide``) and hands them to pytest through
-   the ``SAGA_TEST_*`` variables, so their start-up is no test's time.
+1. Finds or starts Kafka, PostgreSQL (``devstack.provide``) and a Schema Registry
+   (``devstack.provide_registry``) and hands them to pytest through the ``SAGA_TEST_*``
+   variables, so their start-up is no test's time.
 2. Runs pytest in a child process; every process of the run carries :data:`MARK` in its
    environment (the child processes that tests start, the services the run started).
 3. Afterwards, whether pytest ended normally, on a hang (``tests/support/hang_watchdog.py`` ends
    it with every thread's stack) or killed: says which test it was in if it died inside one,
-   ends every process still marked, and stops the services that step 1 started.
+   ends every process still marked, and stops the services that step 1 started (those carry
+   no mark: they outlive each phase, and a test that restarts one starts it unmarked).
 
 With ``--split`` (what ``make test`` does) pytest runs in phases: the unit, contract and
 integration tests on four workers, the end-to-end tests two at a time, the tests that disturb
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import IO
 
 from devstack import (
+    ENV_ALLOW_REGISTRY_RESTART,
     ENV_ALLOW_RESTART,
     ENV_DATABASE,
     ENV_KAFKA,
@@ -195,11 +198,19 @@ def services(echo: bool = True) -> Iterator[dict[str, str]]:
     """The environment that points pytest at running services (started here if need be)."""
     say = _echo if echo else (lambda _line: None)
     with provide(say) as found, provide_registry(say) as registry:
-        env = {**os.environ, ENV_KAFKA: found.kafka_bootstrap, ENV_DATABASE: found.database_url}
-        env[ENV_SCHEMA_REGISTRY] = registry
+        env = {
+            **os.environ,
+            ENV_KAFKA: found.kafka_bootstrap,
+            ENV_DATABASE: found.database_url,
+            ENV_SCHEMA_REGISTRY: registry.url,
+        }
         if found.restart_kafka is not None:
             # This run started the broker: tests may restart it.
             env[ENV_ALLOW_RESTART] = "1"
+        if registry.stop is not None:
+            # This run started the registry: tests may stop and start it. It is stopped here,
+            # at the end of the run, however pytest ended.
+            env[ENV_ALLOW_REGISTRY_RESTART] = "1"
         yield env
 
 

@@ -7,7 +7,8 @@
 #   registry.sh url      print the API's address
 #   registry.sh fetch
 # Its schemas live in an H2 file under $SAGA_LOCAL_DIR, so a stop and a start keep them (and
-# their ids), as a production registry's storage does.
+# their ids), as a production registry's storage does; SAGA_REGISTRY_STORAGE=memory keeps them
+# in memory instead (the app's own default: a restart forgets every schema).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 REGISTRY_PORT="${SAGA_REGISTRY_PORT:-18081}"
@@ -17,6 +18,7 @@ pidfile="$REGISTRY_DIR/registry.pid"
 # The newest Apicurio needs Java 21 or later; 3.0.9 is the last that runs on Java 17.
 NEW_VERSION=3.3.3
 OLD_VERSION=3.0.9
+REGISTRY_STORAGE="${SAGA_REGISTRY_STORAGE:-file}"
 
 running() { [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
 
@@ -73,18 +75,24 @@ up() {
     log "something already listens on 127.0.0.1:$REGISTRY_PORT; using it (set SAGA_REGISTRY_PORT for another)"
     return
   fi
-  local t0=$SECONDS
+  local t0=$SECONDS storage=()
   fetch
+  case "$REGISTRY_STORAGE" in
+    # The same SQL storage as the app's default, in a file instead of memory; one per version,
+    # since the two bundle different H2 releases, whose files need not open in the other.
+    file) storage=(-Dapicurio.datasource.url="jdbc:h2:file:$REGISTRY_DIR/data-$VERSION/registry") ;;
+    memory) ;;
+    *) die "SAGA_REGISTRY_STORAGE must be file or memory, not '$REGISTRY_STORAGE'" ;;
+  esac
   local jar; jar="$(app_jar)"
   mkdir -p "$REGISTRY_DIR"
-  log "starting Apicurio Registry $VERSION on 127.0.0.1:$REGISTRY_PORT ($("$JAVA" -version 2>&1 | head -n 1))"
+  log "starting Apicurio Registry $VERSION on 127.0.0.1:$REGISTRY_PORT, $REGISTRY_STORAGE storage ($("$JAVA" -version 2>&1 | head -n 1))"
   # Loopback only, both the API and the management port (health, metrics). A small heap: the
   # schemas of a test run are few. Quarkus's own temporary files stay in the run directory.
   setsid nohup "$JAVA" -Xms64m -Xmx384m -XX:+UseSerialGC -Djava.io.tmpdir="$REGISTRY_DIR" \
     -Dquarkus.http.host=127.0.0.1 -Dquarkus.http.port="$REGISTRY_PORT" \
     -Dquarkus.management.host=127.0.0.1 -Dquarkus.management.port="$REGISTRY_MANAGEMENT_PORT" \
-    -Dapicurio.datasource.url="jdbc:h2:file:$REGISTRY_DIR/data-$VERSION/registry" \
-    -Dapicurio.storage.snapshot.location="$REGISTRY_DIR" \
+    "${storage[@]}" -Dapicurio.storage.snapshot.location="$REGISTRY_DIR" \
     -jar "$jar" >"$REGISTRY_DIR/registry.out" 2>&1 </dev/null &
   echo $! > "$pidfile"
   if ! wait_for "registry" 120 answers_or_died || ! answers; then

@@ -3,8 +3,8 @@
 #   stack.sh up          start what is not running; remember what this call started
 #   stack.sh up --untracked   the same, but leave it for `down --all` (a stack started by hand)
 #   stack.sh down        stop only what `up` started (a service that ran before is left alone)
-#   stack.sh down --all  stop both, whoever started them
 #   stack.sh up --registry    also a Schema Registry (deploy/local/registry.sh)
+#   stack.sh down --all  stop every service, whoever started them (the registry: if this checkout did)
 #   stack.sh env         print the environment variables that point tests and the demo at the stack
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 

@@ -104,6 +104,7 @@ ALLOWED_NAMES = frozenset(
         "SAGA_REGISTRY_PORT",
         "SAGA_REGISTRY_MANAGEMENT_PORT",
         "SAGA_REGISTRY_JAVA",
+        "SAGA_REGISTRY_STORAGE",
         # The application object (`MODULE:ATTR`) the command line loads; read by processor._cli.
         "SAGA_APP",
     }
