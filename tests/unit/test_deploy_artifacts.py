@@ -221,6 +221,8 @@ def test_compose_runs_the_stack_the_issue_asks_for() -> None:
     assert services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"
     assert services["postgres"]["image"].startswith("postgres:")
     assert services["prometheus"]["image"].startswith("prom/prometheus:")
+    # The registry for topics in a registry format: the release the tests run (registry.sh).
+    assert services["registry"]["image"] == "apicurio/apicurio-registry:3.3.3"
     for service in services.values():
         assert ":" in service["image"]
         assert not service["image"].endswith(":latest")
