@@ -18,7 +18,13 @@ from pydantic import Field
 from processor import Message, MessageRegistry
 from processor._engine.decode import Event, Reason, Rejected, decode
 from processor._engine.records import OutboxRow, Record
-from processor._schemas.codec import HEADER_SCHEMA_ID, RegisteredSchema, Wire, writer_schema
+from processor._schemas.codec import (
+    HEADER_SCHEMA_ID,
+    RegisteredSchema,
+    Rejection,
+    Wire,
+    writer_schema,
+)
 from processor._schemas.formats import (
     SubjectNaming,
     TopicFormat,
@@ -76,15 +82,16 @@ def _row(topic: str, message: Message, name: str = "trips.Booked") -> OutboxRow:
     return OutboxRow("trip", "t-1", topic, b"t-1", headers, message.model_dump_json().encode())
 
 
-def _round_trip(fmt: WireFormat, *, headers: bool) -> Record | Rejected | None:
+def _round_trip(fmt: WireFormat, *, headers: bool) -> Record | Rejection | None:
     wire = Wire({"trips": TopicFormat(fmt)}, REG)
     row = _row("trips", VALUE)
     assert wire.unregistered([row]) == [("trips", "trips.Booked", "1")]
     wire.learn_writer(("trips", "trips.Booked", "1"), 7)
     assert wire.unregistered([row]) == []
     value = wire.frame(row)
-    assert read_frame(value) is not None
-    assert read_frame(value)[0] == 7
+    frame = read_frame(value)
+    assert frame is not None
+    assert frame[0] == 7
     kept = tuple((k, v.encode()) for k, v in row.headers.items()) if headers else ()
     record = Record("trips", 0, 41, b"t-1", value, kept)
     assert wire.unknown_ids([record]) == {7}
