@@ -54,6 +54,7 @@ LONGEST_FIRST = (
     "tests/e2e/test_deadline_failover.py",
     "tests/e2e/test_demo_restarts.py",
     "tests/e2e/test_partition_growth.py",
+    "tests/e2e/test_registry_outage.py",
     "tests/e2e/test_fencing.py",
     "tests/e2e/test_crash_recovery.py",
     "tests/e2e/test_large_records.py",
