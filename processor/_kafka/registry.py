@@ -81,13 +81,14 @@ class RegistryClient:
         )
         return None if found is None else int(found.schema_id)
 
-    def compatible(self, writer: WriterSchema) -> bool | None:
-        """Whether the subject's rules accept ``writer``; None when the subject is new."""
+    def compatible(self, writer: WriterSchema) -> bool:
+        """Whether the subject's rules accept ``writer`` (a subject with no versions does)."""
         found = self._call(
             lambda sr: sr.test_compatibility(writer.subject, _schema(writer)),
             f"subject {writer.subject}",
         )
-        return None if found is None else bool(found)
+        # Confluent's registry answers 404 for a new subject, Apicurio true.
+        return True if found is None else bool(found)
 
     def close(self) -> None:
         if self._client is not None:

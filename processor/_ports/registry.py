@@ -31,8 +31,8 @@ class SchemaRegistry(Protocol):
         """The id of ``writer`` under its subject; None when it is not registered there."""
         ...
 
-    def compatible(self, writer: WriterSchema) -> bool | None:
-        """Whether the subject's rules accept ``writer``; None when the subject is new."""
+    def compatible(self, writer: WriterSchema) -> bool:
+        """Whether the subject's rules accept ``writer`` (a subject with no versions does)."""
         ...
 
     def close(self) -> None: ...

@@ -34,8 +34,8 @@ class SchemaVerdict:
 
     Attributes:
         plan: The schema.
-        outcome: ``registered`` (with ``schema_id``), ``compatible``, ``new`` (no subject
-            yet: any schema is accepted), ``incompatible`` or ``invalid``.
+        outcome: ``registered`` (with ``schema_id``), ``compatible`` (a new subject is),
+            ``incompatible`` or ``invalid``.
         schema_id: Its id, once registered.
         detail: The registry's reason for a refusal.
     """
@@ -47,7 +47,7 @@ class SchemaVerdict:
 
     @property
     def ok(self) -> bool:
-        return self.outcome in ("registered", "compatible", "new")
+        return self.outcome in ("registered", "compatible")
 
 
 def plan_schemas(

@@ -47,7 +47,7 @@ def check_schemas(client: SchemaRegistry, plans: list[SchemaPlan]) -> list[Schem
         except SchemaRefused as e:
             out.append(SchemaVerdict(plan, "invalid", detail=str(e)))
             continue
-        outcome = "new" if fits is None else "compatible" if fits else "incompatible"
-        detail = "" if fits is not False else "the subject's compatibility rule refuses it"
+        outcome = "compatible" if fits else "incompatible"
+        detail = "" if fits else "the subject's compatibility rule refuses it"
         out.append(SchemaVerdict(plan, outcome, detail=detail))
     return out
