@@ -25,7 +25,6 @@ from pydantic_core import to_json
 
 from processor._authoring.messages import Message, MessageRegistry, MessageType
 from processor._engine.records import OutboxRow, Record
-from processor._errors import UnknownMessageType
 from processor._schemas.formats import (
     SubjectNaming,
     TopicFormat,
@@ -120,15 +119,6 @@ class Wire:
         # (topic, type name, version) -> (schema id, encoder)
         self._writers: dict[tuple[str, str, str], tuple[int, _Encoder]] = {}
         self._by_record = _names(registry)
-        self._fields: dict[tuple[str, str | None], frozenset[str]] = {}
-
-    @property
-    def topics(self) -> Mapping[str, TopicFormat]:
-        """The registry-framed topics."""
-        return self._topics
-
-    def __bool__(self) -> bool:
-        return bool(self._topics)
 
     # -- in ------------------------------------------------------------------------------------
 
@@ -202,11 +192,9 @@ class Wire:
                     return Rejection("unparseable", "the value is not valid JSON")
             added.append((HEADER_MESSAGE_ID, _message_id(record, data, fmt).encode()))
         if not isinstance(data, bytes):
-            # Decoded from Avro or Protobuf: fields the model does not know are left out here;
-            # JSON is passed on as it came, and decode leaves them out only if the model
-            # refuses them (see lenient), so the common case is not parsed twice.
-            if isinstance(data, dict):
-                data = self._known_fields(name, headers.get(HEADER_SCHEMA_VERSION), data)
+            # Decoded from Avro or Protobuf. Fields the model does not know are left out by
+            # decode, only when the model refuses them (see lenient): the common case is
+            # validated once.
             data = to_json(data)
         return Record(
             record.topic,
@@ -234,26 +222,6 @@ class Wire:
         known = {*cls.model_fields, *(f.alias for f in cls.model_fields.values() if f.alias)}
         kept = {k: v for k, v in data.items() if k in known}
         return cls.__pydantic_validator__.validate_json(to_json(kept))  # type: ignore[no-any-return]
-
-    def _known_fields(self, name: str, version: str | None, data: dict[str, Any]) -> Any:
-        """``data`` without the fields the model does not know.
-
-        A registry's compatibility rules let a producer add a field before its consumers know
-        it (forward compatibility); the model, which refuses unknown fields, reads the rest.
-        """
-        key = (name, version)
-        known = self._fields.get(key)
-        if known is None:
-            try:
-                cls = self._registry.by_name(name, int(version) if version else None).cls
-            except (UnknownMessageType, ValueError):
-                return data  # judged by decode, which names the problem
-            known = self._fields[key] = frozenset(
-                {*cls.model_fields, *(f.alias for f in cls.model_fields.values() if f.alias)}
-            )
-        if data.keys() <= known:
-            return data
-        return {k: v for k, v in data.items() if k in known}
 
     # -- out -----------------------------------------------------------------------------------
 

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 from processor._errors import SchemaRefused
 from processor._ports.registry import SchemaRegistry
+from processor._schemas.codec import WriterSchema
 from processor._schemas.plan import SchemaPlan, SchemaVerdict
 
 __all__ = ["check_schemas", "register_schemas"]
+
+_Judge = Callable[[SchemaPlan, WriterSchema], SchemaVerdict]
 
 
 def register_schemas(client: SchemaRegistry, plans: list[SchemaPlan]) -> list[SchemaVerdict]:
@@ -15,16 +21,7 @@ def register_schemas(client: SchemaRegistry, plans: list[SchemaPlan]) -> list[Sc
     Raises:
         Retryable: The registry could not be reached.
     """
-    out = []
-    for plan in plans:
-        if plan.writer is None:
-            out.append(SchemaVerdict(plan, "invalid", detail=plan.problem or ""))
-            continue
-        try:
-            out.append(SchemaVerdict(plan, "registered", client.register(plan.writer)))
-        except SchemaRefused as e:
-            out.append(SchemaVerdict(plan, "incompatible", detail=str(e)))
-    return out
+    return [_verdict(plan, partial(_register, client)) for plan in plans]
 
 
 def check_schemas(client: SchemaRegistry, plans: list[SchemaPlan]) -> list[SchemaVerdict]:
@@ -33,21 +30,30 @@ def check_schemas(client: SchemaRegistry, plans: list[SchemaPlan]) -> list[Schem
     Raises:
         Retryable: The registry could not be reached.
     """
-    out = []
-    for plan in plans:
-        if plan.writer is None:
-            out.append(SchemaVerdict(plan, "invalid", detail=plan.problem or ""))
-            continue
-        try:
-            found = client.lookup(plan.writer)
-            if found is not None:
-                out.append(SchemaVerdict(plan, "registered", found))
-                continue
-            fits = client.compatible(plan.writer)
-        except SchemaRefused as e:
-            out.append(SchemaVerdict(plan, "invalid", detail=str(e)))
-            continue
-        outcome = "compatible" if fits else "incompatible"
-        detail = "" if fits else "the subject's compatibility rule refuses it"
-        out.append(SchemaVerdict(plan, outcome, detail=detail))
-    return out
+    return [_verdict(plan, partial(_check, client)) for plan in plans]
+
+
+def _verdict(plan: SchemaPlan, judge: _Judge) -> SchemaVerdict:
+    if plan.writer is None:
+        return SchemaVerdict(plan, "invalid", detail=plan.problem or "")
+    return judge(plan, plan.writer)
+
+
+def _register(client: SchemaRegistry, plan: SchemaPlan, writer: WriterSchema) -> SchemaVerdict:
+    try:
+        return SchemaVerdict(plan, "registered", client.register(writer))
+    except SchemaRefused as e:
+        return SchemaVerdict(plan, "incompatible", detail=str(e))
+
+
+def _check(client: SchemaRegistry, plan: SchemaPlan, writer: WriterSchema) -> SchemaVerdict:
+    try:
+        found = client.lookup(writer)
+        if found is not None:
+            return SchemaVerdict(plan, "registered", found)
+        fits = client.compatible(writer)
+    except SchemaRefused as e:
+        return SchemaVerdict(plan, "invalid", detail=str(e))
+    if fits:
+        return SchemaVerdict(plan, "compatible")
+    return SchemaVerdict(plan, "incompatible", detail="the subject's compatibility rule refuses it")
