@@ -25,6 +25,7 @@ from processor._kafka.watermarks import watermarks
 from processor._ports.cluster import ClusterView, TopicFound, TopicPlan
 from processor._ports.consumer import TP
 from processor._postgres.batch.handle import PostgresBatchStore
+from processor._postgres.colocation import Colocation
 from processor._postgres.connect import connect
 from processor._postgres.connect import ensure_schema as migrate_to_latest
 from processor._postgres.deadlines import PostgresDeadlineStore
@@ -86,6 +87,9 @@ class Adapters:
         self.settings = settings
         self.tables = tables_for(settings)
         self._instance_id = instance_id or instance_id_for(settings)
+        # Where each partition's bucket lives (tables distributed by bucket), shared by the
+        # batch stores, which keep it current, and the consumer's intake, which reads it.
+        self.colocation = Colocation()
         self._url = settings.database.url.get_secret_value()
         self.kafka_config = settings.kafka.client_config()
         cs = settings.consumer
@@ -126,9 +130,19 @@ class Adapters:
         """Warns when the database connection is encrypted but its server is not verified."""
         warn_unverified_tls(self._url)
 
+    def _migrate_to_latest(self) -> int:
+        db = self.settings.database
+        return migrate_to_latest(
+            self._url,
+            self.tables,
+            db.distributed,
+            buckets=db.buckets,
+            partitioner=self.settings.consumer.partitioner,
+        )
+
     def ensure_schema(self) -> int:
         """Creates or upgrades the processor's tables at start; returns the schema version."""
-        return migrate_to_latest(self._url, self.tables, self.settings.database.distributed)
+        return self._migrate_to_latest()
 
     def batch_store(self) -> PostgresBatchStore:
         """A store for the consumer loop's batches, on a keyed connection of its own."""
@@ -139,6 +153,7 @@ class Adapters:
             self.settings.consumer.group_id,
             wake_within=self.settings.deadline.polling.interval,
             origin=self._instance_id,
+            colocation=self.colocation,
         )
 
     def growth_store(self) -> PostgresGrowthStore:
@@ -237,7 +252,7 @@ class Adapters:
 
     def migrate(self) -> int:
         """Creates or upgrades the processor's tables; returns the schema version."""
-        return migrate_to_latest(self._url, self.tables, self.settings.database.distributed)
+        return self._migrate_to_latest()
 
     def pending_migrations(self) -> tuple[int, str]:
         """The live schema's version and the DDL that would bring it to :attr:`schema_version`."""

@@ -147,6 +147,7 @@ def build_processor(
         observers=BatchObservers(on_batch=batch_metrics(metrics), tracing=spans),
         hooks=hooks,
         wire=resolvers["consumer"],
+        colocate=adapters.colocation,
     )
     health = LoopHealth(supervisor)
     watched = Watched(worker, relay, health, supervisor, adapters.gauges, adapters.schema_version)

@@ -10,6 +10,7 @@ from psycopg.rows import TupleRow
 from psycopg.types.json import set_json_loads
 from pydantic_core import from_json
 
+from processor._engine.partitioner import Partitioner
 from processor._postgres.schema.citus import pin_node
 from processor._postgres.schema.tables import Tables, migrate
 from processor.settings._database import Distributed
@@ -110,7 +111,14 @@ def database_name(url: str) -> str:
     return str(given.get("dbname") or given.get("user") or "?")
 
 
-def ensure_schema(url: str, tables: Tables, distributed: Distributed = "auto") -> int:
+def ensure_schema(
+    url: str,
+    tables: Tables,
+    distributed: Distributed = "auto",
+    *,
+    buckets: int | None = None,
+    partitioner: Partitioner = "crc32",
+) -> int:
     """Creates or upgrades the schema (on Citus, distributed: see `migrate`); its version."""
     with connect(url, application_name="saga-processor-migrate") as conn:
-        return migrate(conn, tables, distributed)
+        return migrate(conn, tables, distributed, buckets=buckets, partitioner=partitioner)

@@ -40,10 +40,13 @@ from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
+from psycopg.types.numeric import Int4
 
+from processor._engine.buckets import Buckets
 from processor._engine.records import OutboxRow
 from processor._ports import TP, OutboxEntry, SetAside
 from processor._postgres.held import Conn, HeldConnection
+from processor._postgres.schema.buckets import read_layout
 from processor._postgres.schema.tables import Tables
 
 __all__ = ["PostgresOutboxStore", "partition_lock_key", "relay_lock_key"]
@@ -126,6 +129,62 @@ _CLAIM_OWNED = """
 """.replace("X_SIZE", "octet_length(x.value) + coalesce(octet_length(x.key), 0) AS size")
 
 
+# Tables distributed by bucket (processor/_postgres/schema/buckets.py): each statement names one
+# bucket, so Citus routes it to the worker that holds it (Citus takes row locks only in such
+# statements). The owned partitions' offsets rows are locked first, each bucket's on its own;
+# then each bucket their sagas' rows can be in is claimed from, the partitions passed as values.
+_LOCK_OWNED_B = """
+    SELECT s.topic, s.partition FROM {offsets} AS s
+      JOIN unnest(%(t)s::text[], %(p)s::int[], %(e)s::bigint[]) AS u(t, p, e)
+        ON s.topic = u.t AND s.partition = u.p AND s.owner_epoch = u.e
+     WHERE s.bucket = %(bucket)s::int AND s.group_id = %(group)s
+       FOR KEY SHARE OF s SKIP LOCKED
+"""
+# The rows to take, chosen as _CLAIM_OWNED chooses them from the partitions passed; then deleted
+# by id with the bucket as a constant. One statement would be planned over every shard: Citus
+# computes the window functions on the coordinator and then sends the delete to every shard.
+_CHOOSE_OWNED_B = (
+    _CLAIM_OWNED.replace(
+        """    WITH mine AS (
+        SELECT s.topic, s.partition FROM {offsets} AS s
+          JOIN unnest(%(t)s::text[], %(p)s::int[], %(e)s::bigint[]) AS u(t, p, e)
+            ON s.topic = u.t AND s.partition = u.p AND s.owner_epoch = u.e
+         WHERE s.group_id = %(group)s
+           FOR KEY SHARE OF s SKIP LOCKED
+    ), first""",
+        """    WITH mine AS (
+        SELECT * FROM unnest(%(t)s::text[], %(p)s::int[]) AS u(topic, partition)
+    ), first""",
+    )
+    .replace(
+        "WHERE x.source_topic = mine.topic",
+        "WHERE x.bucket = %(bucket)s::int AND x.source_topic = mine.topic",
+    )
+    .replace(
+        "WHERE n.saga_type = c.saga_type",
+        "WHERE n.bucket = %(bucket)s::int AND n.saga_type = c.saga_type",
+    )
+    .replace(
+        "DELETE FROM {outbox} AS o WHERE id = ANY(ARRAY(SELECT id FROM free))",
+        "SELECT id FROM free",
+    )
+)
+# Rows of no partition: the one relay holding the global lock takes them (no row locks needed).
+_CHOOSE_GLOBAL_B = """
+    SELECT w.id FROM (
+        SELECT c.id, sum(c.size) OVER (ORDER BY c.id) - c.size AS before
+          FROM (SELECT id, SIZE FROM {outbox}
+                 WHERE bucket = %(bucket)s::int AND source_topic IS NULL
+                 ORDER BY id LIMIT %(limit)s) AS c) AS w
+     WHERE w.before < %(max_bytes)s
+""".replace("SIZE", _SIZE)
+_DELETE_B = "DELETE FROM {outbox} AS o WHERE o.bucket = %(bucket)s::int AND o.id = ANY(%(ids)s)" + (
+    _RETURNING.replace(
+        "WHERE o.saga_id IS NOT NULL", "WHERE f.bucket = %(bucket)s::int AND o.saga_id IS NOT NULL"
+    )
+)
+
+
 class PostgresOutboxStore:
     """:class:`processor._ports.OutboxStore` over one PostgreSQL connection.
 
@@ -167,7 +226,24 @@ class PostgresOutboxStore:
             VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
             """
         )
+        # The same, with the row's bucket (tables distributed by bucket).
+        self._keep_b = self._keep.replace("last_error)", "last_error, bucket)").replace(
+            "%s)", "%s, %s)"
+        )
+        self._move_b = self._move.replace("held_behind)", "held_behind, bucket)").replace(
+            "%s)", "%s, %s)"
+        )
         self._claimed: dict[int, tuple[OutboxEntry, object]] = {}
+        self._tables = tables
+        # Read on first claim: whether the tables are distributed by bucket, and how.
+        self._buckets: Buckets | bool | None = False
+        self._choose_global_b = tables.render(_CHOOSE_GLOBAL_B)
+        self._choose_owned_b = tables.render(_CHOOSE_OWNED_B)
+        self._delete_b = tables.render(_DELETE_B)
+        self._lock_owned_b = tables.render(_LOCK_OWNED_B)
+        self._counts_b = tables.render(
+            "SELECT topic, count FROM {partition_count} WHERE group_id = %s"
+        )
 
     @contextmanager
     def claim(
@@ -207,12 +283,17 @@ class PostgresOutboxStore:
                     return
                 rows = []
                 budget = _MAX_ID if max_bytes is None else max_bytes
-                if global_path:
+                buckets = self._layout(conn)
+                if buckets is not None:
+                    rows = self._claim_by_bucket(
+                        conn, buckets, limit, owned if partitions else {}, budget, global_path
+                    )
+                elif global_path:
                     rows = conn.execute(
                         self._claim_global, {"limit": limit, "max_bytes": budget}, binary=True
                     ).fetchall()
                     budget -= sum(len(r[7] or b"") + len(r[5] or b"") for r in rows)
-                if partitions and len(rows) < limit and budget > 0:
+                if buckets is None and partitions and len(rows) < limit and budget > 0:
                     params = self._owned_params(limit - len(rows), owned, budget)
                     rows += conn.execute(self._claim_owned, params, binary=True).fetchall()
                 # DELETE ... RETURNING has no defined order: restore commit order by id.
@@ -224,6 +305,87 @@ class PostgresOutboxStore:
                     self._claimed = {}
         except psycopg.Error as e:
             raise self._held.failure(e) from e
+
+    def _layout(self, conn: Conn) -> Buckets | None:
+        if self._buckets is False:
+            self._buckets = read_layout(conn, self._tables.schema)
+        assert not isinstance(self._buckets, bool)
+        return self._buckets
+
+    def _claim_by_bucket(
+        self,
+        conn: Conn,
+        buckets: Buckets,
+        limit: int,
+        owned: Mapping[TP, int],
+        budget: int,
+        global_path: bool,
+    ) -> list[Any]:
+        """`claim` over tables distributed by bucket: each statement routed to one worker."""
+        rows: list[Any] = []
+        if global_path:
+            for b in range(buckets.count):
+                step = {
+                    "bucket": Int4(buckets.key(b)),
+                    "limit": limit - len(rows),
+                    "max_bytes": budget,
+                }
+                got = self._take(conn, self._choose_global_b, step)
+                rows += got
+                budget -= sum(len(r[7] or b"") + len(r[5] or b"") for r in got)
+                if len(rows) >= limit or budget <= 0:
+                    return rows
+        if not owned or self._group_id is None:
+            return rows
+        # The offsets rows of the owned partitions, locked where the epoch is still ours.
+        passed: list[tuple[str, int]] = []
+        by_bucket: dict[int, list[TP]] = {}
+        for tp in sorted(owned):
+            by_bucket.setdefault(buckets.of_partition(tp[1]), []).append(tp)
+        for bucket, tps in sorted(by_bucket.items()):
+            params: dict[str, object] = {
+                "bucket": Int4(bucket),
+                "group": self._group_id,
+                "t": [t for t, _ in tps],
+                "p": [p for _, p in tps],
+                "e": [owned[tp] for tp in tps],
+            }
+            passed += conn.execute(self._lock_owned_b, params).fetchall()
+        # Each bucket a passed partition's sagas can be in: one unless its topic grew to a
+        # count that is not a multiple of the buckets.
+        counts: dict[str, int] = dict(conn.execute(self._counts_b, (self._group_id,)).fetchall())
+        wanted: dict[int, list[tuple[str, int]]] = {}
+        for topic, partition in passed:
+            count = counts.get(topic)
+            homes = (
+                buckets.of_partition_sagas(partition, int(count))
+                if count
+                else tuple(buckets.key(b) for b in range(buckets.count))
+            )
+            for bucket in homes:
+                wanted.setdefault(bucket, []).append((topic, partition))
+        for bucket, tps in sorted(wanted.items()):
+            if len(rows) >= limit or budget <= 0:
+                break
+            claim: dict[str, object] = {
+                "bucket": Int4(bucket),
+                "t": [t for t, _ in tps],
+                "p": [p for _, p in tps],
+                "limit": limit - len(rows),
+                "max_bytes": budget,
+            }
+            got = self._take(conn, self._choose_owned_b, claim)
+            rows += got
+            budget -= sum(len(r[7] or b"") + len(r[5] or b"") for r in got)
+        return rows
+
+    def _take(self, conn: Conn, choose: str, params: Mapping[str, object]) -> list[Any]:
+        """The rows ``choose`` picks in one bucket, deleted and returned."""
+        ids = [r[0] for r in conn.execute(choose, params).fetchall()]
+        if not ids:
+            return []
+        taken = {"bucket": params["bucket"], "ids": ids}
+        return conn.execute(self._delete_b, taken, binary=True).fetchall()
 
     def _owned_params(
         self, limit: int, owned: Mapping[TP, int], max_bytes: int
@@ -245,21 +407,34 @@ class PostgresOutboxStore:
         """
         if not self._claimed:
             raise RuntimeError("settle() outside an open claim")
+        buckets = self._buckets if isinstance(self._buckets, Buckets) else None
+
+        def bucket(row_id: int) -> tuple[int, ...]:
+            if buckets is None:
+                return ()
+            row = self._claimed[row_id][0].row
+            return (buckets.of_row(row.saga_id, row.source),)
+
         # Driver errors propagate to the claim, which rolls back and translates them.
         with self._held.get().cursor() as cur:
             if kept:
                 cur.executemany(
-                    self._keep,
+                    self._keep if buckets is None else self._keep_b,
                     [
-                        (*self._columns(i), self._claimed[i][0].attempts + bool(reason), reason)
+                        (
+                            *self._columns(i),
+                            self._claimed[i][0].attempts + bool(reason),
+                            reason,
+                            *bucket(i),
+                        )
                         for i, reason in kept.items()
                     ],
                 )
             if set_aside:
                 cur.executemany(
-                    self._move,
+                    self._move if buckets is None else self._move_b,
                     [
-                        (*self._columns(s.id), s.reason, s.attempts, s.held_behind)
+                        (*self._columns(s.id), s.reason, s.attempts, s.held_behind, *bucket(s.id))
                         for s in set_aside
                     ],
                 )

@@ -17,6 +17,7 @@ from processor._engine.records import OffsetCommit
 from processor._engine.rows import Loaded, Wants, WriteSet
 from processor._ports import TP, Positions
 from processor._postgres.batch.store import BatchSql
+from processor._postgres.colocation import Colocation
 from processor._postgres.held import Conn, HeldConnection
 from processor._postgres.schema.tables import Tables
 
@@ -31,8 +32,11 @@ class PostgresBatchStore:
         group_id: str,
         wake_within: timedelta | None = None,
         origin: str = "",
+        colocation: Colocation | None = None,
     ) -> None:
         self._held = HeldConnection(connect)
+        # Where each partition's bucket lives, kept current for the consumer's intake.
+        self._colocation = colocation
         self._tables = tables
         self._group_id = group_id
         # See BatchSql: new deadlines due later than this wake no deadline poller.
@@ -45,7 +49,12 @@ class PostgresBatchStore:
         conn = self._held.get()
         if self._sql is None or self._sql.conn is not conn:
             self._sql = BatchSql(
-                conn, self._tables, self._group_id, self._wake_within, self._origin
+                conn,
+                self._tables,
+                self._group_id,
+                self._wake_within,
+                self._origin,
+                colocation=self._colocation,
             )
         return self._sql
 

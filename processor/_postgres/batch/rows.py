@@ -89,6 +89,13 @@ encode_new_sagas = _Rows(str, str, Any, str, int, _Text, _Text, int)
 encode_old_sagas = _Rows(str, str, Any, str, int, _Text, int, _Text, int)
 encode_deadlines = _Rows(str, str, str, str, datetime, Any, str, int, _Text, _Text)
 encode_outbox = _Rows(_Text, _Text, str, int | None, Any, tuple[str, int] | None)
+# The same rows with their bucket last, for tables distributed by bucket (sql_buckets).
+encode_history_b = _Rows(
+    str, str, str, str, str, str, int | None, str, int, int, _Text, Any, Any, int
+)
+encode_new_sagas_b = _Rows(str, str, Any, str, int, _Text, _Text, int, int)
+encode_deadlines_b = _Rows(str, str, str, str, datetime, Any, str, int, _Text, _Text, int)
+encode_outbox_b = _Rows(_Text, _Text, str, int | None, Any, tuple[str, int] | None, int)
 
 
 def _plain_mapping(value: Any) -> Any:

@@ -15,14 +15,16 @@ themselves are in `processor._postgres.batch.sql`, the rows' encoding in
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
+from processor._engine.buckets import Buckets
 from processor._engine.records import OffsetCommit
 from processor._engine.rows import (
     DeadlineRef,
     Loaded,
+    SagaKey,
     SagaRow,
     SagaStatus,
     Wants,
@@ -30,11 +32,13 @@ from processor._engine.rows import (
 )
 from processor._errors import ConcurrentUpdate, FencedOut
 from processor._postgres.batch import rows as batch_rows
-from processor._postgres.batch import sql
+from processor._postgres.batch import sql, sql_buckets
 from processor._postgres.batch.operator_reads import OperatorReads
+from processor._postgres.colocation import Colocation
 from processor._postgres.deadlines import LEASE_NAME
 from processor._postgres.held import Conn
 from processor._postgres.reads.audit import encode_entries
+from processor._postgres.schema.buckets import read_layout
 from processor._postgres.schema.citus import distributed
 from processor._postgres.schema.tables import Tables
 from processor._wire import deadline_channel, outbox_channel
@@ -56,6 +60,8 @@ class BatchSql:
         group_id: str,
         wake_within: timedelta | None = None,
         origin: str = "",
+        *,
+        colocation: Colocation | None = None,
     ) -> None:
         """Statements over ``conn``.
 
@@ -67,6 +73,8 @@ class BatchSql:
                 any replica) only for new deadlines due within it. None: for any new deadline.
             origin: The payload of this store's notifications: a listener in the same process
                 skips them, its loops being woken in-process already.
+            colocation: Kept current with where the buckets live (tables distributed by
+                bucket only), at the start and every so often before a load.
         """
         self.conn = conn
         self.group_id = group_id
@@ -102,7 +110,18 @@ class BatchSql:
         self._combined: dict[tuple[bool, ...], str] = {}
         # On Citus each part of a batch's write goes as a statement of its own (see write).
         with conn.transaction():
-            self._separate = distributed(conn, tables.schema)
+            self._buckets = read_layout(conn, tables.schema)
+            self._separate = self._buckets is not None or distributed(conn, tables.schema)
+        self._colocation = colocation if self._buckets is not None else None
+        self._saga_table = tables.q("saga_instance")
+        if self._buckets is not None:
+            self._by_bucket = _BucketStatements(tables)
+            self._refresh_colocation()
+
+    def _refresh_colocation(self) -> None:
+        if self._colocation is not None and self._buckets is not None:
+            with self.conn.transaction():
+                self._colocation.refresh(self.conn, self._buckets, self._saga_table)
 
     # -- partitions --------------------------------------------------------------------------
 
@@ -115,11 +134,29 @@ class BatchSql:
             # Bounded: a claim the old owner's relay holds up (a slow flush) fails as retryable
             # (55P03), and the worker keeps the partitions paused and tries again.
             self.conn.execute(f"SET LOCAL lock_timeout = '{CLAIM_LOCK_TIMEOUT_MS}ms'")
-            self.conn.execute(self._lock_owned, (self.group_id, topics, numbers))
-            rows = self.conn.execute(
-                self._claim, (self.group_id, owner, topics, numbers)
-            ).fetchall()
+            if self._buckets is not None:
+                rows = self._claim_by_bucket(self._buckets, partitions, owner)
+            else:
+                self.conn.execute(self._lock_owned, (self.group_id, topics, numbers))
+                rows = self.conn.execute(
+                    self._claim, (self.group_id, owner, topics, numbers)
+                ).fetchall()
         return {(t, p): (epoch, nxt) for t, p, epoch, nxt in rows}
+
+    def _claim_by_bucket(
+        self, buckets: Buckets, partitions: Sequence[tuple[str, int]], owner: str
+    ) -> list[Any]:
+        """`claim`'s statements once per bucket the partitions' offsets rows live in."""
+        rows: list[Any] = []
+        by = _grouped(partitions, lambda tp: buckets.of_partition(tp[1]))
+        for bucket, group in sorted(by.items()):
+            topics, numbers = [t for t, _ in group], [p for _, p in group]
+            s = self._by_bucket
+            self.conn.execute(s.lock_owned, (bucket, self.group_id, topics, numbers))
+            rows += self.conn.execute(
+                s.claim, (bucket, self.group_id, owner, topics, numbers)
+            ).fetchall()
+        return rows
 
     def read_offsets(
         self, partitions: Sequence[tuple[str, int]]
@@ -142,6 +179,8 @@ class BatchSql:
         The reads take no row locks, so nothing waits on this transaction.
         """
         conn = self.conn
+        if self._colocation is not None and self._colocation.due():
+            self._refresh_colocation()
         if conn.autocommit:
             return self.load(wants)
         conn.autocommit = True
@@ -160,17 +199,24 @@ class BatchSql:
         ids = sorted(wants.deadline_ids)
         with self.conn.pipeline():
             c0 = self.conn.execute("SELECT now()")
-            saga_keys = (batch_rows.encode_keys(keys),)
-            c1 = self.conn.execute(self._load_sagas, saga_keys)
-            # After the sagas, never before: each statement reads its own snapshot, and retention
-            # deletes an instance and writes its tombstone in one transaction, so a saga purged
-            # between the two reads is seen in both, never in neither.
-            c5 = self.conn.execute(self._load_tombstones, saga_keys)
-            c2 = (
-                self.conn.execute(self._load_applied, (batch_rows.encode_message_keys(mkeys),))
-                if mkeys
-                else None
-            )
+            if self._buckets is not None:
+                c1, c5, c2 = self._load_by_bucket(self._buckets, keys, mkeys)
+            else:
+                saga_keys = (batch_rows.encode_keys(keys),)
+                c1 = [self.conn.execute(self._load_sagas, saga_keys)]
+                # After the sagas, never before: each statement reads its own snapshot, and
+                # retention deletes an instance and writes its tombstone in one transaction, so
+                # a saga purged between the two reads is seen in both, never in neither.
+                c5 = [self.conn.execute(self._load_tombstones, saga_keys)]
+                c2 = (
+                    [
+                        self.conn.execute(
+                            self._load_applied, (batch_rows.encode_message_keys(mkeys),)
+                        )
+                    ]
+                    if mkeys
+                    else []
+                )
             c3 = self.conn.execute(self._load_deadlines, (ids,)) if ids else None
             hk = wants.held_keys
             c4 = self.conn.execute(self._load_lease, (LEASE_NAME,)) if ids or hk else None
@@ -178,9 +224,10 @@ class BatchSql:
             operator = self._operator.send(self.conn, wants)
         sagas = {
             (t, i): SagaRow(t, i, state, SagaStatus(status), version, reason, sv)
-            for t, i, state, status, version, reason, sv in c1.fetchall()
+            for c in c1
+            for t, i, state, status, version, reason, sv in c.fetchall()
         }
-        applied = {(t, i, m) for t, i, m in c2.fetchall()} if c2 else set()
+        applied = {(t, i, m) for c in c2 for t, i, m in c.fetchall()}
         deadlines = (
             {
                 did: DeadlineRef(t, i, n, due, payload, token)
@@ -192,7 +239,7 @@ class BatchSql:
         lease = c4.fetchone() if c4 else None
         now_row = c0.fetchone()
         assert now_row is not None
-        tombstones = {(t, i) for t, i in c5.fetchall()}
+        tombstones = {(t, i) for c in c5 for t, i in c.fetchall()}
         extra = self._operator.receive(operator)
         deadlines.update(extra.deadlines)
         return Loaded(
@@ -207,8 +254,28 @@ class BatchSql:
             history=extra.history,
         )
 
+    def _load_by_bucket(
+        self, buckets: Buckets, keys: list[SagaKey], mkeys: list[tuple[str, str, str]]
+    ) -> tuple[list[Any], list[Any], list[Any]]:
+        """The load's saga reads once per bucket of the batch, each routed to its worker."""
+        s = self._by_bucket
+        sagas, tombstones, applied = [], [], []
+        by_saga = _grouped(keys, lambda k: buckets.of(k[1]))
+        for bucket, group in sorted(by_saga.items()):
+            encoded = batch_rows.encode_keys(group)
+            sagas.append(self.conn.execute(s.load_sagas, (encoded, bucket)))
+            tombstones.append(self.conn.execute(s.load_tombstones, (encoded, bucket)))
+        by_message = _grouped(mkeys, lambda k: buckets.of(k[1]))
+        for bucket, mgroup in sorted(by_message.items()):
+            encoded = batch_rows.encode_message_keys(mgroup)
+            applied.append(self.conn.execute(s.load_applied, (encoded, bucket)))
+        return sagas, tombstones, applied
+
     def write(self, ws: WriteSet, offsets: Sequence[OffsetCommit]) -> None:
         """Writes the batch; raises FencedOut or ConcurrentUpdate (the caller rolls back)."""
+        if self._buckets is not None:
+            self._write_by_bucket(self._buckets, ws, offsets)
+            return
         conn = self.conn
         new = [s for s in ws.sagas if s.expected_version is None]
         old = [s for s in ws.sagas if s.expected_version is not None]
@@ -312,6 +379,11 @@ class BatchSql:
             if old and updated != len(old):
                 moved = len(old) - updated
                 raise ConcurrentUpdate(f"{moved} saga rows changed under the batch")
+        self._write_rest(ws)
+
+    def _write_rest(self, ws: WriteSet, buckets: Buckets | None = None) -> None:
+        """The batch's rarer writes: operator changes, dead letters, parked records, audit."""
+        conn = self.conn
         if ws.deadline_resets:
             rs = ws.deadline_resets
             conn.execute(self._reset_deadlines, ([x[0] for x in rs], [x[1] for x in rs]))
@@ -320,19 +392,21 @@ class BatchSql:
             conn.execute(self._fire_now, ([x[0] for x in f], [x[1] for x in f], [x[2] for x in f]))
         if ws.dead_letters:
             dl = ws.dead_letters
-            conn.execute(
-                self._insert_dead_letters,
-                (
-                    [x.record.topic for x in dl],
-                    [x.record.partition for x in dl],
-                    [x.record.offset for x in dl],
-                    [x.record.key for x in dl],
-                    [x.record.value for x in dl],
-                    [batch_rows.json_text(x.record.headers_text()) for x in dl],
-                    [x.reason for x in dl],
-                    [x.detail for x in dl],
-                ),
-            )
+            columns: list[Any] = [
+                [x.record.topic for x in dl],
+                [x.record.partition for x in dl],
+                [x.record.offset for x in dl],
+                [x.record.key for x in dl],
+                [x.record.value for x in dl],
+                [batch_rows.json_text(x.record.headers_text()) for x in dl],
+                [x.reason for x in dl],
+                [x.detail for x in dl],
+            ]
+            if buckets is None:
+                conn.execute(self._insert_dead_letters, columns)
+            else:
+                columns.append([buckets.of_partition(x.record.partition) for x in dl])
+                conn.execute(self._by_bucket.insert_dead_letters, columns)
         if ws.held_releases:
             conn.execute(self._release_held, (ws.held_releases,))
         if ws.parked:
@@ -430,17 +504,119 @@ class BatchSql:
         return f"{head}SELECT {', '.join(outputs)}"
 
     def insert_parked(self, rows: Sequence[Any]) -> None:
-        self.conn.execute(
-            self._insert_parked,
-            (
-                [x.saga_type for x in rows],
-                [x.saga_id for x in rows],
-                [x.record.topic for x in rows],
-                [x.record.partition for x in rows],
-                [x.record.offset for x in rows],
-                [x.record.key for x in rows],
-                [x.record.value or b"" for x in rows],
-                [batch_rows.json_text(x.record.headers_text()) for x in rows],
-                [x.reason for x in rows],
-            ),
-        )
+        columns: list[Any] = [
+            [x.saga_type for x in rows],
+            [x.saga_id for x in rows],
+            [x.record.topic for x in rows],
+            [x.record.partition for x in rows],
+            [x.record.offset for x in rows],
+            [x.record.key for x in rows],
+            [x.record.value or b"" for x in rows],
+            [batch_rows.json_text(x.record.headers_text()) for x in rows],
+            [x.reason for x in rows],
+        ]
+        if self._buckets is None:
+            self.conn.execute(self._insert_parked, columns)
+        else:
+            columns.append([self._buckets.of(x.saga_id) for x in rows])
+            self.conn.execute(self._by_bucket.insert_parked, columns)
+
+    def _write_by_bucket(
+        self, buckets: Buckets, ws: WriteSet, offsets: Sequence[OffsetCommit]
+    ) -> None:
+        """`write` for tables distributed by bucket: the same parts in the same order.
+
+        Each statement that names sagas or partitions runs once per bucket, with it as a
+        constant; each insert carries every row's bucket (Citus sends the rows to their shards).
+        """
+        conn, s, of = self.conn, self._by_bucket, buckets.of
+        if offsets:
+            moved: list[Any] = []
+            for bucket, group in sorted(
+                _grouped(offsets, lambda o: buckets.of_partition(o.partition)).items()
+            ):
+                fence = [
+                    [o.topic for o in group],
+                    [o.partition for o in group],
+                    [o.next_offset for o in group],
+                    [o.expected for o in group],
+                    [o.epoch for o in group],
+                    bucket,
+                    self.group_id,
+                ]
+                moved += conn.execute(s.commit_offsets, fence).fetchall()
+            self._check_fence(offsets, moved)
+        for bucket, keys in sorted(_grouped(ws.deadline_clears, lambda k: of(k[1])).items()):
+            conn.execute(s.clear_deadlines, (batch_rows.encode_keys(keys), bucket))
+        for bucket, mkeys in sorted(_grouped(ws.deadline_deletes, lambda k: of(k[1])).items()):
+            conn.execute(s.delete_deadlines, (batch_rows.encode_message_keys(mkeys), bucket))
+        new = [x for x in ws.sagas if x.expected_version is None]
+        old = [x for x in ws.sagas if x.expected_version is not None]
+        if new:
+            rows = [(*batch_rows.new_saga_fields(x), of(x.saga_id)) for x in new]
+            conn.execute(s.insert_sagas, (batch_rows.encode_new_sagas_b(rows),))
+        for bucket, sagas in sorted(_grouped(old, lambda x: of(x.saga_id)).items()):
+            encoded = batch_rows.encode_old_sagas(map(batch_rows.old_saga_fields, sagas))
+            done = conn.execute(s.update_sagas, (encoded, bucket))
+            if done.rowcount != len(sagas):
+                moved_n = len(sagas) - done.rowcount
+                raise ConcurrentUpdate(f"{moved_n} saga rows changed under the batch")
+        if ws.history:
+            h = ws.history
+            rows = [(*batch_rows.history_fields(x), of(x.saga_id)) for x in h]
+            conn.execute(
+                s.insert_history,
+                (
+                    batch_rows.encode_history_b(rows),
+                    [x.payload for x in h],
+                    [x.payload_sha256 for x in h],
+                ),
+            )
+        if ws.outbox:
+            o = ws.outbox
+            rows = [(*batch_rows.outbox_fields(r), buckets.of_row(r.saga_id, r.source)) for r in o]
+            conn.execute(
+                s.insert_outbox,
+                (batch_rows.encode_outbox_b(rows), [r.key for r in o], [r.value for r in o]),
+            )
+        if ws.deadline_inserts:
+            rows = [(*batch_rows.deadline_fields(d), of(d.saga_id)) for d in ws.deadline_inserts]
+            conn.execute(s.insert_deadlines, (batch_rows.encode_deadlines_b(rows),))
+        within = self._wake_within
+        if ws.outbox:
+            conn.execute("SELECT pg_notify(%s, %s)", (self.channel, self._origin))
+        if ws.wakes_poller(None if within is None else datetime.now(UTC) + within):
+            conn.execute("SELECT pg_notify(%s, %s)", (self.deadline_channel, self._origin))
+        self._write_rest(ws, buckets)
+
+
+_K = TypeVar("_K")
+
+
+def _grouped(items: Iterable[_K], bucket: Callable[[_K], int]) -> dict[int, list[_K]]:
+    found: dict[int, list[_K]] = {}
+    for item in items:
+        found.setdefault(bucket(item), []).append(item)
+    return found
+
+
+class _BucketStatements:
+    """The statements of :mod:`processor._postgres.batch.sql_buckets`, rendered once."""
+
+    def __init__(self, tables: Tables) -> None:
+        r = tables.render
+        self.lock_owned = r(sql_buckets.LOCK_OWNED)
+        self.claim = r(sql_buckets.CLAIM)
+        self.load_sagas = r(sql_buckets.LOAD_SAGAS)
+        self.load_tombstones = r(sql_buckets.LOAD_TOMBSTONES)
+        self.load_applied = r(sql_buckets.LOAD_APPLIED)
+        self.insert_sagas = r(sql_buckets.INSERT_SAGAS)
+        self.update_sagas = r(sql_buckets.UPDATE_SAGAS)
+        self.insert_history = r(sql_buckets.INSERT_HISTORY)
+        self.insert_outbox = r(sql_buckets.INSERT_OUTBOX)
+        self.clear_deadlines = r(sql_buckets.CLEAR_DEADLINES)
+        self.delete_deadlines = r(sql_buckets.DELETE_DEADLINES)
+        self.insert_deadlines = r(sql_buckets.INSERT_DEADLINES)
+        self.insert_dead_letters = r(sql_buckets.INSERT_DEAD_LETTERS)
+        self.insert_parked = r(sql_buckets.INSERT_PARKED)
+        self.commit_offsets = r(sql_buckets.COMMIT_OFFSETS)

@@ -232,9 +232,9 @@ def use_citus(conn: psycopg.Connection[Any], setting: Distributed) -> bool:
         return False
     if installed(conn) is not None:
         return True
-    if setting == "citus":
+    if setting in ("citus", "buckets"):
         raise CitusUnavailable(
-            "SAGA_DATABASE__DISTRIBUTED is 'citus', but the database has no citus extension: "
+            f"SAGA_DATABASE__DISTRIBUTED is '{setting}', but the database has no citus extension: "
             "CREATE EXTENSION citus on the coordinator (and each worker), or set it to 'off'"
         )
     return False

@@ -97,6 +97,7 @@ def migrate_schema(
     lock: str,
     version_table: str,
     distributed: Distributed,
+    bucketed: Callable[[psycopg.Connection[Any]], object] | None = None,
 ) -> int:
     """Creates ``schema`` and applies the pending steps in it; returns the version reached.
 
@@ -111,11 +112,22 @@ def migrate_schema(
         lock: The advisory lock's key: one runner of these steps at a time.
         version_table: The qualified name of the table that records the versions applied.
         distributed: Whether the schema is made a Citus distributed schema.
+        bucketed: With ``distributed="buckets"``, called after the steps under the same lock, in
+            a transaction of its own, to distribute the tables by bucket (once; see
+            :mod:`processor._postgres.schema.buckets`).
 
     Raises:
         CitusUnavailable: Citus was asked for and the database does not have it.
     """
     citus = use_citus(conn, distributed)
+    if distributed == "buckets":
+        apply_migrations(conn, steps, lock=lock, version_table=version_table, schema=schema,
+                         split=True)  # fmt: skip
+        if bucketed is not None:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (lock,))
+                bucketed(conn)
+        return len(steps)
     apply_migrations(
         conn,
         steps,

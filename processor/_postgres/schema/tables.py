@@ -14,7 +14,10 @@ from typing import Any
 
 import psycopg
 
-from processor._postgres.schema.citus import Distributed
+from processor._engine.partitioner import Partitioner
+from processor._errors import ConfigurationError
+from processor._postgres.schema.buckets import BucketLayoutMismatch, bucketize, read_layout
+from processor._postgres.schema.citus import Distributed, distributed
 from processor._postgres.schema.ddl import (
     MIGRATIONS,
     citus_node_ddl,
@@ -119,7 +122,12 @@ def sql_identifier(name: str) -> str:
 
 
 def migrate(
-    conn: psycopg.Connection[object], tables: Tables, distributed: Distributed = "auto"
+    conn: psycopg.Connection[object],
+    tables: Tables,
+    distributed: Distributed = "auto",
+    *,
+    buckets: int | None = None,
+    partitioner: Partitioner = "crc32",
 ) -> int:
     """Creates the schema and applies pending migrations; returns the version reached.
 
@@ -128,9 +136,14 @@ def migrate(
         tables: Where the processor's tables live.
         distributed: Whether the schema is made a Citus distributed schema (see
             :data:`processor._postgres.schema.citus.Distributed`).
+        buckets: With ``distributed="buckets"``, the bucket count of a schema not distributed
+            by bucket yet (``SAGA_DATABASE__BUCKETS``).
+        partitioner: The producers' partitioner, that buckets are computed with.
 
     Raises:
         CitusUnavailable: Citus was asked for and the database does not have it.
+        ConfigurationError: Buckets were asked for and cannot be made (see
+            :func:`bucket_tables`).
     """
     return migrate_schema(
         conn,
@@ -139,4 +152,47 @@ def migrate(
         lock=f"saga-migrate:{tables.schema}",
         version_table=tables.q("schema_version"),
         distributed=distributed,
+        bucketed=lambda c: bucket_tables(c, tables, buckets, partitioner),
+    )
+
+
+def bucket_tables(
+    conn: psycopg.Connection[Any], tables: Tables, buckets: int | None, partitioner: Partitioner
+) -> None:
+    """Distributes the schema's tables by bucket, unless they are already.
+
+    Refuses what it cannot move (a distributed schema) or size (no bucket count).
+    """
+    found = read_layout(conn, tables.schema)
+    if found is not None:
+        if found.partitioner != partitioner:
+            raise BucketLayoutMismatch(
+                [
+                    f"schema {tables.schema} is distributed by buckets of the {found.partitioner}"
+                    f" partitioner, and SAGA_CONSUMER__PARTITIONER is {partitioner}: buckets "
+                    "would no longer match partitions; set it back"
+                ]
+            )
+        return
+    if distributed(conn, tables.schema):
+        raise ConfigurationError(
+            [
+                f"schema {tables.schema} is a Citus distributed schema; moving it to buckets "
+                "in place is not supported: use a new schema (SAGA_DATABASE__SCHEMA_NAME)"
+            ]
+        )
+    if buckets is None:
+        raise ConfigurationError(
+            [
+                "SAGA_DATABASE__DISTRIBUTED is 'buckets' and the schema is not distributed by "
+                "bucket yet: set SAGA_DATABASE__BUCKETS to the input topics' partition count"
+            ]
+        )
+    bucketize(
+        conn,
+        tables.schema,
+        buckets=buckets,
+        partitioner=partitioner,
+        deadline=tables.deadline,
+        deadline_lock=tables.deadline_lock,
     )

@@ -51,6 +51,9 @@ class Intake:
         follow: Holds a grown topic's new partitions' records until what late producers sent
             to the partitions they grew from is applied; None: nothing waits.
         clock: The worker's clock.
+        colocate: Where a partition's rows live (a Citus worker, when the tables are
+            distributed by bucket): a batch takes the records of one place only and carries
+            the others to the next, so that each batch commits on one node. None: one place.
 
     Attributes:
         carry: Records read beyond the batch's byte bound, first in line for the next batch.
@@ -65,6 +68,7 @@ class Intake:
         *,
         follow: Follow | None,
         clock: Callable[[], float],
+        colocate: Callable[[TP], object] | None = None,
     ) -> None:
         self._consumer = consumer
         self._ownership = ownership
@@ -73,6 +77,7 @@ class Intake:
         self.follow = follow
         self._clock = clock
         self.carry: list[Record] = []
+        self._colocate = colocate
         # Records of new partitions waiting on the partitions they follow, with when each was
         # read; a partition with any waits whole, in order, and is paused once it holds a batch.
         self._deferred: dict[TP, list[tuple[float, Record]]] = {}
@@ -100,13 +105,38 @@ class Intake:
             fresh = self._consumer.consume(room, wait)
             records.extend(self._defer(fresh) if self.follow is not None else fresh)
         self._note_ends()
+        if self._colocate is not None and records:
+            records = self._one_place(records, self._colocate)
         size = 0
         for i, r in enumerate(records):
             size += len(r.value or b"") + len(r.key or b"")
             if size > limits.max_batch_bytes and i > 0:
-                self.carry = records[i:]
+                self.carry = records[i:] + self.carry
                 return records[:i]
         return records
+
+    def _one_place(self, records: list[Record], colocate: Callable[[TP], object]) -> list[Record]:
+        """The records whose rows live where the first one's do; the rest go first next time.
+
+        Each partition's records keep their order: a partition's records are all taken or all
+        carried.
+        """
+        where: dict[TP, object] = {}
+
+        def place(r: Record) -> object:
+            tp = (r.topic, r.partition)
+            found = where.get(tp)
+            if found is None:
+                found = where[tp] = colocate(tp)
+            return found
+
+        first = place(records[0])
+        if first is None:  # no places: every partition's rows live together
+            return records
+        taken = [r for r in records if place(r) == first]
+        if len(taken) < len(records):
+            self.carry = [r for r in records if place(r) != first] + self.carry
+        return taken
 
     def claimed(self, tps: Iterable[TP]) -> None:
         """Partitions just claimed start from their stored positions: no end is kept for them."""

@@ -101,6 +101,8 @@ class Worker:
         unavailable_timeout: Seconds the database may fail before the partitions go back.
         clock: The clock of the outage bound and the retries.
         wire: Translates registry-framed records; None: every topic is our JSON.
+        colocate: Where a partition's rows live; each batch holds records of one place (see
+            :class:`Intake`). None: every partition's rows live together.
     """
 
     def __init__(
@@ -128,6 +130,7 @@ class Worker:
         unavailable_timeout: float = 20.0,
         clock: Callable[[], float] = time.monotonic,
         wire: SchemaResolver | None = None,
+        colocate: Callable[[TP], object] | None = None,
     ) -> None:
         self.planner = planner
         self.registry = registry
@@ -173,6 +176,7 @@ class Worker:
             self.stats,
             follow=follow,
             clock=clock,
+            colocate=colocate,
         )
         self._recovery = Recovery(
             self._lanes,

@@ -1,0 +1,252 @@
+"""Citus, distributed by bucket: one processor's tables spread over several workers.
+
+With ``SAGA_DATABASE__DISTRIBUTED=buckets`` the processor's schema is not a distributed schema
+(one shard group, one worker) but a set of hash-distributed tables, co-located by a ``bucket``
+column (:mod:`processor._engine.buckets`): a saga's rows, and a partition's offsets and dead
+letters, share one shard group, and the groups spread over the workers. Every primary key and
+unique index leads with the bucket; the statements of the hot path carry it, so Citus routes
+each to one worker. Tables written rarely or read whole (the versions, the deadline lease, the
+partition counts and growths, the operators' trail, the node pin, the layout) are reference
+tables.
+
+The tables are made by the same migrations as everywhere, then :func:`bucketize` adds the
+column, re-keys them and distributes them, in the migration's transaction. It records the
+layout (:data:`LAYOUT_TABLE`): the bucket count, the partitioner, and each bucket's key, chosen
+so that each bucket is a shard of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from processor._engine.buckets import Buckets
+from processor._engine.partitioner import Partitioner, normalise
+from processor._errors import ConfigurationError
+
+__all__ = [
+    "BY_BUCKET",
+    "LAYOUT_TABLE",
+    "REFERENCE",
+    "BucketLayoutMismatch",
+    "bucketize",
+    "read_layout",
+]
+
+LAYOUT_TABLE = "bucket_layout"
+
+# Each saga table, the primary key after the bucket, and where an existing row's bucket comes
+# from: its saga, else the input partition it came from (offsets, dead letters, rows of no saga).
+BY_BUCKET: dict[str, str] = {
+    "saga_instance": "saga_type, saga_id",
+    "saga_history": "id",
+    "outbox": "id",
+    "failed_outbox": "id",
+    "{deadline}": "id",
+    "parked_message": "id",
+    "saga_tombstone": "saga_type, saga_id",
+    "consumer_offset": "group_id, topic, partition",
+    "dead_letter": "id",
+}
+REFERENCE = (
+    "schema_version",
+    "{deadline_lock}",
+    "partition_count",
+    "partition_growth",
+    "operator_audit",
+    "citus_node",
+    LAYOUT_TABLE,
+)
+# Unique indexes that are not primary keys, re-made with the bucket first.
+_UNIQUE = (
+    "CREATE UNIQUE INDEX saga_history_applied_idx ON {t} (bucket, saga_type, saga_id, message_id)"
+    " WHERE outcome = 'applied'",
+)
+_DEADLINE_UNIQUE = "ALTER TABLE {t} ADD UNIQUE (bucket, saga_type, saga_id, name)"
+
+
+class BucketLayoutMismatch(ConfigurationError):
+    """The settings name another partitioner than the one the tables were distributed under."""
+
+
+def _names(schema: str, deadline: str, deadline_lock: str, name: str) -> sql.Composed:
+    table = name.replace("{deadline}", deadline).replace("{deadline_lock}", deadline_lock)
+    return sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(table))
+
+
+def read_layout(conn: psycopg.Connection[Any], schema: str) -> Buckets | None:
+    """The schema's recorded layout; None when its tables are not distributed by bucket."""
+    table = sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(LAYOUT_TABLE))
+    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table.as_string(conn),)).fetchone()
+    if not exists or not exists[0]:
+        return None
+    row = conn.execute(
+        sql.SQL("SELECT buckets, partitioner, keys FROM {}").format(table)
+    ).fetchone()
+    if row is None:
+        return None
+    return Buckets(int(row[0]), normalise(str(row[1])), tuple(int(k) for k in row[2]))
+
+
+def bucketize(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    *,
+    buckets: int,
+    partitioner: Partitioner,
+    deadline: str = "saga_deadline",
+    deadline_lock: str = "saga_deadline_lock",
+) -> Buckets:
+    """Distributes the migrated plain tables of ``schema`` by bucket, in the caller's transaction.
+
+    Existing rows get their saga's bucket (or their partition's), computed here with the
+    partitioner, so a processor moving from one PostgreSQL keeps every row.
+
+    Returns:
+        The layout recorded.
+    """
+
+    def q(name: str) -> sql.Composed:
+        return _names(schema, deadline, deadline_lock, name)
+
+    layout = q(LAYOUT_TABLE)
+    conn.execute(
+        sql.SQL(
+            "CREATE TABLE {} (one boolean PRIMARY KEY DEFAULT true CHECK (one),"
+            " buckets int NOT NULL, partitioner text NOT NULL, keys int[] NOT NULL,"
+            " made_at timestamptz NOT NULL DEFAULT now())"
+        ).format(layout)
+    )
+    layout_of = Buckets(buckets, partitioner, _bucket_keys(conn, buckets))
+    for name in BY_BUCKET:
+        conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN bucket int").format(q(name)))
+    _backfill(conn, q, layout_of)
+    for name, key in BY_BUCKET.items():
+        table = q(name)
+        conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN bucket SET NOT NULL").format(table))
+        _drop_unique(conn, table)
+        conn.execute(
+            sql.SQL("ALTER TABLE {} ADD PRIMARY KEY (bucket, {})").format(table, sql.SQL(key))
+        )
+    conn.execute(sql.SQL(_UNIQUE[0]).format(t=q("saga_history")))
+    conn.execute(sql.SQL(_DEADLINE_UNIQUE).format(t=q("{deadline}")))
+    first = q("saga_instance").as_string(conn)
+    conn.execute(
+        "SELECT create_distributed_table(%s, 'bucket', shard_count => %s)", (first, buckets)
+    )
+    for name in BY_BUCKET:
+        if name != "saga_instance":
+            conn.execute(
+                "SELECT create_distributed_table(%s, 'bucket', colocate_with => %s)",
+                (q(name).as_string(conn), first),
+            )
+    _check_keys(conn, first, layout_of.keys)
+    keys = layout_of.keys
+    conn.execute(
+        sql.SQL("INSERT INTO {} (buckets, partitioner, keys) VALUES (%s, %s, %s)").format(layout),
+        (buckets, partitioner, list(keys)),
+    )
+    for name in REFERENCE:
+        conn.execute("SELECT create_reference_table(%s)", (q(name).as_string(conn),))
+    return Buckets(buckets, partitioner, keys)
+
+
+def _backfill(conn: psycopg.Connection[Any], q: Any, plain: Buckets) -> None:
+    """Each existing row's bucket key: its saga's, else its partition's."""
+    ids: set[str] = set()
+    for name in BY_BUCKET:
+        if name in ("consumer_offset", "dead_letter"):
+            continue
+        rows = conn.execute(
+            sql.SQL("SELECT DISTINCT saga_id FROM {} WHERE saga_id IS NOT NULL").format(q(name))
+        ).fetchall()
+        ids.update(str(r[0]) for r in rows)
+    if ids:
+        conn.execute(
+            "CREATE TEMP TABLE saga_bucket (saga_id text PRIMARY KEY, b int) ON COMMIT DROP"
+        )
+        with conn.cursor().copy("COPY saga_bucket (saga_id, b) FROM STDIN") as copy:
+            for saga_id in ids:
+                copy.write_row((saga_id, plain.of(saga_id)))
+        for name in BY_BUCKET:
+            if name in ("consumer_offset", "dead_letter"):
+                continue
+            conn.execute(
+                sql.SQL(
+                    "UPDATE {} AS x SET bucket = m.b FROM saga_bucket AS m"
+                    " WHERE x.saga_id = m.saga_id"
+                ).format(q(name))
+            )
+    for name, column in (
+        ("outbox", "coalesce(source_partition, partition, 0)"),
+        ("failed_outbox", "coalesce(source_partition, partition, 0)"),
+        ("consumer_offset", "partition"),
+        ("dead_letter", "partition"),
+    ):
+        conn.execute(
+            sql.SQL("UPDATE {} SET bucket = (%s::int[])[{} %% %s + 1] WHERE bucket IS NULL").format(
+                q(name), sql.SQL(column)
+            ),
+            (list(plain.keys), plain.count),
+        )
+
+
+def _bucket_keys(conn: psycopg.Connection[Any], buckets: int) -> tuple[int, ...]:
+    """For each of ``buckets`` hash-distributed shards, in hash order, the least int in it.
+
+    Citus splits the 32-bit hash space into equal ranges, one per shard (the last one takes the
+    remainder); :func:`_check_keys` confirms it on the tables made.
+    """
+    rows = conn.execute(
+        """
+        WITH s AS (
+            SELECT i, -2147483648::bigint + i * (4294967296 / %(n)s) AS lo,
+                   CASE WHEN i = %(n)s - 1 THEN 2147483647
+                        ELSE -2147483648::bigint + (i + 1) * (4294967296 / %(n)s) - 1 END AS hi
+              FROM generate_series(0, %(n)s - 1) AS i)
+        SELECT DISTINCT ON (i) i, v FROM s, generate_series(0, 200000) AS v
+         WHERE worker_hash(v) BETWEEN s.lo AND s.hi
+         ORDER BY i, v
+        """,
+        {"n": buckets},
+    ).fetchall()
+    keys = tuple(int(v) for _, v in rows)
+    if len(keys) != buckets:
+        raise RuntimeError(f"found bucket keys for {len(keys)} of {buckets} shards")
+    return keys
+
+
+def _check_keys(conn: psycopg.Connection[Any], table: str, keys: tuple[int, ...]) -> None:
+    """Each bucket's key is in its own shard, in order (else Citus's ranges moved on us)."""
+    rows = conn.execute(
+        """
+        SELECT k, (SELECT s.shardminvalue::int FROM pg_dist_shard AS s
+                    WHERE s.logicalrelid = %s::regclass
+                      AND worker_hash(k) BETWEEN s.shardminvalue::int AND s.shardmaxvalue::int)
+          FROM unnest(%s::int[]) WITH ORDINALITY AS u(k, n) ORDER BY n
+        """,
+        (table, list(keys)),
+    ).fetchall()
+    shards = [r[1] for r in rows]
+    if None in shards or shards != sorted(set(shards)):
+        raise RuntimeError(f"bucket keys {keys} do not map one to one onto {table}'s shards")
+
+
+def _drop_unique(conn: psycopg.Connection[Any], table: sql.Composed) -> None:
+    """Drops the table's primary key, unique constraints and unique indexes."""
+    name = table.as_string(conn)
+    for (constraint,) in conn.execute(
+        "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype IN ('p', 'u')",
+        (name,),
+    ).fetchall():
+        conn.execute(
+            sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(table, sql.Identifier(constraint))
+        )
+    for (index,) in conn.execute(
+        "SELECT i.indexrelid::regclass::text FROM pg_index AS i"
+        " WHERE i.indrelid = %s::regclass AND i.indisunique",
+        (name,),
+    ).fetchall():
+        conn.execute(sql.SQL("DROP INDEX {}").format(sql.SQL(index)))

@@ -1,0 +1,263 @@
+"""The processor's tables distributed by bucket (``SAGA_DATABASE__DISTRIBUTED=buckets``).
+
+Each bucket is a shard group of its own, the groups spread over both workers; a partition's
+batch, its relay claim and its load run on the worker of the partition's bucket alone (read from
+the commands Citus logs), and each hot statement that names a bucket gets a router plan (one
+task).
+"""
+
+from __future__ import annotations
+
+import uuid
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.types.numeric import Int4
+
+from processor._engine.buckets import Buckets
+from processor._engine.records import OffsetCommit, OutboxRow
+from processor._engine.rows import HistoryRow, Outcome, SagaStatus, SagaWrite, Wants, WriteSet
+from processor._errors import ConfigurationError
+from processor._postgres.batch import sql_buckets
+from processor._postgres.batch.handle import PostgresBatchStore
+from processor._postgres.connect import connect
+from processor._postgres.outbox import PostgresOutboxStore
+from processor._postgres.schema.buckets import BY_BUCKET, REFERENCE, read_layout
+from processor._postgres.schema.tables import MIGRATIONS, Tables, migrate
+
+pytestmark = pytest.mark.integration
+
+SAGA = "bucket-saga"
+BUCKETS = 6
+
+
+@pytest.fixture
+def schema(citus_url: str) -> Iterator[str]:
+    name = f"t_bucket_{uuid.uuid4().hex[:8]}"
+    yield name
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def layout(citus_url: str, schema: str) -> Buckets:
+    with psycopg.connect(citus_url) as conn:
+        assert migrate(conn, Tables(schema), "buckets", buckets=BUCKETS) == len(MIGRATIONS)
+        conn.commit()
+        found = read_layout(conn, schema)
+    assert found is not None
+    return found
+
+
+def ids_in(partition: int, n: int) -> list[str]:
+    """Saga ids that librdkafka's default partitioner sends to ``partition`` of 6."""
+    found = (f"saga-{i}" for i in range(100_000))
+    return [s for s in found if zlib.crc32(s.encode()) % BUCKETS == partition][:n]
+
+
+def workers_of(conn: psycopg.Connection[Any], schema: str) -> dict[int, str]:
+    """Each bucket key's worker, "host:port", from the shards of the saga table."""
+    rows = conn.execute(
+        """
+        SELECT s.shardminvalue::int, p.nodename || ':' || p.nodeport
+          FROM pg_dist_shard AS s JOIN citus_shards AS p ON p.shardid = s.shardid
+         WHERE s.logicalrelid = %s::regclass
+        """,
+        (f"{schema}.saga_instance",),
+    ).fetchall()
+    layout = read_layout(conn, schema)
+    assert layout is not None
+    by_min = dict(rows)
+    keys = layout.keys
+    return {keys[b]: by_min[sorted(by_min)[b]] for b in range(layout.count)}
+
+
+class Remote:
+    """The commands Citus sends to the workers over one store's connection, and where."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[str, str]] = []
+
+    def connect(self, url: str) -> psycopg.Connection[Any]:
+        conn = connect(url)
+        conn.execute("SET citus.log_remote_commands = on")
+        conn.execute("SET client_min_messages = log")
+        conn.commit()
+        conn.add_notice_handler(
+            lambda d: self.commands.append((d.message_primary or "", d.message_detail or ""))
+        )
+        return conn
+
+    def nodes(self) -> set[str]:
+        return {d.split("@", 1)[1].split(" ", 1)[0] for _, d in self.commands if "@" in d}
+
+
+def test_every_saga_table_is_distributed_by_bucket_a_shard_each_spread_over_the_workers(
+    citus_url: str, schema: str, layout: Buckets
+) -> None:
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        kinds: dict[str, str] = dict(
+            conn.execute(
+                "SELECT table_name::text, citus_table_type FROM citus_tables"
+                " WHERE table_name::text LIKE %s",
+                (f"{schema}.%",),
+            ).fetchall()
+        )
+        groups = conn.execute(
+            "SELECT count(DISTINCT colocation_id), min(shard_count), max(shard_count)"
+            " FROM citus_tables"
+            " WHERE table_name::text LIKE %s AND citus_table_type = 'distributed'",
+            (f"{schema}.%",),
+        ).fetchone()
+        keys = conn.execute(
+            "SELECT kcu.table_name, string_agg(kcu.column_name, ',' ORDER BY kcu.ordinal_position)"
+            " FROM information_schema.table_constraints AS tc"
+            " JOIN information_schema.key_column_usage AS kcu USING (constraint_name, table_schema)"
+            " WHERE tc.table_schema = %s AND tc.constraint_type IN ('PRIMARY KEY', 'UNIQUE')"
+            " GROUP BY kcu.table_name, tc.constraint_name",
+            (schema,),
+        ).fetchall()
+        workers = workers_of(conn, schema)
+    distributed = {name.replace("{deadline}", "saga_deadline") for name in BY_BUCKET}
+    references = {name.replace("{deadline_lock}", "saga_deadline_lock") for name in REFERENCE}
+    assert {f"{schema}.{t}" for t in distributed} == {
+        t for t, kind in kinds.items() if kind == "distributed"
+    }
+    assert {f"{schema}.{t}" for t in references} == {
+        t for t, kind in kinds.items() if kind == "reference"
+    }
+    assert groups == (1, BUCKETS, BUCKETS)
+    for table, columns in keys:
+        if table in distributed:
+            assert columns.split(",")[0] == "bucket", (table, columns)
+    # A bucket per shard, three on each worker.
+    assert len(layout.keys) == len(set(layout.keys)) == BUCKETS
+    per_worker = [list(workers.values()).count(w) for w in set(workers.values())]
+    assert sorted(per_worker) == [3, 3]
+
+
+def test_a_partitions_batch_and_its_relay_claim_run_on_its_buckets_worker_alone(
+    citus_url: str, schema: str, layout: Buckets
+) -> None:
+    tables = Tables(schema)
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        workers = workers_of(conn, schema)
+    remote = Remote()
+    store = PostgresBatchStore(lambda: remote.connect(citus_url), tables, "g")
+    relay = PostgresOutboxStore(lambda: remote.connect(citus_url), tables, "g")
+    try:
+        store.claim([("in", p) for p in range(BUCKETS)], "r0")
+        for partition in (0, 1):
+            sagas = ids_in(partition, 5)
+            remote.commands.clear()
+            store.write(
+                WriteSet(
+                    sagas=[
+                        SagaWrite(SAGA, s, {"n": 1}, SagaStatus.ACTIVE, 1, None, None)
+                        for s in sagas
+                    ],
+                    history=[
+                        HistoryRow(
+                            SAGA,
+                            s,
+                            f"m-{s}",
+                            "Started",
+                            "event",
+                            Outcome.APPLIED,
+                            1,
+                            "in",
+                            partition,
+                            n,
+                        )
+                        for n, s in enumerate(sagas)
+                    ],
+                    outbox=[
+                        OutboxRow(SAGA, s, "out", s.encode(), {}, b"v", None, ("in", partition))
+                        for s in sagas
+                    ],
+                ),
+                [OffsetCommit("in", partition, 5, None, 1)],
+            )
+            home = workers[layout.of_partition(partition)]
+            assert remote.nodes() == {home}, remote.commands
+            assert any("COPY" in m and "saga_instance" in m for m, _ in remote.commands)
+
+            remote.commands.clear()
+            loaded = store.load(
+                Wants({(SAGA, s) for s in sagas}, {(SAGA, s, f"m-{s}") for s in sagas}, set())
+            )
+            assert set(loaded.sagas) == {(SAGA, s) for s in sagas}
+            assert loaded.applied == {(SAGA, s, f"m-{s}") for s in sagas}
+            assert remote.nodes() == {home}
+
+            remote.commands.clear()
+            with relay.claim(100, {("in", partition): 1}) as rows:
+                assert rows is not None
+                assert sorted(r.row.saga_id or "" for r in rows) == sorted(sagas)
+            # The claim's partition statements ran on the home worker; the global path
+            # (rows of no partition, none here) probes every bucket.
+            partition_commands = [
+                d for m, d in remote.commands if "consumer_offset" in m or "DELETE" in m
+            ]
+            assert partition_commands
+            assert all(home in d for d in partition_commands)
+    finally:
+        store.close()
+        relay.close()
+
+
+HOT: dict[str, tuple[str, Callable[[Int4, tuple[int, ...]], tuple[Any, ...]]]] = {
+    "load_sagas": (sql_buckets.LOAD_SAGAS, lambda k, keys: ('[["t", "s"]]', k)),
+    "load_tombstones": (sql_buckets.LOAD_TOMBSTONES, lambda k, keys: ('[["t", "s"]]', k)),
+    "load_applied": (sql_buckets.LOAD_APPLIED, lambda k, keys: ('[["t", "s", "m"]]', k)),
+    "update_sagas": (
+        sql_buckets.UPDATE_SAGAS,
+        lambda k, keys: ('[["t", "s", null, "active", 2, null, 1, null, 1]]', k),
+    ),
+    "clear_deadlines": (sql_buckets.CLEAR_DEADLINES, lambda k, keys: ('[["t", "s"]]', k)),
+    "delete_deadlines": (
+        sql_buckets.DELETE_DEADLINES,
+        lambda k, keys: ('[["t", "s", "n"]]', k),
+    ),
+    "commit_offsets": (
+        sql_buckets.COMMIT_OFFSETS,
+        lambda k, keys: (["in"], [0], [1], [None], [1], k, "g"),
+    ),
+    "lock_owned": (sql_buckets.LOCK_OWNED, lambda k, keys: (k, "g", ["in"], [0])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOT))
+def test_each_hot_statement_that_names_a_bucket_has_a_router_plan(
+    citus_url: str, schema: str, layout: Buckets, name: str
+) -> None:
+    text, params = HOT[name]
+    rendered = Tables(schema).render(text)
+    key = Int4(layout.key(0))
+    with psycopg.connect(citus_url) as conn:
+        plan = "\n".join(
+            r[0] for r in conn.execute(f"EXPLAIN {rendered}", params(key, layout.keys)).fetchall()
+        )
+    assert "Task Count: 1" in plan, plan
+
+
+def test_buckets_without_a_count_refuse_to_make_the_tables(citus_url: str, schema: str) -> None:
+    with psycopg.connect(citus_url) as conn, pytest.raises(ConfigurationError) as refused:
+        migrate(conn, Tables(schema), "buckets")
+    assert "SAGA_DATABASE__BUCKETS" in str(refused.value)
+
+
+def test_a_second_start_keeps_the_layout_and_refuses_another_partitioner(
+    citus_url: str, schema: str, layout: Buckets
+) -> None:
+    with psycopg.connect(citus_url) as conn:
+        migrate(conn, Tables(schema), "buckets", buckets=12)
+        conn.commit()
+        assert read_layout(conn, schema) == layout
+        with pytest.raises(ConfigurationError) as refused:
+            migrate(conn, Tables(schema), "buckets", partitioner="murmur2")
+    assert "SAGA_CONSUMER__PARTITIONER" in str(refused.value)
