@@ -6,6 +6,11 @@ distributed schema on one worker), alternating round by round. Each side reports
 Citus side also the CPU of the coordinator's and each worker's process tree per event, read over
 the whole run of the side (the processor's start-up included, so a little high).
 
+A third Citus side, ``citus_buckets``, drains the same backlog with the processor's tables
+distributed by bucket (``SAGA_DATABASE__DISTRIBUTED=buckets``, 6 buckets for the 6 partitions):
+its events/s against the distributed schema's, and how the workers share the CPU (issue 52's
+goals: at least 0.9x, and the busier worker at most 60% of the two workers' CPU).
+
 The Citus cluster is `SAGA_TEST_CITUS_URL` or the local one (deploy/local/citus.sh); without
 either, S8 says so and measures nothing.
 """
@@ -88,8 +93,9 @@ def _run(found: Services, citus_url: str, box: Scratch, options: Options) -> dic
     # Through a worker only where the workers' registered addresses answer from here (not the
     # containers' network names).
     workers = [url for name, url in cluster.items() if name != "coordinator"]
-    sides = _CITUS_SIDES if all(_answers(url) for url in workers) else _CITUS_SIDES[:1]
-    if len(sides) < len(_CITUS_SIDES):
+    answer = all(_answers(url) for url in workers)
+    sides = _CITUS_SIDES if answer else tuple(s for s in _CITUS_SIDES if s != "citus_worker")
+    if not answer:
         say("S8: the workers do not answer from here; the side through a worker is not measured")
     made: list[Tables] = []
     rounds: list[dict[str, Any]] = []
@@ -105,7 +111,15 @@ def _run(found: Services, citus_url: str, box: Scratch, options: Options) -> dic
                 tables = Tables(schema=f"bench_s8_{side}{n}_{box.run_id}")
                 made.append(tables)
                 row[side] = _citus_side(
-                    found, cluster, pids, tables, box, events, f"{side}{n}", side == "citus_worker"
+                    found,
+                    cluster,
+                    pids,
+                    tables,
+                    box,
+                    events,
+                    f"{side}{n}",
+                    via_worker=side == "citus_worker",
+                    buckets=side == "citus_buckets",
                 )
             rounds.append(row)
             say(
@@ -131,6 +145,15 @@ def _run(found: Services, citus_url: str, box: Scratch, options: Options) -> dic
             r[side]["events_per_s"] for r in rounds
         )
         median[f"{side}_ratio"] = per_s / pg
+    if "citus_buckets" in sides:
+        median["buckets_vs_schema"] = (
+            median["citus_buckets_events_per_s"] / median["citus_events_per_s"]
+        )
+        last = rounds[-1]["citus_buckets"]["node_us"]
+        worker_us = [us for name, us in last.items() if name != "coordinator"]
+        median["buckets_busiest_worker_share"] = (
+            max(worker_us) / sum(worker_us) if sum(worker_us) > 0 else 0.0
+        )
     return {"events": events, "sides": list(sides), "rounds": rounds, "median": median}
 
 
@@ -142,15 +165,24 @@ def _citus_side(
     box: Scratch,
     events: int,
     label: str,
+    *,
     via_worker: bool,
+    buckets: bool = False,
 ) -> dict[str, Any]:
     """One drain on Citus: the schema made through the coordinator (Citus takes DDL there only),
-    the processor connected to the coordinator or to the worker that holds the schema."""
-    ensure_schema(cluster["coordinator"], tables)
-    with psycopg.connect(cluster["coordinator"], autocommit=True) as conn:
-        worker = placement(conn, tables.schema)
-    node = f"{worker[0]}:{worker[1]}" if worker else None
-    through = node if via_worker and node else "coordinator"
+    the processor connected to the coordinator or to the worker that holds the schema; with
+    ``buckets``, the tables distributed by bucket over every worker instead."""
+    node: str | None
+    if buckets:
+        ensure_schema(cluster["coordinator"], tables, "buckets", buckets=s1_backlog.PARTITIONS)
+        node = "every worker"
+        through = "coordinator"
+    else:
+        ensure_schema(cluster["coordinator"], tables)
+        with psycopg.connect(cluster["coordinator"], autocommit=True) as conn:
+            worker = placement(conn, tables.schema)
+        node = f"{worker[0]}:{worker[1]}" if worker else None
+        through = node if via_worker and node else "coordinator"
 
     broker = Meter.find(found.kafka, found.database_url).broker
     before = {name: tree_seconds(pid) if pid else None for name, pid in pids.items()}
@@ -181,8 +213,12 @@ def _answers(url: str) -> bool:
     return True
 
 
-_CITUS_SIDES = ("citus", "citus_worker")
-_LABELS = {"citus": "Citus through the coordinator", "citus_worker": "Citus through the worker"}
+_CITUS_SIDES = ("citus", "citus_worker", "citus_buckets")
+_LABELS = {
+    "citus": "Citus through the coordinator",
+    "citus_worker": "Citus through the worker",
+    "citus_buckets": "Citus by bucket over the workers",
+}
 
 
 def summary(result: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -200,4 +236,20 @@ def summary(result: dict[str, Any]) -> list[tuple[str, str, str]]:
         for name, us in last["node_us"].items():
             rows.append(("S8", f"{label}: CPU us/event, {name}", f"{us:.0f}"))
         rows.append(("S8", f"{label}: schema on", str(last.get("schema_on"))))
+    if "buckets_vs_schema" in median:
+        ratio, share = median["buckets_vs_schema"], median["buckets_busiest_worker_share"]
+        rows.append(
+            (
+                "S8",
+                "by bucket / distributed schema (goal >= 0.90)",
+                f"{ratio:.2f} {'PASS' if ratio >= 0.9 else 'BELOW'}",
+            )
+        )
+        rows.append(
+            (
+                "S8",
+                "by bucket: busiest worker's share of worker CPU (goal <= 0.60)",
+                f"{share:.2f} {'PASS' if share <= 0.6 else 'ABOVE'}",
+            )
+        )
     return rows

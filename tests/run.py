@@ -47,7 +47,7 @@ from devstack import (
     provide_registry,
 )
 from tests.support.hang_watchdog import CURRENT_FILE
-from tests.support.phases import CITUS_TESTS, PHASE, PHASES
+from tests.support.phases import CITUS_BUCKET_TESTS, CITUS_LAYOUT, CITUS_TESTS, PHASE, PHASES
 from tests.support.procs import alive
 
 MARK = TEST_RUN_MARK
@@ -305,7 +305,9 @@ def run_split(args: Sequence[str], env: dict[str, str]) -> int:
        cores idle too.
     3. ``serial``: the tests that disturb the shared services, alone.
     4. The other Citus tests (:data:`CITUS_TESTS`) against a Citus coordinator: those that are
-       not end-to-end on :data:`WORKERS` workers, then the end-to-end ones two at a time.
+       not end-to-end on :data:`WORKERS` workers, then the end-to-end ones two at a time; then
+       those that start processors (:data:`CITUS_BUCKET_TESTS`) again with the processors'
+       tables distributed by bucket.
 
     Steps 2 and 4 run Citus tests only when the whole suite runs, not some of its files. Citus
     is not in Debian's packages: on a machine without it the run says how many tests it skipped
@@ -342,6 +344,11 @@ def run_split(args: Sequence[str], env: dict[str, str]) -> int:
             [plain["serial"]],
         ]
         if on_citus:
+            on_buckets = Phase(
+                "citus phase (buckets)",
+                [*_workers(E2E_WORKERS), "-m", "not serial", *CITUS_BUCKET_TESTS, *args],
+                {**citus_env, CITUS_LAYOUT: "buckets"},
+            )
             stages += [
                 [on_coordinator("", [*_workers(WORKERS), "-m", "not e2e and not serial"])],
                 [
@@ -350,6 +357,7 @@ def run_split(args: Sequence[str], env: dict[str, str]) -> int:
                         [*_workers(E2E_WORKERS, longest_first=True), "-m", "e2e and not serial"],
                     )
                 ],
+                [on_buckets],
             ]
         for stage in stages:
             if TERMINATED.is_set():

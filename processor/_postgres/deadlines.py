@@ -12,9 +12,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from psycopg import sql
+from psycopg.types.numeric import Int4
 
+from processor._engine.buckets import Buckets
 from processor._ports import DeadlineRow
 from processor._postgres.held import Conn, HeldConnection
+from processor._postgres.schema.buckets import read_layout
 from processor._postgres.schema.tables import Tables
 from processor._wire import deadline_channel
 
@@ -103,6 +106,21 @@ class PostgresDeadlineStore:
         # Only undispatched rows, through their own partial index: every other sweep costs the
         # same however many fired rows still wait for their handler.
         self._claim_fresh = claim("c.dispatched_at IS NULL")
+
+        # Tables distributed by bucket: Citus locks rows only in a statement routed to one
+        # shard, so the claim names one bucket in each of its tables and runs bucket by bucket.
+        def in_bucket(text: str) -> str:
+            return (
+                text.replace(" WHERE d.id IN (", " WHERE d.bucket = %(bucket)s::int AND d.id IN (")
+                .replace(" WHERE c.due_at", " WHERE c.bucket = %(bucket)s::int AND c.due_at")
+                .replace(" WHERE i.saga_type", " WHERE i.bucket = %(bucket)s::int AND i.saga_type")
+            )
+
+        self._claim_full_b = in_bucket(self._claim_full)
+        self._claim_fresh_b = in_bucket(self._claim_fresh)
+        self._tables = tables
+        self._buckets: Buckets | bool | None = False
+        self._first_bucket = 0
         self._unclaim = r(
             """
             UPDATE {deadline} SET dispatched_at = NULL
@@ -150,14 +168,50 @@ class PostgresDeadlineStore:
             "limit": limit,
         }
         due: float | None = None
-        with self._held.session() as conn, conn.transaction():
-            claim = self._claim_full if full else self._claim_fresh
-            rows = [DeadlineRow(*r) for r in conn.execute(claim, args).fetchall()]
-            if len(rows) < limit:
-                # Same transaction, so the same now(): every row the claim left is due later.
-                # Asked a moment after, a row coming due in between would wait for a wake-up.
-                due = _seconds(conn.execute(self._next_due).fetchone())
+        with self._held.session() as conn:
+            buckets = self._layout(conn)
+            if buckets is not None:
+                return self._claim_by_bucket(conn, buckets, args, full=full)
+            with conn.transaction():
+                claim = self._claim_full if full else self._claim_fresh
+                rows = [DeadlineRow(*r) for r in conn.execute(claim, args).fetchall()]
+                if len(rows) < limit:
+                    # Same transaction, so the same now(): every row the claim left is due
+                    # later. Asked a moment after, a row coming due in between would wait for a
+                    # wake-up.
+                    due = _seconds(conn.execute(self._next_due).fetchone())
         return rows, due
+
+    def _layout(self, conn: Conn) -> Buckets | None:
+        if self._buckets is False:
+            with conn.transaction():
+                self._buckets = read_layout(conn, self._tables.schema)
+        assert not isinstance(self._buckets, bool)
+        return self._buckets
+
+    def _claim_by_bucket(
+        self, conn: Conn, buckets: Buckets, args: dict[str, Any], *, full: bool
+    ) -> tuple[list[DeadlineRow], float | None]:
+        """The claim one bucket at a time, each a transaction on that bucket's worker.
+
+        The first bucket turns round from call to call, so that a limit reached in the first
+        buckets does not keep the later ones waiting. The next due time is read after the last
+        claim: a row that came due in between reads as due now, and the poller claims again.
+        """
+        claim = self._claim_full_b if full else self._claim_fresh_b
+        limit = int(args["limit"])
+        rows: list[DeadlineRow] = []
+        start = self._first_bucket
+        self._first_bucket = (start + 1) % buckets.count
+        for step in range(buckets.count):
+            key = Int4(buckets.key((start + step) % buckets.count))
+            with conn.transaction():
+                found = conn.execute(claim, {**args, "bucket": key, "limit": limit - len(rows)})
+                rows += [DeadlineRow(*r) for r in found.fetchall()]
+            if len(rows) >= limit:
+                return rows, None
+        with conn.transaction():
+            return rows, _seconds(conn.execute(self._next_due).fetchone())
 
     def unclaim(self, ids: Sequence[str], token: int) -> None:
         """Makes rows dispatched under ``token`` due again."""

@@ -16,6 +16,7 @@ from processor._ports import FAILED_VALUE_PREVIEW, FailedOutboxRow, FailedSelect
 from processor._postgres.held import Conn
 from processor._postgres.outbox import partition_lock_key, relay_lock_key
 from processor._postgres.reads.audit import AuditSql
+from processor._postgres.schema.buckets import read_layout
 from processor._postgres.schema.tables import Tables
 
 __all__ = ["PostgresFailedOutbox"]
@@ -72,6 +73,16 @@ class PostgresFailedOutbox:
         self._select = r(_SELECT)
         self._delete = r(_DELETE)
         self._reinsert = r(_REINSERT)
+        if read_layout(conn, tables.schema) is not None:
+            # Distributed by bucket: the rows keep their bucket on the way back, and Citus
+            # takes row locks only in a statement on one shard. The advisory locks below keep
+            # every relay and operator away from these rows meanwhile, so none are needed.
+            self._select = self._select.replace(" FOR UPDATE", "")
+            self._reinsert = self._reinsert.replace(
+                "source_partition)", "source_partition, bucket)"
+            ).replace(
+                "source_topic, source_partition\n", "source_topic, source_partition, bucket\n"
+            )
         self._lock_keys = (relay_lock_key(tables), partition_lock_key(tables))
         self._audit = AuditSql(conn, tables)
 

@@ -11,9 +11,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
+from psycopg.types.numeric import Int4
+
+from processor._engine.buckets import Buckets
 from processor._ports import Purge
 from processor._postgres.held import Conn, HeldConnection
+from processor._postgres.schema.buckets import read_layout
 from processor._postgres.schema.tables import Tables
 
 __all__ = ["PostgresRetentionStore"]
@@ -118,6 +123,75 @@ _SQL: dict[Purge, str] = {
 }
 
 
+B = "%(bucket)s::int"
+# The same statements over tables distributed by bucket: every table they name is filtered to
+# one bucket, so Citus routes each to one worker (it takes row locks and runs data-modifying
+# CTEs only there); the store runs them bucket by bucket. Each pair must match its template.
+_IN_BUCKET: dict[Purge, tuple[tuple[str, str], ...]] = {
+    Purge.ENDED_HISTORY: (
+        ("DELETE FROM {history} WHERE id", f"DELETE FROM {{history}} WHERE bucket = {B} AND id"),
+        ("WHERE status = 'ended'", f"WHERE bucket = {B} AND status = 'ended'"),
+        ("WHERE h.saga_type = v.saga_type", f"WHERE h.bucket = {B} AND h.saga_type = v.saga_type"),
+    ),
+    Purge.ENDED_SAGAS: (
+        ("WHERE status = 'ended'", f"WHERE s.bucket = {B} AND status = 'ended'"),
+        ("WHERE x.saga_type", f"WHERE x.bucket = {B} AND x.saga_type"),
+        ("WHERE i.saga_type = v.saga_type", f"WHERE i.bucket = {B} AND i.saga_type = v.saga_type"),
+        ("RETURNING i.saga_type", "RETURNING i.bucket, i.saga_type"),
+        ("WHERE h.saga_type = g.saga_type", f"WHERE h.bucket = {B} AND h.saga_type = g.saga_type"),
+        (
+            "(saga_type, saga_id, ended_at, purged_at)",
+            "(bucket, saga_type, saga_id, ended_at, purged_at)",
+        ),
+        (
+            "SELECT saga_type, saga_id, ended_at, now() FROM gone",
+            "SELECT bucket, saga_type, saga_id, ended_at, now() FROM gone",
+        ),
+        ("ON CONFLICT (saga_type, saga_id)", "ON CONFLICT (bucket, saga_type, saga_id)"),
+    ),
+    Purge.HISTORY: (
+        ("DELETE FROM {history} WHERE id", f"DELETE FROM {{history}} WHERE bucket = {B} AND id"),
+        ("WHERE outcome <> 'applied'", f"WHERE h.bucket = {B} AND outcome <> 'applied'"),
+        ("WHERE i.saga_type", f"WHERE i.bucket = {B} AND i.saga_type"),
+    ),
+    Purge.APPLIED: (
+        ("DELETE FROM {history} WHERE id", f"DELETE FROM {{history}} WHERE bucket = {B} AND id"),
+        ("WHERE at < now()", f"WHERE h.bucket = {B} AND at < now()"),
+        ("WHERE i.saga_type", f"WHERE i.bucket = {B} AND i.saga_type"),
+    ),
+    Purge.TOMBSTONES: (
+        ("DELETE FROM {tombstone} WHERE", f"DELETE FROM {{tombstone}} WHERE bucket = {B} AND"),
+        ("WHERE ended_at", f"WHERE bucket = {B} AND ended_at"),
+    ),
+    Purge.DEAD_LETTERS: (
+        ("DELETE FROM {dead_letter} WHERE", f"DELETE FROM {{dead_letter}} WHERE bucket = {B} AND"),
+        ("WHERE created_at", f"WHERE bucket = {B} AND created_at"),
+    ),
+    Purge.PARKED: (
+        ("DELETE FROM {parked} WHERE", f"DELETE FROM {{parked}} WHERE bucket = {B} AND"),
+        ("WHERE p.created_at", f"WHERE p.bucket = {B} AND p.created_at"),
+        ("WHERE i.saga_type", f"WHERE i.bucket = {B} AND i.saga_type"),
+    ),
+    Purge.FAILED_OUTBOX: (
+        (
+            "DELETE FROM {failed_outbox} WHERE",
+            f"DELETE FROM {{failed_outbox}} WHERE bucket = {B} AND",
+        ),
+        ("WHERE failed_at", f"WHERE bucket = {B} AND failed_at"),
+    ),
+}
+
+
+def in_bucket(what: Purge) -> str:
+    """:data:`_SQL`'s statement for ``what`` filtered to one bucket (``%(bucket)s``)."""
+    text = _SQL[what]
+    for old, new in _IN_BUCKET[what]:
+        if old not in text:
+            raise AssertionError(f"{what}: {old!r} is not in its statement")
+        text = text.replace(old, new)
+    return text
+
+
 class PostgresRetentionStore:
     """:class:`processor._ports.RetentionStore` over one connection, opened on first use.
 
@@ -134,8 +208,39 @@ class PostgresRetentionStore:
         self._held = HeldConnection(connect)
         self._lock_key = f"saga-retention:{tables.schema}"
         self._sql = {what: tables.render(text) for what, text in _SQL.items()}
+        self._sql_b = {what: tables.render(in_bucket(what)) for what in _SQL}
+        self._tables = tables
+        self._buckets: Buckets | bool | None = False
 
     def purge(self, what: Purge, older_than: timedelta, limit: int) -> int | None:
+        if self._buckets is False:
+            with self._held.session() as conn, conn.transaction():
+                self._buckets = read_layout(conn, self._tables.schema)
+        if isinstance(self._buckets, Buckets):
+            return self._purge_by_bucket(self._buckets, what, older_than, limit)
+        return self._purge(what, older_than, limit, self._sql[what], {})
+
+    def _purge_by_bucket(
+        self, buckets: Buckets, what: Purge, older_than: timedelta, limit: int
+    ) -> int | None:
+        """The chunk bucket by bucket, each a transaction on the bucket's worker.
+
+        Until ``limit`` rows went; None when another replica's retention runs.
+        """
+        done = 0
+        for b in range(buckets.count):
+            params = {"bucket": Int4(buckets.key(b))}
+            got = self._purge(what, older_than, limit - done, self._sql_b[what], params)
+            if got is None:
+                return None if done == 0 else done
+            done += got
+            if done >= limit:
+                break
+        return done
+
+    def _purge(
+        self, what: Purge, older_than: timedelta, limit: int, text: str, extra: dict[str, Any]
+    ) -> int | None:
         with self._held.session() as conn, conn.transaction():
             row = conn.execute(
                 "SELECT pg_try_advisory_xact_lock(hashtext(%s))", (self._lock_key,)
@@ -143,7 +248,7 @@ class PostgresRetentionStore:
             if row is None or not row[0]:
                 return None
             conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-            cur = conn.execute(self._sql[what], {"age": older_than, "limit": limit})
+            cur = conn.execute(text, {"age": older_than, "limit": limit, **extra})
             return max(cur.rowcount, 0)
 
     def close(self) -> None:

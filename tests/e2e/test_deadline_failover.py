@@ -46,8 +46,10 @@ def env(
     topics = [prefix + t for t in (TRANSFER_EVENTS_TOPIC, ACCOUNT_COMMANDS_TOPIC)]
     topics.append(prefix + "saga-dead-letters")
     create_topics(kafka_bootstrap, topics, partitions=3)
-    # Migrated up front so the test can watch the lease table from the first moment.
-    ensure_schema(database_url, Tables(pg_schema))
+    # Migrated up front so the test can watch the lease table from the first moment, in the
+    # layout the processes will use (the Citus phase runs them on buckets too).
+    db = settings_for(kafka_bootstrap, database_url, pg_schema, prefix).database
+    ensure_schema(database_url, Tables(pg_schema), db.distributed, buckets=db.buckets)
     yield {
         "kafka": kafka_bootstrap,
         "db": database_url,

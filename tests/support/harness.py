@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -33,6 +34,7 @@ from processor._bootstrap.processor import build_processor
 from processor._runtime.processor import Processor
 from processor.publish import EventPublisher
 from processor.settings import ProcessorSettings
+from tests.support.phases import CITUS_BUCKETS, CITUS_LAYOUT
 
 T = TypeVar("T")
 
@@ -58,6 +60,9 @@ def settings_for(
         # Any free port: several processors run on one machine (see Processor.metrics_port).
         "metrics": {"bind_any": True, "host": "127.0.0.1", "sample_interval": "300ms"},
     }
+    if os.environ.get(CITUS_LAYOUT) == "buckets":
+        # The Citus phase run again with the tables distributed by bucket (tests/run.py).
+        base["database"].update(distributed="buckets", buckets=CITUS_BUCKETS)
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):
             base[key] = {**base[key], **value}

@@ -9,6 +9,13 @@ import pytest
 PHASE = "SAGA_TEST_PHASE"
 """Which part of the suite a pytest process runs: one of :data:`PHASES`, or ``citus``."""
 
+CITUS_LAYOUT = "SAGA_TEST_CITUS_LAYOUT"
+"""``buckets``: the processors the Citus tests start distribute their tables by bucket
+(:data:`CITUS_BUCKETS` of them) instead of making their schema a distributed schema."""
+
+CITUS_BUCKETS = 6
+"""The bucket count of the processors of a ``buckets`` run: the tests' usual partition count."""
+
 PHASES = ("parallel", "e2e", "serial")
 """The phases of a split run against single PostgreSQL, in order (see :func:`phase_of`)."""
 
@@ -45,6 +52,11 @@ the parts around the hot path. The rest of the integration suite passes on Citus
 when last run by hand) but for two files that assert plain PostgreSQL's plans; it is left out
 to keep the phase short."""
 
+
+CITUS_BUCKET_TESTS = tuple(t for t in CITUS_TESTS if t not in ("tests/contract", "tests/citus"))
+"""What the Citus phase runs again with :data:`CITUS_LAYOUT` ``buckets``: the tests that start
+processors (through ``tests.support.harness.settings_for``), whose tables are then distributed by
+bucket. The contract suites and the Citus tests name their layout themselves."""
 
 LONGEST_FIRST = (
     "tests/e2e/test_restarts_under_load.py",

@@ -101,7 +101,6 @@ class BatchSql:
         self._insert_dead_letters = r(sql.INSERT_DEAD_LETTERS)
         self._reset_deadlines = r(sql.RESET_DEADLINES)
         self._release_held = r(sql.RELEASE_HELD)
-        self._operator = OperatorReads(tables)
         self._fire_now = r(sql.FIRE_NOW)
         self._insert_parked = r(sql.INSERT_PARKED)
         self._commit_offsets = r(sql.COMMIT_OFFSETS)
@@ -112,11 +111,17 @@ class BatchSql:
         with conn.transaction():
             self._buckets = read_layout(conn, tables.schema)
             self._separate = self._buckets is not None or distributed(conn, tables.schema)
+        self._operator = OperatorReads(tables, self._buckets)
         self._colocation = colocation if self._buckets is not None else None
         self._saga_table = tables.q("saga_instance")
         if self._buckets is not None:
             self._by_bucket = _BucketStatements(tables)
             self._refresh_colocation()
+
+    @property
+    def buckets(self) -> Buckets | None:
+        """How the tables are distributed by bucket; None when they are not."""
+        return self._buckets
 
     def _refresh_colocation(self) -> None:
         if self._colocation is not None and self._buckets is not None:

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Unpack
+
+from psycopg.types.numeric import Int4
 
 from processor._engine.rows import AUDIT_IDS, AuditEntry
 from processor._ports.views import (
@@ -30,6 +33,7 @@ from processor._postgres.connect import connect
 from processor._postgres.dead_letter_sql import DEAD_LETTER, DEAD_LETTER_OF, DEAD_LETTERS, PURGE
 from processor._postgres.held import Conn, OwnedConnection
 from processor._postgres.reads.audit import AuditSql, encode_entries
+from processor._postgres.schema.buckets import read_layout
 from processor._postgres.schema.tables import Tables
 from processor._wire import HEADER_CORRELATION_ID, HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE
 
@@ -193,6 +197,30 @@ _INPUT = """
 """
 
 
+_IN_BUCKET = re.compile(r"FROM \{(instance|history)\}( AS (\w+))?(\s+)(WHERE |ORDER BY )")
+
+
+def in_bucket(text: str) -> str:
+    """``text`` with every read of the saga and history tables narrowed to ``%(bucket)s``.
+
+    For tables distributed by bucket: Citus plans a recursive or correlated read over them only
+    within one shard, so such a read runs once per bucket and the rows are merged here.
+    """
+
+    def narrowed(m: re.Match[str]) -> str:
+        alias = f"{m.group(3)}." if m.group(3) else ""
+        head = f"FROM {{{m.group(1)}}}{m.group(2) or ''}{m.group(4)}WHERE {alias}bucket = {B}"
+        return head + (" AND " if m.group(5) == "WHERE " else " ORDER BY ")
+
+    found, count = _IN_BUCKET.subn(narrowed, text)
+    if not count:
+        raise AssertionError(f"no saga table read in {text!r}")
+    return found
+
+
+B = "%(bucket)s::int"
+
+
 class InspectQueries(OwnedConnection):
     """Read-mostly queries over the processor's tables, on one connection the caller owns.
 
@@ -204,6 +232,17 @@ class InspectQueries(OwnedConnection):
         r = tables.render
         self._render = r
         self._audit = AuditSql(conn, tables)
+        self._buckets = read_layout(conn, tables.schema)
+        # Distributed by bucket: the reads Citus plans only within one shard, per bucket.
+        self._find_b = r(
+            in_bucket(
+                _FIND.replace("saga_id = %s", "saga_id = %(id)s").replace(
+                    "LIMIT %s", "LIMIT %(limit)s"
+                )
+            )
+        )
+        self._overview_b = r(in_bucket(_OVERVIEW))
+        self._purge_delete = r(PURGE[PURGE.index("DELETE") : PURGE.index("), counted")])
         self._sql = {
             name: r(text)
             for name, text in (
@@ -267,6 +306,9 @@ class InspectQueries(OwnedConnection):
 
     def find(self, saga_id: str, limit: int = 50) -> list[SagaSummary]:
         """Sagas of any type with this id."""
+        if self._buckets is not None:
+            params = {"bucket": Int4(self._buckets.of(saga_id)), "id": saga_id, "limit": limit}
+            return [SagaSummary(*r) for r in self.conn.execute(self._find_b, params).fetchall()]
         return [SagaSummary(*r) for r in self._all("find", (saga_id, limit))]
 
     def list_sagas(
@@ -301,8 +343,22 @@ class InspectQueries(OwnedConnection):
             "limit": limit,
         }
         text = list_statement(params, state_contains)
+        if self._buckets is not None:
+            # Each bucket's first page, merged in the list's order.
+            narrowed = self._render(in_bucket(text))
+            rows = [
+                row
+                for key in self._bucket_keys()
+                for row in self.conn.execute(narrowed, {**params, "bucket": key}).fetchall()
+            ]
+            rows.sort(key=lambda r: (r[7], r[0], r[1]))
+            return [SagaSummary(*r) for r in rows[:limit]]
         rows = self.conn.execute(self._render(text), params).fetchall()
         return [SagaSummary(*r) for r in rows]
+
+    def _bucket_keys(self) -> list[Int4]:
+        assert self._buckets is not None
+        return [Int4(self._buckets.key(b)) for b in range(self._buckets.count)]
 
     def stuck(
         self, *, older_than: timedelta, saga_type: str | None = None, limit: int = 50
@@ -313,10 +369,20 @@ class InspectQueries(OwnedConnection):
 
     def overview(self, cap: int = 10_000) -> Overview:
         """Counts for the console's front page; a count that reaches ``cap`` stops there."""
-        sagas = [
-            TypeStatusCount(t, s, int(n), age)
-            for t, s, n, age in self._all("overview", {"cap": cap})
-        ]
+        if self._buckets is not None:
+            # Each bucket's counts and oldest ages, summed (to the cap) and the oldest kept.
+            merged: dict[tuple[str, str], tuple[int, timedelta]] = {}
+            for key in self._bucket_keys():
+                found = self.conn.execute(self._overview_b, {"cap": cap, "bucket": key})
+                for t, s, n, age in found.fetchall():
+                    count, oldest = merged.get((t, s), (0, age))
+                    merged[(t, s)] = (min(cap, count + int(n)), max(age, oldest))
+            sagas = [TypeStatusCount(t, s, n, age) for (t, s), (n, age) in sorted(merged.items())]
+        else:
+            sagas = [
+                TypeStatusCount(t, s, int(n), age)
+                for t, s, n, age in self._all("overview", {"cap": cap})
+            ]
         counts = self.conn.execute(self._sql["counts"], {"cap": cap}).fetchone()
         assert counts is not None
         outbox, failed, overdue, dead, parked = (int(c) for c in counts)
@@ -374,8 +440,24 @@ class InspectQueries(OwnedConnection):
             "cap": AUDIT_IDS,
             "audit": encode_entries([audit] if audit is not None else []),
         }
+        if self._buckets is not None:
+            return self._purge_by_steps(params, audit)
         found = self.conn.execute(self._sql["purge"], params).fetchone()
         return int(found[0]) if found is not None else 0
+
+    def _purge_by_steps(self, params: dict[str, Any], audit: AuditEntry | None) -> int:
+        """:meth:`purge_dead_letters` as a delete, then its audit entry.
+
+        Citus runs a data-modifying CTE only within one shard; dead letters live in every one.
+        """
+        with self.conn.transaction():
+            gone = sorted(
+                int(r[0]) for r in self.conn.execute(self._purge_delete, params).fetchall()
+            )
+            if gone and audit is not None:
+                target = {**audit.target, "count": len(gone), "ids": gone[:AUDIT_IDS]}
+                self._audit.insert([dataclasses.replace(audit, target=target)])
+        return len(gone)
 
     # -- the audit trail -----------------------------------------------------------------------
 

@@ -80,6 +80,17 @@ class OperatorQueries(OwnedConnection):
         # The retry loads and writes exactly as the consumer does; it commits no offsets, so
         # the consumer group plays no part.
         self._batch = BatchSql(conn, tables, group_id="")
+        self._buckets = self._batch.buckets
+        if self._buckets is not None:
+            # Distributed by bucket: Citus joins two tables on their bucket only, and locks
+            # rows only in a statement on one shard.
+            self._parked = self._parked.replace(
+                "ON p.saga_type = i.saga_type",
+                "ON p.bucket = i.bucket AND p.saga_type = i.saga_type",
+            ).replace("GROUP BY i.saga_type", "GROUP BY i.bucket, i.saga_type")
+            self._lock = self._lock.replace(
+                "WHERE saga_type", "WHERE bucket = %s::int AND saga_type"
+            )
 
     # -- views ---------------------------------------------------------------------------------
 
@@ -114,7 +125,8 @@ class OperatorQueries(OwnedConnection):
 
     def lock_saga(self, saga_type: str, saga_id: str) -> SagaRow | None:
         """The saga's row (state, status, version), locked until the transaction ends."""
-        found = self.conn.execute(self._lock, (saga_type, saga_id)).fetchone()
+        key = () if self._buckets is None else (self._buckets.of(saga_id),)
+        found = self.conn.execute(self._lock, (*key, saga_type, saga_id)).fetchone()
         if found is None:
             return None
         state, status, version, state_version = found
