@@ -47,6 +47,9 @@ class MemoryOutboxStore:
     locks in PostgreSQL.
     """
 
+    # Every row is in one place here: a claim never leaves rows for another round.
+    more_waiting = False
+
     def __init__(self, audit: MemoryAuditLog | None = None) -> None:
         # Where operator retries and discards are recorded (shared with other stores if given).
         self.audit = audit if audit is not None else MemoryAuditLog()

@@ -119,7 +119,15 @@ class FailedOutboxStore(Protocol):
 
 
 class OutboxStore(Protocol):
-    """The relay's side of the store."""
+    """The relay's side of the store.
+
+    Attributes:
+        more_waiting: After a claim: rows it left for another round were waiting (a store that
+            claims one place's rows at a time: tables distributed by bucket over several
+            workers), so the relay goes on at once rather than waiting for a wake-up.
+    """
+
+    more_waiting: bool
 
     def claim(
         self,

@@ -34,7 +34,7 @@ so no row of the failed outbox moves while any relay decides about its saga.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -45,6 +45,7 @@ from psycopg.types.numeric import Int4
 from processor._engine.buckets import Buckets
 from processor._engine.records import OutboxRow
 from processor._ports import TP, OutboxEntry, SetAside
+from processor._postgres.colocation import Colocation
 from processor._postgres.held import Conn, HeldConnection
 from processor._postgres.schema.buckets import read_layout
 from processor._postgres.schema.tables import Tables
@@ -241,6 +242,14 @@ class PostgresOutboxStore:
         self._choose_owned_b = tables.render(_CHOOSE_OWNED_B)
         self._delete_b = tables.render(_DELETE_B)
         self._lock_owned_b = tables.render(_LOCK_OWNED_B)
+        self._waiting_b = tables.render(
+            "SELECT 1 FROM {outbox} WHERE bucket = %(bucket)s::int AND (source_topic,"
+            " source_partition) IN (SELECT * FROM unnest(%(t)s::text[], %(p)s::int[])) LIMIT 1"
+        )
+        self._colocation = Colocation()
+        self._saga_table = tables.q("saga_instance")
+        self._turn = 0
+        self.more_waiting = False
         self._counts_b = tables.render(
             "SELECT topic, count FROM {partition_count} WHERE group_id = %s"
         )
@@ -282,6 +291,7 @@ class PostgresOutboxStore:
                     yield None
                     return
                 rows = []
+                self.more_waiting = False
                 budget = _MAX_ID if max_bytes is None else max_bytes
                 buckets = self._layout(conn)
                 if buckets is not None:
@@ -337,6 +347,8 @@ class PostgresOutboxStore:
                     return rows
         if not owned or self._group_id is None:
             return rows
+        counts: dict[str, int] = dict(conn.execute(self._counts_b, (self._group_id,)).fetchall())
+        owned = self._one_place(conn, buckets, owned, counts)
         # The offsets rows of the owned partitions, locked where the epoch is still ours.
         passed: list[tuple[str, int]] = []
         by_bucket: dict[int, list[TP]] = {}
@@ -351,19 +363,7 @@ class PostgresOutboxStore:
                 "e": [owned[tp] for tp in tps],
             }
             passed += conn.execute(self._lock_owned_b, params).fetchall()
-        # Each bucket a passed partition's sagas can be in: one unless its topic grew to a
-        # count that is not a multiple of the buckets.
-        counts: dict[str, int] = dict(conn.execute(self._counts_b, (self._group_id,)).fetchall())
-        wanted: dict[int, list[tuple[str, int]]] = {}
-        for topic, partition in passed:
-            count = counts.get(topic)
-            homes = (
-                buckets.of_partition_sagas(partition, int(count))
-                if count
-                else tuple(buckets.key(b) for b in range(buckets.count))
-            )
-            for bucket in homes:
-                wanted.setdefault(bucket, []).append((topic, partition))
+        wanted = self._homes(buckets, passed, counts)
         for bucket, tps in sorted(wanted.items()):
             if len(rows) >= limit or budget <= 0:
                 break
@@ -378,6 +378,59 @@ class PostgresOutboxStore:
             rows += got
             budget -= sum(len(r[7] or b"") + len(r[5] or b"") for r in got)
         return rows
+
+    @staticmethod
+    def _homes(
+        buckets: Buckets, partitions: Iterable[tuple[str, int]], counts: Mapping[str, int]
+    ) -> dict[int, list[tuple[str, int]]]:
+        """Each bucket the partitions' sagas can be in, with those partitions.
+
+        One bucket a partition, unless its topic's count is not a multiple of the buckets.
+        """
+        wanted: dict[int, list[tuple[str, int]]] = {}
+        for topic, partition in partitions:
+            count = counts.get(topic)
+            homes = (
+                buckets.of_partition_sagas(partition, int(count))
+                if count
+                else tuple(buckets.key(b) for b in range(buckets.count))
+            )
+            for bucket in homes:
+                wanted.setdefault(bucket, []).append((topic, partition))
+        return wanted
+
+    def _one_place(
+        self, conn: Conn, buckets: Buckets, owned: Mapping[TP, int], counts: Mapping[str, int]
+    ) -> Mapping[TP, int]:
+        """The owned partitions of one worker: the next in turn whose rows are waiting.
+
+        A claim that deleted rows on two workers would commit in two phases over both, so each
+        round takes one worker's partitions (read with no lock first: where rows wait), and
+        says when another worker's were waiting too (:attr:`more_waiting`).
+        """
+        if self._colocation.due():
+            self._colocation.refresh(conn, buckets, self._saga_table)
+        places: dict[str, list[TP]] = {}
+        for tp in sorted(owned):
+            places.setdefault(str(self._colocation(tp)), []).append(tp)
+        if len(places) <= 1:
+            return owned
+        order = sorted(places)
+        start = self._turn % len(order)
+        self._turn += 1
+        waiting = [
+            place
+            for place in order[start:] + order[:start]
+            if any(
+                conn.execute(
+                    self._waiting_b,
+                    {"bucket": Int4(b), "t": [t for t, _ in tps], "p": [p for _, p in tps]},
+                ).fetchone()
+                for b, tps in self._homes(buckets, places[place], counts).items()
+            )
+        ]
+        self.more_waiting = len(waiting) > 1
+        return {tp: owned[tp] for tp in places[waiting[0]]} if waiting else {}
 
     def _take(self, conn: Conn, choose: str, params: Mapping[str, object]) -> list[Any]:
         """The rows ``choose`` picks in one bucket, deleted and returned."""

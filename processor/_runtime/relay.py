@@ -181,7 +181,11 @@ class Relay:
             if not entries:
                 return 0
             held = sum(len(e.row.value) + len(e.row.key or b"") for e in entries)
-            self.last_round_full = len(entries) >= self.batch_size or held >= self.max_batch_bytes
+            self.last_round_full = (
+                len(entries) >= self.batch_size
+                or held >= self.max_batch_bytes
+                or self._outbox.more_waiting
+            )
             if self.tracing is not None:
                 links = [e.row.headers for e in entries[:MAX_LINKS]]
                 with self.tracing.span("saga.relay.publish", links=links):

@@ -261,3 +261,75 @@ def test_a_second_start_keeps_the_layout_and_refuses_another_partitioner(
         with pytest.raises(ConfigurationError) as refused:
             migrate(conn, Tables(schema), "buckets", partitioner="murmur2")
     assert "SAGA_CONSUMER__PARTITIONER" in str(refused.value)
+
+
+def test_a_relay_round_takes_one_workers_rows_and_says_the_others_wait(
+    citus_url: str, schema: str, layout: Buckets
+) -> None:
+    tables = Tables(schema)
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        workers = workers_of(conn, schema)
+    # Partition 0 and one whose bucket is on the other worker.
+    other = next(
+        p for p in range(1, BUCKETS) if workers[layout.of_partition(p)] != workers[layout.key(0)]
+    )
+    remote = Remote()
+    store = PostgresBatchStore(lambda: remote.connect(citus_url), tables, "g")
+    relay = PostgresOutboxStore(lambda: remote.connect(citus_url), tables, "g")
+    sent: dict[int, list[str]] = {}
+    try:
+        store.claim([("in", 0), ("in", other)], "r0")
+        for partition in (0, other):
+            sent[partition] = ids_in(partition, 3)
+            store.write(
+                WriteSet(
+                    outbox=[
+                        OutboxRow(SAGA, s, "out", s.encode(), {}, b"v", None, ("in", partition))
+                        for s in sent[partition]
+                    ]
+                ),
+                [OffsetCommit("in", partition, 3, None, 1)],
+            )
+        owned = {("in", 0): 1, ("in", other): 1}
+        rounds = []
+        for _ in range(2):
+            remote.commands.clear()
+            with relay.claim(100, owned) as rows:
+                assert rows is not None
+                rounds.append(sorted(r.row.saga_id or "" for r in rows))
+            deletes = {
+                d.split("@", 1)[1].split(" ")[0] for m, d in remote.commands if "DELETE" in m
+            }
+            assert len(deletes) == 1, remote.commands
+            if len(rounds) == 1:
+                assert relay.more_waiting
+        assert not relay.more_waiting
+        assert sorted(map(tuple, rounds)) == sorted(
+            (tuple(sorted(sent[0])), tuple(sorted(sent[other])))
+        )
+        with relay.claim(100, owned) as rows:
+            assert rows == []
+    finally:
+        store.close()
+        relay.close()
+
+
+def test_each_processors_buckets_are_a_colocation_group_of_their_own(
+    citus_url: str, schema: str, layout: Buckets
+) -> None:
+    # Joined to another schema's group, a bucket moved between workers would move the other
+    # processor's shards with it.
+    other = f"{schema}_b"
+    try:
+        with psycopg.connect(citus_url) as conn:
+            migrate(conn, Tables(other), "buckets", buckets=BUCKETS)
+            conn.commit()
+            groups = conn.execute(
+                "SELECT DISTINCT colocation_id FROM citus_tables"
+                " WHERE table_name = ANY(%s::regclass[])",
+                ([f"{schema}.saga_instance", f"{other}.saga_instance"],),
+            ).fetchall()
+    finally:
+        with psycopg.connect(citus_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(other)))
+    assert len(groups) == 2

@@ -133,8 +133,11 @@ def bucketize(
     conn.execute(sql.SQL(_UNIQUE[0]).format(t=q("saga_history")))
     conn.execute(sql.SQL(_DEADLINE_UNIQUE).format(t=q("{deadline}")))
     first = q("saga_instance").as_string(conn)
+    # A co-location group of its own: by default Citus would join the group of any other table
+    # with as many shards (another processor's), whose shards then move with these.
     conn.execute(
-        "SELECT create_distributed_table(%s, 'bucket', shard_count => %s)", (first, buckets)
+        "SELECT create_distributed_table(%s, 'bucket', shard_count => %s, colocate_with => 'none')",
+        (first, buckets),
     )
     for name in BY_BUCKET:
         if name != "saga_instance":
