@@ -130,7 +130,7 @@ class Adapters:
         """Warns when the database connection is encrypted but its server is not verified."""
         warn_unverified_tls(self._url)
 
-    def _migrate_to_latest(self) -> int:
+    def _migrate_to_latest(self, *, move: bool = False) -> int:
         db = self.settings.database
         return migrate_to_latest(
             self._url,
@@ -138,6 +138,7 @@ class Adapters:
             db.distributed,
             buckets=db.buckets,
             partitioner=self.settings.consumer.partitioner,
+            move=move,
         )
 
     def ensure_schema(self) -> int:
@@ -251,8 +252,12 @@ class Adapters:
         return current_router(lambda: connect(self._url), self.tables, cs.group_id, cs.partitioner)
 
     def migrate(self) -> int:
-        """Creates or upgrades the processor's tables; returns the schema version."""
-        return self._migrate_to_latest()
+        """Creates or upgrades the processor's tables; returns the schema version.
+
+        An operator's command (`saga-processor migrate`): it may distribute tables that already
+        hold rows by bucket, which a replica's start refuses (see `bucket_tables`).
+        """
+        return self._migrate_to_latest(move=True)
 
     def pending_migrations(self) -> tuple[int, str]:
         """The live schema's version and the DDL that would bring it to :attr:`schema_version`."""

@@ -118,7 +118,10 @@ def ensure_schema(
     *,
     buckets: int | None = None,
     partitioner: Partitioner = "crc32",
+    move: bool = False,
 ) -> int:
     """Creates or upgrades the schema (on Citus, distributed: see `migrate`); its version."""
     with connect(url, application_name="saga-processor-migrate") as conn:
-        return migrate(conn, tables, distributed, buckets=buckets, partitioner=partitioner)
+        return migrate(
+            conn, tables, distributed, buckets=buckets, partitioner=partitioner, move=move
+        )

@@ -333,3 +333,83 @@ def test_each_processors_buckets_are_a_colocation_group_of_their_own(
         with psycopg.connect(citus_url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(other)))
     assert len(groups) == 2
+
+
+def test_plain_tables_with_rows_move_to_buckets_only_by_an_operators_migrate(
+    citus_url: str, schema: str
+) -> None:
+    tables = Tables(schema)
+    sagas = {p: ids_in(p, 2) for p in (0, 1)}
+    with psycopg.connect(citus_url) as conn:
+        migrate(conn, tables, "off")
+        conn.commit()
+    plain = PostgresBatchStore(lambda: connect(citus_url), tables, "g")
+    try:
+        plain.claim([("in", 0), ("in", 1)], "r0")
+        for partition, ids in sagas.items():
+            plain.write(
+                WriteSet(
+                    sagas=[
+                        SagaWrite(SAGA, s, {"n": 1}, SagaStatus.ACTIVE, 1, None, None) for s in ids
+                    ],
+                    history=[
+                        HistoryRow(
+                            SAGA,
+                            s,
+                            f"m-{s}",
+                            "Started",
+                            "event",
+                            Outcome.APPLIED,
+                            1,
+                            "in",
+                            partition,
+                            n,
+                        )
+                        for n, s in enumerate(ids)
+                    ],
+                    outbox=[
+                        OutboxRow(SAGA, s, "out", s.encode(), {}, b"v", None, ("in", partition))
+                        for s in ids
+                    ],
+                ),
+                [OffsetCommit("in", partition, 2, None, 1)],
+            )
+    finally:
+        plain.close()
+
+    # A replica's start refuses: replicas still running would not fit the moved tables.
+    with psycopg.connect(citus_url) as conn, pytest.raises(ConfigurationError) as refused:
+        migrate(conn, tables, "buckets", buckets=BUCKETS)
+    assert "saga-processor migrate" in str(refused.value)
+
+    with psycopg.connect(citus_url) as conn:
+        migrate(conn, tables, "buckets", buckets=BUCKETS, move=True)
+        conn.commit()
+        layout = read_layout(conn, schema)
+        assert layout is not None
+        placed = conn.execute(
+            sql.SQL("SELECT saga_id, bucket FROM {}.saga_instance").format(sql.Identifier(schema))
+        ).fetchall()
+        offsets = conn.execute(
+            sql.SQL("SELECT partition, bucket, next_offset FROM {}.consumer_offset").format(
+                sql.Identifier(schema)
+            )
+        ).fetchall()
+    assert {s: b for s, b in placed} == {s: layout.of(s) for ids in sagas.values() for s in ids}
+    assert sorted(offsets) == [(p, layout.of_partition(p), 2) for p in (0, 1)]
+
+    # The moved rows carry on: each saga loads, its history says its record was applied.
+    store = PostgresBatchStore(lambda: connect(citus_url), tables, "g")
+    try:
+        every = [s for ids in sagas.values() for s in ids]
+        loaded = store.load(
+            Wants({(SAGA, s) for s in every}, {(SAGA, s, f"m-{s}") for s in every}, set())
+        )
+        assert set(loaded.sagas) == {(SAGA, s) for s in every}
+        assert len(loaded.applied) == len(every)
+        assert store.read_offsets([("in", 0), ("in", 1)]) == {
+            ("in", 0): (1, 2),
+            ("in", 1): (1, 2),
+        }
+    finally:
+        store.close()

@@ -128,6 +128,7 @@ def migrate(
     *,
     buckets: int | None = None,
     partitioner: Partitioner = "crc32",
+    move: bool = False,
 ) -> int:
     """Creates the schema and applies pending migrations; returns the version reached.
 
@@ -139,6 +140,8 @@ def migrate(
         buckets: With ``distributed="buckets"``, the bucket count of a schema not distributed
             by bucket yet (``SAGA_DATABASE__BUCKETS``).
         partitioner: The producers' partitioner, that buckets are computed with.
+        move: Tables that hold rows may be distributed by bucket (an operator's `migrate`,
+            every replica stopped); a replica's start refuses to.
 
     Raises:
         CitusUnavailable: Citus was asked for and the database does not have it.
@@ -152,12 +155,17 @@ def migrate(
         lock=f"saga-migrate:{tables.schema}",
         version_table=tables.q("schema_version"),
         distributed=distributed,
-        bucketed=lambda c: bucket_tables(c, tables, buckets, partitioner),
+        bucketed=lambda c: bucket_tables(c, tables, buckets, partitioner, move=move),
     )
 
 
 def bucket_tables(
-    conn: psycopg.Connection[Any], tables: Tables, buckets: int | None, partitioner: Partitioner
+    conn: psycopg.Connection[Any],
+    tables: Tables,
+    buckets: int | None,
+    partitioner: Partitioner,
+    *,
+    move: bool = False,
 ) -> None:
     """Distributes the schema's tables by bucket, unless they are already.
 
@@ -179,6 +187,21 @@ def bucket_tables(
             [
                 f"schema {tables.schema} is a Citus distributed schema; moving it to buckets "
                 "in place is not supported: use a new schema (SAGA_DATABASE__SCHEMA_NAME)"
+            ]
+        )
+    used = conn.execute(
+        tables.render(
+            "SELECT EXISTS (SELECT 1 FROM {offsets}) OR EXISTS (SELECT 1 FROM {instance})"
+        )
+    ).fetchone()
+    if used and used[0] and not move:
+        # Replicas running the plain statements would meet tables they no longer fit (a
+        # bucket column to fill): the move is an operator's, with every replica stopped.
+        raise ConfigurationError(
+            [
+                f"schema {tables.schema} holds rows and is not distributed by bucket: stop "
+                "every replica, run `saga-processor migrate` with SAGA_DATABASE__DISTRIBUTED="
+                "buckets (it moves the rows, each to its saga's bucket), then start them"
             ]
         )
     if buckets is None:
