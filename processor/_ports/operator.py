@@ -233,6 +233,10 @@ class CheckSource(Protocol):
         """Where the tables live on a Citus cluster, in words; None on a plain PostgreSQL."""
         ...
 
+    def buckets(self) -> int | None:
+        """The bucket count the tables are distributed by; None when they are not."""
+        ...
+
     def node_problem(self) -> str | None:
         """On Citus, why the connection's node is not the one the schema's processes use."""
         ...

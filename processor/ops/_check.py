@@ -14,7 +14,8 @@ Run with the new code before it processes anything (a CI/CD step or a Kubernetes
   the check: :class:`processor._errors.SchemaNotMigrated`, before any other table is read).
 
 On a Citus cluster it notes where the schema's tables are (which worker, or still on the
-coordinator).
+coordinator; with the tables distributed by bucket, how many buckets on each worker, and for each
+input topic whether its partition count keeps every batch on one worker).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 
 from processor._authoring.messages import MessageRegistry
 from processor._authoring.upcasting import MissingUpcaster
+from processor._engine.buckets import growth_verdict
 from processor._engine.partitioner import Partitioner, fits, matching
 from processor._engine.plan import describe_error
 from processor._errors import SchemaNotMigrated
@@ -148,6 +150,12 @@ def run_check(
     wrong_node = source.node_problem()
     if wrong_node is not None:
         report.problems.append(wrong_node)
+    buckets = source.buckets()
+    if buckets is not None and topology is not None and topology.partition_counts is not None:
+        read = sorted(topology.read)
+        for topic, count in sorted(topology.partition_counts(read).items()):
+            if count is not None:
+                report.notes.append(f"topic {topic!r}: {growth_verdict(count, buckets)}")
     _states(report, source.unended_sagas(), sagas)
     _deadlines(report, source.pending_deadlines(), sagas)
     _parked(report, source.parked_messages(), sagas, registry)

@@ -26,6 +26,7 @@ from processor._postgres.batch import sql_buckets
 from processor._postgres.batch.handle import PostgresBatchStore
 from processor._postgres.connect import connect
 from processor._postgres.outbox import PostgresOutboxStore
+from processor._postgres.reads.check import PostgresCheckSource
 from processor._postgres.schema.buckets import BY_BUCKET, REFERENCE, read_layout
 from processor._postgres.schema.tables import MIGRATIONS, Tables, migrate
 
@@ -413,3 +414,18 @@ def test_plain_tables_with_rows_move_to_buckets_only_by_an_operators_migrate(
         }
     finally:
         store.close()
+
+
+def test_check_says_how_the_buckets_spread_over_the_workers(
+    citus_url: str, schema: str, layout: Buckets
+) -> None:
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        source = PostgresCheckSource(conn, Tables(schema))
+        where = source.distribution()
+        assert source.buckets() == BUCKETS
+        workers = sorted(set(workers_of(conn, schema).values()))
+    assert where is not None
+    assert "distributed by bucket on Citus" in where
+    assert f"{BUCKETS} buckets (crc32)" in where
+    for worker in workers:
+        assert f"{worker} (3)" in where

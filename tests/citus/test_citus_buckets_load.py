@@ -48,15 +48,19 @@ class TwoPhase:
     """The processors' batches' two-phase commits, by transaction: the worker groups each
     prepared on.
 
-    A batch store's connection is told apart from the replica's other connections (relay,
-    poller, growth watch: the same ``application_name``) by what it ran: only a batch inserts
-    history rows.
+    Every prepared transaction is kept as it is seen; at the end only those of the processors'
+    batch connections count. A batch store's connection is told apart from the replica's other
+    connections (relay, poller, growth watch: the same ``application_name``) by what it was
+    seen running once: a batch's inserts of saga or history rows, or its offsets' update.
     """
+
+    _BATCH = r"INSERT INTO \S*(saga_history|saga_instance)|SET next_offset"
 
     def __init__(self, url: str, names: list[str]) -> None:
         self._url = url
         self._names = [f"saga:{n}" for n in names]
-        self.groups: dict[tuple[str, str], set[int]] = defaultdict(set)
+        self._seen: dict[tuple[str, str], set[int]] = defaultdict(set)
+        self._batches: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -69,23 +73,27 @@ class TwoPhase:
         self._thread.join(10)
 
     def _sample(self) -> None:
-        batches: set[str] = set()
         with psycopg.connect(self._url, autocommit=True) as conn:
-            while not self._stop.wait(0.05):
-                batches |= {
+            while not self._stop.wait(0.01):
+                self._batches |= {
                     str(p)
                     for (p,) in conn.execute(
                         "SELECT pid FROM pg_stat_activity WHERE application_name = ANY(%s)"
-                        " AND query LIKE '%%INSERT INTO%%saga_history%%'",
-                        (self._names,),
+                        " AND query ~ %s",
+                        (self._names, self._BATCH),
                     ).fetchall()
                 }
                 for group, gid in conn.execute(
                     "SELECT groupid, gid FROM pg_dist_transaction"
                 ).fetchall():
                     m = _GID.fullmatch(gid)
-                    if m and m.group(2) in batches:
-                        self.groups[(m.group(2), m.group(3))].add(int(group))
+                    if m:
+                        self._seen[(m.group(2), m.group(3))].add(int(group))
+
+    @property
+    def groups(self) -> dict[tuple[str, str], set[int]]:
+        """The batches' transactions (backend pid, transaction number): their worker groups."""
+        return {k: g for k, g in self._seen.items() if k[0] in self._batches}
 
     def spanning(self) -> int:
         """How many of the transactions committed on more than one worker."""

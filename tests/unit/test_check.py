@@ -26,6 +26,7 @@ class FakeSource:
     partitions: dict[str, set[int]] = field(default_factory=dict)
     where: str | None = None
     wrong_node: str | None = None
+    bucket_count: int | None = None
 
     def schema_version(self) -> int:
         return self.schema
@@ -44,6 +45,9 @@ class FakeSource:
 
     def distribution(self) -> str | None:
         return self.where
+
+    def buckets(self) -> int | None:
+        return self.bucket_count
 
     def node_problem(self) -> str | None:
         return self.wrong_node
@@ -219,3 +223,20 @@ def test_a_schema_never_migrated_stops_the_check_before_any_table_is_read() -> N
 
     with pytest.raises(SchemaNotMigrated, match=f"this code expects {len(MIGRATIONS)}"):
         run_check(Unmigrated(schema=0), SAGAS, registry, expected_schema=len(MIGRATIONS))
+
+
+def test_on_buckets_each_input_topic_is_said_to_keep_batches_local_or_not() -> None:
+    counts = {"in": 12, "also": 9}
+    topology = Topology("g", frozenset(counts), frozenset(), lambda topics: counts)
+    report = run_check(
+        FakeSource(bucket_count=6),
+        SAGAS,
+        registry,
+        expected_schema=len(MIGRATIONS),
+        topology=topology,
+    )
+    notes = "\n".join(report.notes)
+    assert "topic 'in': 12 partitions, a multiple of the 6 buckets" in notes
+    assert "topic 'also': 9 partitions, not a multiple of the 6 buckets" in notes
+    assert "grow to a multiple of 6" in notes
+    assert report.ok

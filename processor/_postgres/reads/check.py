@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 
 from processor._ports.operator import StoredSaga
+from processor._postgres.colocation import Colocation
+from processor._postgres.schema.buckets import read_layout
 from processor._postgres.schema.citus import (
     distributed,
     installed,
@@ -31,6 +34,14 @@ class PostgresCheckSource:
     def __init__(self, conn: psycopg.Connection[Any], tables: Tables) -> None:
         self.conn = conn
         self.tables = tables
+
+    def buckets(self) -> int | None:
+        """The bucket count the tables are distributed by; None when they are not."""
+        with self.conn.transaction():
+            if installed(self.conn) is None:
+                return None
+            layout = read_layout(self.conn, self.tables.schema)
+        return layout.count if layout is not None else None
 
     def schema_version(self) -> int:
         """The migration the schema is at (0: none)."""
@@ -101,6 +112,16 @@ class PostgresCheckSource:
             version = installed(self.conn)
             if version is None:
                 return None
+            layout = read_layout(self.conn, schema)
+            if layout is not None:
+                nodes = Colocation()
+                nodes.refresh(self.conn, layout, self.tables.q("saga_instance"))
+                spread = Counter(str(nodes(("", b))) for b in range(layout.count))
+                return (
+                    f"schema {schema!r} is distributed by bucket on Citus {version}: "
+                    f"{layout.count} buckets ({layout.partitioner}) over "
+                    + ", ".join(f"{node} ({n})" for node, n in sorted(spread.items()))
+                )
             if not distributed(self.conn, schema):
                 return (
                     f"schema {schema!r} holds plain tables on a Citus {version} coordinator: "
