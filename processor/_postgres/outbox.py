@@ -34,6 +34,7 @@ so no row of the failed outbox moves while any relay decides about its saga.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -54,6 +55,8 @@ __all__ = ["PostgresOutboxStore", "partition_lock_key", "relay_lock_key"]
 
 
 _MAX_ID = 9223372036854775807
+# Seconds the input topics' partition counts are used before they are read again (buckets).
+_COUNTS_FOR_S = 5.0
 _RETURNING = """
     RETURNING id, saga_type, saga_id, topic, partition, key, headers, value, attempts,
         (SELECT min(f.id) FROM {failed_outbox} AS f
@@ -242,13 +245,12 @@ class PostgresOutboxStore:
         self._choose_owned_b = tables.render(_CHOOSE_OWNED_B)
         self._delete_b = tables.render(_DELETE_B)
         self._lock_owned_b = tables.render(_LOCK_OWNED_B)
-        self._waiting_b = tables.render(
-            "SELECT 1 FROM {outbox} WHERE bucket = %(bucket)s::int AND (source_topic,"
-            " source_partition) IN (SELECT * FROM unnest(%(t)s::text[], %(p)s::int[])) LIMIT 1"
-        )
         self._colocation = Colocation()
         self._saga_table = tables.q("saga_instance")
         self._turn = 0
+        self._empty = 0
+        self._counts: dict[str, int] = {}
+        self._counts_until = 0.0
         self.more_waiting = False
         self._counts_b = tables.render(
             "SELECT topic, count FROM {partition_count} WHERE group_id = %s"
@@ -347,8 +349,9 @@ class PostgresOutboxStore:
                     return rows
         if not owned or self._group_id is None:
             return rows
-        counts: dict[str, int] = dict(conn.execute(self._counts_b, (self._group_id,)).fetchall())
-        owned = self._one_place(conn, buckets, owned, counts)
+        counts = self._partition_counts(conn)
+        owned, places = self._one_place(conn, buckets, owned)
+        before = len(rows)
         # The offsets rows of the owned partitions, locked where the epoch is still ours.
         passed: list[tuple[str, int]] = []
         by_bucket: dict[int, list[TP]] = {}
@@ -377,6 +380,7 @@ class PostgresOutboxStore:
             got = self._take(conn, self._choose_owned_b, claim)
             rows += got
             budget -= sum(len(r[7] or b"") + len(r[5] or b"") for r in got)
+        self._after_round(len(rows) > before, places)
         return rows
 
     @staticmethod
@@ -400,13 +404,12 @@ class PostgresOutboxStore:
         return wanted
 
     def _one_place(
-        self, conn: Conn, buckets: Buckets, owned: Mapping[TP, int], counts: Mapping[str, int]
-    ) -> Mapping[TP, int]:
-        """The owned partitions of one worker: the next in turn whose rows are waiting.
+        self, conn: Conn, buckets: Buckets, owned: Mapping[TP, int]
+    ) -> tuple[Mapping[TP, int], int]:
+        """The owned partitions of the next worker in turn, and how many workers hold them.
 
         A claim that deleted rows on two workers would commit in two phases over both, so each
-        round takes one worker's partitions (read with no lock first: where rows wait), and
-        says when another worker's were waiting too (:attr:`more_waiting`).
+        round takes one worker's partitions; :meth:`_after_round` then says whether to go on.
         """
         if self._colocation.due():
             self._colocation.refresh(conn, buckets, self._saga_table)
@@ -414,23 +417,36 @@ class PostgresOutboxStore:
         for tp in sorted(owned):
             places.setdefault(str(self._colocation(tp)), []).append(tp)
         if len(places) <= 1:
-            return owned
+            return owned, len(places)
         order = sorted(places)
-        start = self._turn % len(order)
+        place = order[self._turn % len(order)]
         self._turn += 1
-        waiting = [
-            place
-            for place in order[start:] + order[:start]
-            if any(
-                conn.execute(
-                    self._waiting_b,
-                    {"bucket": Int4(b), "t": [t for t, _ in tps], "p": [p for _, p in tps]},
-                ).fetchone()
-                for b, tps in self._homes(buckets, places[place], counts).items()
-            )
-        ]
-        self.more_waiting = len(waiting) > 1
-        return {tp: owned[tp] for tp in places[waiting[0]]} if waiting else {}
+        return {tp: owned[tp] for tp in places[place]}, len(order)
+
+    def _after_round(self, found: bool, places: int) -> None:
+        """Whether another worker's rows may be waiting (:attr:`more_waiting`).
+
+        After a round that found rows, the next worker's turn comes at once; after one that found
+        none, until every worker's turn came up empty in a row: then the relay waits for a
+        wake-up as it does with one place.
+        """
+        if places <= 1:
+            self.more_waiting = False
+            return
+        self._empty = 0 if found else self._empty + 1
+        self.more_waiting = self._empty < places
+
+    def _partition_counts(self, conn: Conn) -> Mapping[str, int]:
+        """The input topics' partition counts the growth watch records, read every few seconds.
+
+        They change only when a topic grows, and a growth keeps a partition's bucket (the growth
+        watch takes multiples only).
+        """
+        now = time.monotonic()
+        if now >= self._counts_until:
+            self._counts = dict(conn.execute(self._counts_b, (self._group_id,)).fetchall())
+            self._counts_until = now + _COUNTS_FOR_S
+        return self._counts
 
     def _take(self, conn: Conn, choose: str, params: Mapping[str, object]) -> list[Any]:
         """The rows ``choose`` picks in one bucket, deleted and returned."""
