@@ -193,7 +193,10 @@ class Adapters:
 
     def deadline_store(self) -> PostgresDeadlineStore:
         """The deadline poller's table and lease."""
-        return PostgresDeadlineStore(self.connect, self.tables)
+        # A frozen leader must not keep what its open transaction holds: its claims' row locks,
+        # and on tables distributed by bucket the lease table's shard lock (a claim reads the
+        # lease, a Citus reference table), which would keep the next leader from taking over.
+        return PostgresDeadlineStore(lambda: self.connect(self._idle_limit), self.tables)
 
     def record_producer(self) -> KafkaRecordProducer:
         """A producer for fired deadlines and operator records."""
