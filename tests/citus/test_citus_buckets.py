@@ -28,6 +28,8 @@ from processor._postgres.connect import connect
 from processor._postgres.outbox import PostgresOutboxStore
 from processor._postgres.reads.check import PostgresCheckSource
 from processor._postgres.schema.buckets import BY_BUCKET, REFERENCE, read_layout
+from processor._postgres.schema.citus import distributed
+from processor._postgres.schema.participant import migrate_participant
 from processor._postgres.schema.tables import MIGRATIONS, Tables, migrate
 
 pytestmark = pytest.mark.integration
@@ -75,6 +77,26 @@ def workers_of(conn: psycopg.Connection[Any], schema: str) -> dict[int, str]:
     by_min = dict(rows)
     keys = layout.keys
     return {keys[b]: by_min[sorted(by_min)[b]] for b in range(layout.count)}
+
+
+def start_sagas(store: PostgresBatchStore, partition: int, sagas: list[str]) -> None:
+    """One batch of ``partition`` starting ``sagas``: their rows, history and a command each."""
+    store.write(
+        WriteSet(
+            sagas=[SagaWrite(SAGA, s, {"n": 1}, SagaStatus.ACTIVE, 1, None, None) for s in sagas],
+            history=[
+                HistoryRow(
+                    SAGA, s, f"m-{s}", "Started", "event", Outcome.APPLIED, 1, "in", partition, n
+                )
+                for n, s in enumerate(sagas)
+            ],
+            outbox=[
+                OutboxRow(SAGA, s, "out", s.encode(), {}, b"v", None, ("in", partition))
+                for s in sagas
+            ],
+        ),
+        [OffsetCommit("in", partition, len(sagas), None, 1)],
+    )
 
 
 class Remote:
@@ -155,34 +177,7 @@ def test_a_partitions_batch_and_its_relay_claim_run_on_its_buckets_worker_alone(
         for partition in (0, 1):
             sagas = ids_in(partition, 5)
             remote.commands.clear()
-            store.write(
-                WriteSet(
-                    sagas=[
-                        SagaWrite(SAGA, s, {"n": 1}, SagaStatus.ACTIVE, 1, None, None)
-                        for s in sagas
-                    ],
-                    history=[
-                        HistoryRow(
-                            SAGA,
-                            s,
-                            f"m-{s}",
-                            "Started",
-                            "event",
-                            Outcome.APPLIED,
-                            1,
-                            "in",
-                            partition,
-                            n,
-                        )
-                        for n, s in enumerate(sagas)
-                    ],
-                    outbox=[
-                        OutboxRow(SAGA, s, "out", s.encode(), {}, b"v", None, ("in", partition))
-                        for s in sagas
-                    ],
-                ),
-                [OffsetCommit("in", partition, 5, None, 1)],
-            )
+            start_sagas(store, partition, sagas)
             home = workers[layout.of_partition(partition)]
             assert remote.nodes() == {home}, remote.commands
             assert any("COPY" in m and "saga_instance" in m for m, _ in remote.commands)
@@ -352,33 +347,7 @@ def test_plain_tables_with_rows_move_to_buckets_only_by_an_operators_migrate(
     try:
         plain.claim([("in", 0), ("in", 1)], "r0")
         for partition, ids in sagas.items():
-            plain.write(
-                WriteSet(
-                    sagas=[
-                        SagaWrite(SAGA, s, {"n": 1}, SagaStatus.ACTIVE, 1, None, None) for s in ids
-                    ],
-                    history=[
-                        HistoryRow(
-                            SAGA,
-                            s,
-                            f"m-{s}",
-                            "Started",
-                            "event",
-                            Outcome.APPLIED,
-                            1,
-                            "in",
-                            partition,
-                            n,
-                        )
-                        for n, s in enumerate(ids)
-                    ],
-                    outbox=[
-                        OutboxRow(SAGA, s, "out", s.encode(), {}, b"v", None, ("in", partition))
-                        for s in ids
-                    ],
-                ),
-                [OffsetCommit("in", partition, 2, None, 1)],
-            )
+            start_sagas(plain, partition, ids)
     finally:
         plain.close()
 
@@ -433,3 +402,13 @@ def test_check_says_how_the_buckets_spread_over_the_workers(
     assert f"{BUCKETS} buckets (crc32)" in where
     for worker in workers:
         assert f"{worker} (3)" in where
+
+
+def test_a_participant_told_buckets_gets_a_distributed_schema_and_says_so(
+    citus_url: str, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with psycopg.connect(citus_url) as conn:
+        migrate_participant(conn, Tables(schema), "buckets")
+        conn.commit()
+        assert distributed(conn, schema)
+    assert "a participant's become a Citus distributed schema" in caplog.text

@@ -10,6 +10,7 @@ applied by the one runner of :mod:`processor._postgres.schema.runner`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import psycopg
@@ -23,6 +24,8 @@ from processor._postgres.schema.tables import (
     outbox_ddl,
     outbox_source_ddl,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = ["PARTICIPANT_MIGRATIONS", "migrate_participant", "migrate_service"]
 
@@ -82,6 +85,15 @@ def migrate_participant(
     Raises:
         CitusUnavailable: Citus was asked for and the database does not have it.
     """
+    if distributed == "buckets":
+        # A participant's tables are not distributed by bucket (yet): a distributed schema, on
+        # one worker, as with "citus". Said once, at each migration.
+        log.warning(
+            "participant schema %s: SAGA_DATABASE__DISTRIBUTED=buckets distributes a processor's "
+            "tables; a participant's become a Citus distributed schema, as with 'citus'",
+            tables.schema,
+        )
+        distributed = "citus"
     schema_q = f'"{tables.schema}"'
     return migrate_schema(
         conn,
