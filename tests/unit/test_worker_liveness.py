@@ -108,13 +108,15 @@ class Live:
         return self.rig.step()
 
 
-@pytest.fixture
-def live() -> Iterator[Live]:
+def _live(
+    colocate: Callable[[TP], object] | None = None, committed: list[WriteSet] | None = None
+) -> tuple[Live, Worker]:
+    """A worker over the in-memory store that fails on demand, and its rig."""
     bound = bind_sagas(ProcessorSettings(database={"url": "postgresql://unused"}), [TransferSaga])
     tables = MemoryTables()
     store = Flaky(tables)
     clock = Clock()
-    committed: list[WriteSet] = []
+    committed = [] if committed is None else committed
     worker = Worker(
         store=store,
         control=store,
@@ -129,16 +131,23 @@ def live() -> Iterator[Live]:
         on_commit=committed.append,
         unavailable_timeout=BOUND,
         clock=clock,
+        colocate=colocate,
     )
     consumer = worker.consumer
     assert isinstance(consumer, MemoryRecordConsumer)
     from processor._runtime.hooks import Hooks
 
     rig = Rig(tables, store, consumer, Hooks(), worker, committed)  # type: ignore[arg-type]
+    return Live(rig, store, clock), worker
+
+
+@pytest.fixture
+def live() -> Iterator[Live]:
+    made, worker = _live()
     try:
-        yield Live(rig, store, clock)
+        yield made
     finally:
-        store.release.set()
+        made.store.release.set()
         worker.close()
 
 
@@ -546,11 +555,9 @@ def test_an_in_doubt_commit_is_resolved_when_a_detached_replica_finds_the_databa
 def test_with_colocated_partitions_each_batch_holds_one_places_records_and_none_is_lost() -> None:
     # Tables distributed by bucket: P0's and P1's rows live on different workers, so a batch
     # takes one worker's partitions and carries the other's records to the next batch.
-    bound = bind_sagas(ProcessorSettings(database={"url": "postgresql://unused"}), [TransferSaga])
-    tables = MemoryTables()
-    store = Flaky(tables)
+    made, worker = _live(colocate=lambda tp: tp[1] % 2)
+    rig, store, tables = made.rig, made.store, made.rig.tables
     places: list[set[int]] = []
-    store.on_write = lambda: None
     original = store.write
 
     def write(ws: WriteSet, offsets: Sequence[OffsetCommit], **kw: object) -> None:
@@ -558,25 +565,6 @@ def test_with_colocated_partitions_each_batch_holds_one_places_records_and_none_
         original(ws, offsets, **kw)  # type: ignore[arg-type]
 
     store.write = write  # type: ignore[method-assign]
-    worker = Worker(
-        store=store,
-        control=store,
-        store_factory=lambda: store,
-        planner=bound.planner,
-        registry=bound.registry,
-        owner="me",
-        consumer=MemoryRecordConsumer,
-        max_record_bytes=1 << 20,
-        batch_size=100,
-        batch_timeout=0.0,
-        clock=Clock(),
-        colocate=lambda tp: tp[1] % 2,
-    )
-    from processor._runtime.hooks import Hooks
-
-    consumer = worker.consumer
-    assert isinstance(consumer, MemoryRecordConsumer)
-    rig = Rig(tables, store, consumer, Hooks(), worker, [])  # type: ignore[arg-type]
     try:
         rig.consumer.assign([P0, P1])
         for i in range(30):
@@ -586,6 +574,7 @@ def test_with_colocated_partitions_each_batch_holds_one_places_records_and_none_
             steps += 1
         worker.settle()
     finally:
+        store.release.set()
         worker.close()
     assert places
     assert all(len(p) == 1 for p in places), places
