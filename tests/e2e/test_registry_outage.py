@@ -121,7 +121,9 @@ def test_the_registry_stopped_for_30_s_under_load_is_waited_out(
     # The killed replica's group session ends within this, so its successor is assigned while
     # the registry is still away (the default, 45 s, would outlast the outage).
     d.env["SAGA_CONSUMER__SESSION_TIMEOUT"] = "6s"
-    registry = SchemaRegistryClient({"url": private_registry.url})
+    # Bounded, as the processor's client is: a call the registry never answers fails the
+    # partner in seconds instead of holding its thread (and the test) for good.
+    registry = SchemaRegistryClient({"url": private_registry.url, "timeout": 5})
     partner = Partner(kafka_bootstrap, registry, d.topic(ra.AVRO_EVENTS))
     try:
         d.start()
