@@ -315,6 +315,13 @@ class _Collector(Collector):
             {(): getattr(stats, "growth_waiting", 0)},
         )
         yield _gauge(
+            "saga_partitions_waiting_on_node",
+            "Owned partitions whose rows' database node does not answer (tables distributed by "
+            "bucket): they wait, the others go on.",
+            [],
+            {(): getattr(stats, "partitions_away", 0)},
+        )
+        yield _gauge(
             "saga_up",
             "1 while every loop of the replica is alive.",
             [],

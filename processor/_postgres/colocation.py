@@ -53,6 +53,10 @@ class Colocation:
         key = layout.of_partition(tp[1])
         return self._nodes.get(key, key)
 
+    def of_bucket(self, key: int) -> object:
+        """The worker of the bucket whose key is ``key`` (the key itself until first read)."""
+        return self._nodes.get(key, key)
+
     def due(self) -> bool:
         """Whether the map should be read again now."""
         return self._clock() >= self._next

@@ -55,6 +55,10 @@ __all__ = ["PostgresOutboxStore", "partition_lock_key", "relay_lock_key"]
 
 
 _MAX_ID = 9223372036854775807
+
+# Seconds a worker whose relay round failed is passed over while the others answer (tables
+# distributed by bucket): a stopped worker costs the others one failed round in this many.
+REST_S = 5.0
 # Seconds the input topics' partition counts are used before they are read again (buckets).
 _COUNTS_FOR_S = 5.0
 _RETURNING = """
@@ -249,6 +253,8 @@ class PostgresOutboxStore:
         self._saga_table = tables.q("saga_instance")
         self._turn = 0
         self._empty = 0
+        # Workers whose last round failed, passed over until then (time.monotonic()).
+        self._resting: dict[str, float] = {}
         self._counts: dict[str, int] = {}
         self._counts_until = 0.0
         self.more_waiting = False
@@ -333,25 +339,75 @@ class PostgresOutboxStore:
         budget: int,
         global_path: bool,
     ) -> list[Any]:
-        """`claim` over tables distributed by bucket: each statement routed to one worker."""
+        """`claim` over tables distributed by bucket: each statement routed to one worker.
+
+        A claim that deleted rows on two workers would commit in two phases over both, so each
+        round takes one worker's buckets (of no partition, on the global path) and partitions,
+        workers in turn; :meth:`_after_round` then says whether to go on. A worker whose round
+        failed is passed over for :data:`REST_S` while others answer: the others' rows go on
+        while it is away.
+        """
+        if self._colocation.due():
+            self._colocation.refresh(conn, buckets, self._saga_table)
+        if self._group_id is None:
+            owned = {}
+        place, places = self._next_place(buckets, owned, global_path)
+        try:
+            rows = self._round(conn, buckets, limit, owned, budget, global_path, place)
+        except psycopg.Error:
+            if places > 1:
+                self._resting[str(place)] = time.monotonic() + REST_S
+            raise
+        self._resting.pop(str(place), None)
+        self._after_round(bool(rows), places)
+        return rows
+
+    def _next_place(
+        self, buckets: Buckets, owned: Mapping[TP, int], global_path: bool
+    ) -> tuple[object, int]:
+        """The worker whose turn it is (None: one worker holds all), and how many there are."""
+        colocation = self._colocation
+        found = {str(colocation(tp)) for tp in owned}
+        if global_path:
+            found |= {str(colocation.of_bucket(buckets.key(b))) for b in range(buckets.count)}
+        if len(found) <= 1:
+            return None, len(found)
+        order = sorted(found)
+        now = time.monotonic()
+        ready = [p for p in order if self._resting.get(p, 0.0) <= now] or order
+        place = ready[self._turn % len(ready)]
+        self._turn += 1
+        return place, len(order)
+
+    def _round(
+        self,
+        conn: Conn,
+        buckets: Buckets,
+        limit: int,
+        owned: Mapping[TP, int],
+        budget: int,
+        global_path: bool,
+        place: object,
+    ) -> list[Any]:
+        """One worker's rows (``place``; None: every worker's)."""
+        colocation = self._colocation
         rows: list[Any] = []
         if global_path:
             for b in range(buckets.count):
-                step = {
-                    "bucket": Int4(buckets.key(b)),
-                    "limit": limit - len(rows),
-                    "max_bytes": budget,
-                }
+                key = buckets.key(b)
+                if place is not None and str(colocation.of_bucket(key)) != place:
+                    continue
+                step = {"bucket": Int4(key), "limit": limit - len(rows), "max_bytes": budget}
                 got = self._take(conn, self._choose_global_b, step)
                 rows += got
                 budget -= sum(len(r[7] or b"") + len(r[5] or b"") for r in got)
                 if len(rows) >= limit or budget <= 0:
                     return rows
-        if not owned or self._group_id is None:
+        if place is not None:
+            owned = {tp: e for tp, e in owned.items() if str(colocation(tp)) == place}
+        if not owned:
             return rows
         counts = self._partition_counts(conn)
-        owned, places = self._one_place(conn, buckets, owned)
-        before = len(rows)
         # The offsets rows of the owned partitions, locked where the epoch is still ours.
         passed: list[tuple[str, int]] = []
         by_bucket: dict[int, list[TP]] = {}
@@ -380,7 +436,6 @@ class PostgresOutboxStore:
             got = self._take(conn, self._choose_owned_b, claim)
             rows += got
             budget -= sum(len(r[7] or b"") + len(r[5] or b"") for r in got)
-        self._after_round(len(rows) > before, places)
         return rows
 
     @staticmethod
@@ -402,26 +457,6 @@ class PostgresOutboxStore:
             for bucket in homes:
                 wanted.setdefault(bucket, []).append((topic, partition))
         return wanted
-
-    def _one_place(
-        self, conn: Conn, buckets: Buckets, owned: Mapping[TP, int]
-    ) -> tuple[Mapping[TP, int], int]:
-        """The owned partitions of the next worker in turn, and how many workers hold them.
-
-        A claim that deleted rows on two workers would commit in two phases over both, so each
-        round takes one worker's partitions; :meth:`_after_round` then says whether to go on.
-        """
-        if self._colocation.due():
-            self._colocation.refresh(conn, buckets, self._saga_table)
-        places: dict[str, list[TP]] = {}
-        for tp in sorted(owned):
-            places.setdefault(str(self._colocation(tp)), []).append(tp)
-        if len(places) <= 1:
-            return owned, len(places)
-        order = sorted(places)
-        place = order[self._turn % len(order)]
-        self._turn += 1
-        return {tp: owned[tp] for tp in places[place]}, len(order)
 
     def _after_round(self, found: bool, places: int) -> None:
         """Whether another worker's rows may be waiting (:attr:`more_waiting`).

@@ -224,6 +224,7 @@ HOT: dict[str, tuple[str, Callable[[Int4, tuple[int, ...]], tuple[Any, ...]]]] =
         lambda k, keys: (["in"], [0], [1], [None], [1], k, "g"),
     ),
     "lock_owned": (sql_buckets.LOCK_OWNED, lambda k, keys: (k, "g", ["in"], [0])),
+    "read_offsets": (sql_buckets.READ_OFFSETS, lambda k, keys: (k, "g", ["in"], [0])),
 }
 
 

@@ -5,6 +5,10 @@ the other keeps committing; the first gives its partitions back while its databa
 answer, and finishes once the worker is back. Both end with exactly the effects of their input:
 nothing lost, nothing applied twice (the invariants of tests/e2e/conftest.py). And a COMMIT the
 stopped worker never confirmed is tried again or resolved, never taken for a fatal error.
+
+One processor on tables distributed by bucket over both workers: with one worker stopped, only
+the sagas whose buckets it holds wait; those on the other worker end, and their commands are
+sent, meanwhile.
 """
 
 from __future__ import annotations
@@ -24,10 +28,14 @@ from processor._engine.records import OffsetCommit, OutboxRow
 from processor._engine.rows import HistoryRow, Outcome, SagaStatus, SagaWrite, WriteSet
 from processor._errors import CommitInDoubt, Failure, Retryable, RuntimeFailure
 from processor._postgres.batch.handle import PostgresBatchStore
+from processor._postgres.colocation import Colocation
 from processor._postgres.connect import connect
 from processor._postgres.errors import translate
+from processor._postgres.schema.buckets import read_layout
 from processor._postgres.schema.citus import placement
 from processor._postgres.schema.tables import Tables, migrate
+from tests.citus.test_citus_buckets_load import ON_BUCKETS
+from tests.citus.test_citus_buckets_load import env as bucket_env  # noqa: F401 (a fixture)
 from tests.e2e.conftest import (
     E2EEnv,
     Workload,
@@ -152,6 +160,75 @@ def test_the_other_workers_processor_commits_through_an_outage_and_nothing_is_lo
         # A relay round cut by the outage may send a command again, with its id: never a
         # second effect (the invariants above), at most a repeat of the same record.
         assert report.distinct == len(workload.events) * 2
+
+
+def test_on_buckets_a_stopped_worker_holds_back_only_the_sagas_whose_buckets_it_holds(
+    citus_url: str,
+    bucket_env: E2EEnv,  # noqa: F811 (the fixture imported above)
+) -> None:
+    env = bucket_env
+    workers = local_workers(citus_url)
+    reader = env.reader()
+    proc = env.start(f"{env.prefix[:-1]}-r0", database=ON_BUCKETS)
+    before = publish_transfers(env, SAGAS)
+    wait_drained(env, before, reader)
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        layout = read_layout(conn, env.schema)
+        assert layout is not None
+        where = Colocation()
+        where.refresh(conn, layout, f"{env.schema}.saga_instance")
+
+    def node(tid: str) -> str:
+        return str(where.of_bucket(layout.of(tid)))
+
+    during = new_workload(SAGAS)
+    stopped = node(next(iter(during.events)))
+    held = {tid for tid in during.events if node(tid) == stopped}
+    going = set(during.events) - held
+    assert held
+    assert going, "every saga's bucket on one worker"
+    going_buckets = sorted({layout.of(tid) for tid in going})
+
+    def ended_going() -> int:
+        return sum(
+            env.scalar(
+                "SELECT count(*) FROM saga_instance"
+                " WHERE bucket = %s::int AND status = 'ended' AND saga_id = ANY(%s)",
+                b,
+                sorted(going),
+            )
+            for b in going_buckets
+        )
+
+    def sent_going(records: list[object]) -> bool:
+        sent = {reader.headers(m).get("saga-id") for m in records}
+        return going <= sent
+
+    stopped_at = time.monotonic()
+    worker("stop", workers[int(stopped.rsplit(":", 1)[1])])
+    try:
+        publish_steps(env, during, range(3))
+        wait_until(
+            lambda: ended_going() == len(going),
+            timeout=OUTAGE,
+            what=f"the {len(going)} sagas on the running worker ended while the other is stopped",
+        )
+        reader.wait_for(sent_going, timeout=OUTAGE, what="their commands sent meanwhile")
+        # The fault lasts its whole length, whatever the others took.
+        wait_until(
+            lambda: time.monotonic() - stopped_at >= OUTAGE, timeout=OUTAGE + 5, what="the outage"
+        )
+        log = proc.log_path.read_text()
+        assert "wait until it answers" in log
+        assert "giving this replica's partitions back" not in log
+    finally:
+        worker("start", workers[int(stopped.rsplit(":", 1)[1])])
+
+    workload = Workload({**before.events, **during.events})
+    wait_drained(env, workload, reader)
+    report = assert_invariants(env, workload, reader, duplicates_allowed=True)
+    assert report.distinct == len(workload.events) * 2
+    assert "answers again" in proc.log_path.read_text()
 
 
 def test_a_commit_the_schemas_worker_does_not_confirm_is_tried_again_not_fatal(

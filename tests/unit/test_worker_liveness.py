@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -54,10 +54,15 @@ class Flaky(MemoryBatchStore):
         self.claims = 0  # claims tried
         self.writes = 0  # writes tried, trial writes included
         self.on_write: Callable[[], None] | None = None
+        # Places (partition number % 2) whose node does not answer: reads and writes of their
+        # partitions fail, the others' go on (tables distributed by bucket, one worker away).
+        self.down_places: set[int] = set()
 
-    def _gate(self) -> None:
+    def _gate(self, partitions: Iterable[TP] = ()) -> None:
         if self.down:
             raise Retryable("database unreachable")
+        if any(p % 2 in self.down_places for _, p in partitions):
+            raise Retryable("connection to the remote node 127.0.0.1:55451 failed")
 
     def claim(self, partitions: Sequence[TP], owner: str) -> Positions:
         self.claims += 1
@@ -68,7 +73,7 @@ class Flaky(MemoryBatchStore):
         return super().claim(partitions, owner)
 
     def read_offsets(self, partitions: Sequence[TP]) -> Positions:
-        self._gate()
+        self._gate(partitions)
         return super().read_offsets(partitions)
 
     def load(self, wants: Wants) -> Loaded:
@@ -88,7 +93,7 @@ class Flaky(MemoryBatchStore):
             self.on_write()
         if self.silent.is_set():
             self.release.wait(30)
-        self._gate()
+        self._gate((o.topic, o.partition) for o in offsets)
         if self.commits_fail:
             raise Retryable("could not serialize access (40001)")
         if any(h.message_id in self.refuse and h.outcome is Outcome.APPLIED for h in ws.history):
@@ -582,3 +587,55 @@ def test_with_colocated_partitions_each_batch_holds_one_places_records_and_none_
     assert all(rig.applied(f"t{i}") == [f"m{i}"] for i in range(30))
     assert tables.offsets[P0][1] == 20
     assert tables.offsets[P1][1] == 10
+
+
+def test_with_colocated_partitions_a_place_that_stops_answering_holds_back_only_its_own(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # P0's rows live on a worker that stops answering: P0 waits, paused, for as long as it
+    # takes (past the bound after which a database away gives every partition back), while
+    # P1's batches go on; once it answers, P0 goes on from its stored position, each record
+    # applied once.
+    made, worker = _live(colocate=lambda tp: tp[1] % 2)
+    rig, store, clock = made.rig, made.store, made.clock
+    caplog.set_level(logging.INFO, logger="processor._runtime.consumer.worker")
+    try:
+        rig.consumer.assign([P0, P1])
+        rig.send(P0, requested("a0"), "ma0")
+        rig.send(P1, requested("b0"), "mb0")
+        for _ in range(4):
+            made.step()
+        assert rig.applied("a0") == ["ma0"]
+        assert rig.applied("b0") == ["mb0"]
+
+        store.down_places = {0}
+        rig.send(P0, requested("a1"), "ma1")
+        rig.send(P1, requested("b1"), "mb1")
+        for i in range(2, 6):
+            made.step()
+            clock.now += BOUND / 2
+            rig.send(P1, requested(f"b{i}"), f"mb{i}")
+        for _ in range(4):
+            made.step()
+        worker.settle()
+        assert rig.applied("a1") == []
+        assert all(rig.applied(f"b{i}") == [f"mb{i}"] for i in range(1, 6))
+        assert not worker.detached, "gave every partition back for one place's outage"
+        assert rig.consumer.assignment() == [P0, P1]
+        assert worker.health()["waiting_on_node"] == 1
+        assert worker.stats.partitions_away == 1
+        assert any("wait until it answers" in r.message for r in caplog.records)
+
+        store.down_places = set()
+        clock.now += 10
+        for _ in range(4):
+            made.step()
+        worker.settle()
+        assert rig.applied("a1") == ["ma1"], "applied once after its place answered"
+        assert worker.health()["waiting_on_node"] == 0
+        assert any("answers again" in r.message for r in caplog.records)
+        assert rig.tables.offsets[P0][1] == 2
+        assert rig.tables.offsets[P1][1] == 6
+    finally:
+        store.release.set()
+        worker.close()

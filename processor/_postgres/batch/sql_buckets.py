@@ -10,6 +10,10 @@ topics' partition counts are multiples of the bucket count.
 
 from processor._postgres.batch import sql
 
+READ_OFFSETS = sql.READ_OFFSETS.replace(
+    " WHERE group_id = %s", " WHERE bucket = %s::int AND group_id = %s"
+)
+
 LOCK_OWNED = """
 SELECT 1 FROM {offsets}
  WHERE bucket = %s::int AND group_id = %s AND (topic, partition) IN

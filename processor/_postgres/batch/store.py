@@ -166,11 +166,23 @@ class BatchSql:
     def read_offsets(
         self, partitions: Sequence[tuple[str, int]]
     ) -> dict[tuple[str, int], tuple[int, int | None]]:
+        buckets = self._buckets
         with self.conn.transaction():
-            rows = self.conn.execute(
-                self._read_offsets,
-                (self.group_id, [t for t, _ in partitions], [p for _, p in partitions]),
-            ).fetchall()
+            if buckets is None:
+                rows = self.conn.execute(
+                    self._read_offsets,
+                    (self.group_id, [t for t, _ in partitions], [p for _, p in partitions]),
+                ).fetchall()
+            else:
+                # Once per bucket, routed: the partitions of a worker that answers are read
+                # while another does not (a place set aside waits for its own).
+                rows = []
+                by = _grouped(partitions, lambda tp: buckets.of_partition(tp[1]))
+                for bucket, group in sorted(by.items()):
+                    rows += self.conn.execute(
+                        self._by_bucket.read_offsets,
+                        (bucket, self.group_id, [t for t, _ in group], [p for _, p in group]),
+                    ).fetchall()
         return {(t, p): (epoch, nxt) for t, p, epoch, nxt in rows}
 
     # -- one batch -------------------------------------------------------------------------
@@ -610,6 +622,7 @@ class _BucketStatements:
 
     def __init__(self, tables: Tables) -> None:
         r = tables.render
+        self.read_offsets = r(sql_buckets.READ_OFFSETS)
         self.lock_owned = r(sql_buckets.LOCK_OWNED)
         self.claim = r(sql_buckets.CLAIM)
         self.load_sagas = r(sql_buckets.LOAD_SAGAS)

@@ -10,14 +10,16 @@ replica's partitions given back to the group, until it answers again.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from processor._engine.decode import Decoded, Operator
 from processor._engine.rows import SagaKey, WriteSet
 from processor._errors import Failure, RuntimeFailure
 from processor._ports import TP, RecordConsumer
 from processor._runtime.consumer.access import StoreLanes
+from processor._runtime.consumer.availability import Availability
 from processor._runtime.consumer.batch import Batch, Limits, Owned, Planned
 from processor._runtime.consumer.intake import Intake
 from processor._runtime.consumer.isolate import isolate_refused
@@ -80,6 +82,10 @@ class Recovery:
         # A batch whose commit outcome is unknown until the stored offsets can be read.
         self._doubt: Planned | None = None
         self._polled_at = 0.0
+        # Places (Citus workers, tables by bucket) that stopped answering, with their owned
+        # partitions, which wait paused while the other places' go on; and when to try again.
+        self._away: dict[object, list[TP]] = {}
+        self._away_pace = Availability(clock)
 
     # -- a batch not committed -------------------------------------------------------------------
 
@@ -108,11 +114,94 @@ class Recovery:
         self._stats.rejected_batches += 1
         if error.kind is Failure.FENCED:
             log.warning("batch of %d records not committed: fenced (%s); resyncing", size, error)
+        elif self.set_aside(planned.batch.last, error, f"batch of {size} records not committed"):
+            pass
         else:
             self._lanes.availability.failed()
             self.writes_failing = True
             log.warning("batch of %d records not committed (%s); resyncing", size, error)
         self.resync()
+
+    # -- one place away --------------------------------------------------------------------------
+
+    def set_aside(self, tps: Iterable[TP], error: RuntimeFailure, what: str) -> bool:
+        """Whether only the failed batch's place waits: its partitions are paused, set aside.
+
+        With tables distributed by bucket each batch is one place's (one Citus worker's), so a
+        batch that failed there says nothing of the other places: their partitions go on, and
+        the place's wait paused until a read of their stored positions there succeeds
+        (:meth:`bring_back`). Not when no other place is left: the database as a whole is then
+        what fails, and the replica's partitions go back to the group after the bound as ever.
+        """
+        intake = self._intake
+        failed = {intake.place(tp) for tp in tps}
+        if len(failed) != 1:
+            return False
+        (place,) = failed
+        if place is None:
+            return False
+        present = [tp for tp in self._ownership.owned if tp not in intake.away]
+        partitions = sorted(tp for tp in present if intake.place(tp) == place)
+        if not partitions or len(partitions) == len(present):
+            return False
+        self._away[place] = partitions
+        intake.away.update(partitions)
+        self._consumer.pause(partitions)
+        self._away_pace.failed(back_off=True)
+        self._stats.partitions_away = len(intake.away)
+        log.warning(
+            "%s (%s): partitions %s, whose rows live on %s, wait until it answers; the others "
+            "go on",
+            what,
+            error,
+            partitions,
+            place,
+        )
+        return True
+
+    def _read(self, tps: list[TP]) -> dict[TP, tuple[int, int | None]]:
+        return dict(self._lanes.control.read_offsets(tps))
+
+    @property
+    def away(self) -> bool:
+        """Whether some place's partitions wait set aside, and a try to bring them back is due."""
+        return bool(self._away) and self._away_pace.may_try()
+
+    def bring_back(self) -> None:
+        """Reads each waiting place's stored positions; those it answers for go on from there."""
+        lanes = self._lanes
+        owned = self._ownership.owned
+        intake = self._intake
+        for place, waiting in list(self._away.items()):
+            tps = [tp for tp in waiting if tp in owned]
+            try:
+                stored = lanes.on_control(functools.partial(self._read, tps), "read offsets")
+            except RuntimeFailure as e:
+                if e.kind is Failure.FATAL:
+                    raise
+                self._away_pace.failed(back_off=True)
+                log.info("the partitions whose rows live on %s still wait (%s)", place, e)
+                continue
+            del self._away[place]
+            intake.away.difference_update(waiting)
+            lost = []
+            for tp in tps:
+                epoch, nxt = stored.get(tp, (None, None))
+                if epoch != owned[tp].epoch:
+                    lost.append(tp)
+                    continue
+                owned[tp].next_offset = nxt
+                self._consumer.seek(tp, nxt)
+            self._consumer.resume([tp for tp in tps if tp not in lost])
+            self._fenced(lost)
+            log.warning(
+                "%s answers again: partitions %s go on from their stored positions",
+                place,
+                sorted(set(tps) - set(lost)),
+            )
+        self._stats.partitions_away = len(intake.away)
+        if not self._away:
+            self._away_pace.succeeded()
 
     # -- records the database refuses ------------------------------------------------------------
 
@@ -185,7 +274,8 @@ class Recovery:
             # The partitions go back first (the caller's next step): another try of a database
             # that has not answered for the whole bound would only hold them longer.
             return False
-        tps = list(owned)
+        # Partitions set aside wait for their place to answer (bring_back), not for this read.
+        tps = [tp for tp in owned if tp not in self._intake.away]
         if in_doubt is not None:
             # Its partitions too, should they have been revoked since.
             tps += [tp for tp in in_doubt.batch.last if tp not in owned]
@@ -264,7 +354,7 @@ class Recovery:
         if not owned:
             return
         lanes = self._lanes
-        tps = list(owned)
+        tps = [tp for tp in owned if tp not in self._intake.away]
         try:
             stored = lanes.on_control(lambda: lanes.control.read_offsets(tps), "read offsets")
         except RuntimeFailure as e:
@@ -311,6 +401,9 @@ class Recovery:
         )
         self.detached = True
         self._ownership.clear()
+        self._away.clear()
+        self._intake.away.clear()
+        self._stats.partitions_away = 0
         self._intake.drop()
         self._consumer.leave()
 

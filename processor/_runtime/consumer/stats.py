@@ -30,3 +30,6 @@ class WorkerStats:
     # Assigned partitions waiting, unclaimed, for their topic's new count (_runtime/growth.py),
     # plus new partitions whose records have waited FOLLOW_SLOW for the ones they follow.
     growth_waiting: int = 0
+    # Owned partitions set aside because the node their rows live on (a Citus worker, with
+    # tables distributed by bucket) stopped answering while the others' go on.
+    partitions_away: int = 0

@@ -242,6 +242,7 @@ class Worker:
             "owned": len(self._ownership.owned),
             "unclaimed": len(self._ownership.unclaimed),
             "unavailable_for": self._lanes.availability.down_for(),
+            "waiting_on_node": len(self._intake.away),
         }
 
     # -- rebalance callbacks (run inside consume(), on the consuming thread) --------------------
@@ -299,6 +300,8 @@ class Worker:
             recovery.give_back_if_unavailable()
             if recovery.detached:
                 return 0
+        if recovery.away and not recovery.unsynced and availability.may_try():
+            recovery.bring_back()
         if recovery.unsynced:
             # Keep polling, so the group keeps this replica while the store is away; what is
             # read now is read again from the stored positions once they can be read.
@@ -331,9 +334,14 @@ class Worker:
         except RuntimeFailure as e:
             if e.kind is not Failure.RETRYABLE:
                 raise
+            settled = self.settle()
+            tps = {(r.topic, r.partition) for r in records}
+            if settled and recovery.set_aside(tps, e, "could not plan a batch"):
+                recovery.resync()
+                return len(records)
             log.warning("could not plan a batch (%s); resyncing", e)
             availability.failed()
-            if self.settle():
+            if settled:
                 recovery.resync()
             recovery.give_back_if_unavailable()
             return len(records)
