@@ -270,8 +270,9 @@ class _Drain:
     pending: int = 0
     box0: Usage | None = None
     box_done: Usage | None = None
-    # The watcher's own CPU over the window: it runs in the processor's process (it polls the
-    # database every 20 ms), and is taken out of the processor's CPU.
+    # The watcher's own CPU over the window: it runs in the processor's process (it reads the
+    # worker's counters every 20 ms, then polls the database), and is taken out of the
+    # processor's CPU.
     watcher: float = 0.0
 
 
@@ -302,8 +303,14 @@ def _watch(
                 drain.t0, drain.cpu0 = now, time.process_time()
                 drain.box0 = meter.read() if meter else None
                 say(f"  partitions assigned after {now - drain.started:.1f} s; clock started")
-            row = conn.execute(check, (proc.settings.consumer.group_id,)).fetchone()
-            drain.committed, drain.pending = (int(row[0]), int(row[1])) if row else (0, 0)
+            # The database is asked only once the worker counts the whole backlog committed:
+            # a query every 20 ms through a Citus coordinator, fanned out over every shard on
+            # the by-bucket side, took a fifth of a core from the drain it measured.
+            if proc.worker.stats.records < total:
+                drain.committed = proc.worker.stats.records
+            else:
+                row = conn.execute(check, (proc.settings.consumer.group_id,)).fetchone()
+                drain.committed, drain.pending = (int(row[0]), int(row[1])) if row else (0, 0)
             if drain.committed >= total and drain.pending == 0:
                 drain.done, drain.cpu_done = now, time.process_time()
                 drain.box_done = meter.read() if meter else None

@@ -179,6 +179,8 @@ class Relay:
         self.last_round_full = False
         with self._outbox.claim(self.batch_size, owned, max_bytes=self.max_batch_bytes) as entries:
             if not entries:
+                # One worker's turn came up empty (tables by bucket): the next one's may not.
+                self.last_round_full = self._outbox.more_waiting
                 return 0
             held = sum(len(e.row.value) + len(e.row.key or b"") for e in entries)
             self.last_round_full = (
