@@ -271,6 +271,10 @@ def will_distribute(
     """
     if distributed(conn, schema):
         return False
+    layout = conn.execute("SELECT to_regclass(format('%%I.bucket_layout', %s::text))", (schema,))
+    found = layout.fetchone()
+    if found and found[0] is not None:
+        return False  # distributed by bucket (schema/buckets.py): not plain tables
     tables = conn.execute(
         "SELECT count(*) FROM pg_class WHERE relnamespace = to_regnamespace(%s)"
         " AND relkind IN ('r', 'p')",
