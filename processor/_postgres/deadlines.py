@@ -7,10 +7,13 @@ expired (paused, partitioned) claims nothing, whatever it believes.
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import psycopg
 from psycopg import sql
 from psycopg.types.numeric import Int4
 
@@ -32,6 +35,13 @@ DEADLINE_COLUMNS = """
 LEASE_NAME = "deadline-poller"
 """The lease row's name; the consumer reads its token to tell a current fired record from a
 stale one."""
+
+log = logging.getLogger(__name__)
+
+# With tables by bucket, while some bucket's worker does not answer: seconds until the next
+# claim (the next due time cannot be read over every bucket), and between warnings.
+AWAY_RETRY_S = 1.0
+AWAY_WARN_S = 30.0
 
 # Longest single wait in conn.notifies, so `wake` and `stop` are noticed promptly.
 _WAIT_CHUNK = 0.25
@@ -121,6 +131,7 @@ class PostgresDeadlineStore:
         self._tables = tables
         self._buckets: Buckets | bool | None = False
         self._first_bucket = 0
+        self._warned_at = -AWAY_WARN_S
         self._unclaim = r(
             """
             UPDATE {deadline} SET dispatched_at = NULL
@@ -203,15 +214,44 @@ class PostgresDeadlineStore:
         rows: list[DeadlineRow] = []
         start = self._first_bucket
         self._first_bucket = (start + 1) % buckets.count
+        away: dict[int, psycopg.Error] = {}
         for step in range(buckets.count):
-            key = Int4(buckets.key((start + step) % buckets.count))
-            with conn.transaction():
-                found = conn.execute(claim, {**args, "bucket": key, "limit": limit - len(rows)})
-                rows += [DeadlineRow(*r) for r in found.fetchall()]
+            key = buckets.key((start + step) % buckets.count)
+            try:
+                with conn.transaction():
+                    found = conn.execute(
+                        claim, {**args, "bucket": Int4(key), "limit": limit - len(rows)}
+                    )
+                    rows += [DeadlineRow(*r) for r in found.fetchall()]
+            except psycopg.Error as e:
+                if conn.broken or len(away) + 1 == buckets.count:
+                    raise  # the database itself, not one worker: the poller's retry
+                # A worker that does not answer holds back its buckets' deadlines only; what
+                # the others claimed is fired (dispatched rows left unfired would wait for the
+                # next leader).
+                away[key] = e
+                continue
             if len(rows) >= limit:
                 return rows, None
+        if away:
+            self._warn_away(away)
+            # The next due time reads every bucket: look again soon instead.
+            return rows, AWAY_RETRY_S
         with conn.transaction():
             return rows, _seconds(conn.execute(self._next_due).fetchone())
+
+    def _warn_away(self, away: dict[int, psycopg.Error]) -> None:
+        now = time.monotonic()
+        if now < self._warned_at + AWAY_WARN_S:
+            return
+        self._warned_at = now
+        first = next(iter(away.values()))
+        log.warning(
+            "deadlines of buckets %s wait: their worker does not answer (%s); the other "
+            "buckets' fire",
+            sorted(away),
+            str(first).splitlines()[0] if str(first) else type(first).__name__,
+        )
 
     def unclaim(self, ids: Sequence[str], token: int) -> None:
         """Makes rows dispatched under ``token`` due again."""

@@ -27,7 +27,7 @@ from processor._postgres.batch.handle import PostgresBatchStore
 from processor._postgres.connect import connect
 from processor._postgres.outbox import PostgresOutboxStore
 from processor._postgres.reads.check import PostgresCheckSource
-from processor._postgres.schema.buckets import BY_BUCKET, REFERENCE, read_layout
+from processor._postgres.schema.buckets import BY_BUCKET, ON_COORDINATOR, REFERENCE, read_layout
 from processor._postgres.schema.citus import distributed
 from processor._postgres.schema.participant import migrate_participant
 from processor._postgres.schema.tables import MIGRATIONS, Tables, migrate
@@ -153,6 +153,8 @@ def test_every_saga_table_is_distributed_by_bucket_a_shard_each_spread_over_the_
     assert {f"{schema}.{t}" for t in references} == {
         t for t, kind in kinds.items() if kind == "reference"
     }
+    local = {name.replace("{deadline_lock}", "saga_deadline_lock") for name in ON_COORDINATOR}
+    assert {f"{schema}.{t}" for t in local} == {t for t, kind in kinds.items() if kind == "local"}
     assert groups == (1, BUCKETS, BUCKETS)
     for table, columns in keys:
         if table in distributed:
@@ -240,6 +242,16 @@ def test_each_hot_statement_that_names_a_bucket_has_a_router_plan(
             r[0] for r in conn.execute(f"EXPLAIN {rendered}", params(key, layout.keys)).fetchall()
         )
     assert "Task Count: 1" in plan, plan
+
+
+def test_a_distributed_schema_is_not_moved_to_buckets_in_place(citus_url: str, schema: str) -> None:
+    with psycopg.connect(citus_url) as conn:
+        migrate(conn, Tables(schema), "citus")
+        conn.commit()
+        assert distributed(conn, schema)
+        with pytest.raises(ConfigurationError) as refused:
+            migrate(conn, Tables(schema), "buckets", buckets=BUCKETS, move=True)
+    assert "use a new schema" in str(refused.value)
 
 
 def test_buckets_without_a_count_refuse_to_make_the_tables(citus_url: str, schema: str) -> None:
@@ -362,6 +374,11 @@ def test_plain_tables_with_rows_move_to_buckets_only_by_an_operators_migrate(
         conn.commit()
         layout = read_layout(conn, schema)
         assert layout is not None
+        spread = conn.execute(
+            "SELECT count(DISTINCT nodeport) FROM citus_shards WHERE table_name = %s::regclass",
+            (f"{schema}.saga_instance",),
+        ).fetchone()
+        assert spread == (2,)
         placed = conn.execute(
             sql.SQL("SELECT saga_id, bucket FROM {}.saga_instance").format(sql.Identifier(schema))
         ).fetchall()

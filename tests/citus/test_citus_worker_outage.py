@@ -17,6 +17,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -25,11 +26,19 @@ from psycopg import sql
 
 from devstack import CITUS
 from processor._engine.records import OffsetCommit, OutboxRow
-from processor._engine.rows import HistoryRow, Outcome, SagaStatus, SagaWrite, WriteSet
+from processor._engine.rows import (
+    DeadlineInsert,
+    HistoryRow,
+    Outcome,
+    SagaStatus,
+    SagaWrite,
+    WriteSet,
+)
 from processor._errors import CommitInDoubt, Failure, Retryable, RuntimeFailure
 from processor._postgres.batch.handle import PostgresBatchStore
 from processor._postgres.colocation import Colocation
 from processor._postgres.connect import connect
+from processor._postgres.deadlines import PostgresDeadlineStore
 from processor._postgres.errors import translate
 from processor._postgres.schema.buckets import read_layout
 from processor._postgres.schema.citus import placement
@@ -229,6 +238,65 @@ def test_on_buckets_a_stopped_worker_holds_back_only_the_sagas_whose_buckets_it_
     report = assert_invariants(env, workload, reader, duplicates_allowed=True)
     assert report.distinct == len(workload.events) * 2
     assert "answers again" in proc.log_path.read_text()
+
+
+def test_on_buckets_a_stopped_worker_holds_back_only_its_buckets_deadlines(
+    citus_url: str,
+) -> None:
+    """The lease stays on the coordinator: renewed, and the other worker's deadlines fire."""
+    workers = local_workers(citus_url)
+    schema = f"t_dl_{uuid.uuid4().hex[:8]}"
+    tables = Tables(schema)
+    with psycopg.connect(citus_url) as conn:
+        migrate(conn, tables, "buckets", buckets=6)
+        conn.commit()
+        layout = read_layout(conn, schema)
+        assert layout is not None
+        where = Colocation()
+        where.refresh(conn, layout, f"{schema}.saga_instance")
+    # A saga whose bucket is on each worker.
+    one: dict[str, str] = {}
+    for i in range(100):
+        one.setdefault(str(where.of_bucket(layout.of(f"s{i}"))), f"s{i}")
+    assert len(one) == 2
+    stopped, going = sorted(one)
+    store = PostgresBatchStore(lambda: connect(citus_url), tables, "g")
+    deadlines = PostgresDeadlineStore(lambda: connect(citus_url), tables)
+    try:
+        due = datetime.now(UTC) - timedelta(seconds=1)
+        store.write(
+            WriteSet(
+                deadline_inserts=[
+                    DeadlineInsert(str(uuid.uuid4()), "dl-saga", sid, "t", due, None, "in", 0)
+                    for sid in one.values()
+                ]
+            ),
+            [],
+        )
+        worker("stop", workers[int(stopped.rsplit(":", 1)[1])])
+        try:
+            token = deadlines.acquire("p1", 30.0)
+            assert token is not None, "the lease could not be taken with a worker stopped"
+            assert deadlines.acquire("p1", 30.0, token) == token, "nor renewed"
+            fired, again_in = deadlines.claim_due("p1", token, 100, full=True)
+            assert [r.saga_id for r in fired] == [one[going]]
+            assert again_in is not None
+        finally:
+            worker("start", workers[int(stopped.rsplit(":", 1)[1])])
+
+        def rest() -> list[str] | None:
+            try:
+                rows, _ = deadlines.claim_due("p1", token, 100, full=False)
+            except RuntimeFailure:
+                return None  # the worker does not answer yet
+            return [r.saga_id for r in rows] or None
+
+        assert wait_until(rest, timeout=60, what="the stopped worker's deadline") == [one[stopped]]
+    finally:
+        store.close()
+        deadlines.close()
+        with psycopg.connect(citus_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 def test_a_commit_the_schemas_worker_does_not_confirm_is_tried_again_not_fatal(

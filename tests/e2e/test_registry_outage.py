@@ -89,6 +89,9 @@ class Partner:
         self.v2 = AvroSerializer(registry, ra.PARTNER_AVRO_SCHEMA_V2)
         self.use_v2 = False
         self.sent: list[str] = []
+        # What the registry client raised, newest last: a partner retries, as a producer
+        # would, and a test that waits in vain for its records says why.
+        self.errors: list[str] = []
         self.halt = threading.Event()
         self.thread = threading.Thread(target=self._run, name="partner", daemon=True)
 
@@ -106,7 +109,13 @@ class Partner:
         i = 0
         while not self.halt.is_set():
             # The serializers keep the ids they registered: they need no registry to go on.
-            self.producer.produce(self.topic, key=f"o-{i}".encode(), value=self.serialize(i))
+            try:
+                value = self.serialize(i)
+            except Exception as e:  # any client error: noted, tried again
+                self.errors.append(repr(e))
+                self.halt.wait(0.5)
+                continue
+            self.producer.produce(self.topic, key=f"o-{i}".encode(), value=value)
             self.sent.append(f"o-{i}")
             i += 1
             self.producer.poll(0)
@@ -128,7 +137,13 @@ def test_the_registry_stopped_for_30_s_under_load_is_waited_out(
     try:
         d.start()
         partner.thread.start()
-        wait_until(lambda: d.ended() >= 50, 90, "the first sagas ended")
+        try:
+            wait_until(lambda: d.ended() >= 50, 90, "the first sagas ended")
+        except AssertionError as e:
+            raise AssertionError(
+                f"{e}; the partner sent {len(partner.sent)}, its registry errors: "
+                f"{partner.errors[-3:]}"
+            ) from e
         # The partner's next version, registered now and sent once the registry is away: the
         # processor meets its id only then.
         partner.register_next_version()

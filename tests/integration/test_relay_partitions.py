@@ -23,6 +23,7 @@ from psycopg.types.json import Jsonb
 
 from processor._engine.records import OffsetCommit, OutboxRow
 from processor._engine.rows import WriteSet
+from processor._errors import LockBusy
 from processor._kafka.producer import KafkaRecordProducer, make_producer, relay_overrides
 from processor._ports import TP
 from processor._postgres.batch.store import BatchSql
@@ -183,6 +184,35 @@ def test_relays_of_different_partitions_publish_at_the_same_time(env: Env) -> No
         assert all(ids == [f"{saga}-1", f"{saga}-2"] for saga, ids in seen.items())
     finally:
         reader.close()
+
+
+def test_a_claim_that_waits_past_its_bound_names_who_holds_the_rows(env: Env) -> None:
+    tp = ("events", 0)
+    old = env.take_over([tp], "one")
+    env.add(tp, range(SAGAS), 1)
+    in_claim, release = threading.Event(), threading.Event()
+    hooks = Hooks()
+
+    def hold() -> None:
+        in_claim.set()
+        release.wait(60)
+
+    hooks.on("after-produce", hold)
+    relay = env.relay(lambda: old, hooks)
+    first, _ = run_in_thread(relay.run_once)
+    try:
+        assert in_claim.wait(30)
+        with pytest.raises(LockBusy) as busy:
+            env.take_over([tp], "two")
+    finally:
+        release.set()
+        first.join(60)
+    # The relay's session, in its transaction, is named: a frozen process tells itself apart
+    # from a slow flush by what it waits on and for how long.
+    message = str(busy.value)
+    assert "rows busy (55P03)" in message
+    assert "held by pid" in message
+    assert "s in its transaction" in message
 
 
 def test_a_handed_over_partition_waits_for_the_old_owners_claim(env: Env) -> None:

@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
+import psycopg
+
 from processor._engine.buckets import Buckets
 from processor._engine.records import OffsetCommit
 from processor._engine.rows import (
@@ -30,7 +32,7 @@ from processor._engine.rows import (
     Wants,
     WriteSet,
 )
-from processor._errors import ConcurrentUpdate, FencedOut
+from processor._errors import ConcurrentUpdate, FencedOut, LockBusy
 from processor._postgres.batch import rows as batch_rows
 from processor._postgres.batch import sql, sql_buckets
 from processor._postgres.batch.operator_reads import OperatorReads
@@ -48,6 +50,17 @@ __all__ = ["CLAIM_LOCK_TIMEOUT_MS", "BatchSql", "Conn"]
 
 # How long an ownership claim waits for the partitions' rows (the old owner's batch or relay).
 CLAIM_LOCK_TIMEOUT_MS = 5000
+
+# The sessions holding locks on the offsets table besides this one (a claim that timed out).
+_HOLDERS = """
+SELECT a.pid, a.application_name, a.state, a.wait_event,
+       extract(epoch FROM now() - a.xact_start)::int, left(a.query, 80)
+  FROM pg_stat_activity AS a
+ WHERE a.pid <> pg_backend_pid()
+   AND a.pid IN (SELECT pid FROM pg_locks WHERE relation = %s::regclass AND granted)
+ ORDER BY a.xact_start
+ LIMIT 5
+"""
 
 
 class BatchSql:
@@ -114,6 +127,7 @@ class BatchSql:
         self._operator = OperatorReads(tables, self._buckets)
         self._colocation = colocation if self._buckets is not None else None
         self._saga_table = tables.q("saga_instance")
+        self._offsets_table = tables.render("{offsets}")
         if self._buckets is not None:
             self._by_bucket = _BucketStatements(tables)
             self._refresh_colocation()
@@ -135,18 +149,37 @@ class BatchSql:
     ) -> dict[tuple[str, int], tuple[int, int | None]]:
         """Takes ownership: bumps each partition's epoch, so older owners' commits fail."""
         topics, numbers = [t for t, _ in partitions], [p for _, p in partitions]
-        with self.conn.transaction():
-            # Bounded: a claim the old owner's relay holds up (a slow flush) fails as retryable
-            # (55P03), and the worker keeps the partitions paused and tries again.
-            self.conn.execute(f"SET LOCAL lock_timeout = '{CLAIM_LOCK_TIMEOUT_MS}ms'")
-            if self._buckets is not None:
-                rows = self._claim_by_bucket(self._buckets, partitions, owner)
-            else:
-                self.conn.execute(self._lock_owned, (self.group_id, topics, numbers))
-                rows = self.conn.execute(
-                    self._claim, (self.group_id, owner, topics, numbers)
-                ).fetchall()
+        try:
+            with self.conn.transaction():
+                # Bounded: a claim the old owner's relay holds up (a slow flush) fails as
+                # retryable (55P03), and the worker keeps the partitions paused and tries again.
+                self.conn.execute(f"SET LOCAL lock_timeout = '{CLAIM_LOCK_TIMEOUT_MS}ms'")
+                if self._buckets is not None:
+                    rows = self._claim_by_bucket(self._buckets, partitions, owner)
+                else:
+                    self.conn.execute(self._lock_owned, (self.group_id, topics, numbers))
+                    rows = self.conn.execute(
+                        self._claim, (self.group_id, owner, topics, numbers)
+                    ).fetchall()
+        except psycopg.errors.LockNotAvailable as e:
+            # Who holds the rows says whether the wait is a slow flush or a frozen process.
+            raise LockBusy(f"rows busy (55P03): {e.diag.message_primary}; {self._holders()}") from e
         return {(t, p): (epoch, nxt) for t, p, epoch, nxt in rows}
+
+    def _holders(self) -> str:
+        """The other sessions holding locks on the offsets table, for a claim that waited."""
+        try:
+            with self.conn.transaction():
+                found = self.conn.execute(_HOLDERS, (self._offsets_table,)).fetchall()
+        except psycopg.Error:
+            return "their holders could not be read"
+        if not found:
+            return "held by no session now"
+        return "held by " + "; ".join(
+            f"pid {pid} ({app or '-'}, {state}, waiting on {event or 'nothing'}, "
+            f"{age} s in its transaction: {query})"
+            for pid, app, state, event, age, query in found
+        )
 
     def _claim_by_bucket(
         self, buckets: Buckets, partitions: Sequence[tuple[str, int]], owner: str

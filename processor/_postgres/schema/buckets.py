@@ -5,9 +5,10 @@ With ``SAGA_DATABASE__DISTRIBUTED=buckets`` the processor's schema is not a dist
 column (:mod:`processor._engine.buckets`): a saga's rows, and a partition's offsets and dead
 letters, share one shard group, and the groups spread over the workers. Every primary key and
 unique index leads with the bucket; the statements of the hot path carry it, so Citus routes
-each to one worker. Tables written rarely or read whole (the versions, the deadline lease, the
-partition counts and growths, the operators' trail, the node pin, the layout) are reference
-tables.
+each to one worker. Tables written rarely or read whole (the versions, the partition counts
+and growths, the operators' trail, the node pin, the layout) are reference tables; the deadline
+lease, renewed every few seconds, stays on the coordinator (a Citus local table), so that a
+stopped worker does not stop the lease's renewal.
 
 The tables are made by the same migrations as everywhere, then :func:`bucketize` adds the
 column, re-keys them and distributes them, in the migration's transaction. It records the
@@ -29,6 +30,7 @@ from processor._errors import ConfigurationError
 __all__ = [
     "BY_BUCKET",
     "LAYOUT_TABLE",
+    "ON_COORDINATOR",
     "REFERENCE",
     "BucketLayoutMismatch",
     "bucketize",
@@ -52,13 +54,17 @@ BY_BUCKET: dict[str, str] = {
 }
 REFERENCE = (
     "schema_version",
-    "{deadline_lock}",
     "partition_count",
     "partition_growth",
     "operator_audit",
     "citus_node",
     LAYOUT_TABLE,
 )
+# Kept on the coordinator alone (a Citus local table): the deadline poller's lease is renewed
+# every few seconds, and a reference table's write needs every worker, so one stopped worker
+# would stop the deadlines of every bucket. Here only the coordinator is needed, which every
+# statement goes through anyway.
+ON_COORDINATOR = ("{deadline_lock}",)
 # Unique indexes that are not primary keys, re-made with the bucket first.
 _UNIQUE = (
     "CREATE UNIQUE INDEX saga_history_applied_idx ON {t} (bucket, saga_type, saga_id, message_id)"
@@ -153,6 +159,8 @@ def bucketize(
     )
     for name in REFERENCE:
         conn.execute("SELECT create_reference_table(%s)", (q(name).as_string(conn),))
+    for name in ON_COORDINATOR:
+        conn.execute("SELECT citus_add_local_table_to_metadata(%s)", (q(name).as_string(conn),))
     return Buckets(buckets, partitioner, keys)
 
 

@@ -169,7 +169,8 @@ def bucket_tables(
 ) -> None:
     """Distributes the schema's tables by bucket, unless they are already.
 
-    Refuses what it cannot move (a distributed schema) or size (no bucket count).
+    Plain tables that hold rows move only with ``move``, the operator's `migrate`; a Citus
+    distributed schema, or no bucket count, is refused.
     """
     found = read_layout(conn, tables.schema)
     if found is not None:
@@ -183,6 +184,9 @@ def bucket_tables(
             )
         return
     if distributed(conn, tables.schema):
+        # Citus brings a distributed schema's tables back to the coordinator only without
+        # identity columns, and cannot drop an identity on a distributed table: the outbox's
+        # and history's ids, whose order the relay keeps, would have to be rebuilt.
         raise ConfigurationError(
             [
                 f"schema {tables.schema} is a Citus distributed schema; moving it to buckets "
