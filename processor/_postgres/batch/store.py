@@ -153,6 +153,11 @@ class BatchSql:
             with self.conn.transaction():
                 # Bounded: a claim the old owner's relay holds up (a slow flush) fails as
                 # retryable (55P03), and the worker keeps the partitions paused and tries again.
+                if self._separate:
+                    # On Citus the rows are locked on a worker, which sees the bound only if
+                    # the coordinator passes it on (by default it passes on no SET): without
+                    # it a claim waited as long as the old owner's relay held the rows.
+                    self.conn.execute("SET LOCAL citus.propagate_set_commands = 'local'")
                 self.conn.execute(f"SET LOCAL lock_timeout = '{CLAIM_LOCK_TIMEOUT_MS}ms'")
                 if self._buckets is not None:
                     rows = self._claim_by_bucket(self._buckets, partitions, owner)

@@ -7,8 +7,8 @@ letters, share one shard group, and the groups spread over the workers. Every pr
 unique index leads with the bucket; the statements of the hot path carry it, so Citus routes
 each to one worker. Tables written rarely or read whole (the versions, the partition counts
 and growths, the operators' trail, the node pin, the layout) are reference tables; the deadline
-lease, renewed every few seconds, stays on the coordinator (a Citus local table), so that a
-stopped worker does not stop the lease's renewal.
+lease, renewed every few seconds, stays a plain table on the coordinator, so that a stopped
+worker does not stop the lease's renewal.
 
 The tables are made by the same migrations as everywhere, then :func:`bucketize` adds the
 column, re-keys them and distributes them, in the migration's transaction. It records the
@@ -60,10 +60,11 @@ REFERENCE = (
     "citus_node",
     LAYOUT_TABLE,
 )
-# Kept on the coordinator alone (a Citus local table): the deadline poller's lease is renewed
-# every few seconds, and a reference table's write needs every worker, so one stopped worker
-# would stop the deadlines of every bucket. Here only the coordinator is needed, which every
-# statement goes through anyway.
+# Kept on the coordinator alone, as a plain table outside Citus's metadata: the deadline poller's
+# lease is renewed every few seconds, and a reference table's write needs every worker, so one
+# stopped worker would stop the deadlines of every bucket. The coordinator, which every statement
+# goes through anyway, is all it needs; the claims' lease check reads it as a subplan. (A Citus
+# local table would do as well, but two schemas holding one deadlocked when dropped at once.)
 ON_COORDINATOR = ("{deadline_lock}",)
 # Unique indexes that are not primary keys, re-made with the bucket first.
 _UNIQUE = (
@@ -159,8 +160,7 @@ def bucketize(
     )
     for name in REFERENCE:
         conn.execute("SELECT create_reference_table(%s)", (q(name).as_string(conn),))
-    for name in ON_COORDINATOR:
-        conn.execute("SELECT citus_add_local_table_to_metadata(%s)", (q(name).as_string(conn),))
+    # ON_COORDINATOR's tables stay plain tables of the coordinator (see there).
     return Buckets(buckets, partitioner, keys)
 
 
