@@ -53,10 +53,16 @@ when last run by hand) but for two files that assert plain PostgreSQL's plans; i
 to keep the phase short."""
 
 
-CITUS_BUCKET_TESTS = tuple(t for t in CITUS_TESTS if t not in ("tests/contract", "tests/citus"))
+CITUS_BUCKET_TESTS = tuple(
+    t
+    for t in CITUS_TESTS
+    if t
+    not in ("tests/contract", "tests/citus", "tests/integration/test_participant_app_crashes.py")
+)
 """What the Citus phase runs again with :data:`CITUS_LAYOUT` ``buckets``: the tests that start
 processors (through ``tests.support.harness.settings_for``), whose tables are then distributed by
-bucket. The contract suites and the Citus tests name their layout themselves."""
+bucket. The contract suites and the Citus tests name their layout themselves; a participant
+service told ``buckets`` makes a distributed schema, which the Citus phase runs already."""
 
 LONGEST_FIRST = (
     "tests/e2e/test_restarts_under_load.py",
