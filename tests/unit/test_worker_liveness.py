@@ -565,14 +565,20 @@ def test_with_colocated_partitions_each_batch_holds_one_places_records_and_none_
     places: list[set[int]] = []
     original = store.write
 
+    sizes: list[int] = []
+
     def write(ws: WriteSet, offsets: Sequence[OffsetCommit], **kw: object) -> None:
         places.append({o.partition % 2 for o in offsets})
+        sizes.append(len(ws.history))
         original(ws, offsets, **kw)  # type: ignore[arg-type]
 
     store.write = write  # type: ignore[method-assign]
+    # Three batches' worth: the other place's records are carried while a batch of one place
+    # fills, and a batch taken from what was carried still holds at most a batch's worth.
+    total = 300
     try:
         rig.consumer.assign([P0, P1])
-        for i in range(30):
+        for i in range(total):
             rig.send(P0 if i % 3 else P1, requested(f"t{i}"), f"m{i}")
         steps = 0
         while (rig.step() or worker.carried) and steps < 50:
@@ -584,9 +590,40 @@ def test_with_colocated_partitions_each_batch_holds_one_places_records_and_none_
     assert places
     assert all(len(p) == 1 for p in places), places
     assert {0, 1} <= set().union(*places)
-    assert all(rig.applied(f"t{i}") == [f"m{i}"] for i in range(30))
-    assert tables.offsets[P0][1] == 20
-    assert tables.offsets[P1][1] == 10
+    assert max(sizes) <= worker.batch_size, sizes
+    assert all(rig.applied(f"t{i}") == [f"m{i}"] for i in range(total))
+    assert tables.offsets[P0][1] == 200
+    assert tables.offsets[P1][1] == 100
+
+
+def test_with_colocated_partitions_a_batch_from_carried_records_holds_a_batchs_worth() -> None:
+    # One record of P0's place, then many of P1's: the batch of P0's place carries P1's records
+    # (up to a few batches' worth) while it looks for more of its own, and the batches then
+    # taken from what was carried hold at most a batch each.
+    made, worker = _live(colocate=lambda tp: tp[1] % 2)
+    rig, store = made.rig, made.store
+    sizes: list[int] = []
+    original = store.write
+
+    def write(ws: WriteSet, offsets: Sequence[OffsetCommit], **kw: object) -> None:
+        sizes.append(len(ws.history))
+        original(ws, offsets, **kw)  # type: ignore[arg-type]
+
+    store.write = write  # type: ignore[method-assign]
+    sent = [(P0, "a0")] + [(P1, f"b{i}") for i in range(450)] + [(P0, "a1")]
+    try:
+        rig.consumer.assign([P0, P1])
+        for tp, tid in sent:
+            rig.send(tp, requested(tid), f"m-{tid}")
+        steps = 0
+        while (rig.step() or worker.carried) and steps < 50:
+            steps += 1
+        worker.settle()
+    finally:
+        store.release.set()
+        worker.close()
+    assert max(sizes) <= worker.batch_size, sizes
+    assert all(rig.applied(tid) == [f"m-{tid}"] for _, tid in sent)
 
 
 def test_with_colocated_partitions_a_place_that_stops_answering_holds_back_only_its_own(

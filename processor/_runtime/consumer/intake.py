@@ -169,9 +169,12 @@ class Intake:
                 fresh = [r for r in fresh if (r.topic, r.partition) not in self.away]
             for r in fresh:
                 (taken if place(r) == first else others).append(r)
-        if others:
+        # Carried records of this place can outnumber a batch: the rest wait, first in line.
+        over = taken[limits.batch_size :]
+        del taken[limits.batch_size :]
+        if over or others:
             # Read after what was carried into this batch: each partition's order holds.
-            self.carry = others + self.carry
+            self.carry = over + others + self.carry
         return taken
 
     def claimed(self, tps: Iterable[TP]) -> None:
