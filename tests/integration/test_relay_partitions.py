@@ -186,10 +186,9 @@ def test_relays_of_different_partitions_publish_at_the_same_time(env: Env) -> No
         reader.close()
 
 
-def test_a_claim_that_waits_past_its_bound_names_who_holds_the_rows(env: Env) -> None:
-    tp = ("events", 0)
-    old = env.take_over([tp], "one")
-    env.add(tp, range(SAGAS), 1)
+def held_after_produce() -> tuple[threading.Event, threading.Event, Hooks]:
+    """Hooks that hold a relay round after its produce, inside its claim, until released:
+    (set once held, set to release, the hooks)."""
     in_claim, release = threading.Event(), threading.Event()
     hooks = Hooks()
 
@@ -198,6 +197,14 @@ def test_a_claim_that_waits_past_its_bound_names_who_holds_the_rows(env: Env) ->
         release.wait(60)
 
     hooks.on("after-produce", hold)
+    return in_claim, release, hooks
+
+
+def test_a_claim_that_waits_past_its_bound_names_who_holds_the_rows(env: Env) -> None:
+    tp = ("events", 0)
+    old = env.take_over([tp], "one")
+    env.add(tp, range(SAGAS), 1)
+    in_claim, release, hooks = held_after_produce()
     relay = env.relay(lambda: old, hooks)
     first, _ = run_in_thread(relay.run_once)
     try:
@@ -220,14 +227,7 @@ def test_a_handed_over_partition_waits_for_the_old_owners_claim(env: Env) -> Non
     old = env.take_over([tp], "one")
     env.add(tp, range(SAGAS), 1)
     env.add(tp, range(SAGAS), 2)
-    in_claim, release = threading.Event(), threading.Event()
-    hooks = Hooks()
-
-    def hold() -> None:
-        in_claim.set()
-        release.wait(60)
-
-    hooks.on("after-produce", hold)
+    in_claim, release, hooks = held_after_produce()
     owner_one = env.relay(lambda: old, hooks)
     first, out = run_in_thread(owner_one.run_once)
     assert in_claim.wait(30)

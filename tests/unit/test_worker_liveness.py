@@ -53,6 +53,8 @@ class Flaky(MemoryBatchStore):
         self.busy = 0  # claims still to fail as if another session held the partitions' rows
         self.claims = 0  # claims tried
         self.writes = 0  # writes tried, trial writes included
+        # Each write tried: the partitions of its offsets, and how many records it applied.
+        self.written: list[tuple[set[int], int]] = []
         self.on_write: Callable[[], None] | None = None
         # Places (partition number % 2) whose node does not answer: reads and writes of their
         # partitions fail, the others' go on (tables distributed by bucket, one worker away).
@@ -89,6 +91,7 @@ class Flaky(MemoryBatchStore):
         dry_run: bool = False,
     ) -> None:
         self.writes += 1
+        self.written.append(({o.partition for o in offsets}, len(ws.history)))
         if self.on_write is not None:
             self.on_write()
         if self.silent.is_set():
@@ -562,17 +565,6 @@ def test_with_colocated_partitions_each_batch_holds_one_places_records_and_none_
     # takes one worker's partitions and carries the other's records to the next batch.
     made, worker = _live(colocate=lambda tp: tp[1] % 2)
     rig, store, tables = made.rig, made.store, made.rig.tables
-    places: list[set[int]] = []
-    original = store.write
-
-    sizes: list[int] = []
-
-    def write(ws: WriteSet, offsets: Sequence[OffsetCommit], **kw: object) -> None:
-        places.append({o.partition % 2 for o in offsets})
-        sizes.append(len(ws.history))
-        original(ws, offsets, **kw)  # type: ignore[arg-type]
-
-    store.write = write  # type: ignore[method-assign]
     # Three batches' worth: the other place's records are carried while a batch of one place
     # fills, and a batch taken from what was carried still holds at most a batch's worth.
     total = 300
@@ -587,6 +579,8 @@ def test_with_colocated_partitions_each_batch_holds_one_places_records_and_none_
     finally:
         store.release.set()
         worker.close()
+    places = [{p % 2 for p in partitions} for partitions, _ in store.written]
+    sizes = [n for _, n in store.written]
     assert places
     assert all(len(p) == 1 for p in places), places
     assert {0, 1} <= set().union(*places)
@@ -602,14 +596,6 @@ def test_with_colocated_partitions_a_batch_from_carried_records_holds_a_batchs_w
     # taken from what was carried hold at most a batch each.
     made, worker = _live(colocate=lambda tp: tp[1] % 2)
     rig, store = made.rig, made.store
-    sizes: list[int] = []
-    original = store.write
-
-    def write(ws: WriteSet, offsets: Sequence[OffsetCommit], **kw: object) -> None:
-        sizes.append(len(ws.history))
-        original(ws, offsets, **kw)  # type: ignore[arg-type]
-
-    store.write = write  # type: ignore[method-assign]
     sent = [(P0, "a0")] + [(P1, f"b{i}") for i in range(450)] + [(P0, "a1")]
     try:
         rig.consumer.assign([P0, P1])
@@ -622,6 +608,7 @@ def test_with_colocated_partitions_a_batch_from_carried_records_holds_a_batchs_w
     finally:
         store.release.set()
         worker.close()
+    sizes = [n for _, n in store.written]
     assert max(sizes) <= worker.batch_size, sizes
     assert all(rig.applied(tid) == [f"m-{tid}"] for _, tid in sent)
 
