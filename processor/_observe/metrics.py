@@ -316,10 +316,10 @@ class _Collector(Collector):
         )
         yield _gauge(
             "saga_partitions_waiting_on_node",
-            "Owned partitions whose rows' database node does not answer (tables distributed by "
-            "bucket): they wait, the others go on.",
+            "Assigned partitions whose rows' database node does not answer (tables distributed "
+            "by bucket): they wait, the others go on.",
             [],
-            {(): getattr(stats, "partitions_away", 0)},
+            {(): getattr(stats, "waiting_on_node", 0)},
         )
         yield _gauge(
             "saga_up",

@@ -216,7 +216,8 @@ class PostgresDeadlineStore:
         self._first_bucket = (start + 1) % buckets.count
         away: dict[int, psycopg.Error] = {}
         for step in range(buckets.count):
-            key = buckets.key((start + step) % buckets.count)
+            bucket = (start + step) % buckets.count
+            key = buckets.key(bucket)
             try:
                 with conn.transaction():
                     found = conn.execute(
@@ -229,7 +230,7 @@ class PostgresDeadlineStore:
                 # A worker that does not answer holds back its buckets' deadlines only; what
                 # the others claimed is fired (dispatched rows left unfired would wait for the
                 # next leader).
-                away[key] = e
+                away[bucket] = e
                 continue
             if len(rows) >= limit:
                 return rows, None

@@ -94,7 +94,9 @@ class Processor:
         self.adapters.check_transport()
         if self.settings.deadline.schema_.auto:
             self.adapters.ensure_schema()
-        self._resume_too_new()
+        # Not a condition of starting: with tables by bucket a stopped Citus worker fails this
+        # read of every bucket, and the replica must still start and serve the other workers'.
+        self._try_resume()
         loops = self.loops
         # Each loop that beats gets a bound on the gap between two beats: its longest legitimate
         # wait plus a minute. Past it the loop is hung and /healthz fails (Supervisor.alive).
@@ -145,19 +147,22 @@ class Processor:
         interval = self.settings.consumer.resume_interval.total_seconds()
         while not stop.wait(interval):
             beat()
-            try:
-                self._resume_too_new()
-            except Retryable as e:
-                log.warning("resuming parked sagas failed (%s); trying again later", e)
-            except Exception as e:
-                # The database away (a raw driver error from a fresh connection) or one saga's
-                # replay refused: the sagas stay parked as they were; the next pass tries again.
-                # Consuming goes on either way.
-                log.warning(
-                    "resuming parked sagas failed (%s: %s); trying again later",
-                    type(e).__name__,
-                    e,
-                )
+            self._try_resume()
+
+    def _try_resume(self) -> None:
+        try:
+            self._resume_too_new()
+        except Retryable as e:
+            log.warning("resuming parked sagas failed (%s); trying again later", e)
+        except Exception as e:
+            # The database away (a raw driver error from a fresh connection) or one saga's
+            # replay refused: the sagas stay parked as they were; the next pass tries again.
+            # Consuming goes on either way.
+            log.warning(
+                "resuming parked sagas failed (%s: %s); trying again later",
+                type(e).__name__,
+                e,
+            )
 
     def _spawn(
         self,

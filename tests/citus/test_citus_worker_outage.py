@@ -171,10 +171,15 @@ def test_the_other_workers_processor_commits_through_an_outage_and_nothing_is_lo
         assert report.distinct == len(workload.events) * 2
 
 
+@pytest.mark.parametrize("rebalance", [False, True], ids=["one-replica", "rebalance"])
 def test_on_buckets_a_stopped_worker_holds_back_only_the_sagas_whose_buckets_it_holds(
     citus_url: str,
     bucket_env: E2EEnv,  # noqa: F811 (the fixture imported above)
+    rebalance: bool,
 ) -> None:
+    """With ``rebalance``, a second replica joins while the worker is stopped: each replica's
+    newly assigned partitions on the running worker are claimed and go on, those on the stopped
+    one wait unclaimed, and neither replica gives its partitions back."""
     env = bucket_env
     workers = local_workers(citus_url)
     reader = env.reader()
@@ -215,7 +220,10 @@ def test_on_buckets_a_stopped_worker_holds_back_only_the_sagas_whose_buckets_it_
 
     stopped_at = time.monotonic()
     worker("stop", workers[int(stopped.rsplit(":", 1)[1])])
+    procs = [proc]
     try:
+        if rebalance:
+            procs.append(env.start(f"{env.prefix[:-1]}-r1", database=ON_BUCKETS))
         publish_steps(env, during, range(3))
         wait_until(
             lambda: ended_going() == len(going),
@@ -227,9 +235,13 @@ def test_on_buckets_a_stopped_worker_holds_back_only_the_sagas_whose_buckets_it_
         wait_until(
             lambda: time.monotonic() - stopped_at >= OUTAGE, timeout=OUTAGE + 5, what="the outage"
         )
-        log = proc.log_path.read_text()
-        assert "wait until it answers" in log
-        assert "giving this replica's partitions back" not in log
+        logs = [p.log_path.read_text() for p in procs]
+        if not rebalance:
+            assert "wait until it answers" in logs[0]
+        assert all("giving this replica's partitions back" not in log for log in logs)
+        if rebalance:
+            # The joining replica was assigned partitions of the stopped worker's buckets.
+            assert "their rows live on" in logs[1], "no claim met the stopped worker"
     finally:
         worker("start", workers[int(stopped.rsplit(":", 1)[1])])
 
@@ -238,6 +250,8 @@ def test_on_buckets_a_stopped_worker_holds_back_only_the_sagas_whose_buckets_it_
     report = assert_invariants(env, workload, reader, duplicates_allowed=True)
     assert report.distinct == len(workload.events) * 2
     assert "answers again" in proc.log_path.read_text()
+    if rebalance:
+        assert "answers again" in procs[1].log_path.read_text()
 
 
 def test_on_buckets_a_stopped_worker_holds_back_only_its_buckets_deadlines(

@@ -40,6 +40,11 @@ class Availability:
         self._backoff = 0.0
         self._retry_at = 0.0
 
+    @property
+    def retry_at(self) -> float:
+        """When the next try may be made (the clock's time)."""
+        return self._retry_at
+
     def may_try(self) -> bool:
         """Whether the backoff since the last failure has passed."""
         return self._clock() >= self._retry_at

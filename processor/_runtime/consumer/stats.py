@@ -33,3 +33,10 @@ class WorkerStats:
     # Owned partitions set aside because the node their rows live on (a Citus worker, with
     # tables distributed by bucket) stopped answering while the others' go on.
     partitions_away: int = 0
+    # Assigned partitions not claimed because that node failed their claim while others answered.
+    claims_on_node: int = 0
+
+    @property
+    def waiting_on_node(self) -> int:
+        """Partitions waiting for the one node their rows live on: set aside or unclaimed."""
+        return self.partitions_away + self.claims_on_node

@@ -153,7 +153,13 @@ class Worker:
             store, control, store_factory=store_factory, limits=self.limits, clock=clock
         )
         self._claims = Claims(
-            self._ownership, self._lanes, owner=owner, gate=gate, on_owned=on_owned, clock=clock
+            self._ownership,
+            self._lanes,
+            owner=owner,
+            gate=gate,
+            on_owned=on_owned,
+            clock=clock,
+            place=colocate,
         )
         self._steps = BatchSteps(
             planner,
@@ -242,7 +248,7 @@ class Worker:
             "owned": len(self._ownership.owned),
             "unclaimed": len(self._ownership.unclaimed),
             "unavailable_for": self._lanes.availability.down_for(),
-            "waiting_on_node": len(self._intake.away),
+            "waiting_on_node": self.stats.waiting_on_node,
         }
 
     # -- rebalance callbacks (run inside consume(), on the consuming thread) --------------------
@@ -280,6 +286,7 @@ class Worker:
         recovery = self._recovery
         availability = self._lanes.availability
         self.stats.last_step = time.monotonic()
+        self.stats.claims_on_node = len(ownership.on_node)
         if recovery.detached:
             return recovery.step_detached()
         if ownership.to_pause:
