@@ -47,7 +47,14 @@ from devstack import (
     provide_registry,
 )
 from tests.support.hang_watchdog import CURRENT_FILE
-from tests.support.phases import CITUS_BUCKET_TESTS, CITUS_LAYOUT, CITUS_TESTS, PHASE, PHASES
+from tests.support.phases import (
+    CITUS_AROUND_TESTS,
+    CITUS_BUCKET_TESTS,
+    CITUS_LAYOUT,
+    CITUS_TESTS,
+    PHASE,
+    PHASES,
+)
 from tests.support.procs import alive
 
 MARK = TEST_RUN_MARK
@@ -306,8 +313,8 @@ def run_split(args: Sequence[str], env: dict[str, str]) -> int:
     3. ``serial``: the tests that disturb the shared services, alone.
     4. The other Citus tests (:data:`CITUS_TESTS`) against a Citus coordinator: those that are
        not end-to-end on :data:`WORKERS` workers, then the end-to-end ones two at a time; then
-       those that start processors (:data:`CITUS_BUCKET_TESTS`) again with the processors'
-       tables distributed by bucket.
+       :data:`CITUS_BUCKET_TESTS` with the processors' tables distributed by bucket: the
+       end-to-end ones again and the integration tests of the parts around the hot path.
 
     Steps 2 and 4 run Citus tests only when the whole suite runs, not some of its files. Citus
     is not in Debian's packages: on a machine without it the run says how many tests it skipped
@@ -330,7 +337,7 @@ def run_split(args: Sequence[str], env: dict[str, str]) -> int:
         url = citus.url if citus is not None else None
         on_citus = url is not None
         if citus is not None and not on_citus:
-            count = collected([*CITUS_TESTS, *args], {**env, PHASE: "citus"})
+            count = collected([*CITUS_TESTS, *CITUS_AROUND_TESTS, *args], {**env, PHASE: "citus"})
             _echo(f"citus phase: skipped {count} tests: {citus.reason}")
         # Used only on_citus.
         citus_env = {**env, ENV_DATABASE: url or "", PHASE: "citus"}
