@@ -159,6 +159,17 @@ def live() -> Iterator[Live]:
         worker.close()
 
 
+@pytest.fixture
+def colocated() -> Iterator[Live]:
+    """A live worker whose partitions' rows live in two places: even and odd partitions."""
+    made, worker = _live(colocate=lambda tp: tp[1] % 2)
+    try:
+        yield made
+    finally:
+        made.store.release.set()
+        worker.close()
+
+
 def test_an_unreachable_database_gives_the_partitions_back_then_rejoins(
     live: Live, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -614,115 +625,103 @@ def test_with_colocated_partitions_a_batch_from_carried_records_holds_a_batchs_w
 
 
 def test_with_colocated_partitions_a_place_that_stops_answering_holds_back_only_its_own(
-    caplog: pytest.LogCaptureFixture,
+    colocated: Live, caplog: pytest.LogCaptureFixture
 ) -> None:
     # P0's rows live on a worker that stops answering: P0 waits, paused, for as long as it
     # takes (past the bound after which a database away gives every partition back), while
     # P1's batches go on; once it answers, P0 goes on from its stored position, each record
     # applied once.
-    made, worker = _live(colocate=lambda tp: tp[1] % 2)
+    made, worker = colocated, colocated.rig.worker
     rig, store, clock = made.rig, made.store, made.clock
     caplog.set_level(logging.INFO, logger="processor._runtime.consumer.worker")
-    try:
-        rig.consumer.assign([P0, P1])
-        rig.send(P0, requested("a0"), "ma0")
-        rig.send(P1, requested("b0"), "mb0")
-        for _ in range(4):
-            made.step()
-        assert rig.applied("a0") == ["ma0"]
-        assert rig.applied("b0") == ["mb0"]
+    rig.consumer.assign([P0, P1])
+    rig.send(P0, requested("a0"), "ma0")
+    rig.send(P1, requested("b0"), "mb0")
+    for _ in range(4):
+        made.step()
+    assert rig.applied("a0") == ["ma0"]
+    assert rig.applied("b0") == ["mb0"]
 
-        store.down_places = {0}
-        rig.send(P0, requested("a1"), "ma1")
-        rig.send(P1, requested("b1"), "mb1")
-        for i in range(2, 6):
-            made.step()
-            clock.now += BOUND / 2
-            rig.send(P1, requested(f"b{i}"), f"mb{i}")
-        for _ in range(4):
-            made.step()
-        worker.settle()
-        assert rig.applied("a1") == []
-        assert all(rig.applied(f"b{i}") == [f"mb{i}"] for i in range(1, 6))
-        assert not worker.detached, "gave every partition back for one place's outage"
-        assert rig.consumer.assignment() == [P0, P1]
-        assert worker.health()["waiting_on_node"] == 1
-        assert worker.stats.partitions_away == 1
-        assert any("wait until it answers" in r.message for r in caplog.records)
+    store.down_places = {0}
+    rig.send(P0, requested("a1"), "ma1")
+    rig.send(P1, requested("b1"), "mb1")
+    for i in range(2, 6):
+        made.step()
+        clock.now += BOUND / 2
+        rig.send(P1, requested(f"b{i}"), f"mb{i}")
+    for _ in range(4):
+        made.step()
+    worker.settle()
+    assert rig.applied("a1") == []
+    assert all(rig.applied(f"b{i}") == [f"mb{i}"] for i in range(1, 6))
+    assert not worker.detached, "gave every partition back for one place's outage"
+    assert rig.consumer.assignment() == [P0, P1]
+    assert worker.health()["waiting_on_node"] == 1
+    assert worker.stats.partitions_away == 1
+    assert any("wait until it answers" in r.message for r in caplog.records)
 
-        store.down_places = set()
-        clock.now += 10
-        for _ in range(4):
-            made.step()
-        worker.settle()
-        assert rig.applied("a1") == ["ma1"], "applied once after its place answered"
-        assert worker.health()["waiting_on_node"] == 0
-        assert any("answers again" in r.message for r in caplog.records)
-        assert rig.tables.offsets[P0][1] == 2
-        assert rig.tables.offsets[P1][1] == 6
-    finally:
-        store.release.set()
-        worker.close()
+    store.down_places = set()
+    clock.now += 10
+    for _ in range(4):
+        made.step()
+    worker.settle()
+    assert rig.applied("a1") == ["ma1"], "applied once after its place answered"
+    assert worker.health()["waiting_on_node"] == 0
+    assert any("answers again" in r.message for r in caplog.records)
+    assert rig.tables.offsets[P0][1] == 2
+    assert rig.tables.offsets[P1][1] == 6
 
 
 def test_with_colocated_partitions_a_rebalance_while_a_place_is_away_claims_the_others(
-    caplog: pytest.LogCaptureFixture,
+    colocated: Live, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Partitions assigned while P0's node does not answer: P1 is claimed and goes on at once;
     # P0 waits, unclaimed and paused, past the bound (idle or not), counted as waiting on its
     # node; once the node answers it is claimed and its record applied once.
-    made, worker = _live(colocate=lambda tp: tp[1] % 2)
+    made, worker = colocated, colocated.rig.worker
     rig, store, clock = made.rig, made.store, made.clock
     caplog.set_level(logging.INFO, logger="processor._runtime.consumer.worker")
-    try:
-        store.down_places = {0}
-        rig.send(P0, requested("a0"), "ma0")
-        rig.send(P1, requested("b0"), "mb0")
-        rig.consumer.assign([P0, P1])  # P0's claim fails inside the rebalance callback
-        for _ in range(3):
-            made.step()
-        worker.settle()
-        assert rig.applied("b0") == ["mb0"]
-        assert rig.applied("a0") == []
-        assert P0 in rig.consumer.paused()
-        for _ in range(4):
-            clock.now += BOUND / 2
-            made.step()
-        assert not worker.detached, "gave every partition back for one place's outage"
-        assert rig.consumer.assignment() == [P0, P1]
-        assert worker.health()["waiting_on_node"] == 1
-        assert any("their rows live on 0" in r.message for r in caplog.records)
+    store.down_places = {0}
+    rig.send(P0, requested("a0"), "ma0")
+    rig.send(P1, requested("b0"), "mb0")
+    rig.consumer.assign([P0, P1])  # P0's claim fails inside the rebalance callback
+    for _ in range(3):
+        made.step()
+    worker.settle()
+    assert rig.applied("b0") == ["mb0"]
+    assert rig.applied("a0") == []
+    assert P0 in rig.consumer.paused()
+    for _ in range(4):
+        clock.now += BOUND / 2
+        made.step()
+    assert not worker.detached, "gave every partition back for one place's outage"
+    assert rig.consumer.assignment() == [P0, P1]
+    assert worker.health()["waiting_on_node"] == 1
+    assert any("their rows live on 0" in r.message for r in caplog.records)
 
-        store.down_places = set()
-        clock.now += 10
-        for _ in range(4):
-            made.step()
-        worker.settle()
-        assert rig.applied("a0") == ["ma0"]
-        assert P0 not in rig.consumer.paused()
-        assert worker.health()["waiting_on_node"] == 0
-        assert rig.tables.offsets[P0][1] == 1
-    finally:
-        store.release.set()
-        worker.close()
+    store.down_places = set()
+    clock.now += 10
+    for _ in range(4):
+        made.step()
+    worker.settle()
+    assert rig.applied("a0") == ["ma0"]
+    assert P0 not in rig.consumer.paused()
+    assert worker.health()["waiting_on_node"] == 0
+    assert rig.tables.offsets[P0][1] == 1
 
 
-def test_with_colocated_partitions_claims_failing_everywhere_give_them_back_after_the_bound() -> (
-    None
-):
-    made, worker = _live(colocate=lambda tp: tp[1] % 2)
+def test_with_colocated_partitions_claims_failing_everywhere_give_them_back_after_the_bound(
+    colocated: Live,
+) -> None:
+    made, worker = colocated, colocated.rig.worker
     rig, store, clock = made.rig, made.store, made.clock
-    try:
-        store.down_places = {0, 1}
-        rig.consumer.assign([P0, P1])
-        made.step()
-        clock.now += BOUND - 1
-        made.step()
-        assert not worker.detached, "gave up before the bound"
-        clock.now += 2
-        made.step()
-        assert worker.detached
-        assert rig.consumer.assignment() == []
-    finally:
-        store.release.set()
-        worker.close()
+    store.down_places = {0, 1}
+    rig.consumer.assign([P0, P1])
+    made.step()
+    clock.now += BOUND - 1
+    made.step()
+    assert not worker.detached, "gave up before the bound"
+    clock.now += 2
+    made.step()
+    assert worker.detached
+    assert rig.consumer.assignment() == []
