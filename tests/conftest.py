@@ -17,7 +17,7 @@ from psycopg import sql
 
 from devstack import Registry, Services, provide, provide_registry
 from tests.sim.budget import SEED_BASE as SIM_SEED_BASE
-from tests.support.phases import PHASE, PHASES, kept, longest_first
+from tests.support.phases import CITUS_LAYOUT, PHASE, PHASES, citus_layouts, kept, longest_first
 from tests.support.roles import LeastPrivilege, least_privilege
 
 # A hang with the interpreter held still ends the run, with every thread's stack; a failed
@@ -50,6 +50,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # own order off there): what takes longest goes first, so that no worker is left with it
     # at the end.
     items[:] = longest_first(keep, config.rootpath)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # The Citus phase runs some files once per layout of the processors' tables.
+    if os.environ.get(PHASE) != "citus":
+        return
+    layouts = citus_layouts(metafunc.definition.path, metafunc.config.rootpath)
+    if layouts:
+        metafunc.parametrize("citus_layout", layouts, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def citus_layout(request: pytest.FixtureRequest) -> str | None:
+    """The layout of the tables of the processors this test starts, where the Citus phase
+    gives one (``tests.support.phases.CITUS_LAYOUTS``): ``settings_for`` reads it. Elsewhere
+    :data:`CITUS_LAYOUT` stays as the run's environment has it."""
+    layout: str | None = getattr(request, "param", None)
+    if layout is not None:
+        monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
+        if layout == "buckets":
+            monkeypatch.setenv(CITUS_LAYOUT, layout)
+        else:
+            monkeypatch.delenv(CITUS_LAYOUT, raising=False)
+    return layout
 
 
 def _past_capture(request: pytest.FixtureRequest) -> Callable[[str], None]:

@@ -48,9 +48,6 @@ from devstack import (
 )
 from tests.support.hang_watchdog import CURRENT_FILE
 from tests.support.phases import (
-    CITUS_AROUND_TESTS,
-    CITUS_BUCKET_TESTS,
-    CITUS_LAYOUT,
     CITUS_TESTS,
     PHASE,
     PHASES,
@@ -312,9 +309,8 @@ def run_split(args: Sequence[str], env: dict[str, str]) -> int:
        cores idle too.
     3. ``serial``: the tests that disturb the shared services, alone.
     4. The other Citus tests (:data:`CITUS_TESTS`) against a Citus coordinator: those that are
-       not end-to-end on :data:`WORKERS` workers, then the end-to-end ones two at a time; then
-       :data:`CITUS_BUCKET_TESTS` with the processors' tables distributed by bucket: the
-       end-to-end ones again and the integration tests of the parts around the hot path.
+       not end-to-end on :data:`WORKERS` workers, then the end-to-end ones two at a time. A
+       test of a file in :data:`CITUS_LAYOUTS` runs once per layout it names there.
 
     Steps 2 and 4 run Citus tests only when the whole suite runs, not some of its files. Citus
     is not in Debian's packages: on a machine without it the run says how many tests it skipped
@@ -337,7 +333,7 @@ def run_split(args: Sequence[str], env: dict[str, str]) -> int:
         url = citus.url if citus is not None else None
         on_citus = url is not None
         if citus is not None and not on_citus:
-            count = collected([*CITUS_TESTS, *CITUS_AROUND_TESTS, *args], {**env, PHASE: "citus"})
+            count = collected([*CITUS_TESTS, *args], {**env, PHASE: "citus"})
             _echo(f"citus phase: skipped {count} tests: {citus.reason}")
         # Used only on_citus.
         citus_env = {**env, ENV_DATABASE: url or "", PHASE: "citus"}
@@ -351,11 +347,6 @@ def run_split(args: Sequence[str], env: dict[str, str]) -> int:
             [plain["serial"]],
         ]
         if on_citus:
-            on_buckets = Phase(
-                "citus phase (buckets)",
-                [*_workers(E2E_WORKERS), "-m", "not serial", *CITUS_BUCKET_TESTS, *args],
-                {**citus_env, CITUS_LAYOUT: "buckets"},
-            )
             stages += [
                 [on_coordinator("", [*_workers(WORKERS), "-m", "not e2e and not serial"])],
                 [
@@ -364,7 +355,6 @@ def run_split(args: Sequence[str], env: dict[str, str]) -> int:
                         [*_workers(E2E_WORKERS, longest_first=True), "-m", "e2e and not serial"],
                     )
                 ],
-                [on_buckets],
             ]
         for stage in stages:
             if TERMINATED.is_set():

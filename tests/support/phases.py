@@ -10,11 +10,16 @@ PHASE = "SAGA_TEST_PHASE"
 """Which part of the suite a pytest process runs: one of :data:`PHASES`, or ``citus``."""
 
 CITUS_LAYOUT = "SAGA_TEST_CITUS_LAYOUT"
-"""``buckets``: the processors the Citus tests start distribute their tables by bucket
-(:data:`CITUS_BUCKETS` of them) instead of making their schema a distributed schema."""
+"""``buckets``: the processors a test starts (through ``tests.support.harness.settings_for``)
+distribute their tables by bucket (:data:`CITUS_BUCKETS` of them) instead of making their
+schema a distributed schema. The Citus phase sets it per test (:data:`CITUS_LAYOUTS`)."""
 
-CITUS_BUCKETS = 6
-"""The bucket count of the processors of a ``buckets`` run: the tests' usual partition count."""
+CITUS_BUCKETS = 2
+"""The bucket count of the processors of a ``buckets`` run: one bucket per worker of the local
+cluster, so that every part's statements go to both workers, a commit may span them, and a topic
+of the tests' usual six partitions puts three on each bucket. Each statement that names no saga
+runs once per bucket, so two cost a third of six; the Citus tests (tests/citus) place several
+buckets on each worker themselves."""
 
 PHASES = ("parallel", "e2e", "serial")
 """The phases of a split run against single PostgreSQL, in order (see :func:`phase_of`)."""
@@ -26,8 +31,7 @@ CITUS_CRASH_TESTS = (
     "tests/e2e/test_ordering.py",
     "tests/e2e/test_relay_handover.py",
 )
-"""The end-to-end tests of exactly-once effects under crashes: the Citus phase runs them on both
-layouts."""
+"""The end-to-end tests of exactly-once effects under crashes that the Citus phase runs."""
 
 CITUS_AROUND_TESTS = (
     # The parts around the hot path whose statements differ with the tables by bucket (each runs
@@ -48,29 +52,52 @@ CITUS_AROUND_TESTS = (
     "tests/integration/test_relay_partitions.py",
     "tests/integration/test_duplicates.py",
 )
-"""Integration tests the Citus phase runs with the tables by bucket only. On a distributed
-schema (the default layout on Citus) these parts send the very statements they send to one
-PostgreSQL, which the other phases test, to the one worker that holds the schema."""
+"""Integration tests of the parts around the hot path that the Citus phase runs."""
+
+CITUS_LAYOUTS: dict[str, tuple[str, ...]] = {
+    # A distributed schema sends the statements one PostgreSQL gets to the one worker that holds
+    # the schema, which the other phases test; what it adds is the coordinator's routing and
+    # its commit, which the kills around a commit exercise. By bucket every part has statements
+    # of its own, and a commit may span two workers: every crash and every part runs there.
+    "tests/e2e/test_crash_recovery.py": ("schema", "buckets"),
+    **{path: ("buckets",) for path in CITUS_CRASH_TESTS[1:]},
+    **{path: ("buckets",) for path in CITUS_AROUND_TESTS},
+}
+"""The layouts the Citus phase runs each of these files on (a parameter of every test in it:
+``schema``, each processor's schema a distributed schema, the default; ``buckets``). The
+contract suites and the Citus tests name their layout themselves; a participant service told
+``buckets`` makes a distributed schema, the default layout."""
 
 CITUS_TESTS = (
     "tests/contract",
     "tests/citus",
-    *CITUS_CRASH_TESTS,
+    *CITUS_LAYOUTS,
     "tests/integration/test_participant_app_crashes.py",
 )
-"""What the ``citus`` phase runs against a Citus coordinator with the default layout (each
-processor's schema a distributed schema): the contract suites' PostgreSQL cases, the Citus
-tests, and the tests of exactly-once effects under crashes (the processor's end-to-end ones,
-and a participant service killed mid-command). The rest of the integration suite passes on
+"""What the ``citus`` phase runs against a Citus coordinator: the contract suites' PostgreSQL
+cases, the Citus tests, the tests of exactly-once effects under crashes (the processor's
+end-to-end ones, and a participant service killed mid-command) and of the parts around the hot
+path, on the layouts :data:`CITUS_LAYOUTS` gives. The rest of the integration suite passes on
 Citus too (101 tests when last run by hand) but for two files that assert plain PostgreSQL's
 plans; it is left out to keep the phase short."""
 
+NOT_ON_CITUS = ("memory", "sqlite", "kafka", "registry")
+"""The contract suites' cases that have no PostgreSQL in them (their parameter's first word):
+the other phases run them; the Citus phase leaves them out."""
 
-CITUS_BUCKET_TESTS = (*CITUS_CRASH_TESTS, *CITUS_AROUND_TESTS)
-"""What the Citus phase runs with :data:`CITUS_LAYOUT` ``buckets``: the tests that start
-processors (through ``tests.support.harness.settings_for``), whose tables are then distributed by
-bucket. The contract suites and the Citus tests name their layout themselves; a participant
-service told ``buckets`` makes a distributed schema, which the Citus phase runs already."""
+
+NOT_ON_CITUS_TESTS = (
+    # Fifty thousand sagas through retention measure the tables' bound under volume, which
+    # the plain phase shows; the other retention tests run its statements by bucket.
+    "test_tables_stay_bounded_while_fifty_thousand_sagas_start_and_end",
+)
+"""Tests of the files of :data:`CITUS_LAYOUTS` that the Citus phase leaves out."""
+
+
+def citus_layouts(path: Path, root: Path) -> tuple[str, ...]:
+    """The layouts the Citus phase runs the tests of ``path`` on; none: the test names its own."""
+    return CITUS_LAYOUTS.get(path.relative_to(root).as_posix(), ())
+
 
 LONGEST_FIRST = (
     "tests/e2e/test_restarts_under_load.py",
@@ -104,8 +131,9 @@ def kept(item: pytest.Item, phase: str) -> bool:
     """Whether ``item`` runs in ``phase`` of a split run."""
     citus = item.get_closest_marker("citus") is not None
     if phase == "citus":
-        # The in-memory side of a contract suite has run already; it has no database.
-        return "[memory" not in item.nodeid
+        return not any(f"[{case}" in item.nodeid for case in NOT_ON_CITUS) and (
+            getattr(item, "originalname", item.name) not in NOT_ON_CITUS_TESTS
+        )
     return not citus and phase_of(item) == phase
 
 

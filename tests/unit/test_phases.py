@@ -186,3 +186,37 @@ def test_a_sigterm_ends_the_phases_under_way_and_the_run_starts_no_other(tmp_pat
         assert TERMINATED.is_set()
     finally:
         TERMINATED.clear()
+
+
+def test_the_citus_phase_runs_files_once_per_layout_and_no_case_without_postgresql() -> None:
+    files = (
+        "tests/e2e/test_crash_recovery.py",
+        "tests/e2e/test_fencing.py",
+        "tests/integration/test_retention.py",
+        "tests/contract/test_producer_consumer_contract.py",
+        "tests/contract/test_outbox_contract.py",
+    )
+    out = _collected(*files, env={PHASE: "citus"}).stdout.splitlines()
+    ids = [line for line in out if "::" in line]
+    layouts: dict[str, set[str]] = {line.split("::")[0]: set() for line in ids}
+    for line in ids:
+        case = line.split("[", 1)[1] if "[" in line else ""
+        layouts[line.split("::")[0]].update(w for w in ("schema", "buckets") if w in case)
+    assert layouts[files[0]] == {"schema", "buckets"}
+    assert layouts[files[1]] == {"buckets"}
+    assert layouts[files[2]] == {"buckets"}
+    assert not any("fifty_thousand" in i for i in ids)
+    # Each test of a file with layouts runs once per layout.
+    recovery = [i for i in ids if i.startswith(files[0])]
+    assert len(recovery) == 2 * len(
+        {
+            i.replace("schema-", "")
+            .replace("buckets-", "")
+            .replace("[schema]", "")
+            .replace("[buckets]", "")
+            for i in recovery
+        }
+    )
+    # The contract cases without a database ran in the parallel phase; PostgreSQL's run here.
+    assert not any(f"[{case}" in i for i in ids for case in ("memory", "kafka", "sqlite"))
+    assert any(i.startswith(files[4]) and "[postgres" in i for i in ids)
