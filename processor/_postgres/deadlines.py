@@ -20,7 +20,7 @@ from psycopg.types.numeric import Int4
 from processor._engine.buckets import Buckets
 from processor._ports import DeadlineRow
 from processor._postgres.held import Conn, HeldConnection
-from processor._postgres.schema.buckets import read_layout
+from processor._postgres.schema.buckets import layout_mark, read_layout
 from processor._postgres.schema.tables import Tables
 from processor._wire import deadline_channel
 
@@ -61,7 +61,7 @@ class PostgresDeadlineStore:
 
     def __init__(self, connect: Callable[[], Conn], tables: Tables) -> None:
         self.channel = deadline_channel(tables.schema)
-        self._held = HeldConnection(connect, setup=self._listen)
+        self._held = HeldConnection(connect, setup=self._listen, layout=layout_mark(tables.schema))
         r = tables.render
         self._lease = r(
             """
@@ -130,6 +130,7 @@ class PostgresDeadlineStore:
         self._claim_fresh_b = in_bucket(self._claim_fresh)
         self._tables = tables
         self._buckets: Buckets | bool | None = False
+        self._layout_on = 0
         self._first_bucket = 0
         self._warned_at = -AWAY_WARN_S
         self._unclaim = r(
@@ -194,9 +195,11 @@ class PostgresDeadlineStore:
         return rows, due
 
     def _layout(self, conn: Conn) -> Buckets | None:
-        if self._buckets is False:
+        # Read again on each new connection: the tables may have moved to buckets meanwhile.
+        if self._buckets is False or self._layout_on != self._held.opened:
             with conn.transaction():
                 self._buckets = read_layout(conn, self._tables.schema)
+            self._layout_on = self._held.opened
         assert not isinstance(self._buckets, bool)
         return self._buckets
 

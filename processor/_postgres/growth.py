@@ -15,6 +15,7 @@ from processor._engine.growth import Growth, GrowthState, router
 from processor._engine.partitioner import Partitioner
 from processor._ports import TP
 from processor._postgres.held import Conn, HeldConnection
+from processor._postgres.schema.buckets import layout_mark
 from processor._postgres.schema.tables import Tables
 
 __all__ = ["PostgresGrowthStore", "current_router"]
@@ -36,7 +37,7 @@ class PostgresGrowthStore:
     """
 
     def __init__(self, connect: Callable[[], Conn], tables: Tables) -> None:
-        self._held = HeldConnection(connect)
+        self._held = HeldConnection(connect, layout=layout_mark(tables.schema))
         r = tables.render
         self._now = "SELECT now()"
         self._counts = r("SELECT topic, count FROM {partition_count} WHERE group_id = %s")

@@ -12,7 +12,10 @@ here, so that they all follow one rule for when a connection is given up:
   have ended the session (57P01, a statement cancelled while it shut down) before the client
   read the end of the socket, and a new connection costs little next to the retry;
 - any other failure (refused data, a fatal error) keeps the connection: the transaction rolled
-  back and the session is usable.
+  back and the session is usable; unless the schema's tables were laid out anew since the
+  connection opened (an operator's move to tables by bucket, with the replicas running: see
+  ``layout``), which makes it ``Retryable`` on a new connection, whose statements fit the new
+  tables.
 """
 
 from __future__ import annotations
@@ -35,6 +38,12 @@ log = logging.getLogger(__name__)
 
 Conn = psycopg.Connection[TupleRow]
 
+# What the server answers a statement made for other tables: refused data (a bucket column with
+# no value), a feature it lacks (a row lock over several shards), an undefined object, an
+# internal error (a relation dropped under a plan). Only these make the layout worth reading
+# again: after a timeout or a client-side failure the server may not answer that read either.
+_LAYOUT_STATES = ("22", "23", "0A", "42", "XX")
+
 
 class HeldConnection:
     """A lazily opened connection and the rule for what a driver error becomes.
@@ -43,13 +52,22 @@ class HeldConnection:
         connect: Opens a new connection.
         setup: Prepares each new connection before its first use (autocommit, LISTEN); an
             error raised here counts as one of opening it.
+        layout: Reads what the store's statements depend on in the tables' layout (see
+            :func:`processor._postgres.schema.buckets.layout_mark`), once per connection and
+            again after a failure that is not ``Retryable``: only an error can show that the
+            tables changed under the statements, so the hot path pays nothing for it.
     """
 
     def __init__(
-        self, connect: Callable[[], Conn], setup: Callable[[Conn], None] | None = None
+        self,
+        connect: Callable[[], Conn],
+        setup: Callable[[Conn], None] | None = None,
+        layout: Callable[[Conn], object] | None = None,
     ) -> None:
         self._connect = connect
         self._setup = setup
+        self._layout = layout
+        self._mark: object = None
         self._conn: Conn | None = None
         self.opened = 0
         """How many connections were opened so far."""
@@ -63,13 +81,15 @@ class HeldConnection:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self.close()
             conn = self._connect()
-            if self._setup is not None:
-                try:
+            try:
+                if self._setup is not None:
                     self._setup(conn)
-                except BaseException:
-                    with contextlib.suppress(psycopg.Error):
-                        conn.close()
-                    raise
+                if self._layout is not None:
+                    self._mark = self._read_layout(conn)
+            except BaseException:
+                with contextlib.suppress(psycopg.Error):
+                    conn.close()
+                raise
             self._conn = conn
             self.opened += 1
         return self._conn
@@ -95,7 +115,34 @@ class HeldConnection:
             return Retryable(f"database connection lost: {failure}")
         if isinstance(failure, Retryable):
             self.close()
+        elif (error.sqlstate or "").startswith(_LAYOUT_STATES) and self._laid_out_anew():
+            self.close()
+            return Retryable(
+                "the schema's tables were laid out anew (moved to tables by bucket) since this "
+                f"connection opened; its statements are made again on a new one: {failure}"
+            )
         return failure
+
+    def _read_layout(self, conn: Conn) -> object:
+        assert self._layout is not None
+        if conn.autocommit:
+            return self._layout(conn)
+        with conn.transaction():
+            return self._layout(conn)
+
+    def _laid_out_anew(self) -> bool:
+        """Whether the layout read now differs from the connection's (when it can be read)."""
+        conn = self._conn
+        if self._layout is None or conn is None:
+            return False
+        # Only between transactions: the failed one has rolled back when the failure is built.
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            return False
+        try:
+            return self._read_layout(conn) != self._mark
+        except psycopg.Error as e:
+            log.debug("the tables' layout could not be read after a failure: %s", e)
+            return False
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Conn]:

@@ -48,7 +48,7 @@ from processor._engine.records import OutboxRow
 from processor._ports import TP, OutboxEntry, SetAside
 from processor._postgres.colocation import Colocation
 from processor._postgres.held import Conn, HeldConnection
-from processor._postgres.schema.buckets import read_layout
+from processor._postgres.schema.buckets import layout_mark, read_layout
 from processor._postgres.schema.tables import Tables
 
 __all__ = ["PostgresOutboxStore", "partition_lock_key", "relay_lock_key"]
@@ -214,7 +214,7 @@ class PostgresOutboxStore:
     def __init__(
         self, connect: Callable[[], Conn], tables: Tables, group_id: str | None = None
     ) -> None:
-        self._held = HeldConnection(connect)
+        self._held = HeldConnection(connect, layout=layout_mark(tables.schema))
         self._group_id = group_id
         self._lock_key = relay_lock_key(tables)
         self._shared_key = partition_lock_key(tables)
@@ -249,6 +249,7 @@ class PostgresOutboxStore:
         self._tables = tables
         # Read on first claim: whether the tables are distributed by bucket, and how.
         self._buckets: Buckets | bool | None = False
+        self._layout_on = 0
         self._choose_global_b = tables.render(_CHOOSE_GLOBAL_B)
         self._choose_owned_b = tables.render(_CHOOSE_OWNED_B)
         self._delete_b = tables.render(_DELETE_B)
@@ -331,8 +332,10 @@ class PostgresOutboxStore:
             raise self._held.failure(e) from e
 
     def _layout(self, conn: Conn) -> Buckets | None:
-        if self._buckets is False:
+        # Read again on each new connection: the tables may have moved to buckets meanwhile.
+        if self._buckets is False or self._layout_on != self._held.opened:
             self._buckets = read_layout(conn, self._tables.schema)
+            self._layout_on = self._held.opened
         assert not isinstance(self._buckets, bool)
         return self._buckets
 

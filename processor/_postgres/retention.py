@@ -18,7 +18,7 @@ from psycopg.types.numeric import Int4
 from processor._engine.buckets import Buckets
 from processor._ports import Purge
 from processor._postgres.held import Conn, HeldConnection
-from processor._postgres.schema.buckets import read_layout
+from processor._postgres.schema.buckets import layout_mark, read_layout
 from processor._postgres.schema.tables import Tables
 
 __all__ = ["PostgresRetentionStore"]
@@ -205,17 +205,20 @@ class PostgresRetentionStore:
     """
 
     def __init__(self, connect: Callable[[], Conn], tables: Tables) -> None:
-        self._held = HeldConnection(connect)
+        self._held = HeldConnection(connect, layout=layout_mark(tables.schema))
         self._lock_key = f"saga-retention:{tables.schema}"
         self._sql = {what: tables.render(text) for what, text in _SQL.items()}
         self._sql_b = {what: tables.render(in_bucket(what)) for what in _SQL}
         self._tables = tables
         self._buckets: Buckets | bool | None = False
+        self._layout_on = 0
 
     def purge(self, what: Purge, older_than: timedelta, limit: int) -> int | None:
-        if self._buckets is False:
+        # Read again on each new connection: the tables may have moved to buckets meanwhile.
+        if self._buckets is False or self._layout_on != self._held.opened:
             with self._held.session() as conn, conn.transaction():
                 self._buckets = read_layout(conn, self._tables.schema)
+            self._layout_on = self._held.opened
         if isinstance(self._buckets, Buckets):
             return self._purge_by_bucket(self._buckets, what, older_than, limit)
         return self._purge(what, older_than, limit, self._sql[what], {})

@@ -8,6 +8,7 @@ task).
 
 from __future__ import annotations
 
+import functools
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
@@ -246,14 +247,86 @@ def test_each_hot_statement_that_names_a_bucket_has_a_router_plan(
     assert "Task Count: 1" in plan, plan
 
 
-def test_a_distributed_schema_is_not_moved_to_buckets_in_place(citus_url: str, schema: str) -> None:
+def test_a_distributed_schema_moves_to_buckets_with_its_rows_ids_and_grants(
+    citus_url: str, schema: str
+) -> None:
+    tables = Tables(schema)
+    sagas = {p: ids_in(p, 2) for p in (0, 1)}
     with psycopg.connect(citus_url) as conn:
-        migrate(conn, Tables(schema), "citus")
+        migrate(conn, tables, "citus")
         conn.commit()
         assert distributed(conn, schema)
-        with pytest.raises(ConfigurationError) as refused:
-            migrate(conn, Tables(schema), "buckets", buckets=BUCKETS, move=True)
-    assert "use a new schema" in str(refused.value)
+    old = PostgresBatchStore(lambda: connect(citus_url), tables, "g")
+    try:
+        old.claim([("in", 0), ("in", 1)], "r0")
+        for partition, ids in sagas.items():
+            start_sagas(old, partition, ids)
+    finally:
+        old.close()
+    q = functools.partial(_rows, citus_url, schema)
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("GRANT SELECT ON {}.saga_instance TO PUBLIC").format(
+            sql.Identifier(schema)))  # fmt: skip
+    outbox = q("SELECT id, saga_id FROM {}.outbox ORDER BY id")
+    history = q("SELECT id, saga_id, message_id FROM {}.saga_history ORDER BY id")
+    assert len(outbox) == len(history) == 4
+
+    # A replica's start refuses: replicas still running would write the old tables.
+    with psycopg.connect(citus_url) as conn, pytest.raises(ConfigurationError) as refused:
+        migrate(conn, tables, "buckets", buckets=BUCKETS)
+    assert "saga-processor migrate" in str(refused.value)
+
+    with psycopg.connect(citus_url) as conn:
+        assert migrate(conn, tables, "buckets", buckets=BUCKETS, move=True) == len(MIGRATIONS)
+        conn.commit()
+        assert not distributed(conn, schema)
+        layout = read_layout(conn, schema)
+        assert layout is not None
+        spread = conn.execute(
+            "SELECT count(DISTINCT nodeport) FROM citus_shards WHERE table_name = %s::regclass",
+            (f"{schema}.outbox",),
+        ).fetchone()
+        assert spread == (2,)
+        readable = conn.execute(
+            "SELECT has_table_privilege('public', %s, 'SELECT')", (f"{schema}.saga_instance",)
+        ).fetchone()
+        assert readable == (True,)
+    # Every row, with its id, on its saga's bucket; the versions as they were.
+    assert q("SELECT id, saga_id FROM {}.outbox ORDER BY id") == outbox
+    assert q("SELECT id, saga_id, message_id FROM {}.saga_history ORDER BY id") == history
+    placed = dict(q("SELECT saga_id, bucket FROM {}.saga_instance"))
+    assert placed == {s: layout.of(s) for ids in sagas.values() for s in ids}
+    assert sorted(q("SELECT partition, bucket, next_offset FROM {}.consumer_offset")) == [
+        (p, layout.of_partition(p), 2) for p in (0, 1)
+    ]
+    assert q("SELECT max(version) FROM {}.schema_version") == [(len(MIGRATIONS),)]
+
+    # The processor goes on on buckets: the next ids come after the old ones.
+    new = PostgresBatchStore(lambda: connect(citus_url), tables, "g")
+    try:
+        [(epoch, stored)] = new.claim([("in", 0)], "r1").values()
+        assert stored == 2
+        later = ids_in(0, 3)[2]
+        new.write(
+            WriteSet(
+                sagas=[SagaWrite(SAGA, later, {"n": 1}, SagaStatus.ACTIVE, 1, None, None)],
+                outbox=[OutboxRow(SAGA, later, "out", b"k", {}, b"v", None, ("in", 0))],
+            ),
+            [OffsetCommit("in", 0, 3, 2, epoch)],
+        )
+    finally:
+        new.close()
+    [(after,)] = q("SELECT id FROM {}.outbox WHERE saga_id = %s", later)
+    assert after > max(i for i, _ in outbox)
+    assert q("SELECT bucket, next_offset FROM {}.consumer_offset WHERE partition = 0") == [
+        (layout.of_partition(0), 3)
+    ]
+
+
+def _rows(url: str, schema: str, text: str, *args: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        query = sql.SQL(text).format(sql.Identifier(schema))
+        return conn.execute(query, args).fetchall()
 
 
 def test_buckets_without_a_count_refuse_to_make_the_tables(citus_url: str, schema: str) -> None:

@@ -15,6 +15,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import psycopg
 import pytest
@@ -22,6 +23,7 @@ from confluent_kafka.admin import AdminClient, NewPartitions  # type: ignore[att
 from psycopg import sql
 
 from processor._postgres.connect import ensure_schema
+from processor._postgres.schema.citus import Distributed
 from processor._postgres.schema.tables import Tables
 from tests.e2e.conftest import (
     E2EEnv,
@@ -104,15 +106,18 @@ class TwoPhase:
 def env(
     request: pytest.FixtureRequest, kafka_bootstrap: str, citus_url: str, tmp_path: Path
 ) -> Iterator[E2EEnv]:
-    # The input topic's partition count: 6 (the buckets), or the test's (indirect parameter).
-    partitions = int(getattr(request, "param", BUCKETS))
+    # The input topic's partition count: 6 (the buckets), or the test's (indirect parameter),
+    # with the layout the schema starts in after it.
+    partitions, first = cast(
+        "tuple[int, Distributed]", getattr(request, "param", (BUCKETS, "buckets"))
+    )
     prefix = f"b{uuid.uuid4().hex[:8]}."
     env = E2EEnv(
         kafka_bootstrap, citus_url, f"t_buckets_{prefix[1:-1]}", prefix, tmp_path, partitions
     )
     create_topics(kafka_bootstrap, [env.events_topic], partitions=env.partitions)
     create_topics(kafka_bootstrap, [env.commands_topic, prefix + "saga-dead-letters"], 3)
-    ensure_schema(citus_url, Tables(env.schema), "buckets", buckets=BUCKETS)
+    ensure_schema(citus_url, Tables(env.schema), first, buckets=BUCKETS)
     try:
         yield env
     finally:
@@ -161,7 +166,7 @@ def test_a_topic_grown_to_a_multiple_under_load_keeps_every_transaction_on_one_w
     assert commits.spanning() == 0, {k: g for k, g in commits.groups.items() if len(g) > 1}
 
 
-@pytest.mark.parametrize("env", [9], indirect=True)
+@pytest.mark.parametrize("env", [(9, "buckets")], indirect=True)
 def test_partitions_not_a_multiple_of_the_buckets_commit_on_two_workers_and_stay_exact(
     env: E2EEnv, citus_url: str
 ) -> None:
@@ -223,3 +228,34 @@ def test_three_replicas_one_killed_and_a_bucket_moved_under_load_lose_nothing(
     wait_drained(env, workload, reader)
     report = assert_invariants(env, workload, reader, duplicates_allowed=True)
     assert report.distinct == len(workload.events) * 2
+
+
+@pytest.mark.parametrize(
+    "env", [(BUCKETS, "off"), (BUCKETS, "citus")], indirect=True, ids=["plain", "schema"]
+)
+def test_sagas_in_flight_move_to_buckets_with_the_replicas_running_exactly_once(
+    env: E2EEnv, citus_url: str, request: pytest.FixtureRequest
+) -> None:
+    # From plain tables on the coordinator, or from a distributed schema: the operator's
+    # migrate moves them while both replicas go on, which take the new layout up on their own.
+    first = request.node.callspec.params["env"][1]
+    names = [f"{env.prefix[:-1]}-r{n}" for n in range(2)]
+    reader = env.reader()
+    workload = new_workload(SAGAS)
+    procs = [env.start(name, database={"distributed": first}) for name in names]
+    publish_steps(env, workload, range(2))
+    wait_until(
+        lambda: env.scalar("SELECT count(*) FROM saga_history") >= SAGAS,
+        timeout=60,
+        what="the sagas started",
+    )
+    ensure_schema(citus_url, Tables(env.schema), "buckets", buckets=BUCKETS, move=True)
+    assert env.scalar("SELECT count(*) FROM bucket_layout") == 1
+    publish_steps(env, workload, range(2, 3))
+    wait_drained(env, workload, reader)
+    report = assert_invariants(env, workload, reader, duplicates_allowed=True)
+    assert report.distinct == len(workload.events) * 2
+    # The same two processes throughout: none exited, and the batches after the move found it.
+    assert all(proc.alive() for proc in procs)
+    logs = "".join(proc.log() for proc in procs)
+    assert "laid out anew" in logs

@@ -19,6 +19,7 @@ from processor._ports import TP, Positions
 from processor._postgres.batch.store import BatchSql
 from processor._postgres.colocation import Colocation
 from processor._postgres.held import Conn, HeldConnection
+from processor._postgres.schema.buckets import layout_mark
 from processor._postgres.schema.tables import Tables
 
 
@@ -34,7 +35,8 @@ class PostgresBatchStore:
         origin: str = "",
         colocation: Colocation | None = None,
     ) -> None:
-        self._held = HeldConnection(connect)
+        # A new connection, and statements made for the tables' layout, after they moved.
+        self._held = HeldConnection(connect, layout=layout_mark(tables.schema))
         # Where each partition's bucket lives, kept current for the consumer's intake.
         self._colocation = colocation
         self._tables = tables

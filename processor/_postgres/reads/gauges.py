@@ -12,6 +12,7 @@ from typing import Any
 
 from processor._ports.cluster import AGE_BUCKETS, DatabaseSample
 from processor._postgres.held import Conn, HeldConnection
+from processor._postgres.schema.buckets import layout_mark
 from processor._postgres.schema.tables import Tables
 
 _OUTBOX = """
@@ -56,7 +57,7 @@ class PostgresGauges:
     def __init__(
         self, connect: Callable[[], Conn], tables: Tables, group_id: str, owner: str
     ) -> None:
-        self._held = HeldConnection(connect, setup=_autocommit)
+        self._held = HeldConnection(connect, setup=_autocommit, layout=layout_mark(tables.schema))
         self._group_id = group_id
         self._owner = owner
         r = tables.render

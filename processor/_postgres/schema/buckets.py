@@ -18,6 +18,7 @@ so that each bucket is a shard of its own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -34,6 +35,7 @@ __all__ = [
     "REFERENCE",
     "BucketLayoutMismatch",
     "bucketize",
+    "layout_mark",
     "read_layout",
 ]
 
@@ -95,6 +97,30 @@ def read_layout(conn: psycopg.Connection[Any], schema: str) -> Buckets | None:
     if row is None:
         return None
     return Buckets(int(row[0]), normalise(str(row[1])), tuple(int(k) for k in row[2]))
+
+
+def layout_mark(schema: str) -> Callable[[psycopg.Connection[Any]], object]:
+    """What a store's statements depend on in ``schema``'s layout, read by a connection.
+
+    Whether the tables are distributed by bucket, and which table is the saga table (a move
+    from a distributed schema makes every table anew). A store's connection reads it when it
+    opens and after a failure (:class:`processor._postgres.held.HeldConnection`): when it
+    changed, an operator moved the tables while the store ran, and its statements, made for the
+    old layout, are made again on a new connection.
+    """
+    names = (
+        sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(LAYOUT_TABLE)),
+        sql.SQL("{}.saga_instance").format(sql.Identifier(schema)),
+    )
+
+    def read(conn: psycopg.Connection[Any]) -> object:
+        row = conn.execute(
+            "SELECT to_regclass(%s)::oid, to_regclass(%s)::oid",
+            tuple(n.as_string(conn) for n in names),
+        ).fetchone()
+        return tuple(row) if row is not None else None
+
+    return read
 
 
 def bucketize(

@@ -25,7 +25,9 @@ from processor._postgres.schema.ddl import (
     outbox_ddl,
     outbox_source_ddl,
 )
+from processor._postgres.schema.hold import hold_tables
 from processor._postgres.schema.runner import VERSION_COLUMNS, migrate_schema
+from processor._postgres.schema.undistribute import undistribute
 
 # The DDL lives in processor._postgres.schema.ddl; offered here with the runner that applies it.
 __all__ = [
@@ -159,6 +161,20 @@ def migrate(
     )
 
 
+# A replica's start does not move rows: which of several starting replicas would, with what
+# count, is the operator's choice. The replicas running meanwhile take the new layout up on
+# their own (processor/_postgres/held.py).
+_MOVE_BY_OPERATOR = (
+    "schema {} {}: run `saga-processor migrate` with SAGA_DATABASE__DISTRIBUTED=buckets and "
+    "SAGA_DATABASE__BUCKETS (it moves the rows, each to its saga's bucket; running replicas "
+    "go on and take the new layout up), then start replicas with those settings"
+)
+_NO_COUNT = (
+    "SAGA_DATABASE__DISTRIBUTED is 'buckets' and the schema is not distributed by bucket yet: "
+    "set SAGA_DATABASE__BUCKETS to the input topics' partition count"
+)
+
+
 def bucket_tables(
     conn: psycopg.Connection[Any],
     tables: Tables,
@@ -169,8 +185,10 @@ def bucket_tables(
 ) -> None:
     """Distributes the schema's tables by bucket, unless they are already.
 
-    Plain tables that hold rows move only with ``move``, the operator's `migrate`; a Citus
-    distributed schema, or no bucket count, is refused.
+    Plain tables that hold rows, and a Citus distributed schema, move only with ``move``, the
+    operator's `migrate` (:func:`processor._postgres.schema.undistribute.undistribute` brings a
+    distributed schema's back first), every table locked first (:func:`hold_tables`), while
+    replicas may go on; no bucket count is refused.
     """
     found = read_layout(conn, tables.schema)
     if found is not None:
@@ -184,37 +202,33 @@ def bucket_tables(
             )
         return
     if distributed(conn, tables.schema):
-        # Citus brings a distributed schema's tables back to the coordinator only without
-        # identity columns, and cannot drop an identity on a distributed table: the outbox's
-        # and history's ids, whose order the relay keeps, would have to be rebuilt.
-        raise ConfigurationError(
-            [
-                f"schema {tables.schema} is a Citus distributed schema; moving it to buckets "
-                "in place is not supported: use a new schema (SAGA_DATABASE__SCHEMA_NAME)"
-            ]
+        if not move:
+            what = "is a Citus distributed schema"
+            raise ConfigurationError([_MOVE_BY_OPERATOR.format(tables.schema, what)])
+        if buckets is None:
+            raise ConfigurationError([_NO_COUNT])
+        hold_tables(conn, tables.schema)
+        # Citus takes a distributed schema's tables back only without identity columns: they
+        # are copied back by hand, ids kept, then distributed by bucket as plain tables are.
+        undistribute(
+            conn,
+            tables.schema,
+            [tables.render(ddl) for ddl in MIGRATIONS],
+            tables.q("schema_version"),
         )
-    used = conn.execute(
-        tables.render(
-            "SELECT EXISTS (SELECT 1 FROM {offsets}) OR EXISTS (SELECT 1 FROM {instance})"
-        )
-    ).fetchone()
-    if used and used[0] and not move:
-        # Replicas running the plain statements would meet tables they no longer fit (a
-        # bucket column to fill): the move is an operator's, with every replica stopped.
-        raise ConfigurationError(
-            [
-                f"schema {tables.schema} holds rows and is not distributed by bucket: stop "
-                "every replica, run `saga-processor migrate` with SAGA_DATABASE__DISTRIBUTED="
-                "buckets (it moves the rows, each to its saga's bucket), then start them"
-            ]
-        )
-    if buckets is None:
-        raise ConfigurationError(
-            [
-                "SAGA_DATABASE__DISTRIBUTED is 'buckets' and the schema is not distributed by "
-                "bucket yet: set SAGA_DATABASE__BUCKETS to the input topics' partition count"
-            ]
-        )
+    else:
+        used = conn.execute(
+            tables.render(
+                "SELECT EXISTS (SELECT 1 FROM {offsets}) OR EXISTS (SELECT 1 FROM {instance})"
+            )
+        ).fetchone()
+        if used and used[0] and not move:
+            what = "holds rows and is not distributed by bucket"
+            raise ConfigurationError([_MOVE_BY_OPERATOR.format(tables.schema, what)])
+        if buckets is None:
+            raise ConfigurationError([_NO_COUNT])
+        if used and used[0]:
+            hold_tables(conn, tables.schema)
     bucketize(
         conn,
         tables.schema,
