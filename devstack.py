@@ -296,6 +296,7 @@ def _containers(
 
 CITUS_IMAGE = "citusdata/citus:13.2.0"
 _CITUS_NODES = ("coordinator", "worker1", "worker2")
+CITUS_TEST_FLAGS = "-c fsync=off -c ssl=off -c jit=off -c citus.node_conninfo=sslmode=disable"
 
 
 def _citus_containers(cleanup: ExitStack, echo: Callable[[str], None]) -> str | None:
@@ -322,6 +323,10 @@ def _citus_containers(cleanup: ExitStack, echo: Callable[[str], None]) -> str | 
                     CITUS_IMAGE, username="saga", password="saga", dbname="saga", driver=None
                 )
                 .with_env("POSTGRES_HOST_AUTH_METHOD", "trust")
+                # As the local cluster (deploy/local/citus.sh, write_test_speed): no TLS between
+                # the nodes (Citus turns it on when it is created) and no JIT; on the command
+                # line, which ALTER SYSTEM's settings do not override.
+                .with_command(CITUS_TEST_FLAGS)
                 .with_network(network)
                 .with_network_aliases(alias)
             )

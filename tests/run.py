@@ -388,10 +388,14 @@ def collected(args: Sequence[str], env: dict[str, str]) -> int:
 # deploy/local/common.sh): the tests kill processes, never the machine, and creating a schema
 # took half as long (a Citus one 0.35 s instead of 0.7 s). Set it to "on" to keep fsync.
 FSYNC = "SAGA_LOCAL_PG_FSYNC"
+# And without TLS on their loopback connections: a run opens some 15,000 connections to
+# PostgreSQL in its parallel phase alone, each a TLS handshake on both sides otherwise.
+SSL = "SAGA_LOCAL_PG_SSL"
 
 
 def main(argv: Sequence[str]) -> int:
     os.environ.setdefault(FSYNC, "off")
+    os.environ.setdefault(SSL, "off")
     args = list(argv)
     split = "--split" in args
     if split:

@@ -44,11 +44,24 @@ autovacuum_naptime = 10s
 CONF
 }
 
+# The tests open and close connections by the thousand, each a backend on the coordinator and its
+# own connections to the workers: TLS on them (Citus asks for it between nodes by default) cost
+# a tenth of the cluster's CPU in handshakes, and JIT compiling the reads that fan out over every
+# shard cost another twentieth, on tables of a few rows. Loopback only, for tests only.
+write_test_speed() {
+  cat > "$1/test-speed.conf" <<CONF
+ssl = off
+jit = off
+citus.node_conninfo = 'sslmode=disable'
+CONF
+}
+
 start_node() {
   local v="$1" node="$2"
   [[ "$(node_status "$node")" == online ]] && return
   mkdir -p /var/run/postgresql && chown postgres:postgres /var/run/postgresql
   write_durability "/etc/postgresql/$v/$(node_cluster "$node")/conf.d"
+  write_test_speed "/etc/postgresql/$v/$(node_cluster "$node")/conf.d"
   pg_ctlcluster "$v" "$(node_cluster "$node")" start
   wait_for "citus $node" 60 port_open "$(node_port "$node")" || die "citus $node did not open its port within 60 s"
 }

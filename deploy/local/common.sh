@@ -26,6 +26,9 @@ PG_DB="saga"
 # it off a commit still hands its WAL to the kernel, so a killed PostgreSQL (what the tests do)
 # loses nothing; only a crash of the machine could. Benchmarks and the demo keep it on.
 PG_FSYNC="${SAGA_LOCAL_PG_FSYNC:-on}"
+# TLS on loopback connections of a cluster this stack starts: as Debian makes it (on), unless the
+# test run turns it off. A test run opens tens of thousands of connections, each a handshake.
+PG_SSL="${SAGA_LOCAL_PG_SSL:-on}"
 
 log() { printf '[stack] %s\n' "$*" >&2; }
 die() { printf '[stack] error: %s\n' "$*" >&2; exit 1; }
@@ -45,6 +48,12 @@ wait_for() {
 write_durability() {
   [[ "$PG_FSYNC" == on || "$PG_FSYNC" == off ]] || die "SAGA_LOCAL_PG_FSYNC must be on or off, not '$PG_FSYNC'"
   printf 'fsync = %s\n' "$PG_FSYNC" > "$1/durability.conf"
+}
+
+# write_transport CONF_DIR: TLS off when SAGA_LOCAL_PG_SSL is off; else the cluster's own setting.
+write_transport() {
+  [[ "$PG_SSL" == on || "$PG_SSL" == off ]] || die "SAGA_LOCAL_PG_SSL must be on or off, not '$PG_SSL'"
+  if [[ "$PG_SSL" == off ]]; then printf 'ssl = off\n' > "$1/transport.conf"; else rm -f "$1/transport.conf"; fi
 }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }

@@ -50,6 +50,7 @@ up() {
   else
     mkdir -p /var/run/postgresql && chown postgres:postgres /var/run/postgresql
     write_durability "/etc/postgresql/$v/$PG_CLUSTER/conf.d"
+    write_transport "/etc/postgresql/$v/$PG_CLUSTER/conf.d"
     pg_ctlcluster "$v" "$PG_CLUSTER" start
     wait_for "postgres" 60 port_open "$PG_PORT" || die "postgres did not open port $PG_PORT within 60 s"
   fi

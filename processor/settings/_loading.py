@@ -100,6 +100,7 @@ ALLOWED_NAMES = frozenset(
         "SAGA_PG_PORT",
         "SAGA_PG_CLUSTER",
         "SAGA_LOCAL_PG_FSYNC",
+        "SAGA_LOCAL_PG_SSL",
         "SAGA_CITUS_PORT",
         "SAGA_REGISTRY_PORT",
         "SAGA_REGISTRY_MANAGEMENT_PORT",
