@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
@@ -242,11 +242,17 @@ def _workers(count: str, *, longest_first: bool = False) -> list[str]:
 
 @dataclass(frozen=True)
 class Phase:
-    """One pytest run of a split run: its name, arguments and environment."""
+    """One pytest run of a split run: its name, arguments and environment, and the phase to
+    start once it ends (beside the first phase of :func:`run_phases`, in the same lane)."""
 
     name: str
     args: Sequence[str]
     env: dict[str, str]
+    then: Phase | None = None
+
+    def chain(self) -> list[Phase]:
+        """This phase and those it starts after it, in order."""
+        return [self, *(self.then.chain() if self.then is not None else [])]
 
 
 def first_failure(codes: Sequence[int]) -> int:
@@ -256,44 +262,64 @@ def first_failure(codes: Sequence[int]) -> int:
 
 
 def run_phases(phases: Sequence[Phase], took: list[str]) -> list[int]:
-    """Runs ``phases`` at once and returns their exit codes; notes their times in ``took``.
+    """Runs ``phases`` at once, each with the phases it chains (``Phase.then``) after it, and
+    returns their exit codes; notes their times in ``took``.
 
     The first one's output comes here as it runs; each other's is kept in a file and printed
-    once all have ended, so that their lines do not interleave.
+    once all have ended, so that their lines do not interleave. After a SIGTERM no chained
+    phase starts.
     """
     first, *beside = phases
-    _echo(first.name + "".join(f", beside it the {p.name}" for p in beside))
+    lanes = [p.chain() for p in phases]
+    others = [p for lane in lanes for p in lane][1:]
+    _echo(first.name + "".join(f", beside it the {p.name}" for p in beside)
+          + "".join(f", then the {p.name}" for lane in lanes for p in lane[1:]))  # fmt: skip
     started = time.monotonic()
     ended: dict[str, tuple[int, float]] = {}
+    runs: list[Pytest] = []
     with contextlib.ExitStack() as files:
-        outputs = [None, *(files.enter_context(tempfile.TemporaryFile("w+")) for _ in beside)]
-        runs = [Pytest(p.args, p.env, out) for p, out in zip(phases, outputs, strict=True)]
+        outputs = {p.name: files.enter_context(tempfile.TemporaryFile("w+")) for p in others}
 
-        def finish(phase: Phase, run: Pytest) -> None:
-            code = run.finish()
-            ended[phase.name] = (code, time.monotonic() - started)
+        def lane(chain: list[Phase], first_run: Pytest) -> None:
+            run, since = first_run, started
+            for i, phase in enumerate(chain):
+                if i:
+                    if TERMINATED.is_set():
+                        _echo(f"stopped by SIGTERM: the {phase.name} does not start")
+                        return
+                    since = time.monotonic()
+                    run = Pytest(phase.args, phase.env, outputs[phase.name])
+                    runs.append(run)
+                code = run.finish()
+                ended[phase.name] = (code, time.monotonic() - since)
 
+        for chain in lanes:
+            head = chain[0]
+            runs.append(Pytest(head.args, head.env, outputs.get(head.name)))
         waiting = [
-            threading.Thread(target=finish, args=(p, r), name=p.name)
-            for p, r in zip(phases, runs, strict=True)
+            threading.Thread(target=lane, args=(chain, run), name=chain[0].name)
+            for chain, run in zip(lanes, list(runs), strict=True)
         ]
         with passing_signals_to(runs):
             for thread in waiting:
                 thread.start()
             for thread in waiting:
                 thread.join()
-        for phase, out in zip(beside, outputs[1:], strict=True):
-            assert out is not None
+        for phase in others:
+            out = outputs[phase.name]
             out.seek(0)
             _echo(f"output of the {phase.name}:")
             sys.stdout.write(out.read())
             sys.stdout.flush()
-    for i, phase in enumerate(phases):
+    for phase in [first, *others]:
+        if phase.name not in ended:
+            continue
         code, seconds = ended[phase.name]
         _echo(f"{phase.name}: exit {code} after {seconds:.0f} s")
         name = phase.name.replace(" phase", "")
-        took.append(f"{name} {seconds:.0f} s" + (f" (beside {first.name})" if i else ""))
-    return [ended[p.name][0] for p in phases]
+        beside_first = f" (beside {first.name})" if phase is not first else ""
+        took.append(f"{name} {seconds:.0f} s{beside_first}")
+    return [ended[p.name][0] for p in [first, *others] if p.name in ended]
 
 
 def run_split(args: Sequence[str], env: dict[str, str]) -> int:
@@ -304,13 +330,13 @@ def run_split(args: Sequence[str], env: dict[str, str]) -> int:
        workers: they wait on the services far more than they compute, and each uses topics,
        groups and schemas of its own.
     2. ``e2e``: the end-to-end tests, :data:`E2E_WORKERS` at a time. Beside them, the Citus
-       tests that stop a node of the Citus cluster: only Citus tests use it, and these spend
-       their time waiting through the outage, which is where the end-to-end tests leave the
-       cores idle too.
+       tests that stop a node of the Citus cluster (only Citus tests use it, and these spend
+       their time waiting through the outage), then the other end-to-end Citus tests
+       (:data:`CITUS_TESTS`), two at a time: the plain ones leave the cores idle two fifths
+       of their time.
     3. ``serial``: the tests that disturb the shared services, alone.
-    4. The other Citus tests (:data:`CITUS_TESTS`) against a Citus coordinator: those that are
-       not end-to-end on :data:`WORKERS` workers, then the end-to-end ones two at a time. A
-       test of a file in :data:`CITUS_LAYOUTS` runs once per layout it names there.
+    4. The Citus tests that are not end-to-end, on :data:`WORKERS` workers. A test of a file
+       in :data:`CITUS_LAYOUTS` runs once per layout it names there.
 
     Steps 2 and 4 run Citus tests only when the whole suite runs, not some of its files. Citus
     is not in Debian's packages: on a machine without it the run says how many tests it skipped
@@ -341,21 +367,21 @@ def run_split(args: Sequence[str], env: dict[str, str]) -> int:
         def on_coordinator(part: str, extra: Sequence[str]) -> Phase:
             return Phase(f"citus phase{part}", [*extra, *CITUS_TESTS, *args], citus_env)
 
+        # Beside the plain end-to-end tests, which leave the cores idle two fifths of the time:
+        # the Citus tests that stop a node (they wait through the outage), then the Citus
+        # end-to-end tests, two at a time, once no node is stopped.
+        end_to_end = on_coordinator(
+            " (end-to-end)",
+            [*_workers(E2E_WORKERS, longest_first=True), "-m", "e2e and not serial"],
+        )
+        alone = on_coordinator(" (alone)", ["-m", "serial"])
         stages = [
             [plain["parallel"]],
-            [plain["e2e"], *([on_coordinator(" (alone)", ["-m", "serial"])] if on_citus else [])],
+            [plain["e2e"], *([replace(alone, then=end_to_end)] if on_citus else [])],
             [plain["serial"]],
         ]
         if on_citus:
-            stages += [
-                [on_coordinator("", [*_workers(WORKERS), "-m", "not e2e and not serial"])],
-                [
-                    on_coordinator(
-                        " (end-to-end)",
-                        [*_workers(E2E_WORKERS, longest_first=True), "-m", "e2e and not serial"],
-                    )
-                ],
-            ]
+            stages += [[on_coordinator("", [*_workers(WORKERS), "-m", "not e2e and not serial"])]]
         for stage in stages:
             if TERMINATED.is_set():
                 _echo("stopped by SIGTERM: the phases after it do not run")

@@ -29,7 +29,8 @@ from processor._postgres.connect import connect
 from processor._postgres.outbox import PostgresOutboxStore
 from processor._postgres.reads.check import PostgresCheckSource
 from processor._postgres.schema.buckets import BY_BUCKET, ON_COORDINATOR, REFERENCE, read_layout
-from processor._postgres.schema.citus import distributed
+from processor._postgres.schema.citus import distributed, pinned_node
+from processor._postgres.schema.citus_move import MoveRefused, move_pin
 from processor._postgres.schema.participant import migrate_participant
 from processor._postgres.schema.tables import MIGRATIONS, Tables, migrate
 
@@ -327,6 +328,18 @@ def _rows(url: str, schema: str, text: str, *args: Any) -> list[tuple[Any, ...]]
     with psycopg.connect(url, autocommit=True) as conn:
         query = sql.SQL(text).format(sql.Identifier(schema))
         return conn.execute(query, args).fetchall()
+
+
+def test_processes_on_buckets_are_not_moved_to_a_node(
+    citus_url: str, schema: str, layout: Buckets
+) -> None:
+    # `saga-processor citus-node move` names why: every bucket is reached through the
+    # coordinator, and nothing is pinned.
+    with psycopg.connect(citus_url, autocommit=True) as conn:
+        with pytest.raises(MoveRefused) as refused:
+            move_pin(conn, schema, "ana")
+        assert "distributed by bucket over the workers" in str(refused.value)
+        assert pinned_node(conn, schema) is None
 
 
 def test_buckets_without_a_count_refuse_to_make_the_tables(citus_url: str, schema: str) -> None:

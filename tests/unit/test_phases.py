@@ -140,6 +140,34 @@ def test_phases_run_at_once_and_the_one_beside_prints_its_output_after(
     assert "second phase: exit 1 after" in out
 
 
+def test_a_phase_beside_the_first_starts_the_one_it_chains_once_it_ends(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    ended = tmp_path / "second-ended"
+    (tmp_path / "test_first.py").write_text("def test_first():\n    print('first runs')\n")
+    (tmp_path / "test_second.py").write_text(
+        f"import pathlib\ndef test_second():\n    pathlib.Path({str(ended)!r}).touch()\n"
+    )
+    # The chained phase sees what the one before it left: it started after it ended.
+    (tmp_path / "test_third.py").write_text(
+        f"import pathlib\ndef test_third():\n    assert pathlib.Path({str(ended)!r}).exists()\n"
+    )
+    alone = ["-c", os.devnull, "--rootdir", str(tmp_path), "-p", "no:cacheprovider", "-s"]
+    env = dict(os.environ)
+
+    def phase(name: str, then: Phase | None = None) -> Phase:
+        return Phase(f"{name} phase", [*alone, str(tmp_path / f"test_{name}.py")], env, then)
+
+    took: list[str] = []
+    codes = run_phases([phase("first"), phase("second", then=phase("third"))], took)
+    assert codes == [0, 0, 0]
+    assert [t.split(" ")[0] for t in took] == ["first", "second", "third"]
+    out = capfd.readouterr().out
+    assert "first phase, beside it the second phase, then the third phase" in out
+    assert out.index("output of the second phase:") < out.index("output of the third phase:")
+    assert "third phase: exit 0 after" in out
+
+
 def test_a_split_run_fails_with_the_first_failing_phase_and_is_empty_only_if_all_are() -> None:
     assert first_failure([0, 5, 2, 1]) == 2
     assert first_failure([5, 0]) == 0

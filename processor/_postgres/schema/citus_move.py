@@ -17,6 +17,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from processor._errors import ConfigurationError
+from processor._postgres.schema.buckets import read_layout
 from processor._postgres.schema.citus import (
     PinnedNode,
     distributed,
@@ -69,15 +70,23 @@ def move_pin(
 
     Raises:
         MoveRefused: Not on Citus, the schema is not distributed (plain tables are on the
-            coordinator alone), a replica of the schema is still connected, or a table holds
-            ids above this node's range (a worker numbers from its group id times 2^48 up to
-            the next group's start: a move to a worker of a lower group than the ids come from
-            would reuse or reorder ids).
+            coordinator alone; tables by bucket are reached through it), a replica of the
+            schema is still connected, or a table holds ids above this node's range (a worker
+            numbers from its group id times 2^48 up to the next group's start: a move to a
+            worker of a lower group than the ids come from would reuse or reorder ids).
     """
     here = local_node(conn)
     if here is None:
         raise MoveRefused("the database is not a Citus node: there is no node to move to")
     with conn.transaction():
+        if read_layout(conn, schema) is not None:
+            # A worker holds some buckets only: a process through it would reach the others'
+            # rows through it as well, and the deadline lease is the coordinator's alone.
+            raise MoveRefused(
+                f"schema {schema}'s tables are distributed by bucket over the workers: its "
+                "processes connect through the coordinator, which sends each statement to the "
+                "worker of its bucket"
+            )
         if not distributed(conn, schema):
             raise MoveRefused(
                 f"schema {schema} is not a Citus distributed schema: its tables are on the "
