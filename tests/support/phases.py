@@ -90,6 +90,19 @@ NOT_ON_CITUS_TESTS = (
     # Fifty thousand sagas through retention measure the tables' bound under volume, which
     # the plain phase shows; the other retention tests run its statements by bucket.
     "test_tables_stay_bounded_while_fifty_thousand_sagas_start_and_end",
+    # Parking by bucket is its list, its lock and its retries, which the command line's list and
+    # retry, the retry of every match and the held messages' replay run; these four add the
+    # engine's side of parking, whose statements are the batch's.
+    "test_a_saga_whose_start_failed_is_started_by_the_retry",
+    "test_parked_retry_is_an_operator_record_the_running_processor_applies",
+    "test_a_saga_parked_before_a_growth_is_retried_after_it_with_its_commands_in_order",
+    "test_a_saga_function_that_raises_is_parked_and_a_retry_replays_it_to_the_end",
+    # An operator's decisions by bucket: an escalated step and a waiting plain saga run them;
+    # an undo and a cancel add saga logic over the same statements.
+    "test_an_escalated_undo_is_resolved_from_the_cli",
+    "test_cancel_before_the_debit_is_confirmed_reverses_it",
+    # The poller's claims by bucket run in every other deadline test; this one times its wake.
+    "test_firing_is_prompt_whatever_the_polling_interval",
 )
 """Tests of the files of :data:`CITUS_LAYOUTS` that the Citus phase leaves out."""
 

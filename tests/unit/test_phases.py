@@ -22,7 +22,13 @@ import pytest
 from tests.run import TERMINATED, Phase, first_failure, run_phases, summary
 from tests.support.harness import wait_until
 from tests.support.phase_report import REPORT
-from tests.support.phases import LONGEST_FIRST, PHASE, longest_first
+from tests.support.phases import (
+    CITUS_LAYOUTS,
+    LONGEST_FIRST,
+    NOT_ON_CITUS_TESTS,
+    PHASE,
+    longest_first,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 FILES = (
@@ -234,6 +240,9 @@ def test_the_citus_phase_runs_files_once_per_layout_and_no_case_without_postgres
     assert layouts[files[1]] == {"buckets"}
     assert layouts[files[2]] == {"buckets"}
     assert not any("fifty_thousand" in i for i in ids)
+    # Each test left out is one of the files' tests: a renamed one would run again unnoticed.
+    defined = "".join((REPO / path).read_text() for path in CITUS_LAYOUTS)
+    assert [n for n in NOT_ON_CITUS_TESTS if f"def {n}(" not in defined] == []
     # Each test of a file with layouts runs once per layout.
     recovery = [i for i in ids if i.startswith(files[0])]
     assert len(recovery) == 2 * len(
