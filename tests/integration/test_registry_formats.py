@@ -52,8 +52,14 @@ def _partner(kafka: str, registry: SchemaRegistryClient) -> tuple[Producer, Any,
 
 @pytest.fixture
 def registry(schema_registry_url: str) -> Iterator[SchemaRegistryClient]:
-    """The partner's own registry client."""
-    client = SchemaRegistryClient({"url": schema_registry_url})
+    """The partner's own registry client.
+
+    With a timeout, as a partner's deployment would set one: the client has none by default,
+    and in two runs of the parallel phase one of its requests (the serializer's per-record
+    associations lookup) got no answer from the registry on a pooled connection and waited
+    past the test's 180 s. Timed out, the client sends it again on a new connection.
+    """
+    client = SchemaRegistryClient({"url": schema_registry_url, "timeout": 10})
     try:
         yield client
     finally:
