@@ -81,7 +81,10 @@ class ParticipantService(ParticipantRuntime):
             at most); see :mod:`processor._runtime.stopping` for the process around it.
         hooks: Fault points for tests (see :class:`processor._runtime.hooks.Hooks`).
         distributed: On a Citus coordinator, whether the schema is made a distributed schema
-            (the processor's ``SAGA_DATABASE__DISTRIBUTED``; ``auto`` does so for a new one).
+            (the processor's ``SAGA_DATABASE__DISTRIBUTED``; ``auto`` does so for a new one;
+            ``buckets`` distributes a new schema's tables by the bucket of each command's key).
+        buckets: With ``distributed="buckets"``, a new schema's bucket count
+            (``SAGA_DATABASE__BUCKETS``: the command topics' partition count).
         schema_registry: The registry and the topics in its wire format (commands consumed,
             replies sent); None: every topic is our JSON.
     """
@@ -108,6 +111,7 @@ class ParticipantService(ParticipantRuntime):
         hooks: Hooks | None = None,
         distributed: Distributed = "auto",
         schema_registry: SchemaRegistrySettings | None = None,
+        buckets: int | None = None,
     ) -> None:
         cs = consumer or ConsumerSettings()
         sr = schema_registry or SchemaRegistrySettings()
@@ -120,6 +124,7 @@ class ParticipantService(ParticipantRuntime):
             # Handlers name the service's tables without the schema: they live in its schema.
             search_path=True,
             distributed=distributed,
+            buckets=buckets,
         )
         adapters.migrate()
         self.tables: Tables = adapters.tables
@@ -161,6 +166,7 @@ def migrate(settings: ProcessorSettings, app: ParticipantApp | None = None) -> i
         application_name=ps.application_name,
         search_path=True,
         distributed=settings.database.distributed,
+        buckets=settings.database.buckets,
     )
     applied = adapters.migrate(app.migrations if app is not None else None)
     schema = adapters.tables.schema
@@ -192,6 +198,7 @@ def build_service(
         hooks=hooks,
         distributed=settings.database.distributed,
         schema_registry=settings.schema_registry,
+        buckets=settings.database.buckets,
     )
 
 

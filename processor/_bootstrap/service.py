@@ -46,6 +46,8 @@ class ServiceAdapters:
         distributed: Whether the schema is made a Citus distributed schema
             (``SAGA_DATABASE__DISTRIBUTED``; see
             :data:`processor._postgres.schema.citus.Distributed`).
+        buckets: With ``distributed="buckets"``, a new schema's bucket count
+            (``SAGA_DATABASE__BUCKETS``: the command topics' partition count).
     """
 
     def __init__(
@@ -58,9 +60,11 @@ class ServiceAdapters:
         application_name: str,
         search_path: bool,
         distributed: Distributed = "auto",
+        buckets: int | None = None,
     ) -> None:
         self.kafka_config = dict(kafka)
         self.distributed: Distributed = distributed
+        self.buckets = buckets
         self.partitioner = partitioner
         self.tables = Tables(schema)
         self._url = database_url
@@ -83,7 +87,13 @@ class ServiceAdapters:
             How many of ``migrations`` were applied.
         """
         with connect(self._url, application_name=self._app) as conn:
-            migrate_participant(conn, self.tables, self.distributed)
+            migrate_participant(
+                conn,
+                self.tables,
+                self.distributed,
+                buckets=self.buckets,
+                partitioner=self.partitioner,
+            )
             return migrate_service(conn, self.tables, migrations) if migrations is not None else 0
 
     def participant_store(self) -> PostgresParticipantStore:
@@ -93,7 +103,7 @@ class ServiceAdapters:
     def outbox_store(self) -> PostgresOutboxStore:
         """The schema's outbox, for the relay."""
         # No consumer group: the kit's outbox has no partition rows, every claim is global.
-        return PostgresOutboxStore(self.connect, self.tables)
+        return PostgresOutboxStore(self.connect, self.tables, anchor="inbox")
 
     def relay_producer(self, max_record_bytes: int) -> KafkaRecordProducer:
         """The relay's producer (see :func:`processor._bootstrap.clients.relay_producer`)."""

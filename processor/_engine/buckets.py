@@ -49,7 +49,11 @@ class Buckets:
 
     def of(self, saga_id: str) -> int:
         """The ``bucket`` value of the saga keyed by ``saga_id`` (its records' key is the id)."""
-        return self.key(partition_for(saga_id.encode(), self.count, self.partitioner))
+        return self.of_key(saga_id.encode())
+
+    def of_key(self, key: bytes) -> int:
+        """The ``bucket`` value of rows of the records keyed by ``key`` (a participant's)."""
+        return self.key(partition_for(key, self.count, self.partitioner))
 
     def of_partition(self, partition: int) -> int:
         """The ``bucket`` value of a partition's own rows (its offsets, its dead letters)."""

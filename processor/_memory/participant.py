@@ -55,8 +55,18 @@ class _Tx:
         self.tables = tables
         self.sql = RecordingSql(tables.statements)
 
+    def bucket_of(self, message_id: str) -> int:
+        # One database, one bucket: a handler that writes it runs the same on tables by bucket.
+        return 0
+
     def claim(
-        self, message_id: str, message_type: str, topic: str, partition: int, offset: int
+        self,
+        message_id: str,
+        message_type: str,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None = None,
     ) -> InboxEntry | None:
         seen = self.tables.inbox.get(message_id)
         if seen is None:

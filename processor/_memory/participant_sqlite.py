@@ -178,8 +178,18 @@ class SqliteParticipantTx:
         """The handler's connection, inside this transaction."""
         return self._sql
 
+    def bucket_of(self, message_id: str) -> int:
+        # One database, one bucket: a handler that writes it runs the same on tables by bucket.
+        return 0
+
     def claim(
-        self, message_id: str, message_type: str, topic: str, partition: int, offset: int
+        self,
+        message_id: str,
+        message_type: str,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None = None,
     ) -> InboxEntry | None:
         return self._tables.claim(message_id, message_type, topic, partition, offset)
 

@@ -66,13 +66,18 @@ class InboxEntry:
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """A command about to be handled: its message id and where it was read."""
+    """A command about to be handled: its message id, where it was read and its record key.
+
+    The key (the saga key; the message id when the record has none) places the command's rows
+    when the tables are distributed by bucket.
+    """
 
     message_id: str
     message_type: str
     topic: str
     partition: int
     offset: int
+    key: bytes | None = None
 
 
 class ParticipantTx(Protocol):
@@ -83,13 +88,31 @@ class ParticipantTx(Protocol):
         """The connection for the handler's own statements."""
         ...
 
+    def bucket_of(self, message_id: str) -> int:
+        """The ``bucket`` value of the rows of the command claimed as ``message_id``.
+
+        On tables distributed by bucket (``SAGA_DATABASE__DISTRIBUTED=buckets``) a service
+        table with a ``bucket`` column is co-located with the inbox: a row written with the
+        command's bucket, and read back by it, is on the worker that holds the command's inbox
+        row, so the command's transaction stays there. It follows the command's key (the saga
+        key), so every command of one saga has the same. 0 on other layouts.
+        """
+        ...
+
     def claim(
-        self, message_id: str, message_type: str, topic: str, partition: int, offset: int
+        self,
+        message_id: str,
+        message_type: str,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None = None,
     ) -> InboxEntry | None:
         """Inserts the inbox row; returns the earlier entry when the command was seen before.
 
         A concurrent transaction holding the same message id is waited for, so one of two
-        replicas handling the same command sees the other's entry.
+        replicas handling the same command sees the other's entry. ``key`` is the command's
+        record key (see :class:`Claim`).
         """
         ...
 

@@ -8,12 +8,15 @@ back.
 from __future__ import annotations
 
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from processor._engine.buckets import Buckets
 from processor._engine.records import OutboxRow
 from processor._postgres.participant import PostgresParticipantTx
+from processor._postgres.schema.buckets import read_layout
 from processor._postgres.schema.tables import Tables
 from processor._wire import outbox_channel
 
@@ -21,6 +24,18 @@ __all__ = ["AnyConnection", "insert_events"]
 
 AnyConnection = psycopg.Connection[Any]
 """A caller's connection, whatever its row factory."""
+
+
+# Each connection's read of each schema's layout: a participant schema's layout is made with the
+# schema and never changes under rows (processor/_postgres/schema/participant.py).
+_LAYOUTS: WeakKeyDictionary[AnyConnection, dict[str, Buckets | None]] = WeakKeyDictionary()
+
+
+def _layout(conn: AnyConnection, schema: str) -> Buckets | None:
+    known = _LAYOUTS.setdefault(conn, {})
+    if schema not in known:
+        known[schema] = read_layout(conn, schema)
+    return known[schema]
 
 
 def insert_events(conn: AnyConnection, tables: Tables, rows: list[OutboxRow]) -> None:
@@ -37,7 +52,7 @@ def insert_events(conn: AnyConnection, tables: Tables, rows: list[OutboxRow]) ->
             "the connection is in autocommit mode outside a transaction: publish inside "
             "`with conn.transaction():`, with the writes the events announce"
         )
-    tx = PostgresParticipantTx(conn, tables)
+    tx = PostgresParticipantTx(conn, tables, _layout(conn, tables.schema))
     tx.publish(rows)
     tx.flush()  # now, in the caller's transaction: nothing flushes it later
     # Delivered at commit, once per transaction however many events it published.

@@ -209,10 +209,17 @@ class PostgresOutboxStore:
         tables: Where the processor's tables live.
         group_id: The consumer group whose offsets rows hold the owner epochs; None when the
             outbox has no partition rows (a participant's): every claim takes the global path.
+        anchor: The table whose shards say where each bucket lives, on tables distributed by
+            bucket (a participant's: ``inbox``).
     """
 
     def __init__(
-        self, connect: Callable[[], Conn], tables: Tables, group_id: str | None = None
+        self,
+        connect: Callable[[], Conn],
+        tables: Tables,
+        group_id: str | None = None,
+        *,
+        anchor: str = "saga_instance",
     ) -> None:
         self._held = HeldConnection(connect, layout=layout_mark(tables.schema))
         self._group_id = group_id
@@ -255,7 +262,7 @@ class PostgresOutboxStore:
         self._delete_b = tables.render(_DELETE_B)
         self._lock_owned_b = tables.render(_LOCK_OWNED_B)
         self._colocation = Colocation()
-        self._saga_table = tables.q("saga_instance")
+        self._saga_table = tables.q(anchor)
         self._turn = 0
         self._empty = 0
         # Workers whose last round failed, passed over until then (time.monotonic()).

@@ -18,11 +18,13 @@ import psycopg
 from psycopg.types.json import Jsonb
 from pydantic_core import to_json
 
+from processor._engine.buckets import Buckets
 from processor._engine.records import OutboxRow
 from processor._errors import Retryable
 from processor._ports.participant import Claim, InboxEntry, Rows
 from processor._postgres.errors import translate
 from processor._postgres.held import Conn, HeldConnection
+from processor._postgres.schema.buckets import layout_mark, read_layout
 from processor._postgres.schema.tables import Tables
 from processor._wire import outbox_channel
 
@@ -88,33 +90,72 @@ class PostgresParticipantTx:
     per command. A claim of a command finished earlier in the transaction is answered from what
     is kept; nothing else reads these rows inside the transaction, so the order of the writes
     within it changes nothing that commits.
+
+    With the tables distributed by bucket (``buckets``), every row carries its bucket: a
+    command's inbox row its key's (:class:`processor._ports.participant.Claim`), a reply its
+    own key's (the command's by default), a position its partition's; a statement that names
+    rows by id names one bucket, so Citus routes it to one worker.
     """
 
-    def __init__(self, conn: Conn, tables: Tables) -> None:
+    def __init__(self, conn: Conn, tables: Tables, buckets: Buckets | None = None) -> None:
         self._conn = conn
         self._tables = tables
+        self._buckets = buckets
         self._inbox = f'"{tables.schema}".inbox'
         self.sql = PostgresSql(conn)
         self.queued = 0
         self._rows: list[OutboxRow] = []
         self._positions: dict[tuple[str, str, int], int] = {}
         self._finished: dict[str, InboxEntry] = {}
+        # Each claimed command's bucket (tables by bucket).
+        self._bucket_of: dict[str, int] = {}
+
+    def _claim_bucket(self, message_id: str, key: bytes | None) -> int:
+        if self._buckets is None:
+            return 0
+        bucket = self._buckets.of_key(key if key is not None else message_id.encode())
+        self._bucket_of[message_id] = bucket
+        return bucket
+
+    def _row_bucket(self, row: OutboxRow) -> int:
+        assert self._buckets is not None
+        if row.key is not None:
+            return self._buckets.of_key(row.key)
+        if row.saga_id is not None:
+            return self._buckets.of(row.saga_id)
+        return self._buckets.key(0)
+
+    def bucket_of(self, message_id: str) -> int:
+        return self._bucket_of.get(message_id, 0)
 
     def claim(
-        self, message_id: str, message_type: str, topic: str, partition: int, offset: int
+        self,
+        message_id: str,
+        message_type: str,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None = None,
     ) -> InboxEntry | None:
+        by = self._buckets is not None
+        bucket = self._claim_bucket(message_id, key)
         inserted = self._conn.execute(
             f"INSERT INTO {self._inbox} (message_id, message_type, outcome, topic, partition, "
-            '"offset") VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1',
-            (message_id, message_type, "pending", topic, partition, offset),
-        ).fetchone()
+            + ('"offset", bucket) VALUES (%s, %s, %s, %s, %s, %s, %s)' if by else
+               '"offset") VALUES (%s, %s, %s, %s, %s, %s)')
+            + " ON CONFLICT DO NOTHING RETURNING 1",
+            (message_id, message_type, "pending", topic, partition, offset)
+            + ((bucket,) if by else ()),
+        ).fetchone()  # fmt: skip
         if inserted is not None:
             return None
         finished = self._finished.get(message_id)
         if finished is not None:
             return finished
         row = self._conn.execute(
-            f"SELECT outcome, replies FROM {self._inbox} WHERE message_id = %s", (message_id,)
+            f"SELECT outcome, replies FROM {self._inbox} WHERE "
+            + ("bucket = %s::int AND message_id = %s" if by else "message_id = %s"),
+            ((bucket, message_id) if by else (message_id,)),
         ).fetchone()
         # The conflicting row is visible: its inserter committed before our insert returned.
         assert row is not None
@@ -126,13 +167,19 @@ class PostgresParticipantTx:
         # In message id order: two transactions claiming overlapping batches wait for each
         # other's rows in the same order, never in a cycle.
         ordered = sorted(claims, key=lambda c: c.message_id)
+        buckets = [self._claim_bucket(c.message_id, c.key) for c in ordered]
+        by = self._buckets is not None
         fresh = {
             str(r[0])
             for r in self._conn.execute(
                 f"INSERT INTO {self._inbox} (message_id, message_type, outcome, topic, "
-                'partition, "offset") SELECT m, t, %s::text, tp, p, o FROM unnest('
-                "%b::text[], %b::text[], %b::text[], %b::int[], %b::bigint[]) AS u(m, t, tp, p, o)"
-                " ORDER BY m ON CONFLICT DO NOTHING RETURNING message_id",
+                + ('partition, "offset", bucket) SELECT m, t, %s::text, tp, p, o, b FROM unnest('
+                   "%b::text[], %b::text[], %b::text[], %b::int[], %b::bigint[], %b::int[])"
+                   " AS u(m, t, tp, p, o, b)" if by else
+                   'partition, "offset") SELECT m, t, %s::text, tp, p, o FROM unnest('
+                   "%b::text[], %b::text[], %b::text[], %b::int[], %b::bigint[])"
+                   " AS u(m, t, tp, p, o)")
+                + " ORDER BY m ON CONFLICT DO NOTHING RETURNING message_id",
                 (
                     "pending",
                     [c.message_id for c in ordered],
@@ -140,19 +187,24 @@ class PostgresParticipantTx:
                     [c.topic for c in ordered],
                     [c.partition for c in ordered],
                     [c.offset for c in ordered],
-                ),
+                )
+                + ((buckets,) if by else ()),
             ).fetchall()
-        }
+        }  # fmt: skip
         found: dict[str, InboxEntry | None] = dict.fromkeys(fresh)
-        seen = [c.message_id for c in claims if c.message_id not in fresh]
-        if seen:
-            # The conflicting rows are visible: their inserters committed before the insert
-            # returned.
+        seen: dict[int, list[str]] = {}
+        for c in claims:
+            if c.message_id not in fresh:
+                seen.setdefault(self._bucket_of.get(c.message_id, 0), []).append(c.message_id)
+        # The conflicting rows are visible: their inserters committed before the insert
+        # returned. By bucket, each lookup is one worker's.
+        for bucket, ids in sorted(seen.items()):
             rows = self._conn.execute(
-                f"SELECT message_id, outcome, replies FROM {self._inbox}"
-                " WHERE message_id = ANY(%b::text[])",
-                (seen,),
-            ).fetchall()
+                f"SELECT message_id, outcome, replies FROM {self._inbox} WHERE "
+                + ("bucket = %s::int AND message_id = ANY(%b::text[])" if by else
+                   "message_id = ANY(%b::text[])"),
+                ((bucket, ids) if by else (ids,)),
+            ).fetchall()  # fmt: skip
             for mid, outcome, replies in rows:
                 found[str(mid)] = InboxEntry(
                     str(mid), str(outcome), tuple(_from_json(r) for r in replies)
@@ -176,52 +228,86 @@ class PostgresParticipantTx:
     def flush(self) -> None:
         """Writes the kept outcomes, replies (in the order queued) and positions."""
         if self._finished:
-            done = list(self._finished.values())
-            self._conn.execute(
-                f"UPDATE {self._inbox} AS i SET outcome = u.o, replies = u.r"
-                " FROM unnest(%b::text[], %b::text[], %b::jsonb[]) AS u(m, o, r)"
-                " WHERE i.message_id = u.m",
-                (
-                    [e.message_id for e in done],
-                    [e.outcome for e in done],
-                    [Jsonb([_to_json(r) for r in e.replies], _dumps) for e in done],
-                ),
-            )
+            by_bucket: dict[int, list[InboxEntry]] = {}
+            for entry in self._finished.values():
+                by_bucket.setdefault(self._bucket_of.get(entry.message_id, 0), []).append(entry)
+            for bucket, done in sorted(by_bucket.items()):
+                self._finish_rows(bucket, done)
             self._finished = {}
         if self._rows:
-            rows = self._rows
-            # One statement, the rows' ids given in the order queued (the relay's order). Binary
-            # arrays: in text form psycopg quotes every element with regular expressions.
-            self._conn.execute(
-                self._tables.render(
-                    "INSERT INTO {outbox} (saga_type, saga_id, topic, partition, key, headers, "
-                    "value) SELECT st, si, t, p, k, h, v FROM unnest(%b::text[], %b::text[], "
-                    "%b::text[], %b::int[], %b::bytea[], %b::jsonb[], %b::bytea[]) "
-                    "WITH ORDINALITY AS u(st, si, t, p, k, h, v, n) ORDER BY n"
-                ),
-                (
-                    [r.saga_type for r in rows],
-                    [r.saga_id for r in rows],
-                    [r.topic for r in rows],
-                    [r.partition for r in rows],
-                    [r.key for r in rows],
-                    [Jsonb(dict(r.headers), _dumps) for r in rows],
-                    [r.value for r in rows],
-                ),
-            )
+            self._insert_rows(self._rows)
             self._rows = []
         for (group_id, topic, partition), next_offset in sorted(self._positions.items()):
-            self._conn.execute(
-                self._tables.render(
-                    "INSERT INTO {offsets} AS o (group_id, topic, partition, next_offset, "
-                    "updated_at) VALUES (%s, %s, %s, %s, now()) "
-                    "ON CONFLICT (group_id, topic, partition) DO UPDATE "
-                    "SET next_offset = greatest(o.next_offset, excluded.next_offset), "
-                    "updated_at = excluded.updated_at"
-                ),
-                (group_id, topic, partition, next_offset),
-            )
+            if self._buckets is None:
+                self._conn.execute(
+                    self._tables.render(_ADVANCE), (group_id, topic, partition, next_offset)
+                )
+            else:
+                self._conn.execute(
+                    self._tables.render(_ADVANCE_B),
+                    (self._buckets.of_partition(partition), group_id, topic, partition,
+                     next_offset),
+                )  # fmt: skip
         self._positions = {}
+
+    def _finish_rows(self, bucket: int, done: list[InboxEntry]) -> None:
+        by = self._buckets is not None
+        self._conn.execute(
+            f"UPDATE {self._inbox} AS i SET outcome = u.o, replies = u.r"
+            " FROM unnest(%b::text[], %b::text[], %b::jsonb[]) AS u(m, o, r)"
+            + (" WHERE i.bucket = %s::int AND i.message_id = u.m" if by else
+               " WHERE i.message_id = u.m"),
+            (
+                [e.message_id for e in done],
+                [e.outcome for e in done],
+                [Jsonb([_to_json(r) for r in e.replies], _dumps) for e in done],
+            )
+            + ((bucket,) if by else ()),
+        )  # fmt: skip
+
+    def _insert_rows(self, rows: list[OutboxRow]) -> None:
+        # One statement, the rows' ids given in the order queued (the relay's order). Binary
+        # arrays: in text form psycopg quotes every element with regular expressions.
+        by = self._buckets is not None
+        self._conn.execute(
+            self._tables.render(_INSERT_OUTBOX_B if by else _INSERT_OUTBOX),
+            (
+                [r.saga_type for r in rows],
+                [r.saga_id for r in rows],
+                [r.topic for r in rows],
+                [r.partition for r in rows],
+                [r.key for r in rows],
+                [Jsonb(dict(r.headers), _dumps) for r in rows],
+                [r.value for r in rows],
+            )
+            + (([self._row_bucket(r) for r in rows],) if by else ()),
+        )
+
+
+_INSERT_OUTBOX = (
+    "INSERT INTO {outbox} (saga_type, saga_id, topic, partition, key, headers, value) "
+    "SELECT st, si, t, p, k, h, v FROM unnest(%b::text[], %b::text[], %b::text[], %b::int[], "
+    "%b::bytea[], %b::jsonb[], %b::bytea[]) WITH ORDINALITY AS u(st, si, t, p, k, h, v, n) "
+    "ORDER BY n"
+)
+_INSERT_OUTBOX_B = (
+    "INSERT INTO {outbox} (saga_type, saga_id, topic, partition, key, headers, value, bucket) "
+    "SELECT st, si, t, p, k, h, v, b FROM unnest(%b::text[], %b::text[], %b::text[], %b::int[], "
+    "%b::bytea[], %b::jsonb[], %b::bytea[], %b::int[]) "
+    "WITH ORDINALITY AS u(st, si, t, p, k, h, v, b, n) ORDER BY n"
+)
+_ADVANCE = (
+    "INSERT INTO {offsets} AS o (group_id, topic, partition, next_offset, updated_at) "
+    "VALUES (%s, %s, %s, %s, now()) ON CONFLICT (group_id, topic, partition) DO UPDATE "
+    "SET next_offset = greatest(o.next_offset, excluded.next_offset), "
+    "updated_at = excluded.updated_at"
+)
+_ADVANCE_B = (
+    "INSERT INTO {offsets} AS o (bucket, group_id, topic, partition, next_offset, updated_at) "
+    "VALUES (%s, %s, %s, %s, %s, now()) ON CONFLICT (bucket, group_id, topic, partition) "
+    "DO UPDATE SET next_offset = greatest(o.next_offset, excluded.next_offset), "
+    "updated_at = excluded.updated_at"
+)
 
 
 class PostgresParticipantStore:
@@ -236,9 +322,18 @@ class PostgresParticipantStore:
     """
 
     def __init__(self, connect: Callable[[], Conn], tables: Tables) -> None:
-        self._held = HeldConnection(connect)
+        self._held = HeldConnection(connect, layout=layout_mark(tables.schema))
         self._tables = tables
         self._channel = outbox_channel(tables.schema)
+        # Whether the tables are distributed by bucket, and how: read on each new connection.
+        self._buckets: Buckets | None = None
+        self._layout_on = 0
+
+    def _layout(self, conn: Conn) -> Buckets | None:
+        if self._layout_on != self._held.opened:
+            self._buckets = read_layout(conn, self._tables.schema)
+            self._layout_on = self._held.opened
+        return self._buckets
 
     def positions(self, group_id: str, partitions: Sequence[TP]) -> Mapping[TP, int | None]:
         with self._held.session() as conn, conn.transaction():
@@ -255,7 +350,7 @@ class PostgresParticipantStore:
     def transaction(self) -> Iterator[PostgresParticipantTx]:
         try:
             with self._held.session() as conn, conn.transaction():
-                tx = PostgresParticipantTx(conn, self._tables)
+                tx = PostgresParticipantTx(conn, self._tables, self._layout(conn))
                 yield tx
                 tx.flush()
                 if tx.queued:

@@ -1,11 +1,11 @@
 """The other half of every saga: services that consume commands and answer with events.
 
 Declare handlers with :func:`participant` and :func:`command_handler`, ask for parameters by
-type (the command, :class:`processor.MessageMetadata`, :class:`Replies`, :class:`Sql`, settings,
-dependencies), and run them with :class:`ParticipantService` (or :class:`CommandKit` over any
-:class:`ParticipantStore`). Each command runs once in effect: inbox row, handler SQL, replies and
-position commit together; a handler raises :class:`Retryable` to have its command tried again
-later instead of dead-lettered.
+type (the command, :class:`processor.MessageMetadata`, :class:`Replies`, :class:`Sql`,
+:class:`Bucket`, settings, dependencies), and run them with :class:`ParticipantService` (or
+:class:`CommandKit` over any :class:`ParticipantStore`). Each command runs once in effect: inbox
+row, handler SQL, replies and position commit together; a handler raises :class:`Retryable` to
+have its command tried again later instead of dead-lettered.
 
 :class:`ParticipantService` and :func:`migrate` need the Kafka and PostgreSQL clients: they are
 imported on first use of their names, so a module declaring handlers stays cheap to import.
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from processor._authoring.participant import (
     DROP,
+    Bucket,
     Claim,
     CommandHandlerDef,
     CommandKit,
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DROP",
+    "Bucket",
     "Claim",
     "CommandHandlerDef",
     "CommandKit",

@@ -31,7 +31,6 @@ from processor._postgres.reads.check import PostgresCheckSource
 from processor._postgres.schema.buckets import BY_BUCKET, ON_COORDINATOR, REFERENCE, read_layout
 from processor._postgres.schema.citus import distributed, pinned_node
 from processor._postgres.schema.citus_move import MoveRefused, move_pin
-from processor._postgres.schema.participant import migrate_participant
 from processor._postgres.schema.tables import MIGRATIONS, Tables, migrate
 
 pytestmark = pytest.mark.integration
@@ -508,13 +507,3 @@ def test_check_says_how_the_buckets_spread_over_the_workers(
     assert f"{BUCKETS} buckets (crc32)" in where
     for worker in workers:
         assert f"{worker} (3)" in where
-
-
-def test_a_participant_told_buckets_gets_a_distributed_schema_and_says_so(
-    citus_url: str, schema: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    with psycopg.connect(citus_url) as conn:
-        migrate_participant(conn, Tables(schema), "buckets")
-        conn.commit()
-        assert distributed(conn, schema)
-    assert "a participant's become a Citus distributed schema" in caplog.text

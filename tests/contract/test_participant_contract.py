@@ -11,6 +11,7 @@ command, and turns a refused row into ``RecordDataError``.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Protocol
@@ -23,6 +24,7 @@ from processor._memory.participant import MemoryParticipantStore
 from processor._memory.participant_sqlite import SqliteParticipantStore
 from processor.participant import Claim, InboxEntry, ParticipantStore
 from tests.support.harness import wait_until
+from tests.support.phases import CITUS_BUCKETS, CITUS_LAYOUT
 
 STOCK = "CREATE TABLE stock (sku text PRIMARY KEY, n integer NOT NULL CHECK (n >= 0))"
 GROUP = "svc-group"
@@ -86,13 +88,19 @@ class PostgresBackend:
     def __init__(self, url: str, schema: str) -> None:
         from processor._postgres.connect import connect
         from processor._postgres.participant import PostgresParticipantStore
-        from processor._postgres.schema.participant import migrate_participant
+        from processor._postgres.schema.participant import migrate_participant, migrate_service
         from processor._postgres.schema.tables import Tables
 
         self.tables = Tables(schema)
         self.admin = connect(url, autocommit=True)
-        migrate_participant(self.admin, self.tables)
-        self.admin.execute(STOCK.replace("stock", f'"{schema}".stock'))
+        if os.environ.get(CITUS_LAYOUT) == "buckets":
+            # The Citus phase's second layout: the kit's tables by bucket; the handlers' stock,
+            # with no bucket column, a reference table (made by the service's migrations).
+            migrate_participant(self.admin, self.tables, "buckets", buckets=CITUS_BUCKETS)
+            migrate_service(self.admin, self.tables, [STOCK])
+        else:
+            migrate_participant(self.admin, self.tables)
+            self.admin.execute(STOCK.replace("stock", f'"{schema}".stock'))
         self.made: list[PostgresParticipantStore] = []
 
         def replica() -> ParticipantStore:

@@ -28,6 +28,7 @@ from confluent_kafka import Producer
 from processor._wire import HEADER_CAUSATION_ID, HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE
 from schemas.orders import ORDER_COMMANDS_TOPIC, ORDER_EVENTS_TOPIC, ReserveStock
 from tests.support.harness import Reader, create_topics, headers_for, query, wait_until
+from tests.support.phases import CITUS_BUCKETS, CITUS_LAYOUT
 from tests.support.procs import REPO
 
 # Its own topics, group and schema on the shared services, which it never disturbs.
@@ -97,6 +98,16 @@ def service(kafka_bootstrap: str, database_url: str, tmp_path: Path) -> Iterator
             "SAGA_RELAY__POLL_INTERVAL": "200ms",
         }
     )
+    by_bucket = os.environ.get(CITUS_LAYOUT) == "buckets"
+    if by_bucket:
+        # The Citus phase's second layout: the kit's tables by the bucket of each command's key;
+        # the service's stock and reservations, with no bucket column, reference tables.
+        env.update(
+            {
+                "SAGA_DATABASE__DISTRIBUTED": "buckets",
+                "SAGA_DATABASE__BUCKETS": str(CITUS_BUCKETS),
+            }
+        )
     migrated = subprocess.run(
         [sys.executable, "-m", "processor", "participant", "migrate", "--app", APP],
         cwd=REPO,
@@ -107,6 +118,13 @@ def service(kafka_bootstrap: str, database_url: str, tmp_path: Path) -> Iterator
         check=False,
     )
     assert migrated.returncode == 0, migrated.stderr
+    layout = query(
+        database_url,
+        schema,
+        "SELECT count(*) FROM pg_class WHERE relname = 'bucket_layout'"
+        " AND relnamespace = to_regnamespace(current_schema())",
+    )
+    assert layout == [(1 if by_bucket else 0,)]
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(f'INSERT INTO "{schema}".stock VALUES (%s, %s)', ("sku-1", STOCK))
     svc = Service(env, tmp_path)

@@ -62,11 +62,14 @@ CITUS_LAYOUTS: dict[str, tuple[str, ...]] = {
     "tests/e2e/test_crash_recovery.py": ("schema", "buckets"),
     **{path: ("buckets",) for path in CITUS_CRASH_TESTS[1:]},
     **{path: ("buckets",) for path in CITUS_AROUND_TESTS},
+    # A participant service's tables: a distributed schema, or by the bucket of each command's
+    # key with the service's tables following or shared (reference tables).
+    "tests/contract/test_participant_contract.py": ("schema", "buckets"),
+    "tests/integration/test_participant_app_crashes.py": ("schema", "buckets"),
 }
 """The layouts the Citus phase runs each of these files on (a parameter of every test in it:
 ``schema``, each processor's schema a distributed schema, the default; ``buckets``). The
-contract suites and the Citus tests name their layout themselves; a participant service told
-``buckets`` makes a distributed schema, the default layout."""
+other contract suites and the Citus tests name their layout themselves."""
 
 CITUS_TESTS = (
     "tests/contract",

@@ -14,6 +14,7 @@ from processor._errors import ConfigurationError, Retryable, SagaDefinitionError
 from processor._memory.participant import MemoryParticipantStore
 from processor.participant import (
     DROP,
+    Bucket,
     CommandKit,
     Replies,
     SkipDelivery,
@@ -367,3 +368,20 @@ def test_unresolvable_parameters_fail_at_start(store: MemoryParticipantStore) ->
     with pytest.raises(ConfigurationError, match=r"billing\.limit"):
         CommandKit([Billing()], store, group_id="g", dead_letter_topic="d", message_registry=REG)
     assert participant_of(Needs).name == "needs"
+
+
+def test_a_handler_asking_for_its_bucket_gets_0_off_buckets(
+    store: MemoryParticipantStore,
+) -> None:
+    seen: list[object] = []
+
+    @participant(name="holder")
+    class Holder:
+        @command_handler
+        def hold(self, command: Ship, bucket: Bucket) -> None:
+            seen.append(bucket)
+
+    kit = _kit(store, Holder())
+    assert kit.handle(_record(Ship(order_id="o-1"))) == "handled"
+    assert seen == [0]
+    assert isinstance(seen[0], Bucket)

@@ -14,7 +14,7 @@ from processor._authoring.participant.definition import (
     participant,
     participant_of,
 )
-from processor._authoring.participant.handles import Replies, SkipDelivery
+from processor._authoring.participant.handles import Bucket, Replies, SkipDelivery
 from processor._authoring.participant.kit import CommandKit, Counters
 from processor._ports.participant import (
     Claim,
@@ -27,6 +27,7 @@ from processor._ports.participant import (
 
 __all__ = [
     "DROP",
+    "Bucket",
     "Claim",
     "CommandHandlerDef",
     "CommandKit",

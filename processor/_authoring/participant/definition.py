@@ -35,7 +35,7 @@ from processor._authoring.marks import (
 )
 from processor._authoring.messages import Message
 from processor._authoring.params import Param, classify_params
-from processor._authoring.participant.handles import Replies
+from processor._authoring.participant.handles import Bucket, Replies
 from processor._errors import SagaDefinitionError
 from processor._ports.participant import Sql
 
@@ -63,7 +63,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 _C = TypeVar("_C", bound=type)
 
 # Parameters the kit injects per command; anything else unknown is a registered dependency.
-_KIT_HANDLES: dict[type, str] = {Replies: "replies", Sql: "sql"}
+_KIT_HANDLES: dict[type, str] = {Replies: "replies", Sql: "sql", Bucket: "bucket"}
 _SAGA_ONLY = ("commands", "deadlines", "lifecycle", "handles")
 
 
@@ -82,7 +82,7 @@ class CommandHandlerDef:
         command_type: The command class it handles.
         func: The undecorated function; call it as ``func(instance, **kwargs)``.
         params: Parameters resolved by the binder (settings, dependencies, command, metadata).
-        kit_params: Parameter name per kit handle (``replies``, ``sql``).
+        kit_params: Parameter name per kit handle (``replies``, ``sql``, ``bucket``).
         expired: The declared treatment of an expired command.
     """
 

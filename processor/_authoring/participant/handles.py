@@ -23,7 +23,7 @@ from processor._wire import (
     envelope,
 )
 
-__all__ = ["Replies", "SkipDelivery", "reply_row"]
+__all__ = ["Bucket", "Replies", "SkipDelivery", "reply_row"]
 
 
 def reply_row(
@@ -77,6 +77,18 @@ def reply_row(
         headers=headers,
         value=message.model_dump_json().encode(),
     )
+
+
+class Bucket(int):
+    """A handler parameter: the ``bucket`` value of the command's rows in the service's tables.
+
+    With the participant's tables distributed by bucket over Citus
+    (``SAGA_DATABASE__DISTRIBUTED=buckets``), a service table with a ``bucket`` column is
+    co-located with the kit's inbox: a row written with the command's bucket, and read back by
+    it, sits on the worker of the command's inbox row, so the command's transaction runs there
+    alone. Every command of one saga has the same bucket (it follows the record key). 0 on any
+    other layout, so a handler that always writes it runs on every layout.
+    """
 
 
 class SkipDelivery(Exception):

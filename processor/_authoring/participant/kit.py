@@ -36,7 +36,7 @@ from typing import Any
 from processor._authoring.binding import ResolvedParam, resolve_handler
 from processor._authoring.messages import MessageRegistry, registry
 from processor._authoring.participant.definition import DROP, CommandHandlerDef, participant_of
-from processor._authoring.participant.handles import Replies, SkipDelivery, reply_row
+from processor._authoring.participant.handles import Bucket, Replies, SkipDelivery, reply_row
 from processor._engine.decode import Event, Reason, Rejected, decode
 from processor._engine.records import OutboxRow, Record
 from processor._errors import ConfigurationError, Failure, RuntimeFailure
@@ -159,6 +159,7 @@ class CommandKit:
                             record.topic,
                             record.partition,
                             record.offset,
+                            record.key,
                         )
                 seen = tx.claim_all(list(claims.values()))
                 # A command repeated within the batch is a duplicate of its first delivery.
@@ -224,6 +225,7 @@ class CommandKit:
                     record.topic,
                     record.partition,
                     record.offset,
+                    record.key,
                 )
                 outcome = self._run(tx, bound, decoded, claimed).outcome
         except SkipDelivery:
@@ -292,7 +294,12 @@ class CommandKit:
         )
         kwargs: dict[str, Any] = {}
         for name, kind in bound.handler.kit_params.items():
-            kwargs[name] = handle if kind == "replies" else tx.sql
+            if kind == "replies":
+                kwargs[name] = handle
+            elif kind == "bucket":
+                kwargs[name] = Bucket(tx.bucket_of(meta.message_id))
+            else:
+                kwargs[name] = tx.sql
         for rp in bound.params:
             p = rp.param
             if rp.constant:
@@ -333,6 +340,7 @@ class CommandKit:
                     record.topic,
                     record.partition,
                     record.offset,
+                    record.key,
                 )
                 if seen is None:
                     tx.finish(meta.message_id, "dead-lettered", [])

@@ -18,7 +18,7 @@ so that each bucket is a shard of its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -35,6 +35,7 @@ __all__ = [
     "REFERENCE",
     "BucketLayoutMismatch",
     "bucketize",
+    "distribute_by_bucket",
     "layout_mark",
     "read_layout",
 ]
@@ -144,6 +145,44 @@ def bucketize(
     def q(name: str) -> sql.Composed:
         return _names(schema, deadline, deadline_lock, name)
 
+    def after_columns(layout_of: Buckets) -> None:
+        _backfill(conn, q, layout_of)
+
+    def unique() -> None:
+        conn.execute(sql.SQL(_UNIQUE[0]).format(t=q("saga_history")))
+        conn.execute(sql.SQL(_DEADLINE_UNIQUE).format(t=q("{deadline}")))
+
+    # ON_COORDINATOR's tables stay plain tables of the coordinator (see there).
+    return distribute_by_bucket(
+        conn,
+        q,
+        by_bucket=BY_BUCKET,
+        reference=REFERENCE,
+        buckets=buckets,
+        partitioner=partitioner,
+        after_columns=after_columns,
+        unique=unique,
+    )
+
+
+def distribute_by_bucket(
+    conn: psycopg.Connection[Any],
+    q: Callable[[str], sql.Composed],
+    *,
+    by_bucket: Mapping[str, str],
+    reference: Sequence[str],
+    buckets: int,
+    partitioner: Partitioner,
+    after_columns: Callable[[Buckets], object] | None = None,
+    unique: Callable[[], object] | None = None,
+) -> Buckets:
+    """Records the layout, re-keys ``by_bucket``'s tables by bucket and distributes them.
+
+    The first of ``by_bucket`` anchors a co-location group of its own, one shard a bucket; the
+    others join it. ``after_columns`` fills the new ``bucket`` columns of rows already there,
+    ``unique`` re-makes unique indexes with the bucket first; ``reference``'s tables become
+    reference tables.
+    """
     layout = q(LAYOUT_TABLE)
     conn.execute(
         sql.SQL(
@@ -153,41 +192,40 @@ def bucketize(
         ).format(layout)
     )
     layout_of = Buckets(buckets, partitioner, _bucket_keys(conn, buckets))
-    for name in BY_BUCKET:
+    for name in by_bucket:
         conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN bucket int").format(q(name)))
-    _backfill(conn, q, layout_of)
-    for name, key in BY_BUCKET.items():
+    if after_columns is not None:
+        after_columns(layout_of)
+    for name, key in by_bucket.items():
         table = q(name)
         conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN bucket SET NOT NULL").format(table))
         _drop_unique(conn, table)
         conn.execute(
             sql.SQL("ALTER TABLE {} ADD PRIMARY KEY (bucket, {})").format(table, sql.SQL(key))
         )
-    conn.execute(sql.SQL(_UNIQUE[0]).format(t=q("saga_history")))
-    conn.execute(sql.SQL(_DEADLINE_UNIQUE).format(t=q("{deadline}")))
-    first = q("saga_instance").as_string(conn)
+    if unique is not None:
+        unique()
+    anchor, *others = by_bucket
+    first = q(anchor).as_string(conn)
     # A co-location group of its own: by default Citus would join the group of any other table
     # with as many shards (another processor's), whose shards then move with these.
     conn.execute(
         "SELECT create_distributed_table(%s, 'bucket', shard_count => %s, colocate_with => 'none')",
         (first, buckets),
     )
-    for name in BY_BUCKET:
-        if name != "saga_instance":
-            conn.execute(
-                "SELECT create_distributed_table(%s, 'bucket', colocate_with => %s)",
-                (q(name).as_string(conn), first),
-            )
+    for name in others:
+        conn.execute(
+            "SELECT create_distributed_table(%s, 'bucket', colocate_with => %s)",
+            (q(name).as_string(conn), first),
+        )
     _check_keys(conn, first, layout_of.keys)
-    keys = layout_of.keys
     conn.execute(
         sql.SQL("INSERT INTO {} (buckets, partitioner, keys) VALUES (%s, %s, %s)").format(layout),
-        (buckets, partitioner, list(keys)),
+        (buckets, partitioner, list(layout_of.keys)),
     )
-    for name in REFERENCE:
+    for name in reference:
         conn.execute("SELECT create_reference_table(%s)", (q(name).as_string(conn),))
-    # ON_COORDINATOR's tables stay plain tables of the coordinator (see there).
-    return Buckets(buckets, partitioner, keys)
+    return layout_of
 
 
 def _backfill(conn: psycopg.Connection[Any], q: Any, plain: Buckets) -> None:
