@@ -140,7 +140,7 @@ def build_processor(
         ownership=ownership,
         on_commit=after_commit(relay, poller, settings.deadline.polling.interval),
         # Relaying moves with the partitions: a gain wakes the relay.
-        on_owned=relay.wake.set if relay is not None else _nothing,
+        on_owned=relay.wake_for if relay is not None else _nothing,
         gate=growth.held,
         follow=growth,
         placement=PlacementCheck(cs.partitioner, growth.counts),

@@ -15,12 +15,15 @@ transaction committed in two phases over their workers: correct, slower).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import gcd
 
 from processor._engine.partitioner import Partitioner, partition_for
 
 __all__ = ["Buckets", "growth_verdict"]
+
+# Saga buckets kept by a layout: a few batches' worth of sagas, cleared whole when full.
+_KNOWN = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,9 @@ class Buckets:
     count: int
     partitioner: Partitioner = "crc32"
     keys: tuple[int, ...] = ()
+    # Each saga's bucket value, as computed: a batch asks for it once per row it writes (four
+    # rows an event in S8), from several threads (a dict's get and set are atomic).
+    _known: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -49,7 +55,14 @@ class Buckets:
 
     def of(self, saga_id: str) -> int:
         """The ``bucket`` value of the saga keyed by ``saga_id`` (its records' key is the id)."""
-        return self.of_key(saga_id.encode())
+        known = self._known
+        bucket = known.get(saga_id)
+        if bucket is None:
+            bucket = self.of_key(saga_id.encode())
+            if len(known) >= _KNOWN:
+                known.clear()
+            known[saga_id] = bucket
+        return bucket
 
     def of_key(self, key: bytes) -> int:
         """The ``bucket`` value of rows of the records keyed by ``key`` (a participant's)."""

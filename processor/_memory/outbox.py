@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -225,6 +225,10 @@ class MemoryOutboxStore:
             if (f.row.saga_type, f.row.saga_id) == (row.saga_type, row.saga_id)
         ]
         return min(found) if found else None
+
+    def expect(self, partitions: Collection[TP] | None) -> None:
+        # One place: every claim looks at every row.
+        return None
 
     def settle(self, set_aside: Sequence[SetAside], kept: Mapping[int, str | None]) -> None:
         settled: _Settled | None = getattr(self._settled, "value", None)

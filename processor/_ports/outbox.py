@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -153,6 +153,14 @@ class OutboxStore(Protocol):
         Yields None when nothing may be claimed: no partition given and another relay holds
         the rows of no source. Leaving the block normally removes the claimed rows, except those
         :meth:`settle` keeps or sets aside; leaving it with an exception puts them all back.
+        """
+        ...
+
+    def expect(self, partitions: Collection[TP] | None) -> None:
+        """Rows of ``partitions`` were just committed (None: rows anywhere, or not known).
+
+        A store that claims one place's rows at a time looks at theirs next, and after that
+        round at no other place until told or woken again. Called from any thread.
         """
         ...
 

@@ -87,8 +87,20 @@ def after_commit(
     def committed(ws: WriteSet) -> None:
         report_committed(ws)
         if ws.outbox and relay is not None:
-            relay.wake.set()
+            # The rows' partitions, so that a relay over several workers looks at theirs alone
+            # (processor/_postgres/outbox.py); a row of no partition: anywhere.
+            relay.wake_for(_sources(ws))
         if poller is not None and ws.wakes_poller(datetime.now(UTC) + polling):
             poller.wake.set()
 
     return committed
+
+
+def _sources(ws: WriteSet) -> set[tuple[str, int]] | None:
+    """The input partitions of the batch's outbox rows; None when one has none."""
+    sources = set()
+    for row in ws.outbox:
+        if row.source is None:
+            return None
+        sources.add(row.source)
+    return sources

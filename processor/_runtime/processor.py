@@ -107,7 +107,8 @@ class Processor:
             self.supervisor.spawn("relay", relay.run, hang_after=2 * flush + HANG_GRACE)
         listener = loops.listener
         if listener is not None and relay is not None:
-            wake = relay.wake.set
+            # Another process's commit: its rows may be anywhere.
+            wake = relay.wake_for
             self.supervisor.spawn("relay-listener", lambda stop: listener.run(stop, wake))
         if loops.poller is not None:
             polling = self.settings.deadline.polling.interval.total_seconds()

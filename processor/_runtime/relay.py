@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from processor._engine.records import OutboxRow
@@ -161,6 +161,11 @@ class Relay:
         self.tracing = tracing
         self.last_failures: list[SendFailure] = []
         self.drain_on_stop = drain_on_stop
+
+    def wake_for(self, partitions: Collection[TP] | None = None) -> None:
+        """Wakes the relay for rows just committed for ``partitions`` (None: anywhere)."""
+        self._outbox.expect(partitions)
+        self.wake.set()
 
     def run_once(self) -> int:
         """Publishes up to batch-size rows; sets aside the ones that cannot be published.

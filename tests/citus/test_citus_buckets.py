@@ -247,6 +247,33 @@ def test_each_hot_statement_that_names_a_bucket_has_a_router_plan(
     assert "Task Count: 1" in plan, plan
 
 
+def test_the_relays_claim_of_a_buckets_partitions_is_one_router_planned_statement(
+    citus_url: str, schema: str, layout: Buckets
+) -> None:
+    # The lock of the partitions' offsets rows, the choice of their oldest rows and the delete,
+    # when the partitions' sagas are their own bucket's: one task on the bucket's worker.
+    from processor._postgres.outbox import _CLAIM_OWNED_B
+
+    params = {
+        "bucket": Int4(layout.key(0)),
+        "group": "g",
+        "t": ["in"],
+        "p": [0],
+        "e": [1],
+        "limit": 100,
+        "max_bytes": 1_000_000,
+    }
+    with psycopg.connect(citus_url) as conn:
+        plan = "\n".join(
+            r[0]
+            for r in conn.execute(
+                f"EXPLAIN {Tables(schema).render(_CLAIM_OWNED_B)}", params
+            ).fetchall()
+        )
+    assert "Task Count: 1" in plan, plan
+    assert plan.count("Task\n") == 1 or plan.count("->  Task") == 1, plan
+
+
 def test_a_distributed_schema_moves_to_buckets_with_its_rows_ids_and_grants(
     citus_url: str, schema: str
 ) -> None:
@@ -375,6 +402,15 @@ def test_a_relay_round_takes_one_workers_rows_and_says_the_others_wait(
     sent: dict[int, list[str]] = {}
     try:
         store.claim([("in", 0), ("in", other)], "r0")
+        # The input topic's partition count, as the growth watch records it: the relay knows
+        # each partition's sagas are its own bucket's.
+        with psycopg.connect(citus_url, autocommit=True) as conn:
+            conn.execute(
+                tables.render(
+                    "INSERT INTO {partition_count} (group_id, topic, count) VALUES ('g', 'in', %s)"
+                ),
+                (BUCKETS,),
+            )
         for partition in (0, other):
             sent[partition] = ids_in(partition, 3)
             store.write(
@@ -388,6 +424,7 @@ def test_a_relay_round_takes_one_workers_rows_and_says_the_others_wait(
             )
         owned = {("in", 0): 1, ("in", other): 1}
         rounds = []
+        waiting = []
         for _ in range(2):
             remote.commands.clear()
             with relay.claim(100, owned) as rows:
@@ -397,18 +434,39 @@ def test_a_relay_round_takes_one_workers_rows_and_says_the_others_wait(
                 d.split("@", 1)[1].split(" ")[0] for m, d in remote.commands if "DELETE" in m
             }
             assert len(deletes) == 1, remote.commands
-            # Rows found: the other worker's turn comes at once.
-            assert relay.more_waiting
+            waiting.append(relay.more_waiting)
         assert sorted(map(tuple, rounds)) == sorted(
             (tuple(sorted(sent[0])), tuple(sorted(sent[other])))
         )
-        # Nothing left: each worker's turn comes up empty once, then the relay may wait.
+        # A wake-up no one named: each worker is looked at once, the other's turn at once.
+        assert waiting == [True, False]
         empty = []
         for _ in range(2):
             with relay.claim(100, owned) as rows:
                 assert rows == []
             empty.append(relay.more_waiting)
         assert empty == [True, False]
+
+        # Told which partition's rows were committed, the relay looks at its worker alone.
+        more = ids_in(other, 5)[3:]
+        store.write(
+            WriteSet(
+                outbox=[
+                    OutboxRow(SAGA, s, "out", s.encode(), {}, b"v", None, ("in", other))
+                    for s in more
+                ]
+            ),
+            [OffsetCommit("in", other, 5, 3, 1)],
+        )
+        relay.expect([("in", other)])
+        remote.commands.clear()
+        with relay.claim(100, owned) as rows:
+            assert rows is not None
+            assert sorted(r.row.saga_id or "" for r in rows) == sorted(more)
+        assert {d.split("@", 1)[1].split(" ")[0] for _, d in remote.commands if "@" in d} == {
+            workers[layout.of_partition(other)]
+        }
+        assert not relay.more_waiting
     finally:
         store.close()
         relay.close()

@@ -21,6 +21,7 @@ from processor._memory.consumer import MemoryRecordConsumer
 from processor._memory.store import MemoryBatchStore, MemoryTables
 from processor._ports import TP, Positions
 from processor._runtime.assembly import bind_sagas
+from processor._runtime.consumer.intake import CARRY_BATCHES
 from processor._runtime.consumer.worker import Worker
 from processor.settings import ProcessorSettings
 from sagas.transfer import TransferSaga
@@ -599,6 +600,32 @@ def test_with_colocated_partitions_each_batch_holds_one_places_records_and_none_
     assert all(rig.applied(f"t{i}") == [f"m{i}"] for i in range(total))
     assert tables.offsets[P0][1] == 200
     assert tables.offsets[P1][1] == 100
+
+
+def test_with_colocated_partitions_a_place_short_of_a_batch_gives_way_then_goes_next() -> None:
+    # One record of P0's place, then more of P1's than the carry holds: rather than a batch of
+    # one record, full batches of P1's place go first while P0's records gather; P0's record
+    # goes in a batch of its own after CARRY_BATCHES of them, however many of P1's keep coming.
+    made, worker = _live(colocate=lambda tp: tp[1] % 2)
+    rig, store = made.rig, made.store
+    batch = worker.batch_size
+    sent = [(P0, "a0")] + [(P1, f"b{i}") for i in range((2 * CARRY_BATCHES + 3) * batch)]
+    try:
+        rig.consumer.assign([P0, P1])
+        for tp, tid in sent:
+            rig.send(tp, requested(tid), f"m-{tid}")
+        steps = 0
+        while (rig.step() or worker.carried) and steps < 50:
+            steps += 1
+        worker.settle()
+    finally:
+        store.release.set()
+        worker.close()
+    written = [(set(partitions), n) for partitions, n in store.written]
+    assert written[:CARRY_BATCHES] == [({1}, batch)] * CARRY_BATCHES, written
+    assert written[CARRY_BATCHES] == ({0}, 1), written
+    assert all(n == batch for _, n in written[CARRY_BATCHES + 1 : -1]), written
+    assert all(rig.applied(tid) == [f"m-{tid}"] for _, tid in sent)
 
 
 def test_with_colocated_partitions_a_batch_from_carried_records_holds_a_batchs_worth() -> None:

@@ -8,6 +8,7 @@ read again from the stored positions after a resync, so a resync drops it all.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
@@ -82,6 +83,9 @@ class Intake:
         self._clock = clock
         self.carry: list[Record] = []
         self._colocate = colocate
+        # How many batches of other places each place's oldest records gave way to (see
+        # _fill_one_place).
+        self._passed_over: dict[object, int] = {}
         # Partitions whose place stopped answering (Recovery): paused, and what was read of
         # them before the pause is dropped; read again from their stored positions.
         self.away: set[TP] = set()
@@ -151,30 +155,49 @@ class Intake:
         first = place(records[0])
         if first is None:  # no places: every partition's rows live together
             return records
-        taken = [r for r in records if place(r) == first]
-        others = [r for r in records if place(r) != first] if len(taken) < len(records) else []
         limits = self._limits
+        held = list(records)
+        counts = Counter(place(r) for r in held)
+        ended = False
         while (
-            others
-            and len(taken) < limits.batch_size
-            and len(others) < CARRY_BATCHES * limits.batch_size
+            len(counts) > 1
+            and counts[first] < limits.batch_size
+            and len(held) - counts[first] < CARRY_BATCHES * limits.batch_size
         ):
-            fresh = self._consumer.consume(limits.batch_size - len(taken), 0)
+            fresh = self._consumer.consume(limits.batch_size - counts[first], 0)
             if not fresh:
+                ended = True
                 break
             self._note_ends()
             if self.follow is not None:
                 fresh = self._defer(fresh)
             if self.away:
                 fresh = [r for r in fresh if (r.topic, r.partition) not in self.away]
-            for r in fresh:
-                (taken if place(r) == first else others).append(r)
-        # Carried records of this place can outnumber a batch: the rest wait, first in line.
-        over = taken[limits.batch_size :]
-        del taken[limits.batch_size :]
-        if over or others:
-            # Read after what was carried into this batch: each partition's order holds.
-            self.carry = over + others + self.carry
+            held.extend(fresh)
+            counts.update(place(r) for r in fresh)
+        chosen = first
+        fullest, most = counts.most_common(1)[0]
+        passed = self._passed_over.get(first, 0)
+        if (
+            counts[first] < limits.batch_size
+            and not ended
+            and most > counts[first]
+            and passed < CARRY_BATCHES
+        ):
+            # The other places' records reached the carry's bound before this place's filled
+            # a batch (the consumer hands records over a partition's run at a time): a full
+            # batch of the place that has one while this place's records gather, which then
+            # go in a batch of their own, full or not, after CARRY_BATCHES such batches at most.
+            chosen = fullest
+            self._passed_over[first] = passed + 1
+        self._passed_over.pop(chosen, None)
+        taken: list[Record] = []
+        rest: list[Record] = []
+        for r in held:
+            (taken if place(r) == chosen and len(taken) < limits.batch_size else rest).append(r)
+        if rest:
+            # In the order read: each partition's records keep theirs.
+            self.carry = rest + self.carry
         return taken
 
     def claimed(self, tps: Iterable[TP]) -> None:
