@@ -48,6 +48,7 @@ from processor._engine.records import OutboxRow
 from processor._ports import TP, OutboxEntry, SetAside
 from processor._postgres.colocation import Colocation
 from processor._postgres.held import Conn, HeldConnection
+from processor._postgres.places import RelayPlaces
 from processor._postgres.schema.buckets import layout_mark, read_layout
 from processor._postgres.schema.tables import Tables
 
@@ -292,13 +293,8 @@ class PostgresOutboxStore:
         self._claim_owned_b = tables.render(_CLAIM_OWNED_B)
         self._colocation = Colocation()
         self._saga_table = tables.q(anchor)
-        self._turn = 0
-        # Workers whose rows are to be looked at (tables by bucket): told of by expect(), or
-        # every one after a wake-up no one named. Written by the committing threads as well.
-        self._pending: set[str] = set()
-        self._anywhere = True
-        # Workers whose last round failed, passed over until then (time.monotonic()).
-        self._resting: dict[str, float] = {}
+        # Which worker each round looks at (tables by bucket).
+        self._places = RelayPlaces(REST_S)
         # When rows of no partition are looked for next (tables by bucket).
         self._global_due = 0.0
         self._counts: dict[str, int] = {}
@@ -390,10 +386,13 @@ class PostgresOutboxStore:
         """`claim` over tables distributed by bucket: each statement routed to one worker.
 
         A claim that deleted rows on two workers would commit in two phases over both, so each
-        round takes one worker's buckets (of no partition, on the global path) and partitions,
-        workers in turn; :meth:`_after_round` then says whether to go on. A worker whose round
-        failed is passed over for :data:`REST_S` while others answer: the others' rows go on
-        while it is away.
+        round takes one worker's buckets (of no partition, on the global path) and partitions:
+        :class:`processor._postgres.places.RelayPlaces` chooses the worker (the one a committed
+        batch named, :meth:`expect`; each in turn after a wake-up no one named) and says
+        whether to go on. A worker whose round failed is passed over for :data:`REST_S` while
+        others answer: the others' rows go on while it is away. With a processor's batches
+        naming their partitions, the relay takes about one round a batch (S8: 3.0, two of them
+        empty, with the workers simply in turn).
         """
         if self._colocation.due():
             self._colocation.refresh(conn, buckets, self._saga_table)
@@ -411,22 +410,21 @@ class PostgresOutboxStore:
         try:
             rows = self._round(conn, buckets, limit, owned, budget, global_path, place)
         except psycopg.Error:
-            if len(places) > 1:
-                self._resting[str(place)] = time.monotonic() + REST_S
+            if place is not None:
+                self._places.failed(place)
             raise
-        self._resting.pop(str(place), None)
-        held = sum(len(r[7] or b"") + len(r[5] or b"") for r in rows)
-        self._after_round(bool(rows), len(rows) >= limit or held >= budget, place, places)
+        if place is None:
+            self.more_waiting = False
+        else:
+            held = sum(len(r[7] or b"") + len(r[5] or b"") for r in rows)
+            full = len(rows) >= limit or held >= budget
+            self.more_waiting = self._places.done(place, found=bool(rows), full=full, order=places)
         return rows
 
     def _next_place(
         self, buckets: Buckets, owned: Mapping[TP, int], global_path: bool
-    ) -> tuple[object, list[str]]:
-        """The worker whose turn it is (None: one worker holds all), and every worker.
-
-        A worker told of (:meth:`expect`) or not looked at since is first; with none, every
-        worker is, in turn (a wake-up whose rows no one named).
-        """
+    ) -> tuple[str | None, list[str]]:
+        """The worker whose turn it is (None: one worker holds all), and every worker."""
         colocation = self._colocation
         found = {str(colocation(tp)) for tp in owned}
         if global_path:
@@ -434,25 +432,10 @@ class PostgresOutboxStore:
         order = sorted(found)
         if len(order) <= 1:
             return None, order
-        if self._anywhere:
-            self._anywhere = False
-            self._pending.update(order)
-        now = time.monotonic()
-        ready = [p for p in order if self._resting.get(p, 0.0) <= now] or order
-        turn = [p for p in ready if p in self._pending]
-        if not turn:
-            self._pending.update(order)
-            turn = ready
-        place = turn[self._turn % len(turn)]
-        self._turn += 1
-        return place, order
+        return self._places.next(order), order
 
     def expect(self, partitions: Collection[TP] | None) -> None:
-        places = self._places_of(partitions) if partitions is not None else None
-        if places is None:
-            self._anywhere = True
-        else:
-            self._pending.update(places)
+        self._places.expect(self._places_of(partitions) if partitions is not None else None)
 
     def _places_of(self, partitions: Collection[TP]) -> set[str] | None:
         """The workers that hold the rows of ``partitions``' sagas.
@@ -572,26 +555,6 @@ class PostgresOutboxStore:
             for bucket in homes:
                 wanted.setdefault(bucket, []).append((topic, partition))
         return wanted
-
-    def _after_round(self, found: bool, full: bool, place: object, places: list[str]) -> None:
-        """Whether another worker's rows may be waiting (:attr:`more_waiting`).
-
-        A worker looked at is done with, unless its round was full; the relay goes on while a
-        worker it was told of (:meth:`expect`) is not looked at yet, then waits for a wake-up,
-        as it does with one place. A processor's batch, one worker's, tells the relay of its
-        partitions before the wake-up: the relay looks at that worker alone, one round a batch
-        (S8: 3.0 rounds a batch, two of them empty, with the workers simply in turn). A wake-up
-        no one named (a commit heard through NOTIFY, partitions gained, the poll interval) has
-        every worker looked at once.
-        """
-        if len(places) <= 1:
-            self.more_waiting = False
-            return
-        if found and full:
-            self._pending.add(str(place))
-        else:
-            self._pending.discard(str(place))
-        self.more_waiting = self._anywhere or not self._pending.isdisjoint(places)
 
     def _partition_counts(self, conn: Conn) -> Mapping[str, int]:
         """The input topics' partition counts the growth watch records, read every few seconds.
