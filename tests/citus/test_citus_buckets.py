@@ -211,10 +211,11 @@ def test_a_partitions_batch_and_its_relay_claim_run_on_its_buckets_worker_alone(
         relay.close()
 
 
-HOT: dict[str, tuple[str, Callable[[Int4, tuple[int, ...]], tuple[Any, ...]]]] = {
-    "load_sagas": (sql_buckets.LOAD_SAGAS, lambda k, keys: ('[["t", "s"]]', k)),
-    "load_tombstones": (sql_buckets.LOAD_TOMBSTONES, lambda k, keys: ('[["t", "s"]]', k)),
-    "load_applied": (sql_buckets.LOAD_APPLIED, lambda k, keys: ('[["t", "s", "m"]]', k)),
+HOT: dict[str, tuple[str, Callable[[Int4, tuple[int, ...]], Any]]] = {
+    "load": (
+        sql_buckets.LOAD,
+        lambda k, keys: {"keys": '[["t", "s"]]', "mkeys": '[["t", "s", "m"]]', "bucket": k},
+    ),
     "update_sagas": (
         sql_buckets.UPDATE_SAGAS,
         lambda k, keys: ('[["t", "s", null, "active", 2, null, 1, null, 1]]', k),

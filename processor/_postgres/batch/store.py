@@ -254,9 +254,13 @@ class BatchSql:
         ids = sorted(wants.deadline_ids)
         with self.conn.pipeline():
             c0 = self.conn.execute("SELECT now()")
+            c1: list[Any] = []
+            c5: list[Any] = []
+            c2: list[Any] = []
             if self._buckets is not None:
-                c1, c5, c2 = self._load_by_bucket(self._buckets, keys, mkeys)
+                together = self._load_by_bucket(self._buckets, keys, mkeys)
             else:
+                together = []
                 saga_keys = (batch_rows.encode_keys(keys),)
                 c1 = [self.conn.execute(self._load_sagas, saga_keys)]
                 # After the sagas, never before: each statement reads its own snapshot, and
@@ -277,12 +281,22 @@ class BatchSql:
             c4 = self.conn.execute(self._load_lease, (LEASE_NAME,)) if ids or hk else None
             # Rows only operator records need: none for a batch of events.
             operator = self._operator.send(self.conn, wants)
+        saga_rows = [row for c in c1 for row in c.fetchall()]
+        tombstone_rows = [row for c in c5 for row in c.fetchall()]
+        applied_rows = [row for c in c2 for row in c.fetchall()]
+        for c in together:
+            for kind, t, i, state, status, version, reason, sv, m in c.fetchall():
+                if kind == 0:
+                    saga_rows.append((t, i, state, status, version, reason, sv))
+                elif kind == 1:
+                    tombstone_rows.append((t, i))
+                else:
+                    applied_rows.append((t, i, m))
         sagas = {
             (t, i): SagaRow(t, i, state, SagaStatus(status), version, reason, sv)
-            for c in c1
-            for t, i, state, status, version, reason, sv in c.fetchall()
+            for t, i, state, status, version, reason, sv in saga_rows
         }
-        applied = {(t, i, m) for c in c2 for t, i, m in c.fetchall()}
+        applied = {(t, i, m) for t, i, m in applied_rows}
         deadlines = (
             {
                 did: DeadlineRef(t, i, n, due, payload, token)
@@ -294,7 +308,7 @@ class BatchSql:
         lease = c4.fetchone() if c4 else None
         now_row = c0.fetchone()
         assert now_row is not None
-        tombstones = {(t, i) for c in c5 for t, i in c.fetchall()}
+        tombstones = {(t, i) for t, i in tombstone_rows}
         extra = self._operator.receive(operator)
         deadlines.update(extra.deadlines)
         return Loaded(
@@ -311,20 +325,21 @@ class BatchSql:
 
     def _load_by_bucket(
         self, buckets: Buckets, keys: list[SagaKey], mkeys: list[tuple[str, str, str]]
-    ) -> tuple[list[Any], list[Any], list[Any]]:
-        """The load's saga reads once per bucket of the batch, each routed to its worker."""
-        s = self._by_bucket
-        sagas, tombstones, applied = [], [], []
+    ) -> list[Any]:
+        """The load's saga reads, one statement per bucket of the batch routed to its worker."""
         by_saga = _grouped(keys, lambda k: buckets.of(k[1]))
-        for bucket, group in sorted(by_saga.items()):
-            encoded = batch_rows.encode_keys(group)
-            sagas.append(self.conn.execute(s.load_sagas, (encoded, bucket)))
-            tombstones.append(self.conn.execute(s.load_tombstones, (encoded, bucket)))
         by_message = _grouped(mkeys, lambda k: buckets.of(k[1]))
-        for bucket, mgroup in sorted(by_message.items()):
-            encoded = batch_rows.encode_message_keys(mgroup)
-            applied.append(self.conn.execute(s.load_applied, (encoded, bucket)))
-        return sagas, tombstones, applied
+        return [
+            self.conn.execute(
+                self._by_bucket.load,
+                {
+                    "keys": batch_rows.encode_keys(by_saga.get(bucket, [])),
+                    "mkeys": batch_rows.encode_message_keys(by_message.get(bucket, [])),
+                    "bucket": bucket,
+                },
+            )
+            for bucket in sorted(by_saga.keys() | by_message.keys())
+        ]
 
     def write(self, ws: WriteSet, offsets: Sequence[OffsetCommit]) -> None:
         """Writes the batch; raises FencedOut or ConcurrentUpdate (the caller rolls back)."""
@@ -663,9 +678,7 @@ class _BucketStatements:
         self.read_offsets = r(sql_buckets.READ_OFFSETS)
         self.lock_owned = r(sql_buckets.LOCK_OWNED)
         self.claim = r(sql_buckets.CLAIM)
-        self.load_sagas = r(sql_buckets.LOAD_SAGAS)
-        self.load_tombstones = r(sql_buckets.LOAD_TOMBSTONES)
-        self.load_applied = r(sql_buckets.LOAD_APPLIED)
+        self.load = r(sql_buckets.LOAD)
         self.insert_sagas = r(sql_buckets.INSERT_SAGAS)
         self.update_sagas = r(sql_buckets.UPDATE_SAGAS)
         self.insert_history = r(sql_buckets.INSERT_HISTORY)
