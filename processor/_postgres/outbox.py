@@ -153,34 +153,36 @@ _LOCK_OWNED_B = """
      WHERE s.bucket = %(bucket)s::int AND s.group_id = %(group)s
        FOR KEY SHARE OF s SKIP LOCKED
 """
+# _CLAIM_OWNED's reads of the outbox within one bucket, named as a constant (tables by bucket).
+_OWNED_IN_BUCKET = _CLAIM_OWNED.replace(
+    "WHERE x.source_topic = mine.topic",
+    "WHERE x.bucket = %(bucket)s::int AND x.source_topic = mine.topic",
+).replace(
+    "WHERE n.saga_type = c.saga_type",
+    "WHERE n.bucket = %(bucket)s::int AND n.saga_type = c.saga_type",
+)
+_RETURNING_B = _RETURNING.replace(
+    "WHERE o.saga_id IS NOT NULL", "WHERE f.bucket = %(bucket)s::int AND o.saga_id IS NOT NULL"
+)
 # The rows to take, chosen as _CLAIM_OWNED chooses them from the partitions passed; then deleted
 # by id with the bucket as a constant. One statement would be planned over every shard: Citus
 # computes the window functions on the coordinator and then sends the delete to every shard.
-_CHOOSE_OWNED_B = (
-    _CLAIM_OWNED.replace(
-        """    WITH mine AS (
+# (Used where a topic's count spreads a partition's sagas over several buckets; otherwise
+# _CLAIM_OWNED_B below.)
+_CHOOSE_OWNED_B = _OWNED_IN_BUCKET.replace(
+    """    WITH mine AS (
         SELECT s.topic, s.partition FROM {offsets} AS s
           JOIN unnest(%(t)s::text[], %(p)s::int[], %(e)s::bigint[]) AS u(t, p, e)
             ON s.topic = u.t AND s.partition = u.p AND s.owner_epoch = u.e
          WHERE s.group_id = %(group)s
            FOR KEY SHARE OF s SKIP LOCKED
     ), first""",
-        """    WITH mine AS (
+    """    WITH mine AS (
         SELECT * FROM unnest(%(t)s::text[], %(p)s::int[]) AS u(topic, partition)
     ), first""",
-    )
-    .replace(
-        "WHERE x.source_topic = mine.topic",
-        "WHERE x.bucket = %(bucket)s::int AND x.source_topic = mine.topic",
-    )
-    .replace(
-        "WHERE n.saga_type = c.saga_type",
-        "WHERE n.bucket = %(bucket)s::int AND n.saga_type = c.saga_type",
-    )
-    .replace(
-        "DELETE FROM {outbox} AS o WHERE id = ANY(ARRAY(SELECT id FROM free))",
-        "SELECT id FROM free",
-    )
+).replace(
+    "DELETE FROM {outbox} AS o WHERE id = ANY(ARRAY(SELECT id FROM free))",
+    "SELECT id FROM free",
 )
 # Rows of no partition: the one relay holding the global lock takes them (no row locks needed).
 _CHOOSE_GLOBAL_B = """
@@ -191,10 +193,9 @@ _CHOOSE_GLOBAL_B = """
                  ORDER BY id LIMIT %(limit)s) AS c) AS w
      WHERE w.before < %(max_bytes)s
 """.replace("SIZE", _SIZE)
-_DELETE_B = "DELETE FROM {outbox} AS o WHERE o.bucket = %(bucket)s::int AND o.id = ANY(%(ids)s)" + (
-    _RETURNING.replace(
-        "WHERE o.saga_id IS NOT NULL", "WHERE f.bucket = %(bucket)s::int AND o.saga_id IS NOT NULL"
-    )
+_DELETE_B = (
+    "DELETE FROM {outbox} AS o WHERE o.bucket = %(bucket)s::int AND o.id = ANY(%(ids)s)"
+    + _RETURNING_B
 )
 
 # A partition whose sagas are all its own bucket's (its topic's count a multiple of the buckets,
@@ -203,26 +204,14 @@ _DELETE_B = "DELETE FROM {outbox} AS o WHERE o.bucket = %(bucket)s::int AND o.id
 # worker as one task (a router plan). Three statements per bucket and round cost the coordinator
 # a third of its relay time in S8.
 _CLAIM_OWNED_B = (
-    (_CLAIM_OWNED + _RETURNING)
-    .replace(
+    _OWNED_IN_BUCKET.replace(
         "WHERE s.group_id = %(group)s",
         "WHERE s.bucket = %(bucket)s::int AND s.group_id = %(group)s",
-    )
-    .replace(
-        "WHERE x.source_topic = mine.topic",
-        "WHERE x.bucket = %(bucket)s::int AND x.source_topic = mine.topic",
-    )
-    .replace(
-        "WHERE n.saga_type = c.saga_type",
-        "WHERE n.bucket = %(bucket)s::int AND n.saga_type = c.saga_type",
-    )
-    .replace(
+    ).replace(
         "DELETE FROM {outbox} AS o WHERE id = ANY",
         "DELETE FROM {outbox} AS o WHERE o.bucket = %(bucket)s::int AND o.id = ANY",
     )
-    .replace(
-        "WHERE o.saga_id IS NOT NULL", "WHERE f.bucket = %(bucket)s::int AND o.saga_id IS NOT NULL"
-    )
+    + _RETURNING_B
 )
 
 
