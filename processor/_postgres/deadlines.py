@@ -20,7 +20,7 @@ from psycopg.types.numeric import Int4
 from processor._engine.buckets import Buckets
 from processor._ports import DeadlineRow
 from processor._postgres.held import Conn, HeldConnection
-from processor._postgres.schema.buckets import layout_mark, read_layout
+from processor._postgres.schema.buckets import layout_mark
 from processor._postgres.schema.tables import Tables
 from processor._wire import deadline_channel
 
@@ -129,8 +129,6 @@ class PostgresDeadlineStore:
         self._claim_full_b = in_bucket(self._claim_full)
         self._claim_fresh_b = in_bucket(self._claim_fresh)
         self._tables = tables
-        self._buckets: Buckets | bool | None = False
-        self._layout_on = 0
         self._first_bucket = 0
         self._warned_at = -AWAY_WARN_S
         self._unclaim = r(
@@ -195,13 +193,7 @@ class PostgresDeadlineStore:
         return rows, due
 
     def _layout(self, conn: Conn) -> Buckets | None:
-        # Read again on each new connection: the tables may have moved to buckets meanwhile.
-        if self._buckets is False or self._layout_on != self._held.opened:
-            with conn.transaction():
-                self._buckets = read_layout(conn, self._tables.schema)
-            self._layout_on = self._held.opened
-        assert not isinstance(self._buckets, bool)
-        return self._buckets
+        return self._held.buckets(conn, self._tables.schema)
 
     def _claim_by_bucket(
         self, conn: Conn, buckets: Buckets, args: dict[str, Any], *, full: bool

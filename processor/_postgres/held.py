@@ -29,8 +29,10 @@ from typing import Self
 import psycopg
 from psycopg.rows import TupleRow
 
+from processor._engine.buckets import Buckets
 from processor._errors import CommitInDoubt, Retryable, RuntimeFailure
 from processor._postgres.errors import translate
+from processor._postgres.schema.buckets import read_layout
 
 __all__ = ["Conn", "HeldConnection", "OwnedConnection"]
 
@@ -71,6 +73,8 @@ class HeldConnection:
         self._conn: Conn | None = None
         self.opened = 0
         """How many connections were opened so far."""
+        self._buckets: Buckets | None = None
+        self._buckets_on = 0
 
     def get(self) -> Conn:
         """The open connection; a new one when there is none or it was closed or broke.
@@ -93,6 +97,32 @@ class HeldConnection:
             self._conn = conn
             self.opened += 1
         return self._conn
+
+    def buckets(self, conn: Conn, schema: str) -> Buckets | None:
+        """``schema``'s bucket layout (None: not distributed by bucket), read once per connection.
+
+        Read again on each new connection: an operator may have moved the tables to buckets
+        while the store ran, and a statement that met the new tables made this one anew (see
+        ``layout``).
+        """
+        if self._buckets_on != self.opened:
+            if conn.autocommit:
+                with conn.transaction():
+                    self._buckets = read_layout(conn, schema)
+            else:
+                self._buckets = read_layout(conn, schema)
+            self._buckets_on = self.opened
+        return self._buckets
+
+    @property
+    def buckets_read(self) -> bool:
+        """Whether :meth:`buckets` read the layout on the connection held now."""
+        return self.opened > 0 and self._buckets_on == self.opened
+
+    @property
+    def known_buckets(self) -> Buckets | None:
+        """The layout :meth:`buckets` read last; None before it first did."""
+        return self._buckets
 
     @property
     def lost(self) -> bool:

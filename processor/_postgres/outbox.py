@@ -49,7 +49,7 @@ from processor._ports import TP, OutboxEntry, SetAside
 from processor._postgres.colocation import Colocation
 from processor._postgres.held import Conn, HeldConnection
 from processor._postgres.places import RelayPlaces
-from processor._postgres.schema.buckets import layout_mark, read_layout
+from processor._postgres.schema.buckets import layout_mark
 from processor._postgres.schema.tables import Tables
 
 __all__ = ["PostgresOutboxStore", "partition_lock_key", "relay_lock_key"]
@@ -272,9 +272,6 @@ class PostgresOutboxStore:
         )
         self._claimed: dict[int, tuple[OutboxEntry, object]] = {}
         self._tables = tables
-        # Read on first claim: whether the tables are distributed by bucket, and how.
-        self._buckets: Buckets | bool | None = False
-        self._layout_on = 0
         self._choose_global_b = tables.render(_CHOOSE_GLOBAL_B)
         self._choose_owned_b = tables.render(_CHOOSE_OWNED_B)
         self._delete_b = tables.render(_DELETE_B)
@@ -356,12 +353,7 @@ class PostgresOutboxStore:
             raise self._held.failure(e) from e
 
     def _layout(self, conn: Conn) -> Buckets | None:
-        # Read again on each new connection: the tables may have moved to buckets meanwhile.
-        if self._buckets is False or self._layout_on != self._held.opened:
-            self._buckets = read_layout(conn, self._tables.schema)
-            self._layout_on = self._held.opened
-        assert not isinstance(self._buckets, bool)
-        return self._buckets
+        return self._held.buckets(conn, self._tables.schema)
 
     def _claim_by_bucket(
         self,
@@ -432,7 +424,7 @@ class PostgresOutboxStore:
         None when that is not known: the layout or a count not read yet, or a count that
         spreads a partition's sagas over several buckets.
         """
-        buckets, counts = self._buckets, self._counts
+        buckets, counts = self._held.known_buckets, self._counts
         if not isinstance(buckets, Buckets):
             return None
         places = set()
@@ -585,7 +577,7 @@ class PostgresOutboxStore:
         """
         if not self._claimed:
             raise RuntimeError("settle() outside an open claim")
-        buckets = self._buckets if isinstance(self._buckets, Buckets) else None
+        buckets = self._held.known_buckets
 
         def bucket(row_id: int) -> tuple[int, ...]:
             if buckets is None:

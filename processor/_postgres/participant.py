@@ -24,7 +24,7 @@ from processor._errors import Retryable
 from processor._ports.participant import Claim, InboxEntry, Rows
 from processor._postgres.errors import translate
 from processor._postgres.held import Conn, HeldConnection
-from processor._postgres.schema.buckets import layout_mark, read_layout
+from processor._postgres.schema.buckets import layout_mark
 from processor._postgres.schema.tables import Tables
 from processor._wire import outbox_channel
 
@@ -325,15 +325,6 @@ class PostgresParticipantStore:
         self._held = HeldConnection(connect, layout=layout_mark(tables.schema))
         self._tables = tables
         self._channel = outbox_channel(tables.schema)
-        # Whether the tables are distributed by bucket, and how: read on each new connection.
-        self._buckets: Buckets | None = None
-        self._layout_on = 0
-
-    def _layout(self, conn: Conn) -> Buckets | None:
-        if self._layout_on != self._held.opened:
-            self._buckets = read_layout(conn, self._tables.schema)
-            self._layout_on = self._held.opened
-        return self._buckets
 
     def positions(self, group_id: str, partitions: Sequence[TP]) -> Mapping[TP, int | None]:
         with self._held.session() as conn, conn.transaction():
@@ -350,7 +341,9 @@ class PostgresParticipantStore:
     def transaction(self) -> Iterator[PostgresParticipantTx]:
         try:
             with self._held.session() as conn, conn.transaction():
-                tx = PostgresParticipantTx(conn, self._tables, self._layout(conn))
+                tx = PostgresParticipantTx(
+                    conn, self._tables, self._held.buckets(conn, self._tables.schema)
+                )
                 yield tx
                 tx.flush()
                 if tx.queued:

@@ -18,7 +18,7 @@ from psycopg.types.numeric import Int4
 from processor._engine.buckets import Buckets
 from processor._ports import Purge
 from processor._postgres.held import Conn, HeldConnection
-from processor._postgres.schema.buckets import layout_mark, read_layout
+from processor._postgres.schema.buckets import layout_mark
 from processor._postgres.schema.tables import Tables
 
 __all__ = ["PostgresRetentionStore"]
@@ -210,17 +210,14 @@ class PostgresRetentionStore:
         self._sql = {what: tables.render(text) for what, text in _SQL.items()}
         self._sql_b = {what: tables.render(in_bucket(what)) for what in _SQL}
         self._tables = tables
-        self._buckets: Buckets | bool | None = False
-        self._layout_on = 0
 
     def purge(self, what: Purge, older_than: timedelta, limit: int) -> int | None:
-        # Read again on each new connection: the tables may have moved to buckets meanwhile.
-        if self._buckets is False or self._layout_on != self._held.opened:
+        if not self._held.buckets_read:
             with self._held.session() as conn, conn.transaction():
-                self._buckets = read_layout(conn, self._tables.schema)
-            self._layout_on = self._held.opened
-        if isinstance(self._buckets, Buckets):
-            return self._purge_by_bucket(self._buckets, what, older_than, limit)
+                self._held.buckets(conn, self._tables.schema)
+        buckets = self._held.known_buckets
+        if buckets is not None:
+            return self._purge_by_bucket(buckets, what, older_than, limit)
         return self._purge(what, older_than, limit, self._sql[what], {})
 
     def _purge_by_bucket(
