@@ -372,7 +372,7 @@ class PostgresOutboxStore:
         batch named, :meth:`expect`; each in turn after a wake-up no one named) and says
         whether to go on. A worker whose round failed is passed over for :data:`REST_S` while
         others answer: the others' rows go on while it is away. With a processor's batches
-        naming their partitions, the relay takes about one round a batch (S8: 3.0, two of them
+        naming their partitions, the relay takes about one round a batch (S8: 2.1, half of them
         empty, with the workers simply in turn).
         """
         if self._colocation.due():
