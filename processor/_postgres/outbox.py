@@ -372,8 +372,8 @@ class PostgresOutboxStore:
         batch named, :meth:`expect`; each in turn after a wake-up no one named) and says
         whether to go on. A worker whose round failed is passed over for :data:`REST_S` while
         others answer: the others' rows go on while it is away. With a processor's batches
-        naming their partitions, the relay takes about one round a batch (S8: 2.1, half of them
-        empty, with the workers simply in turn).
+        naming their partitions, the relay takes about one round a batch (S8: 2.1, two thirds
+        of them empty, with the workers simply in turn).
         """
         if self._colocation.due():
             self._colocation.refresh(conn, buckets, self._saga_table)
