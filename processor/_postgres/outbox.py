@@ -477,15 +477,8 @@ class PostgresOutboxStore:
             for bucket, tps in sorted(by_bucket.items()):
                 if len(rows) >= limit or budget <= 0:
                     break
-                one: dict[str, object] = {
-                    "bucket": Int4(bucket),
-                    "group": self._group_id,
-                    "t": [t for t, _ in tps],
-                    "p": [p for _, p in tps],
-                    "e": [owned[tp] for tp in tps],
-                    "limit": limit - len(rows),
-                    "max_bytes": budget,
-                }
+                one = self._bucket_params(bucket, tps, owned)
+                one.update(limit=limit - len(rows), max_bytes=budget)
                 got = conn.execute(self._claim_owned_b, one, binary=True).fetchall()
                 rows += got
                 budget -= sum(len(r[7] or b"") + len(r[5] or b"") for r in got)
@@ -493,14 +486,8 @@ class PostgresOutboxStore:
         # The offsets rows of the owned partitions, locked where the epoch is still ours.
         passed: list[tuple[str, int]] = []
         for bucket, tps in sorted(by_bucket.items()):
-            params: dict[str, object] = {
-                "bucket": Int4(bucket),
-                "group": self._group_id,
-                "t": [t for t, _ in tps],
-                "p": [p for _, p in tps],
-                "e": [owned[tp] for tp in tps],
-            }
-            passed += conn.execute(self._lock_owned_b, params).fetchall()
+            locking = self._bucket_params(bucket, tps, owned)
+            passed += conn.execute(self._lock_owned_b, locking).fetchall()
         wanted = self._homes(buckets, passed, counts)
         for bucket, tps in sorted(wanted.items()):
             if len(rows) >= limit or budget <= 0:
@@ -516,6 +503,18 @@ class PostgresOutboxStore:
             rows += got
             budget -= sum(len(r[7] or b"") + len(r[5] or b"") for r in got)
         return rows
+
+    def _bucket_params(
+        self, bucket: int, tps: Sequence[TP], owned: Mapping[TP, int]
+    ) -> dict[str, object]:
+        """The parameters naming one bucket's owned partitions and their epochs."""
+        return {
+            "bucket": Int4(bucket),
+            "group": self._group_id,
+            "t": [t for t, _ in tps],
+            "p": [p for _, p in tps],
+            "e": [owned[tp] for tp in tps],
+        }
 
     @staticmethod
     def _homes(

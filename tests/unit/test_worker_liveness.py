@@ -117,6 +117,10 @@ class Live:
         return self.rig.step()
 
 
+# The batch size of the workers of these tests.
+BATCH_SIZE = 100
+
+
 def _live(
     colocate: Callable[[TP], object] | None = None, committed: list[WriteSet] | None = None
 ) -> tuple[Live, Worker]:
@@ -135,7 +139,7 @@ def _live(
         owner="me",
         consumer=MemoryRecordConsumer,
         max_record_bytes=1 << 20,
-        batch_size=100,
+        batch_size=BATCH_SIZE,
         batch_timeout=0.0,
         on_commit=committed.append,
         unavailable_timeout=BOUND,
@@ -572,18 +576,15 @@ def test_an_in_doubt_commit_is_resolved_when_a_detached_replica_finds_the_databa
     assert rig.applied("t1") == ["m1"], "applied exactly once after the outage"
 
 
-def test_with_colocated_partitions_each_batch_holds_one_places_records_and_none_is_lost() -> None:
-    # Tables distributed by bucket: P0's and P1's rows live on different workers, so a batch
-    # takes one worker's partitions and carries the other's records to the next batch.
+def _colocated_run(sent: Sequence[tuple[TP, str, str]]) -> tuple[Live, Worker]:
+    """A worker whose P0 and P1 rows live on different workers, run over ``sent`` (partition,
+    saga id, message id) until nothing is left to read or carried; closed."""
     made, worker = _live(colocate=lambda tp: tp[1] % 2)
-    rig, store, tables = made.rig, made.store, made.rig.tables
-    # Three batches' worth: the other place's records are carried while a batch of one place
-    # fills, and a batch taken from what was carried still holds at most a batch's worth.
-    total = 300
+    rig, store = made.rig, made.store
     try:
         rig.consumer.assign([P0, P1])
-        for i in range(total):
-            rig.send(P0 if i % 3 else P1, requested(f"t{i}"), f"m{i}")
+        for tp, tid, mid in sent:
+            rig.send(tp, requested(tid), mid)
         steps = 0
         while (rig.step() or worker.carried) and steps < 50:
             steps += 1
@@ -591,6 +592,17 @@ def test_with_colocated_partitions_each_batch_holds_one_places_records_and_none_
     finally:
         store.release.set()
         worker.close()
+    return made, worker
+
+
+def test_with_colocated_partitions_each_batch_holds_one_places_records_and_none_is_lost() -> None:
+    # Tables distributed by bucket: P0's and P1's rows live on different workers, so a batch
+    # takes one worker's partitions and carries the other's records to the next batch.
+    # Three batches' worth: the other place's records are carried while a batch of one place
+    # fills, and a batch taken from what was carried still holds at most a batch's worth.
+    total = 300
+    made, worker = _colocated_run([(P0 if i % 3 else P1, f"t{i}", f"m{i}") for i in range(total)])
+    rig, store, tables = made.rig, made.store, made.rig.tables
     places = [{p % 2 for p in partitions} for partitions, _ in store.written]
     sizes = [n for _, n in store.written]
     assert places
@@ -606,21 +618,10 @@ def test_with_colocated_partitions_a_place_short_of_a_batch_gives_way_then_goes_
     # One record of P0's place, then more of P1's than the carry holds: rather than a batch of
     # one record, full batches of P1's place go first while P0's records gather; P0's record
     # goes in a batch of its own after CARRY_BATCHES of them, however many of P1's keep coming.
-    made, worker = _live(colocate=lambda tp: tp[1] % 2)
-    rig, store = made.rig, made.store
-    batch = worker.batch_size
+    batch = BATCH_SIZE
     sent = [(P0, "a0")] + [(P1, f"b{i}") for i in range((2 * CARRY_BATCHES + 3) * batch)]
-    try:
-        rig.consumer.assign([P0, P1])
-        for tp, tid in sent:
-            rig.send(tp, requested(tid), f"m-{tid}")
-        steps = 0
-        while (rig.step() or worker.carried) and steps < 50:
-            steps += 1
-        worker.settle()
-    finally:
-        store.release.set()
-        worker.close()
+    made, _ = _colocated_run([(tp, tid, f"m-{tid}") for tp, tid in sent])
+    rig, store = made.rig, made.store
     written = [(set(partitions), n) for partitions, n in store.written]
     assert written[:CARRY_BATCHES] == [({1}, batch)] * CARRY_BATCHES, written
     assert written[CARRY_BATCHES] == ({0}, 1), written
@@ -632,20 +633,9 @@ def test_with_colocated_partitions_a_batch_from_carried_records_holds_a_batchs_w
     # One record of P0's place, then many of P1's: the batch of P0's place carries P1's records
     # (up to a few batches' worth) while it looks for more of its own, and the batches then
     # taken from what was carried hold at most a batch each.
-    made, worker = _live(colocate=lambda tp: tp[1] % 2)
-    rig, store = made.rig, made.store
     sent = [(P0, "a0")] + [(P1, f"b{i}") for i in range(450)] + [(P0, "a1")]
-    try:
-        rig.consumer.assign([P0, P1])
-        for tp, tid in sent:
-            rig.send(tp, requested(tid), f"m-{tid}")
-        steps = 0
-        while (rig.step() or worker.carried) and steps < 50:
-            steps += 1
-        worker.settle()
-    finally:
-        store.release.set()
-        worker.close()
+    made, worker = _colocated_run([(tp, tid, f"m-{tid}") for tp, tid in sent])
+    rig, store = made.rig, made.store
     sizes = [n for _, n in store.written]
     assert max(sizes) <= worker.batch_size, sizes
     assert all(rig.applied(tid) == [f"m-{tid}"] for _, tid in sent)

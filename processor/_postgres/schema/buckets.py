@@ -35,6 +35,7 @@ __all__ = [
     "REFERENCE",
     "BucketLayoutMismatch",
     "bucketize",
+    "checked_layout",
     "distribute_by_bucket",
     "layout_mark",
     "read_layout",
@@ -98,6 +99,32 @@ def read_layout(conn: psycopg.Connection[Any], schema: str) -> Buckets | None:
     if row is None:
         return None
     return Buckets(int(row[0]), normalise(str(row[1])), tuple(int(k) for k in row[2]))
+
+
+def checked_layout(
+    conn: psycopg.Connection[Any], schema: str, partitioner: Partitioner, keyed: str
+) -> Buckets | None:
+    """The schema's recorded layout (None: not by bucket), refused under another partitioner.
+
+    Args:
+        conn: A connection to the coordinator.
+        schema: The schema whose tables are laid out.
+        partitioner: ``SAGA_CONSUMER__PARTITIONER``.
+        keyed: What the buckets follow, for the refusal (``partitions``, ``the commands' keys``).
+
+    Raises:
+        BucketLayoutMismatch: The tables were distributed under another partitioner.
+    """
+    found = read_layout(conn, schema)
+    if found is not None and found.partitioner != partitioner:
+        raise BucketLayoutMismatch(
+            [
+                f"schema {schema} is distributed by buckets of the {found.partitioner} "
+                f"partitioner, and SAGA_CONSUMER__PARTITIONER is {partitioner}: buckets would no "
+                f"longer match {keyed}; set it back"
+            ]
+        )
+    return found
 
 
 def layout_mark(schema: str) -> Callable[[psycopg.Connection[Any]], object]:

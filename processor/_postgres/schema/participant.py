@@ -20,7 +20,7 @@ from psycopg import sql
 from processor._engine.partitioner import Partitioner
 from processor._errors import ConfigurationError
 from processor._postgres.schema.buckets import (
-    BucketLayoutMismatch,
+    checked_layout,
     distribute_by_bucket,
     read_layout,
 )
@@ -150,16 +150,7 @@ def bucket_participant(
     service's own rows carry no bucket the kit could give them, so a schema holding rows is not
     moved either (refused); a new schema, under a new name, is the way to buckets.
     """
-    found = read_layout(conn, tables.schema)
-    if found is not None:
-        if found.partitioner != partitioner:
-            raise BucketLayoutMismatch(
-                [
-                    f"participant schema {tables.schema} is distributed by buckets of the "
-                    f"{found.partitioner} partitioner, and SAGA_CONSUMER__PARTITIONER is "
-                    f"{partitioner}: buckets would no longer match the commands' keys; set it back"
-                ]
-            )
+    if checked_layout(conn, tables.schema, partitioner, "the commands' keys") is not None:
         return
     if distributed(conn, tables.schema):
         log.warning(

@@ -16,7 +16,7 @@ import psycopg
 
 from processor._engine.partitioner import Partitioner
 from processor._errors import ConfigurationError
-from processor._postgres.schema.buckets import BucketLayoutMismatch, bucketize, read_layout
+from processor._postgres.schema.buckets import bucketize, checked_layout
 from processor._postgres.schema.citus import Distributed, distributed
 from processor._postgres.schema.ddl import (
     MIGRATIONS,
@@ -190,16 +190,7 @@ def bucket_tables(
     distributed schema's back first), every table locked first (:func:`hold_tables`), while
     replicas may go on; no bucket count is refused.
     """
-    found = read_layout(conn, tables.schema)
-    if found is not None:
-        if found.partitioner != partitioner:
-            raise BucketLayoutMismatch(
-                [
-                    f"schema {tables.schema} is distributed by buckets of the {found.partitioner}"
-                    f" partitioner, and SAGA_CONSUMER__PARTITIONER is {partitioner}: buckets "
-                    "would no longer match partitions; set it back"
-                ]
-            )
+    if checked_layout(conn, tables.schema, partitioner, "partitions") is not None:
         return
     if distributed(conn, tables.schema):
         if not move:
