@@ -45,11 +45,12 @@ from schemas.transfers import ACCOUNT_COMMANDS_TOPIC, TRANSFER_EVENTS_TOPIC
 BUCKETS = 2
 # 30,000 events: a side drains them in 5 to 8 s on the local cluster (without TLS between its
 # nodes); 10,000 took 2 s, about as long as a processor's start. Single rounds' ratios of the
-# two layouts range from 0.7 to 1.1 on two shared cores: five rounds, so that one or two slow
-# minutes do not decide the median.
+# two layouts range from 0.7 to 1.1 on two shared cores (a spread of about 0.1 around their
+# middle): seven rounds, so that one or two slow minutes do not decide the median. With five,
+# the run's median itself still moved from 0.90 to 0.97 between runs of the same code.
 DEFAULT_EVENTS = 30_000
 QUICK_EVENTS = 3_000
-DEFAULT_ROUNDS = 5
+DEFAULT_ROUNDS = 7
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable
+from itertools import groupby
+from operator import attrgetter
 from typing import Protocol
 
 from processor._engine.plan import Prepared
@@ -22,6 +24,9 @@ from processor._runtime.consumer.stats import WorkerStats
 # A batch of one place (tables distributed by bucket) reads on for more of its place's records
 # while the other places' carried records stay below this many batches' worth.
 CARRY_BATCHES = 4
+
+# A record's partition, as the grouping key of its run.
+_TP = attrgetter("topic", "partition")
 
 # A grown topic's new partition whose oldest waiting record has waited this long counts as
 # waiting on its growth (the gauge and its alert): the partitions it follows are not consumed.
@@ -145,24 +150,31 @@ class Intake:
         """
         where: dict[TP, object] = {}
 
-        def place(r: Record) -> object:
-            tp = (r.topic, r.partition)
-            found = where.get(tp)
-            if found is None:
-                found = where[tp] = colocate(tp)
-            return found
+        def runs(batch: list[Record]) -> list[tuple[object, list[Record]]]:
+            # The consumer hands records over a partition's run at a time: one lookup a run,
+            # not one a record (a record waits in the carry for several batches).
+            out: list[tuple[object, list[Record]]] = []
+            for tp, run in groupby(batch, _TP):
+                found = where.get(tp)
+                if found is None:
+                    found = where[tp] = colocate(tp)
+                out.append((found, list(run)))
+            return out
 
-        first = place(records[0])
+        held = runs(records)
+        first = held[0][0]
         if first is None:  # no places: every partition's rows live together
             return records
         limits = self._limits
-        held = list(records)
-        counts = Counter(place(r) for r in held)
+        counts: Counter[object] = Counter()
+        for at, run in held:
+            counts[at] += len(run)
+        total = len(records)
         ended = False
         while (
             len(counts) > 1
             and counts[first] < limits.batch_size
-            and len(held) - counts[first] < CARRY_BATCHES * limits.batch_size
+            and total - counts[first] < CARRY_BATCHES * limits.batch_size
         ):
             fresh = self._consumer.consume(limits.batch_size - counts[first], 0)
             if not fresh:
@@ -173,8 +185,11 @@ class Intake:
                 fresh = self._defer(fresh)
             if self.away:
                 fresh = [r for r in fresh if (r.topic, r.partition) not in self.away]
-            held.extend(fresh)
-            counts.update(place(r) for r in fresh)
+            more = runs(fresh)
+            held += more
+            total += len(fresh)
+            for at, run in more:
+                counts[at] += len(run)
         chosen = first
         fullest, most = counts.most_common(1)[0]
         passed = self._passed_over.get(first, 0)
@@ -193,8 +208,13 @@ class Intake:
         self._passed_over.pop(chosen, None)
         taken: list[Record] = []
         rest: list[Record] = []
-        for r in held:
-            (taken if place(r) == chosen and len(taken) < limits.batch_size else rest).append(r)
+        for at, run in held:
+            room = limits.batch_size - len(taken) if at == chosen else 0
+            if room >= len(run):
+                taken += run
+            else:
+                taken += run[:room]
+                rest += run[room:]
         if rest:
             # In the order read: each partition's records keep theirs.
             self.carry = rest + self.carry
