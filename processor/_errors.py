@@ -35,6 +35,7 @@ __all__ = [
     "SchemaNotMigrated",
     "SendFailure",
     "UnknownMessageType",
+    "Unreachable",
     "classify",
     "describe_error",
 ]
@@ -192,6 +193,15 @@ class Retryable(RuntimeFailure):
     """A transient failure of the database or the broker; the same work may be tried again."""
 
     default_kind = Failure.RETRYABLE
+
+
+class Unreachable(Retryable):
+    """The database itself did not answer: no connection could be opened, or the one held broke.
+
+    Other transient failures come from a database that answers (a lock wait or a statement
+    timed out, a Citus worker behind the coordinator failed): other work may succeed meanwhile.
+    Nothing can while this one lasts.
+    """
 
 
 class LockBusy(Retryable):

@@ -12,7 +12,14 @@ import re
 
 import psycopg
 
-from processor._errors import CommitInDoubt, LockBusy, RecordDataError, Retryable, RuntimeFailure
+from processor._errors import (
+    CommitInDoubt,
+    LockBusy,
+    RecordDataError,
+    Retryable,
+    RuntimeFailure,
+    Unreachable,
+)
 
 __all__ = [
     "CITUS_COMMIT_FAILED",
@@ -153,8 +160,9 @@ def translate(e: psycopg.Error) -> RuntimeFailure:
         e: The error psycopg raised.
 
     Returns:
-        ``Retryable`` for a transient failure (``LockBusy`` for a lock wait that timed out,
-        ``CommitInDoubt`` for a COMMIT a Citus worker did not confirm),
+        ``Retryable`` for a transient failure (``Unreachable`` for a connection that failed,
+        broke or was closed, ``LockBusy`` for a lock wait that timed out, ``CommitInDoubt`` for
+        a COMMIT a Citus worker did not confirm),
         ``RecordDataError`` for refused data, and a plain
         ``RuntimeFailure`` (``Failure.FATAL``) for everything else.
     """
@@ -162,7 +170,7 @@ def translate(e: psycopg.Error) -> RuntimeFailure:
     if state is None:
         # Raised by the client itself: a connection that failed, broke or was closed.
         if isinstance(e, psycopg.OperationalError):
-            return Retryable(f"database unavailable: {type(e).__name__}: {e}")
+            return Unreachable(f"database unavailable: {type(e).__name__}: {e}")
         return RuntimeFailure(f"database client error: {type(e).__name__}")
     primary = e.diag.message_primary or type(e).__name__
     source = e.diag.source_function

@@ -30,7 +30,7 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from processor._engine.buckets import Buckets
-from processor._errors import CommitInDoubt, Retryable, RuntimeFailure
+from processor._errors import CommitInDoubt, Retryable, RuntimeFailure, Unreachable
 from processor._postgres.errors import translate
 from processor._postgres.schema.buckets import read_layout
 
@@ -142,7 +142,7 @@ class HeldConnection:
             self.close()
             if committing:
                 return CommitInDoubt(f"connection lost during COMMIT: {failure}")
-            return Retryable(f"database connection lost: {failure}")
+            return Unreachable(f"database connection lost: {failure}")
         if isinstance(failure, Retryable):
             self.close()
         elif (error.sqlstate or "").startswith(_LAYOUT_STATES) and self._laid_out_anew():

@@ -24,7 +24,7 @@ from processor._authoring.messages import MessageRegistry, registry
 from processor._authoring.participant.kit import CommandKit
 from processor._authoring.participant.rewind import RewindGuard
 from processor._engine.records import Record
-from processor._errors import Failure, LoopDied, RuntimeFailure, classify
+from processor._errors import Failure, LoopDied, RuntimeFailure, Unreachable, classify
 from processor._ports.consumer import RecordConsumer, WakeSource
 from processor._ports.participant import ParticipantStore
 from processor._runtime.hooks import HookPoint, Hooks
@@ -190,14 +190,22 @@ class ParticipantRuntime:
                 records = self._guard.admit(
                     consumer.consume(self._cs.batch_size, self._cs.batch_timeout.total_seconds())
                 )
-                if self.handle_batch(records):
+                stalled = self._handle(records)
+                # The database holds the positions; Kafka's copy only serves lag tools.
+                handled = {
+                    (r.topic, r.partition): r.offset + 1
+                    for r in records
+                    if (r.topic, r.partition) not in stalled
+                }
+                if handled:
+                    consumer.commit_advisory(handled)
+                if not stalled:
                     failures = self.failing = 0
-                    # The database holds the positions; Kafka's copy only serves lag tools.
-                    consumer.commit_advisory(
-                        {(r.topic, r.partition): r.offset + 1 for r in records}
-                    )
                     continue
-                failures += 1
+                self._guard.rewind(stalled)
+                # Partitions that went on keep going at the first step's pace; the wait grows
+                # only while nothing does.
+                failures = 1 if handled else failures + 1
                 self.failing = failures
                 self.failed_rounds += 1
                 stop.wait(_backoff(failures))
@@ -214,32 +222,95 @@ class ParticipantRuntime:
         log.info("partitions revoked: %s", sorted(tps))
 
     def handle_batch(self, records: Sequence[Record]) -> bool:
-        """Handles records in order; on a transient failure rewinds and returns False.
+        """Handles records in order; returns whether every one of them was handled.
 
         The batch goes in one transaction when it can (``CommandKit.handle_together``), else
-        one transaction per record; a transient failure rewinds to the first record whose
-        transaction did not commit.
+        one transaction per record. A transient failure rewinds each partition it held back to
+        its first record whose transaction did not commit (see :meth:`_handle`).
         """
-        done = 0
-        try:
-            if self._wire is not None:
+        stalled = self._handle(records)
+        if stalled:
+            self._guard.rewind(stalled)
+        return not stalled
+
+    def _handle(self, records: Sequence[Record]) -> dict[TP, int]:
+        """Handles ``records``; returns the partitions held back, each at its first record left.
+
+        A transient failure the database answered (a Citus worker behind the coordinator
+        failed, a lock wait timed out) holds back only the partition it met: the others go on,
+        each in a transaction of its own. With the tables by bucket they live on other workers,
+        which may answer. A database that does not answer (``Unreachable``) holds back all.
+        """
+        if self._wire is not None:
+            try:
                 # Raises Retryable while the registry is away: the batch is read again.
                 self._wire.prepare_in(records)
+            except Exception as e:
+                if classify(e) is not Failure.RETRYABLE:
+                    raise
+                log.warning("command batch waits (%s); rewinding to retry", e)
+                return _firsts(records)
+        try:
             if self.kit.handle_together(records):
-                return True
-            for record in records:
-                self.kit.handle(record)
-                done += 1
+                return {}
         except Exception as e:
             if classify(e) is not Failure.RETRYABLE:
                 raise
-            log.warning("command batch stopped (%s); rewinding to retry", e)
-            firsts: dict[TP, int] = {}
-            for r in records[done:]:
-                firsts.setdefault((r.topic, r.partition), r.offset)
-            self._guard.rewind(firsts)
-            return False
-        return True
+            groups = _by_partition(records)
+            if isinstance(e, Unreachable) or len(groups) < 2:
+                log.warning("command batch stopped (%s); rewinding to retry", e)
+                return _firsts(records)
+            log.warning("command batch stopped (%s); its partitions go on one by one", e)
+            return self._partitions(groups)
+        return self._one_by_one(records)
+
+    def _partitions(self, groups: dict[TP, list[Record]]) -> dict[TP, int]:
+        """Each partition's records in a transaction of their own (or one per record)."""
+        stalled: dict[TP, int] = {}
+        pending = list(groups.items())
+        for i, (tp, group) in enumerate(pending):
+            try:
+                if self.kit.handle_together(group):
+                    continue
+            except Exception as e:
+                if classify(e) is not Failure.RETRYABLE:
+                    raise
+                stalled[tp] = group[0].offset
+                if isinstance(e, Unreachable):
+                    stalled.update((t, g[0].offset) for t, g in pending[i + 1 :])
+                    log.warning("the database does not answer (%s); rewinding to retry", e)
+                    break
+                log.warning("partition %s[%d] waits (%s); the others go on", *tp, e)
+                continue
+            stalled.update(self._one_by_one(group))
+        return stalled
+
+    def _one_by_one(self, records: Sequence[Record]) -> dict[TP, int]:
+        """Each record in a transaction of its own, in order; as :meth:`_handle` on failure."""
+        stalled: dict[TP, int] = {}
+        for i, record in enumerate(records):
+            tp = (record.topic, record.partition)
+            if tp in stalled:
+                continue
+            try:
+                self.kit.handle(record)
+            except Exception as e:
+                if classify(e) is not Failure.RETRYABLE:
+                    raise
+                stalled[tp] = record.offset
+                if isinstance(e, Unreachable):
+                    for rest in _firsts(records[i + 1 :]).items():
+                        stalled.setdefault(*rest)
+                    log.warning("the database does not answer (%s); rewinding to retry", e)
+                    break
+                log.warning(
+                    "command at %s[%d] offset %d stopped (%s); its partition waits, the others "
+                    "go on",
+                    *tp,
+                    record.offset,
+                    e,
+                )
+        return stalled
 
     def stop(self) -> None:
         """Asks :meth:`run` to return."""
@@ -250,6 +321,22 @@ class ParticipantRuntime:
         self.stop()
         self.store.close()
         self.relay.close()
+
+
+def _firsts(records: Sequence[Record]) -> dict[TP, int]:
+    """Each partition's first offset among ``records``."""
+    firsts: dict[TP, int] = {}
+    for r in records:
+        firsts.setdefault((r.topic, r.partition), r.offset)
+    return firsts
+
+
+def _by_partition(records: Sequence[Record]) -> dict[TP, list[Record]]:
+    """``records`` by partition, each partition's in order, partitions in order of first sight."""
+    groups: dict[TP, list[Record]] = {}
+    for r in records:
+        groups.setdefault((r.topic, r.partition), []).append(r)
+    return groups
 
 
 def _backoff(failures: int) -> float:
