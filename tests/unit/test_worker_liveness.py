@@ -21,7 +21,10 @@ from processor._memory.consumer import MemoryRecordConsumer
 from processor._memory.store import MemoryBatchStore, MemoryTables
 from processor._ports import TP, Positions
 from processor._runtime.assembly import bind_sagas
-from processor._runtime.consumer.intake import CARRY_BATCHES
+from processor._runtime.consumer.batch import Limits
+from processor._runtime.consumer.intake import CARRY_BATCHES, Intake
+from processor._runtime.consumer.ownership import Ownership
+from processor._runtime.consumer.stats import WorkerStats
 from processor._runtime.consumer.worker import Worker
 from processor.settings import ProcessorSettings
 from sagas.transfer import TransferSaga
@@ -742,3 +745,38 @@ def test_with_colocated_partitions_claims_failing_everywhere_give_them_back_afte
     made.step()
     assert worker.detached
     assert rig.consumer.assignment() == []
+
+
+def test_with_colocated_partitions_large_records_bound_the_carry_by_bytes() -> None:
+    # One small record of P0's place, then large ones of P1's: the batch of P0's place reads on
+    # for more of its own only while the other place's carried records stay under
+    # CARRY_BATCHES batches' worth of bytes, not only of records (400 of these, 800 kB).
+    consumer = MemoryRecordConsumer(on_assign=dict.fromkeys)
+    consumer.assign([P0, P1])
+    consumer.append(*P0, b"x" * 10)
+    for _ in range(CARRY_BATCHES * BATCH_SIZE + 50):
+        consumer.append(*P1, b"y" * 2_000)
+    limits = Limits(
+        batch_size=BATCH_SIZE,
+        batch_timeout=0.0,
+        max_batch_bytes=10_000,
+        max_record_bytes=1 << 20,
+        unavailable_timeout=BOUND,
+    )
+    intake = Intake(
+        consumer,
+        Ownership(),
+        limits,
+        WorkerStats(),
+        follow=None,
+        clock=lambda: 0.0,
+        colocate=lambda tp: tp[1] % 2,
+    )
+    batch = intake.take()
+    read = len(batch) + len(intake.carry)
+    # One poll's worth (a batch's count of records), not CARRY_BATCHES of them.
+    assert read <= BATCH_SIZE, read
+    # A full batch of P1's place, by bytes, went first; P0's record waits its turn, carried.
+    assert {(r.topic, r.partition) for r in batch} == {P1}
+    assert sum(len(r.value or b"") for r in batch) <= limits.max_batch_bytes
+    assert [r.offset for r in intake.carry if (r.topic, r.partition) == P0] == [0]

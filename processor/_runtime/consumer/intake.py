@@ -146,7 +146,7 @@ class Intake:
         carried. A batch of one place is filled as full as a batch of all would be, from what
         the consumer holds already: half-full batches (two workers) doubled the two-phase
         commits per event and cost S8 a fifth of its rate. The others' records are carried,
-        up to CARRY_BATCHES batches' worth.
+        up to CARRY_BATCHES batches' worth, in records and in bytes.
         """
         where: dict[TP, object] = {}
 
@@ -167,14 +167,24 @@ class Intake:
             return records
         limits = self._limits
         counts: Counter[object] = Counter()
-        for at, run in held:
-            counts[at] += len(run)
-        total = len(records)
+        sizes: Counter[object] = Counter()
+
+        def count(more: list[tuple[object, list[Record]]]) -> None:
+            for at, run in more:
+                counts[at] += len(run)
+                sizes[at] += sum(len(r.value or b"") + len(r.key or b"") for r in run)
+
+        count(held)
+        total, total_bytes = len(records), sizes.total()
         ended = False
+        # Large records fill a batch's bytes long before its count: the carry is bounded by
+        # both, or it would hold CARRY_BATCHES x batch-size records of up to max-record-bytes.
         while (
             len(counts) > 1
             and counts[first] < limits.batch_size
+            and sizes[first] < limits.max_batch_bytes
             and total - counts[first] < CARRY_BATCHES * limits.batch_size
+            and total_bytes - sizes[first] < CARRY_BATCHES * limits.max_batch_bytes
         ):
             fresh = self._consumer.consume(limits.batch_size - counts[first], 0)
             if not fresh:
@@ -187,14 +197,14 @@ class Intake:
                 fresh = [r for r in fresh if (r.topic, r.partition) not in self.away]
             more = runs(fresh)
             held += more
-            total += len(fresh)
-            for at, run in more:
-                counts[at] += len(run)
+            count(more)
+            total, total_bytes = total + len(fresh), sizes.total()
         chosen = first
         fullest, most = counts.most_common(1)[0]
         passed = self._passed_over.get(first, 0)
         if (
             counts[first] < limits.batch_size
+            and sizes[first] < limits.max_batch_bytes
             and not ended
             and most > counts[first]
             and passed < CARRY_BATCHES
