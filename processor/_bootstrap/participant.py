@@ -84,7 +84,7 @@ class ParticipantService(ParticipantRuntime):
             (the processor's ``SAGA_DATABASE__DISTRIBUTED``; ``auto`` does so for a new one;
             ``buckets`` distributes a new schema's tables by the bucket of each command's key).
         buckets: With ``distributed="buckets"``, a new schema's bucket count
-            (``SAGA_DATABASE__BUCKETS``: the command topics' partition count).
+            (``SAGA_PARTICIPANT__BUCKETS``: the command topics' partition count).
         schema_registry: The registry and the topics in its wire format (commands consumed,
             replies sent); None: every topic is our JSON.
     """
@@ -151,6 +151,12 @@ class ParticipantService(ParticipantRuntime):
         )
 
 
+def participant_buckets(settings: ProcessorSettings) -> int | None:
+    """A new participant schema's bucket count: its own setting, else the processor's."""
+    own = settings.participant.buckets
+    return own if own is not None else settings.database.buckets
+
+
 def migrate(settings: ProcessorSettings, app: ParticipantApp | None = None) -> int:
     """Creates or upgrades the participant's tables, and the app's own, in its schema.
 
@@ -166,7 +172,7 @@ def migrate(settings: ProcessorSettings, app: ParticipantApp | None = None) -> i
         application_name=ps.application_name,
         search_path=True,
         distributed=settings.database.distributed,
-        buckets=settings.database.buckets,
+        buckets=participant_buckets(settings),
     )
     applied = adapters.migrate(app.migrations if app is not None else None)
     schema = adapters.tables.schema
@@ -198,7 +204,7 @@ def build_service(
         hooks=hooks,
         distributed=settings.database.distributed,
         schema_registry=settings.schema_registry,
-        buckets=settings.database.buckets,
+        buckets=participant_buckets(settings),
     )
 
 

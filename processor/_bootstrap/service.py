@@ -47,7 +47,7 @@ class ServiceAdapters:
             (``SAGA_DATABASE__DISTRIBUTED``; see
             :data:`processor._postgres.schema.citus.Distributed`).
         buckets: With ``distributed="buckets"``, a new schema's bucket count
-            (``SAGA_DATABASE__BUCKETS``: the command topics' partition count).
+            (``SAGA_PARTICIPANT__BUCKETS``: the command topics' partition count).
     """
 
     def __init__(

@@ -43,5 +43,10 @@ class ParticipantSettings(BaseModel):
     group_id: str = "saga-participants"
     # Shown in pg_stat_activity.
     application_name: str = "saga-participant"
+    # With SAGA_DATABASE__DISTRIBUTED=buckets: how many buckets a new participant schema is made
+    # for, its command topics' partition count (a command's bucket follows its key as its
+    # partition does). Unset: SAGA_DATABASE__BUCKETS, the processor's input topics' count, which
+    # a SagaApp hosting participants shares with them. Recorded when the tables are distributed.
+    buckets: int | None = Field(default=None, ge=1, le=4096)
 
     _check_schema = field_validator("schema_name")(classmethod(lambda cls, v: check_identifier(v)))

@@ -158,7 +158,7 @@ def test_buckets_need_a_count_and_a_schema_with_rows_is_not_moved(
 ) -> None:
     tables = Tables(schema)
     with psycopg.connect(citus_url, autocommit=True) as conn:
-        with pytest.raises(ConfigurationError, match="SAGA_DATABASE__BUCKETS"):
+        with pytest.raises(ConfigurationError, match="SAGA_PARTICIPANT__BUCKETS"):
             migrate_participant(conn, tables, "buckets")
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
         migrate_participant(conn, tables, "off")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from processor._bootstrap.participant import participant_buckets
 from processor._errors import ConfigurationError
 from processor.settings import load_settings, unknown_variables
 
@@ -178,3 +179,17 @@ def test_operator_records_expire_after_15_minutes_unless_set(
     with pytest.raises(ConfigurationError) as raised:
         load_settings()
     assert "SAGA_OPERATOR__EXPIRY" in str(raised.value)
+
+
+def test_a_participant_schema_takes_its_own_bucket_count_else_the_processors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert participant_buckets(load_settings()) is None
+    monkeypatch.setenv("SAGA_DATABASE__BUCKETS", "6")
+    assert participant_buckets(load_settings()) == 6
+    # Its command topics have another count than the processor's input topics.
+    monkeypatch.setenv("SAGA_PARTICIPANT__BUCKETS", "4")
+    assert participant_buckets(load_settings()) == 4
+    monkeypatch.setenv("SAGA_PARTICIPANT__BUCKETS", "0")
+    with pytest.raises(ConfigurationError, match="SAGA_PARTICIPANT__BUCKETS"):
+        load_settings()

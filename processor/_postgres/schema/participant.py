@@ -121,7 +121,7 @@ def migrate_participant(
         distributed: Whether and how the tables are distributed over Citus (see
             :data:`processor._postgres.schema.citus.Distributed`).
         buckets: With ``distributed="buckets"``, the bucket count of a new schema (the command
-            topics' partition count, ``SAGA_DATABASE__BUCKETS``).
+            topics' partition count, ``SAGA_PARTICIPANT__BUCKETS``).
         partitioner: The producers' partitioner, that buckets are computed with.
 
     Raises:
@@ -178,7 +178,8 @@ def bucket_participant(
         raise ConfigurationError(
             [
                 "SAGA_DATABASE__DISTRIBUTED is 'buckets' and the participant schema is new: set "
-                "SAGA_DATABASE__BUCKETS to the command topics' partition count"
+                "SAGA_PARTICIPANT__BUCKETS (or SAGA_DATABASE__BUCKETS, which it defaults to) "
+                "to the command topics' partition count"
             ]
         )
 
