@@ -151,10 +151,14 @@ def store() -> PartlyDown:
     return PartlyDown()
 
 
-def test_a_partition_that_cannot_commit_waits_while_the_others_commit(store: PartlyDown) -> None:
+def test_a_partition_that_cannot_commit_waits_while_the_others_commit(
+    store: PartlyDown, caplog: pytest.LogCaptureFixture
+) -> None:
     runtime = _runtime(store)
     store.down = {0}
     assert not runtime.handle_batch(BATCH)
+    # The command it waits at, named with its saga (never its payload).
+    assert "command m-0-0 (saga order-saga o-0-0) at p.cmds[0] offset 0" in caplog.text
     # Partition 1's commands committed, each once with its reply; partition 0's none.
     assert store.handled() == {f"m-1-{o}": 1 for o in range(3)}
     assert store.inner.tables.offsets == {("g", TOPIC, 1): 3}

@@ -280,7 +280,7 @@ class ParticipantRuntime:
                     stalled.update((t, g[0].offset) for t, g in pending[i + 1 :])
                     log.warning("the database does not answer (%s); rewinding to retry", e)
                     break
-                log.warning("partition %s[%d] waits (%s); the others go on", *tp, e)
+                _log_waits(group[0], e)
                 continue
             stalled.update(self._one_by_one(group))
         return stalled
@@ -303,13 +303,7 @@ class ParticipantRuntime:
                         stalled.setdefault(*rest)
                     log.warning("the database does not answer (%s); rewinding to retry", e)
                     break
-                log.warning(
-                    "command at %s[%d] offset %d stopped (%s); its partition waits, the others "
-                    "go on",
-                    *tp,
-                    record.offset,
-                    e,
-                )
+                _log_waits(record, e)
         return stalled
 
     def stop(self) -> None:
@@ -321,6 +315,21 @@ class ParticipantRuntime:
         self.stop()
         self.store.close()
         self.relay.close()
+
+
+def _log_waits(record: Record, error: Exception) -> None:
+    """Says that ``record``'s partition waits at it, naming its command and saga."""
+    log.warning(
+        "command %s (saga %s %s) at %s[%d] offset %d not handled (%s); its partition waits, "
+        "the others go on",
+        record.header("message-id"),
+        record.header("saga-type"),
+        record.header("saga-id"),
+        record.topic,
+        record.partition,
+        record.offset,
+        error,
+    )
 
 
 def _firsts(records: Sequence[Record]) -> dict[TP, int]:
