@@ -32,7 +32,7 @@ from processor._runtime.relay import Relay
 from processor._runtime.schemas import SchemaResolver
 from processor._runtime.stopping import CONSUMER_CLOSE, close_within
 from processor._runtime.supervisor import Supervisor
-from processor._wire import Topics
+from processor._wire import HEADER_MESSAGE_ID, HEADER_SAGA_ID, HEADER_SAGA_TYPE, Topics
 from processor.settings import ConsumerSettings
 
 __all__ = ["SHUTDOWN_TIMEOUT", "ConsumerFactory", "ParticipantRuntime"]
@@ -322,9 +322,9 @@ def _log_waits(record: Record, error: Exception) -> None:
     log.warning(
         "command %s (saga %s %s) at %s[%d] offset %d not handled (%s); its partition waits, "
         "the others go on",
-        record.header("message-id"),
-        record.header("saga-type"),
-        record.header("saga-id"),
+        record.header(HEADER_MESSAGE_ID),
+        record.header(HEADER_SAGA_TYPE),
+        record.header(HEADER_SAGA_ID),
         record.topic,
         record.partition,
         record.offset,
