@@ -155,6 +155,9 @@ class Adapters:
             wake_within=self.settings.deadline.polling.interval,
             origin=self._instance_id,
             colocation=self.colocation,
+            # The bound the server puts on a session idle in its transaction, for one frozen
+            # mid-statement, which the server never ends (processor/_postgres/stuck.py).
+            stuck_after=self._idle_limit,
         )
 
     def growth_store(self) -> PostgresGrowthStore:

@@ -32,9 +32,11 @@ def _state(pid: int) -> str:
         # Frozen inside the batch's transaction, writes done and row locks held, COMMIT unsent:
         # the heir must get the locks without waiting for the zombie to wake.
         "before-commit",
-        # Frozen mid-batch before writing anything, so holding no locks: the heir claims at
-        # once, and on waking the zombie writes against stale versions and an old epoch,
-        # which the saga-version and epoch CAS must refuse.
+        # Frozen mid-batch before writing it: on waking the zombie writes against stale
+        # versions and an old epoch, which the saga-version and epoch CAS must refuse. The
+        # batch before it may still be committing on the write lane when the process stops,
+        # its rows locked, at times in the middle of sending a statement, a session the server
+        # never ends on its own: the heir's claim ends it (processor/_postgres/stuck.py).
         "before-write",
     ],
 )

@@ -50,6 +50,7 @@ CITUS_AROUND_TESTS = (
     "tests/integration/test_parking.py",
     "tests/integration/test_deadlines.py",
     "tests/integration/test_relay_partitions.py",
+    "tests/integration/test_frozen_mid_statement.py",
     "tests/integration/test_duplicates.py",
 )
 """Integration tests of the parts around the hot path that the Citus phase runs."""

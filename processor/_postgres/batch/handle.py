@@ -34,6 +34,7 @@ class PostgresBatchStore:
         wake_within: timedelta | None = None,
         origin: str = "",
         colocation: Colocation | None = None,
+        stuck_after: timedelta | None = None,
     ) -> None:
         # A new connection, and statements made for the tables' layout, after they moved.
         self._held = HeldConnection(connect, layout=layout_mark(tables.schema))
@@ -46,6 +47,8 @@ class PostgresBatchStore:
         # The payload of its notifications, which this process's listeners skip.
         self._origin = origin
         self._sql: BatchSql | None = None
+        # See BatchSql: how long a replica's session may sit mid-statement holding our rows.
+        self._stuck_after = stuck_after
 
     def _store(self) -> BatchSql:
         conn = self._held.get()
@@ -57,6 +60,7 @@ class PostgresBatchStore:
                 self._wake_within,
                 self._origin,
                 colocation=self._colocation,
+                stuck_after=self._stuck_after,
             )
         return self._sql
 

@@ -43,6 +43,7 @@ from processor._postgres.reads.audit import encode_entries
 from processor._postgres.schema.buckets import read_layout
 from processor._postgres.schema.citus import distributed
 from processor._postgres.schema.tables import Tables
+from processor._postgres.stuck import end_stuck_holders
 from processor._wire import deadline_channel, outbox_channel
 
 # Conn is re-exported: the batch's callers open the connection this store runs on.
@@ -75,6 +76,7 @@ class BatchSql:
         origin: str = "",
         *,
         colocation: Colocation | None = None,
+        stuck_after: timedelta | None = None,
     ) -> None:
         """Statements over ``conn``.
 
@@ -88,8 +90,12 @@ class BatchSql:
                 skips them, its loops being woken in-process already.
             colocation: Kept current with where the buckets live (tables distributed by
                 bucket only), at the start and every so often before a load.
+            stuck_after: A claim that waited on a replica's session stuck mid-statement for
+                longer than this ends that session (:mod:`processor._postgres.stuck`); None:
+                it only names it.
         """
         self.conn = conn
+        self._stuck_after = stuck_after
         self.group_id = group_id
         self._wake_within = wake_within
         self._origin = origin
@@ -168,7 +174,13 @@ class BatchSql:
                     ).fetchall()
         except psycopg.errors.LockNotAvailable as e:
             # Who holds the rows says whether the wait is a slow flush or a frozen process.
-            raise LockBusy(f"rows busy (55P03): {e.diag.message_primary}; {self._holders()}") from e
+            why = f"rows busy (55P03): {e.diag.message_primary}; {self._holders()}"
+            if self._stuck_after is not None:
+                # A process frozen mid-statement is one the server never times out: the next
+                # try finds its rows free once it is ended here.
+                ended = end_stuck_holders(self.conn, self._offsets_table, self._stuck_after)
+                why = "; ".join([why, *ended])
+            raise LockBusy(why) from e
         return {(t, p): (epoch, nxt) for t, p, epoch, nxt in rows}
 
     def _holders(self) -> str:
