@@ -30,13 +30,16 @@ def _state(pid: int) -> str:
     "point",
     [
         # Frozen inside the batch's transaction, writes done and row locks held, COMMIT unsent:
-        # the heir must get the locks without waiting for the zombie to wake.
+        # the heir must get the locks without waiting for the zombie to wake. On Citus the
+        # writes end with a pipeline, which leaves the server's idle timer stopped (psycopg's
+        # flush request after the Sync): the heir's claim ends that session
+        # (processor/_postgres/stuck.py).
         "before-commit",
         # Frozen mid-batch before writing it: on waking the zombie writes against stale
         # versions and an old epoch, which the saga-version and epoch CAS must refuse. The
         # batch before it may still be committing on the write lane when the process stops,
-        # its rows locked, at times in the middle of sending a statement, a session the server
-        # never ends on its own: the heir's claim ends it (processor/_postgres/stuck.py).
+        # its rows locked, at times in the middle of sending a statement or inside its
+        # pipeline, a session the server never ends on its own: the heir's claim ends it.
         "before-write",
     ],
 )
